@@ -1,0 +1,665 @@
+//! Simulator of the quantized method: follows `docs/ALGORITHM.md` step by step (same groups, scales,
+//! rounding, scale order, BF16 rounding of 16-bit operands), so that GPU kernels can be compared with
+//! it value by value.
+
+use crate::config::{Config, Precision, Product};
+use crate::error::Result;
+use crate::quant::{dequant, quantize_rows, GroupScale};
+use crate::reference::visible_keys;
+use crate::tensor::{bf16, Inputs, Shape};
+use rayon::prelude::*;
+use std::f32::consts::{LN_2, LOG2_E};
+
+/// The quantized operands and scales of ALGORITHM.md §2.1 / §3 (layouts as listed there).
+#[derive(Clone, Debug, Default)]
+pub struct Quantized {
+    /// `[B, H_q, N_q, d]`, quantized from `Q_s`.
+    pub q_hat: Vec<i8>,
+    /// `[B, H_q, ⌈N_q/B_q⌉]`.
+    pub q_scale: Vec<f32>,
+    /// `[B, H_kv, N_k, d]`, quantized from `K_s = K − K_m`.
+    pub k_hat: Vec<i8>,
+    /// `[B, H_kv, ⌈N_k/B_kv⌉]`.
+    pub k_scale: Vec<f32>,
+    /// `[B, H_kv, N_k, d]`.
+    pub v_hat: Vec<i8>,
+    /// `[B, H_kv, ⌈N_k/B_kv⌉]`.
+    pub v_scale: Vec<f32>,
+    /// `[B, H_kv, d]` (zeros when K-smoothing is off).
+    pub k_mean: Vec<f32>,
+    /// `[B, H_q, ⌈N_q/B_q⌉, d]` when Q-smoothing is on, else empty.
+    pub q_mean: Vec<f32>,
+    /// `[B, H_q, N_q, d]` when dO was given, else empty.
+    pub do_hat: Vec<i8>,
+    /// `[B, H_q, ⌈N_q/B_q⌉]` when dO was given, else empty.
+    pub do_scale: Vec<f32>,
+}
+
+/// Forward results.
+#[derive(Clone, Debug, Default)]
+pub struct Forward {
+    /// `[B, H_q, N_q, d]`, BF16 values.
+    pub o: Vec<f32>,
+    /// `[B, H_q, N_q]`, base-2 log-sum-exp of the smoothed scores (ALGORITHM.md §4).
+    pub lse2: Vec<f32>,
+    /// `[B, H_q, N_q]`, natural log-sum-exp of the true scores `c Q Kᵀ` (the exported LSE).
+    pub lse: Vec<f32>,
+}
+
+/// Backward results.
+#[derive(Clone, Debug, Default)]
+pub struct Gradients {
+    /// `[B, H_q, N_q, d]`, BF16 values.
+    pub dq: Vec<f32>,
+    /// `[B, H_kv, N_k, d]`, BF16 values.
+    pub dk: Vec<f32>,
+    /// `[B, H_kv, N_k, d]`, BF16 values.
+    pub dv: Vec<f32>,
+    /// `[B, H_q, N_q]`, `D = rowsum(dO ∘ O)`.
+    pub delta: Vec<f32>,
+}
+
+/// The backward intermediates of ALGORITHM.md §6, each `[B, H_q, N_q, N_k]`.
+#[derive(Clone, Debug, Default)]
+pub struct Intermediates {
+    pub p: Vec<f32>,
+    pub dp: Vec<f32>,
+    pub ds: Vec<f32>,
+}
+
+/// Everything one simulation produces.
+#[derive(Clone, Debug, Default)]
+pub struct SimOutput {
+    pub quant: Quantized,
+    pub fwd: Forward,
+    /// Present when the inputs carry dO.
+    pub grads: Option<Gradients>,
+    /// Present when asked for and the inputs carry dO.
+    pub inter: Option<Intermediates>,
+}
+
+/// Runs the quantized method of `cfg` on `inp` (inputs are rounded to BF16 first).
+pub fn simulate(inp: &Inputs, cfg: &Config, want_intermediates: bool) -> Result<SimOutput> {
+    simulate_with(inp, cfg, want_intermediates, bf16)
+}
+
+/// Keeps a value as it is: the simulator with this instead of `bf16` runs its 16-bit products in
+/// FP32, which is how the tests check its structure against the exact reference to float tolerance.
+pub fn keep_f32(x: f32) -> f32 {
+    x
+}
+
+/// [`simulate`] with the rounding `r16` applied wherever ALGORITHM.md rounds to BF16
+/// (operands of 16-bit products, outputs); `bf16` is the method, [`keep_f32`] a test instrument.
+pub fn simulate_with(inp: &Inputs, cfg: &Config, want_intermediates: bool, r16: fn(f32) -> f32) -> Result<SimOutput> {
+    cfg.validate()?;
+    let mut inp = inp.clone();
+    inp.validate()?;
+    inp.q.iter_mut().chain(&mut inp.k).chain(&mut inp.v).for_each(|x| *x = r16(*x));
+    if let Some(d) = &mut inp.d_o {
+        d.iter_mut().for_each(|x| *x = r16(*x));
+    }
+    let s = inp.shape;
+    let prep = prepare(&inp, cfg, r16);
+    let heads: Vec<(Forward, Option<HeadGrads>)> = (0..s.batch * s.heads_q)
+        .into_par_iter()
+        .map(|bh| {
+            let h = HeadCtx::new(&inp, cfg, &prep, bh, r16);
+            let fwd = h.forward();
+            let grads = inp.d_o.as_ref().map(|_| h.backward(&fwd, want_intermediates));
+            (fwd, grads)
+        })
+        .collect();
+    Ok(assemble(&inp, prep, heads, want_intermediates, r16))
+}
+
+/// Quantized operands plus the smoothed FP32 / BF16 operands the 16-bit products need.
+struct Prepared {
+    quant: Quantized,
+    /// `K_s` rounded to BF16, `[B, H_kv, N_k, d]`.
+    k_bf: Vec<f32>,
+    /// `Q_s` rounded to BF16, `[B, H_q, N_q, d]`.
+    q_bf: Vec<f32>,
+    /// `K_s` in FP32 (for the Q-smoothing bias).
+    k_s: Vec<f32>,
+}
+
+fn mean_rows(x: &[f32], d: usize) -> Vec<f32> {
+    let n = x.len() / d;
+    let mut sum = vec![0.0f64; d];
+    for row in x.chunks(d) {
+        sum.iter_mut().zip(row).for_each(|(s, &v)| *s += v as f64);
+    }
+    sum.iter().map(|s| (s / n as f64) as f32).collect()
+}
+
+/// ALGORITHM.md §3: smoothing and quantization of Q, K, V, dO.
+fn prepare(inp: &Inputs, cfg: &Config, r16: fn(f32) -> f32) -> Prepared {
+    let s = inp.shape;
+    let d = s.head_dim;
+    let mut qz = Quantized::default();
+    let mut k_s = Vec::with_capacity(s.kv_len());
+    for kh in inp.k.chunks(s.n_k * d) {
+        let mean = if cfg.smooth_k { mean_rows(kh, d) } else { vec![0.0; d] };
+        for row in kh.chunks(d) {
+            k_s.extend(row.iter().zip(&mean).map(|(x, m)| x - m));
+        }
+        qz.k_mean.extend(mean);
+    }
+    let per_head = |t: &[f32], n: usize, block: usize| -> (Vec<i8>, Vec<f32>) {
+        let (mut hat, mut scale) = (Vec::new(), Vec::new());
+        for th in t.chunks(n * d) {
+            let (h, sc) = quantize_rows(th, d, block);
+            hat.extend(h);
+            scale.extend(sc);
+        }
+        (hat, scale)
+    };
+    (qz.k_hat, qz.k_scale) = per_head(&k_s, s.n_k, cfg.block_kv);
+    (qz.v_hat, qz.v_scale) = per_head(&inp.v, s.n_k, cfg.block_kv);
+    let mut q_s = Vec::with_capacity(s.q_len());
+    for qh in inp.q.chunks(s.n_q * d) {
+        for qblock in qh.chunks(cfg.block_q * d) {
+            if cfg.smooth_q {
+                let mean = mean_rows(qblock, d);
+                for row in qblock.chunks(d) {
+                    q_s.extend(row.iter().zip(&mean).map(|(x, m)| x - m));
+                }
+                qz.q_mean.extend(mean);
+            } else {
+                q_s.extend_from_slice(qblock);
+            }
+        }
+    }
+    (qz.q_hat, qz.q_scale) = per_head(&q_s, s.n_q, cfg.block_q);
+    if let Some(d_o) = &inp.d_o {
+        (qz.do_hat, qz.do_scale) = per_head(d_o, s.n_q, cfg.block_q);
+    }
+    let to_bf = |t: &[f32]| t.iter().map(|&x| r16(x)).collect::<Vec<f32>>();
+    Prepared { k_bf: to_bf(&k_s), q_bf: to_bf(&q_s), k_s, quant: qz }
+}
+
+#[inline]
+fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
+}
+
+/// FP32 dot product (eight partial sums: the order is free, ALGORITHM.md §1).
+#[inline]
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+#[inline]
+fn axpy_i8(acc: &mut [i32], a: i8, x: &[i8]) {
+    let a = a as i32;
+    acc.iter_mut().zip(x).for_each(|(y, &v)| *y += a * v as i32);
+}
+
+#[inline]
+fn axpy_f32(acc: &mut [f32], a: f32, x: &[f32]) {
+    acc.iter_mut().zip(x).for_each(|(y, &v)| *y += a * v);
+}
+
+/// One (batch, query head) with views of its operands.
+struct HeadCtx<'a> {
+    s: Shape,
+    cfg: &'a Config,
+    causal: bool,
+    /// `fl(c · log2 e)`.
+    c_log2e: f32,
+    q_hat: &'a [i8],
+    q_scale: &'a [f32],
+    q_bf: &'a [f32],
+    q_mean: &'a [f32],
+    k_hat: &'a [i8],
+    k_scale: &'a [f32],
+    k_bf: &'a [f32],
+    k_mean: &'a [f32],
+    v: &'a [f32],
+    v_hat: &'a [i8],
+    v_scale: &'a [f32],
+    q: &'a [f32],
+    d_o: &'a [f32],
+    do_hat: &'a [i8],
+    do_scale: &'a [f32],
+    /// Q-smoothing bias `β[query block, key]` (FP32), empty when off.
+    beta: Vec<f32>,
+    /// The BF16 rounding (or the identity, see [`simulate_with`]).
+    r16: fn(f32) -> f32,
+}
+
+/// One head's backward results before the GQA reduction.
+struct HeadGrads {
+    dq: Vec<f32>,
+    /// Unscaled (no `c`) FP32 dK of this query head.
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    delta: Vec<f32>,
+    inter: Option<Intermediates>,
+}
+
+/// Phase A of the backward for one query block: everything the key-block phase needs.
+struct QBlock {
+    rows: usize,
+    dq: Vec<f32>,
+    /// INT8 P̂ and dŜ of the block's rows, `rows × N_k`; one scale per key block.
+    p_hat: Vec<i8>,
+    p_scale: Vec<f32>,
+    ds_hat: Vec<i8>,
+    ds_scale: Vec<f32>,
+    /// `bf16(P)`, `bf16(dS)` when a 16-bit product consumes them, `rows × N_k`.
+    p_bf: Vec<f32>,
+    ds_bf: Vec<f32>,
+    /// Column sums of the FP32 dS over this block's rows (Q-smoothing), `N_k`.
+    ds_colsum: Vec<f32>,
+    inter: Option<Intermediates>,
+}
+
+impl<'a> HeadCtx<'a> {
+    fn new(inp: &'a Inputs, cfg: &'a Config, prep: &'a Prepared, bh: usize, r16: fn(f32) -> f32) -> HeadCtx<'a> {
+        let s = inp.shape;
+        let d = s.head_dim;
+        let kvh = (bh / s.heads_q) * s.heads_kv + (bh % s.heads_q) / s.group();
+        let (nqb, nkb) = (s.n_q.div_ceil(cfg.block_q), s.n_k.div_ceil(cfg.block_kv));
+        let qz = &prep.quant;
+        let qr = bh * s.n_q * d..(bh + 1) * s.n_q * d;
+        let kr = kvh * s.n_k * d..(kvh + 1) * s.n_k * d;
+        let opt = |t: &'a [f32], r: std::ops::Range<usize>| if t.is_empty() { t } else { &t[r] };
+        let opt8 = |t: &'a [i8], r: std::ops::Range<usize>| if t.is_empty() { t } else { &t[r] };
+        let mut h = HeadCtx {
+            s,
+            cfg,
+            causal: inp.causal,
+            c_log2e: s.softmax_scale() as f32 * LOG2_E,
+            q_hat: &qz.q_hat[qr.clone()],
+            q_scale: &qz.q_scale[bh * nqb..(bh + 1) * nqb],
+            q_bf: &prep.q_bf[qr.clone()],
+            q_mean: opt(&qz.q_mean, bh * nqb * d..(bh + 1) * nqb * d),
+            k_hat: &qz.k_hat[kr.clone()],
+            k_scale: &qz.k_scale[kvh * nkb..(kvh + 1) * nkb],
+            k_bf: &prep.k_bf[kr.clone()],
+            k_mean: &qz.k_mean[kvh * d..(kvh + 1) * d],
+            v: &inp.v[kr.clone()],
+            v_hat: &qz.v_hat[kr.clone()],
+            v_scale: &qz.v_scale[kvh * nkb..(kvh + 1) * nkb],
+            q: &inp.q[qr.clone()],
+            d_o: inp.d_o.as_deref().map_or(&[][..], |t| &t[qr.clone()]),
+            do_hat: opt8(&qz.do_hat, qr.clone()),
+            do_scale: opt(&qz.do_scale, bh * nqb..(bh + 1) * nqb),
+            beta: Vec::new(),
+            r16,
+        };
+        if cfg.smooth_q {
+            let k_s = &prep.k_s[kr];
+            h.beta = (0..nqb)
+                .flat_map(|b| {
+                    let qm = &h.q_mean[b * d..(b + 1) * d];
+                    k_s.chunks(d).map(move |kj| {
+                        qm.iter().zip(kj).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32
+                    })
+                })
+                .collect();
+        }
+        h
+    }
+
+    fn d(&self) -> usize {
+        self.s.head_dim
+    }
+
+    fn row<'b, T>(&self, t: &'b [T], r: usize) -> &'b [T] {
+        &t[r * self.d()..(r + 1) * self.d()]
+    }
+
+    /// Base-2 score `t[r, j]` (ALGORITHM.md §4) with the given precision of the QKᵀ product.
+    #[inline]
+    fn score(&self, prec: Precision, r: usize, j: usize) -> f32 {
+        let (qb, kb) = (r / self.cfg.block_q, j / self.cfg.block_kv);
+        let mut t = match prec {
+            Precision::Int8 => {
+                let acc = dot_i8(self.row(self.q_hat, r), self.row(self.k_hat, j));
+                acc as f32 * ((self.q_scale[qb] * self.c_log2e) * self.k_scale[kb])
+            }
+            Precision::Bf16 => self.c_log2e * dot_f32(self.row(self.q_bf, r), self.row(self.k_bf, j)),
+        };
+        if self.cfg.smooth_q {
+            t += self.c_log2e * self.beta[qb * self.s.n_k + j];
+        }
+        t
+    }
+
+    /// ALGORITHM.md §4, one query row at a time (rows are independent).
+    fn forward(&self) -> Forward {
+        let (s, d, bkv) = (self.s, self.d(), self.cfg.block_kv);
+        let int8 = self.cfg.is_int8(Product::Pv);
+        let prec = self.cfg.get(Product::QkFwd);
+        let c = s.softmax_scale() as f32;
+        let mut o = vec![0.0f32; s.n_q * d];
+        let mut lse2 = vec![0.0f32; s.n_q];
+        let mut lse = vec![0.0f32; s.n_q];
+        o.par_chunks_mut(d).zip(lse2.par_iter_mut()).zip(lse.par_iter_mut()).enumerate().for_each(
+            |(r, ((orow, lse2_r), lse_r))| {
+                let vis = visible_keys(&s, self.causal, r);
+                let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
+                let mut t = vec![0.0f32; bkv];
+                let mut pv_i = vec![0i32; d];
+                let mut pv_f = vec![0.0f32; d];
+                for j0 in (0..vis).step_by(bkv) {
+                    let j1 = (j0 + bkv).min(vis);
+                    let t = &mut t[..j1 - j0];
+                    for (jj, tj) in t.iter_mut().enumerate() {
+                        *tj = self.score(prec, r, j0 + jj);
+                    }
+                    let m_new = t.iter().fold(m, |a, &b| a.max(b));
+                    let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+                    let alpha = (m - m_use).exp2();
+                    t.iter_mut().for_each(|x| *x = (*x - m_use).exp2()); // t now holds p
+                    l = l * alpha + t.iter().sum::<f32>();
+                    let kb = j0 / bkv;
+                    if int8 {
+                        let g = GroupScale::of(t.iter().copied());
+                        pv_i.fill(0);
+                        for (jj, &p) in t.iter().enumerate() {
+                            axpy_i8(&mut pv_i, g.quantize(p), self.row(self.v_hat, j0 + jj));
+                        }
+                        for (ov, &acc) in orow.iter_mut().zip(&pv_i) {
+                            *ov = *ov * alpha + dequant(acc, g.scale, self.v_scale[kb]);
+                        }
+                    } else {
+                        pv_f.fill(0.0);
+                        for (jj, &p) in t.iter().enumerate() {
+                            axpy_f32(&mut pv_f, (self.r16)(p), self.row(self.v, j0 + jj));
+                        }
+                        for (ov, &x) in orow.iter_mut().zip(&pv_f) {
+                            *ov = *ov * alpha + x;
+                        }
+                    }
+                    m = m_new;
+                }
+                if l == 0.0 {
+                    orow.fill(0.0);
+                    *lse2_r = f32::INFINITY;
+                    *lse_r = f32::INFINITY;
+                    return;
+                }
+                orow.iter_mut().for_each(|x| *x = (self.r16)(*x / l));
+                *lse2_r = m + l.log2();
+                let q_km: f32 = self.row(self.q, r).iter().zip(self.k_mean).map(|(a, b)| a * b).sum();
+                *lse_r = *lse2_r * LN_2 + c * q_km;
+            },
+        );
+        Forward { o, lse2, lse }
+    }
+
+    /// ALGORITHM.md §5. Phase A (parallel over query blocks) computes the tiles and dQ; phase B
+    /// (parallel over key blocks) accumulates dK and dV from the stored quantized tiles.
+    fn backward(&self, fwd: &Forward, want: bool) -> HeadGrads {
+        let (s, d) = (self.s, self.d());
+        let delta: Vec<f32> = (0..s.n_q).map(|r| dot_f32(self.row(&fwd.o, r), self.row(self.d_o, r))).collect();
+        let nqb = s.n_q.div_ceil(self.cfg.block_q);
+        let blocks: Vec<QBlock> = (0..nqb).into_par_iter().map(|qb| self.q_block(qb, fwd, &delta, want)).collect();
+        let mut dk = vec![0.0f32; s.n_k * d];
+        let mut dv = vec![0.0f32; s.n_k * d];
+        let chunk = self.cfg.block_kv * d;
+        dk.par_chunks_mut(chunk).zip(dv.par_chunks_mut(chunk)).enumerate().for_each(|(kb, (dkb, dvb))| {
+            self.k_block(kb, &blocks, dkb, dvb);
+        });
+        let mut dq = Vec::with_capacity(s.n_q * d);
+        let mut inter = want.then(Intermediates::default);
+        for b in blocks {
+            dq.extend(b.dq);
+            if let (Some(all), Some(bi)) = (inter.as_mut(), b.inter) {
+                all.p.extend(bi.p);
+                all.dp.extend(bi.dp);
+                all.ds.extend(bi.ds);
+            }
+        }
+        HeadGrads { dq, dk, dv, delta, inter }
+    }
+
+    fn q_block(&self, qb: usize, fwd: &Forward, delta: &[f32], want: bool) -> QBlock {
+        let (s, d, cfg) = (self.s, self.d(), self.cfg);
+        let (bq, bkv, nk) = (cfg.block_q, cfg.block_kv, s.n_k);
+        let r0 = qb * bq;
+        let rows = bq.min(s.n_q - r0);
+        let nkb = nk.div_ceil(bkv);
+        let (p_i8, ds_i8) = (cfg.is_int8(Product::Dv), cfg.is_int8(Product::Dq) || cfg.is_int8(Product::Dk));
+        let mut out = QBlock {
+            rows,
+            dq: vec![0.0; rows * d],
+            p_hat: vec![0; rows * nk],
+            p_scale: vec![0.0; nkb],
+            ds_hat: vec![0; rows * nk],
+            ds_scale: vec![0.0; nkb],
+            p_bf: if p_i8 { vec![] } else { vec![0.0; rows * nk] },
+            ds_bf: if cfg.is_int8(Product::Dk) { vec![] } else { vec![0.0; rows * nk] },
+            ds_colsum: if cfg.smooth_q { vec![0.0; nk] } else { vec![] },
+            inter: want.then(|| Intermediates {
+                p: vec![0.0; rows * nk],
+                dp: vec![0.0; rows * nk],
+                ds: vec![0.0; rows * nk],
+            }),
+        };
+        let mut rowsum_ds = vec![0.0f32; rows];
+        let (qk, dp_prec) = (cfg.get(Product::QkBwd), cfg.get(Product::Dp));
+        let mut p = vec![0.0f32; rows * bkv];
+        let mut ds = vec![0.0f32; rows * bkv];
+        let mut acc_i = vec![0i32; d];
+        let mut acc_f = vec![0.0f32; d];
+        for kb in 0..nkb {
+            let j0 = kb * bkv;
+            let w = bkv.min(nk - j0);
+            let vis: Vec<usize> = (0..rows).map(|i| visible_keys(&s, self.causal, r0 + i).saturating_sub(j0).min(w)).collect();
+            if vis.iter().all(|&v| v == 0) {
+                continue; // a fully masked tile: the kernels skip it, every quantity is 0.
+            }
+            // P, dP, dS of the tile (masked entries 0).
+            for i in 0..rows {
+                let r = r0 + i;
+                for jj in 0..w {
+                    let (pi, dsi) = (&mut p[i * bkv + jj], &mut ds[i * bkv + jj]);
+                    if jj >= vis[i] {
+                        (*pi, *dsi) = (0.0, 0.0);
+                        continue;
+                    }
+                    let j = j0 + jj;
+                    *pi = (self.score(qk, r, j) - fwd.lse2[r]).exp2();
+                    let dp = match dp_prec {
+                        Precision::Bf16 => dot_f32(self.row(self.d_o, r), self.row(self.v, j)),
+                        Precision::Int8 => dequant(
+                            dot_i8(self.row(self.do_hat, r), self.row(self.v_hat, j)),
+                            self.do_scale[qb],
+                            self.v_scale[kb],
+                        ),
+                    };
+                    *dsi = *pi * (dp - delta[r]);
+                    rowsum_ds[i] += *dsi;
+                    if let Some(it) = out.inter.as_mut() {
+                        it.dp[i * nk + j] = dp;
+                    }
+                }
+            }
+            let gp = GroupScale::of((0..rows).flat_map(|i| p[i * bkv..i * bkv + w].iter().copied()));
+            let gs = GroupScale::of((0..rows).flat_map(|i| ds[i * bkv..i * bkv + w].iter().copied()));
+            out.p_scale[kb] = gp.scale;
+            out.ds_scale[kb] = gs.scale;
+            for i in 0..rows {
+                for jj in 0..w {
+                    let (x, y) = (p[i * bkv + jj], ds[i * bkv + jj]);
+                    let at = i * nk + j0 + jj;
+                    out.p_hat[at] = gp.quantize(x);
+                    out.ds_hat[at] = gs.quantize(y);
+                    if !out.p_bf.is_empty() {
+                        out.p_bf[at] = (self.r16)(x);
+                    }
+                    if !out.ds_bf.is_empty() {
+                        out.ds_bf[at] = (self.r16)(y);
+                    }
+                    if cfg.smooth_q {
+                        out.ds_colsum[j0 + jj] += y;
+                    }
+                    if let Some(it) = out.inter.as_mut() {
+                        it.p[at] = if p_i8 { out.p_hat[at] as f32 * gp.scale } else { (self.r16)(x) };
+                        it.ds[at] = if ds_i8 { out.ds_hat[at] as f32 * gs.scale } else { (self.r16)(y) };
+                    }
+                }
+            }
+            // #6: dQ of the block's rows.
+            for i in 0..rows {
+                let dq = &mut out.dq[i * d..(i + 1) * d];
+                if cfg.is_int8(Product::Dq) {
+                    acc_i.fill(0);
+                    for jj in 0..vis[i] {
+                        axpy_i8(&mut acc_i, out.ds_hat[i * nk + j0 + jj], self.row(self.k_hat, j0 + jj));
+                    }
+                    for (x, &a) in dq.iter_mut().zip(&acc_i) {
+                        *x += dequant(a, gs.scale, self.k_scale[kb]);
+                    }
+                } else {
+                    acc_f.fill(0.0);
+                    for jj in 0..vis[i] {
+                        axpy_f32(&mut acc_f, (self.r16)(ds[i * bkv + jj]), self.row(self.k_bf, j0 + jj));
+                    }
+                    dq.iter_mut().zip(&acc_f).for_each(|(x, a)| *x += a);
+                }
+            }
+        }
+        if cfg.dq_smooth_k_correction {
+            for i in 0..rows {
+                for (x, &km) in out.dq[i * d..(i + 1) * d].iter_mut().zip(self.k_mean) {
+                    *x += rowsum_ds[i] * km;
+                }
+            }
+        }
+        out
+    }
+
+    /// dV and dK (unscaled) of key block `kb`, summed over query blocks in order.
+    fn k_block(&self, kb: usize, blocks: &[QBlock], dk: &mut [f32], dv: &mut [f32]) {
+        let (d, cfg, nk) = (self.d(), self.cfg, self.s.n_k);
+        let j0 = kb * cfg.block_kv;
+        let w = dk.len() / d;
+        let mut acc_i = vec![0i32; w * d];
+        let mut acc_f = vec![0.0f32; w * d];
+        for (qb, blk) in blocks.iter().enumerate() {
+            let r0 = qb * cfg.block_q;
+            let rows = 0..blk.rows;
+            // #4 dV += Pᵀ dO
+            if cfg.is_int8(Product::Dv) {
+                acc_i.fill(0);
+                for i in rows.clone() {
+                    let dor = self.row(self.do_hat, r0 + i);
+                    for jj in 0..w {
+                        let ph = blk.p_hat[i * nk + j0 + jj];
+                        if ph != 0 {
+                            axpy_i8(&mut acc_i[jj * d..(jj + 1) * d], ph, dor);
+                        }
+                    }
+                }
+                for (x, &a) in dv.iter_mut().zip(&acc_i) {
+                    *x += dequant(a, blk.p_scale[kb], self.do_scale[qb]);
+                }
+            } else {
+                acc_f.fill(0.0);
+                for i in rows.clone() {
+                    let dor = self.row(self.d_o, r0 + i);
+                    for jj in 0..w {
+                        let pb = blk.p_bf[i * nk + j0 + jj];
+                        if pb != 0.0 {
+                            axpy_f32(&mut acc_f[jj * d..(jj + 1) * d], pb, dor);
+                        }
+                    }
+                }
+                dv.iter_mut().zip(&acc_f).for_each(|(x, a)| *x += a);
+            }
+            // #7 dK += dSᵀ Q
+            if cfg.is_int8(Product::Dk) {
+                acc_i.fill(0);
+                for i in rows.clone() {
+                    let qr = self.row(self.q_hat, r0 + i);
+                    for jj in 0..w {
+                        let sh = blk.ds_hat[i * nk + j0 + jj];
+                        if sh != 0 {
+                            axpy_i8(&mut acc_i[jj * d..(jj + 1) * d], sh, qr);
+                        }
+                    }
+                }
+                for (x, &a) in dk.iter_mut().zip(&acc_i) {
+                    *x += dequant(a, blk.ds_scale[kb], self.q_scale[qb]);
+                }
+            } else {
+                acc_f.fill(0.0);
+                for i in rows.clone() {
+                    let qr = self.row(self.q_bf, r0 + i);
+                    for jj in 0..w {
+                        let sb = blk.ds_bf[i * nk + j0 + jj];
+                        if sb != 0.0 {
+                            axpy_f32(&mut acc_f[jj * d..(jj + 1) * d], sb, qr);
+                        }
+                    }
+                }
+                dk.iter_mut().zip(&acc_f).for_each(|(x, a)| *x += a);
+            }
+            if cfg.smooth_q {
+                let qm = &self.q_mean[qb * d..(qb + 1) * d];
+                for jj in 0..w {
+                    axpy_f32(&mut dk[jj * d..(jj + 1) * d], blk.ds_colsum[j0 + jj], qm);
+                }
+            }
+        }
+    }
+}
+
+/// Postprocess (ALGORITHM.md §5): `c` scaling, GQA reduction, BF16 rounding; collects all heads.
+fn assemble(
+    inp: &Inputs,
+    prep: Prepared,
+    heads: Vec<(Forward, Option<HeadGrads>)>,
+    want: bool,
+    r16: fn(f32) -> f32,
+) -> SimOutput {
+    let s = inp.shape;
+    let c = s.softmax_scale() as f32;
+    let mut out = SimOutput { quant: prep.quant, ..Default::default() };
+    let has_grads = inp.d_o.is_some();
+    let mut g = Gradients::default();
+    let mut dk_sum = vec![0.0f32; if has_grads { s.kv_len() } else { 0 }];
+    let mut dv_sum = dk_sum.clone();
+    let mut inter = Intermediates::default();
+    let per_kv = s.n_k * s.head_dim;
+    for (bh, (fwd, grads)) in heads.into_iter().enumerate() {
+        out.fwd.o.extend(fwd.o);
+        out.fwd.lse2.extend(fwd.lse2);
+        out.fwd.lse.extend(fwd.lse);
+        if let Some(hg) = grads {
+            let kvh = (bh / s.heads_q) * s.heads_kv + (bh % s.heads_q) / s.group();
+            let range = kvh * per_kv..(kvh + 1) * per_kv;
+            dk_sum[range.clone()].iter_mut().zip(&hg.dk).for_each(|(a, b)| *a += b);
+            dv_sum[range].iter_mut().zip(&hg.dv).for_each(|(a, b)| *a += b);
+            g.dq.extend(hg.dq.iter().map(|&x| r16(c * x)));
+            g.delta.extend(hg.delta);
+            if let Some(it) = hg.inter {
+                inter.p.extend(it.p);
+                inter.dp.extend(it.dp);
+                inter.ds.extend(it.ds);
+            }
+        }
+    }
+    if has_grads {
+        g.dk = dk_sum.iter().map(|&x| r16(c * x)).collect();
+        g.dv = dv_sum.iter().map(|&x| r16(x)).collect();
+        out.grads = Some(g);
+        out.inter = want.then_some(inter);
+    }
+    out
+}
