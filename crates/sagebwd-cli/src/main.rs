@@ -1,1 +1,48 @@
-fn main() {}
+//! `sagebwd`: INT8 attention for training — accuracy studies, attention on your own tensors.
+
+mod accuracy;
+mod args;
+mod attn;
+mod backend;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "sagebwd",
+    version,
+    about = "SageBwd: INT8 attention forward and backward, for training transformers",
+    long_about = "SageBwd: INT8 attention forward and backward (6 of the 7 attention products on INT8 \
+                  tensor cores), with an exact f64 reference and a simulator of the quantized method.\n\n\
+                  The method is specified in docs/ALGORITHM.md. Every product can be switched between \
+                  INT8 and BF16 on its own (--int8/--bf16, or --isolate) to see which one hurts."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure the error of a configuration against exact f64 attention on random inputs
+    /// (Gaussian Q, K of standard deviation σ; V, dO with σ = 1).
+    Accuracy(accuracy::AccuracyArgs),
+    /// Run attention on Q, K, V (and dO) read from a safetensors file; write O, LSE (dQ, dK, dV).
+    Attn(attn::AttnArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Accuracy(a) => accuracy::run(a),
+        Command::Attn(a) => attn::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

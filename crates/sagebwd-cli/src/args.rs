@@ -1,0 +1,95 @@
+//! Command-line arguments shared by several subcommands: the method's configuration, the device.
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use sagebwd::config::{DEFAULT_BLOCK_KV, DEFAULT_BLOCK_Q};
+use sagebwd::{Config, Precision, Product};
+
+/// Which products run in INT8, smoothing, block sizes (docs/ALGORITHM.md).
+#[derive(Args, Clone, Debug)]
+pub struct ConfigArgs {
+    /// Starting configuration: fpa (all BF16 = FlashAttention), sagebwd (all INT8 but dp),
+    /// int8-all (all seven INT8).
+    #[arg(long, default_value = "sagebwd", value_parser = ["fpa", "sagebwd", "int8-all"])]
+    pub preset: String,
+    /// Products to switch to INT8, comma-separated: qk, pv, qk-bwd, dv, dp, dq, dk (or 1..7).
+    #[arg(long, value_delimiter = ',', value_name = "PRODUCTS")]
+    pub int8: Vec<String>,
+    /// Products to switch to BF16, comma-separated (same names as --int8).
+    #[arg(long, value_delimiter = ',', value_name = "PRODUCTS")]
+    pub bf16: Vec<String>,
+    /// K-smoothing (subtract the token mean of K before quantizing); default: the preset's.
+    #[arg(long, value_name = "on|off")]
+    pub smooth_k: Option<OnOff>,
+    /// Q-smoothing (per-block mean of Q, bias added back); off by default.
+    #[arg(long)]
+    pub smooth_q: bool,
+    /// Add the exact K-smoothing correction rowsum(dS)·K_m to dQ (off by default).
+    #[arg(long)]
+    pub dq_correction: bool,
+    /// Query rows per quantization block, B_q.
+    #[arg(long, default_value_t = DEFAULT_BLOCK_Q)]
+    pub block_q: usize,
+    /// Key/value rows per quantization block, B_kv.
+    #[arg(long, default_value_t = DEFAULT_BLOCK_KV)]
+    pub block_kv: usize,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl ConfigArgs {
+    pub fn config(&self) -> Result<Config> {
+        let mut cfg = Config::preset(&self.preset)?;
+        for (list, prec) in [(&self.int8, Precision::Int8), (&self.bf16, Precision::Bf16)] {
+            for name in list {
+                cfg.set(Product::parse(name)?, prec);
+            }
+        }
+        if let Some(name) = self.int8.iter().find(|n| self.bf16.contains(n)) {
+            bail!("product `{name}` is given to both --int8 and --bf16");
+        }
+        if let Some(s) = self.smooth_k {
+            cfg.smooth_k = matches!(s, OnOff::On);
+        }
+        cfg.smooth_q = self.smooth_q;
+        cfg.dq_smooth_k_correction = self.dq_correction;
+        cfg.block_q = self.block_q;
+        cfg.block_kv = self.block_kv;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Where the method runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// The GPU when one is usable, else the CPU simulator (with a message saying so).
+    Auto,
+    /// The CPU simulator (bit-level model of the kernels).
+    Cpu,
+    /// The CUDA kernels; an error if no GPU is usable.
+    Cuda,
+}
+
+/// Describes a configuration in words, for table headers.
+pub fn describe(cfg: &Config) -> String {
+    let list = |p: Precision| {
+        let v: Vec<&str> = Product::ALL.into_iter().filter(|x| cfg.get(*x) == p).map(|x| x.name()).collect();
+        if v.is_empty() { "-".to_string() } else { v.join(",") }
+    };
+    format!(
+        "{} (int8: {}; bf16: {}), K-smoothing {}{}{}, B_q={}, B_kv={}",
+        cfg.label(),
+        list(Precision::Int8),
+        list(Precision::Bf16),
+        if cfg.smooth_k { "on" } else { "off" },
+        if cfg.smooth_q { ", Q-smoothing on" } else { "" },
+        if cfg.dq_smooth_k_correction { ", dQ correction on" } else { "" },
+        cfg.block_q,
+        cfg.block_kv
+    )
+}
