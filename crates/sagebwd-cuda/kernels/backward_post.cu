@@ -1,0 +1,40 @@
+// Backward postprocess (ALGORITHM.md §5, §7): dQ ← fl(c·fl(dQ + rowsum(dS)·K_m)) (the K-smoothing
+// correction only when switched on; same order as the simulator), dK ← fl(c·Σ_group dK), dV ← Σ_group dV (FP32 sums over the query heads that
+// share a kv head, in head order), all rounded to BF16.
+
+extern "C" __global__ void sage_bwd_post_dq(const float* __restrict__ dq_acc, const float* __restrict__ ds_rowsum,
+                                            const float* __restrict__ k_mean, u16* __restrict__ dq,
+                                            Dims d, float c, int flags) {
+    const long total = (long)d.batch * d.heads_q * d.n_q * HEAD_DIM;
+    const int group = d.heads_q / d.heads_kv;
+    for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (long)gridDim.x * blockDim.x) {
+        float v = dq_acc[e];
+        if (flags & F_DQ_CORR) {
+            const long row = e / HEAD_DIM;
+            const int col = (int)(e % HEAD_DIM);
+            const long bh = row / d.n_q;
+            const long bh_kv = (bh / d.heads_q) * d.heads_kv + (bh % d.heads_q) / group;
+            v = __fadd_rn(v, __fmul_rn(ds_rowsum[row], k_mean[bh_kv * HEAD_DIM + col]));
+        }
+        dq[e] = f32_to_bf16(__fmul_rn(c, v));
+    }
+}
+
+extern "C" __global__ void sage_bwd_post_dkdv(const float* __restrict__ dk_acc, const float* __restrict__ dv_acc,
+                                              u16* __restrict__ dk, u16* __restrict__ dv, Dims d, float c) {
+    const long per_head = (long)d.n_k * HEAD_DIM;
+    const long total = (long)d.batch * d.heads_kv * per_head;
+    const int group = d.heads_q / d.heads_kv;
+    for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (long)gridDim.x * blockDim.x) {
+        const long bh_kv = e / per_head, within = e % per_head;
+        const long b = bh_kv / d.heads_kv, h_kv = bh_kv % d.heads_kv;
+        float sk = 0.0f, sv = 0.0f;
+        for (int g = 0; g < group; ++g) {
+            const long src = (b * d.heads_q + h_kv * group + g) * per_head + within;
+            sk = __fadd_rn(sk, dk_acc[src]);
+            sv = __fadd_rn(sv, dv_acc[src]);
+        }
+        dk[e] = f32_to_bf16(__fmul_rn(c, sk));
+        dv[e] = f32_to_bf16(sv);
+    }
+}

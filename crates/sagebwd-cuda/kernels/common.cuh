@@ -1,0 +1,184 @@
+// Shared device helpers of the sagebwd kernels: types, BF16 conversion, the §2.2 quantizer,
+// block reductions, and the parameter structs (mirrored by `#[repr(C)]` structs in src/*.rs).
+//
+// The kernels need NO CUDA header: NVRTC provides the built-in variables, intrinsics, math
+// functions and atomics, and everything else is defined here. They are compiled with
+// `--fmad=false`, so that every `a * b + c` the specification writes as two FP32 operations
+// (`fl(fl(x·inv))`, `fl(fl(O·α) + PV)`, ...) is two rounded operations, exactly as the CPU
+// simulator does them. Products of two BF16 values are exact in FP32, so the BF16 products lose
+// nothing from this.
+//
+// Compile-time constants (NVRTC `-D` options): HEAD_DIM (64 or 128). The block sizes are the
+// method's defaults, B_q = 64 and B_kv = 128 (ALGORITHM.md §2.1); the host rejects others.
+#pragma once
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined (64 or 128)"
+#endif
+#if HEAD_DIM != 64 && HEAD_DIM != 128
+#error "HEAD_DIM must be 64 or 128"
+#endif
+
+#define BLOCK_Q 64
+#define BLOCK_KV 128
+#define THREADS 256
+
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Precision flags: bit p set = product p (ALGORITHM.md §1, 0-based: 0 qk, 1 pv, 2 qk-bwd, 3 dv,
+// 4 dp, 5 dq, 6 dk) is INT8; then the switches.
+#define F_QK 1
+#define F_PV 2
+#define F_QK_BWD 4
+#define F_DV 8
+#define F_DP 16
+#define F_DQ 32
+#define F_DK 64
+#define F_SMOOTH_K 256
+#define F_SMOOTH_Q 512
+#define F_DQ_CORR 1024
+
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// ---------------------------------------------------------------------------------------------
+// BF16 <-> FP32 by bit manipulation (round to nearest, ties to even; NaN stays NaN).
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ u16 f32_to_bf16(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;  // NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+// bf16(x) as an FP32 value.
+__device__ __forceinline__ float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// ---------------------------------------------------------------------------------------------
+// The quantizer of ALGORITHM.md §2.2. `inv` is 0 for an all-zero group (then every x̂ is 0).
+struct GroupScale {
+    float scale;  // fl(amax / 127), to dequantize
+    float inv;    // fl(127 / amax), to quantize
+};
+
+__device__ __forceinline__ GroupScale group_scale(float amax) {
+    GroupScale g;
+    if (amax == 0.0f) {
+        g.scale = 0.0f;
+        g.inv = 0.0f;
+    } else {
+        g.scale = __fdiv_rn(amax, 127.0f);
+        g.inv = __fdiv_rn(127.0f, amax);
+    }
+    return g;
+}
+
+// clamp(rne(fl(x · inv)), −127, 127): the product is rounded to FP32 first (no FMA), then
+// rounded to the nearest integer with ties to even (rintf is round-to-nearest-even).
+__device__ __forceinline__ int quantize(float x, float inv) {
+    float y = rintf(__fmul_rn(x, inv));
+    y = fminf(fmaxf(y, -127.0f), 127.0f);
+    return (int)y;
+}
+
+// Dequantization of an exact INT32 accumulator, ALGORITHM.md §2.3: fl(float(acc) · fl(sa · sb)).
+__device__ __forceinline__ float dequant(int acc, float sa, float sb) {
+    return __fmul_rn((float)acc, __fmul_rn(sa, sb));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block-wide max of non-negative values (all THREADS threads must call it). `scratch` holds
+// THREADS/32 floats. Max is exact and order-independent.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float m = scratch[0];
+    for (int w = 1; w < THREADS / 32; ++w) m = fmaxf(m, scratch[w]);
+    return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dot products over the head dimension, for one query-side row and one key-side row.
+
+// Exact INT8 dot product (INT32, dp4a). Rows are HEAD_DIM bytes, 4-byte aligned.
+__device__ __forceinline__ int dot_i8(const i8* a, const i8* b) {
+    const int* a4 = (const int*)a;
+    const int* b4 = (const int*)b;
+    int acc = 0;
+#pragma unroll 8
+    for (int c = 0; c < HEAD_DIM / 4; ++c) acc = __dp4a(a4[c], b4[c], acc);
+    return acc;
+}
+
+// FP32 sum of exact BF16 × BF16 products.
+__device__ __forceinline__ float dot_bf16(const u16* a, const u16* b) {
+    const u32* a2 = (const u32*)a;
+    const u32* b2 = (const u32*)b;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int c = 0; c < HEAD_DIM / 2; ++c) {
+        u32 x = a2[c], y = b2[c];
+        acc = __fadd_rn(acc, __fmul_rn(__uint_as_float(x << 16), __uint_as_float(y << 16)));
+        acc = __fadd_rn(acc, __fmul_rn(__uint_as_float(x & 0xffff0000u), __uint_as_float(y & 0xffff0000u)));
+    }
+    return acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Problem dimensions (mirrored by `Dims` in src/runtime.rs).
+struct Dims {
+    int batch, heads_q, heads_kv, n_q, n_k;
+    int causal;
+    int n_qblk, n_kblk;  // ⌈n_q / B_q⌉, ⌈n_k / B_kv⌉
+};
+
+// Query row r sees key j iff j ≤ r + (n_k − n_q) (end-aligned causal mask, ALGORITHM.md §8).
+__device__ __forceinline__ bool visible(const Dims& d, int r, int j) {
+    if (r >= d.n_q || j >= d.n_k) return false;
+    return !d.causal || j <= r + (d.n_k - d.n_q);
+}
+
+// The operands of the score product (#1 forward / #3 backward) and of the β bias.
+struct ScoreOperands {
+    const i8* q_hat;       // [B, Hq, Nq, d]
+    const float* q_scale;  // [B, Hq, n_qblk]
+    const u16* q_s;        // [B, Hq, Nq, d] bf16(Q_s)
+    const i8* k_hat;       // [B, Hkv, Nk, d]
+    const float* k_scale;  // [B, Hkv, n_kblk]
+    const u16* k_s;        // [B, Hkv, Nk, d] bf16(K_s)
+    const u16* k;          // [B, Hkv, Nk, d] the raw BF16 K (for β, which uses the FP32 K_s)
+    const float* k_mean;   // [B, Hkv, d]
+    const float* q_mean;   // [B, Hq, n_qblk, d] (Q-smoothing only)
+};
+
+// Base-2 score t[r, j] of ALGORITHM.md §4 (visible entries only): INT8 or BF16 product, scaled by
+// cλ, plus the Q-smoothing bias fl(cλ·β) when `beta_j` is used.
+__device__ __forceinline__ float score(const ScoreOperands& op, bool int8, long q_row, long k_row,
+                                       int q_scale_idx, int k_scale_idx, float c_lambda,
+                                       bool smooth_q, float beta_j) {
+    float t;
+    if (int8) {
+        int acc = dot_i8(op.q_hat + q_row * HEAD_DIM, op.k_hat + k_row * HEAD_DIM);
+        float s = __fmul_rn(__fmul_rn(op.q_scale[q_scale_idx], c_lambda), op.k_scale[k_scale_idx]);
+        t = __fmul_rn((float)acc, s);
+    } else {
+        t = __fmul_rn(c_lambda, dot_bf16(op.q_s + q_row * HEAD_DIM, op.k_s + k_row * HEAD_DIM));
+    }
+    if (smooth_q) t = __fadd_rn(t, __fmul_rn(c_lambda, beta_j));
+    return t;
+}
+
+// β[b, j] = Σ_d Q_m[b] · K_s[j] with the FP32 K_s = fl(K − K_m) (ALGORITHM.md §3 step 4).
+__device__ __forceinline__ float beta_of(const float* s_qm, const u16* k_row, const float* km) {
+    float acc = 0.0f;
+    for (int c = 0; c < HEAD_DIM; ++c)
+        acc = __fadd_rn(acc, __fmul_rn(s_qm[c], __fsub_rn(bf16_to_f32(k_row[c]), km[c])));
+    return acc;
+}

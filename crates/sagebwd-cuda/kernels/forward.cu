@@ -1,0 +1,177 @@
+// Forward attention (ALGORITHM.md §4): one thread block per (query block of B_q = 64 rows,
+// batch·query head); it walks the key blocks of B_kv = 128 keys with FlashAttention-2's online
+// softmax in base 2. Design: scalar CUDA-core arithmetic (dp4a for INT8, FP32 for BF16), operands
+// read from global memory through the caches, the 64 × 128 score/probability tile in shared memory.
+
+// Mirrored by `ForwardParams` in src/forward.rs.
+struct ForwardParams {
+    ScoreOperands op;
+    const i8* v_hat;       // [B, Hkv, Nk, d]
+    const float* v_scale;  // [B, Hkv, n_kblk]
+    const u16* v;          // [B, Hkv, Nk, d] BF16
+    const u16* q;          // [B, Hq, Nq, d] raw BF16 Q (for the exported lse)
+    u16* o;                // [B, Hq, Nq, d] BF16 output
+    float* lse2;           // [B, Hq, Nq]
+    float* lse;            // [B, Hq, Nq]
+    Dims dims;
+    int flags;
+    float c;         // softmax scale 1/sqrt(d) (FP32)
+    float c_lambda;  // fl(c · log2 e)
+    float ln2;       // FP32 ln 2
+};
+
+#define O_PER_THREAD (BLOCK_Q * HEAD_DIM / THREADS)
+
+struct ForwardShared {
+    float tile[BLOCK_Q][BLOCK_KV];  // t, then p, then P̂ or bf16(p)
+    float m[BLOCK_Q], l[BLOCK_Q], alpha[BLOCK_Q], p_scale[BLOCK_Q];
+    float q_mean[HEAD_DIM];
+    float beta[BLOCK_KV];
+};
+
+// Last key block any row of query block qb can see (exclusive bound), 0 if none.
+__device__ __forceinline__ int key_block_end(const Dims& d, int qb) {
+    if (!d.causal) return d.n_kblk;
+    const int r_last = min((qb + 1) * BLOCK_Q, d.n_q) - 1;
+    const int j_max = r_last + d.n_k - d.n_q;
+    if (j_max < 0) return 0;
+    return min(d.n_kblk, j_max / BLOCK_KV + 1);
+}
+
+// Step 1: the base-2 scores of the tile (−∞ where masked).
+__device__ void forward_scores(const ForwardParams& p, ForwardShared& s, int bh, int bh_kv, int qb, int kb) {
+    const bool int8 = p.flags & F_QK, smooth_q = p.flags & F_SMOOTH_Q;
+    for (int e = threadIdx.x; e < BLOCK_Q * BLOCK_KV; e += THREADS) {
+        const int rl = e / BLOCK_KV, jl = e % BLOCK_KV;
+        const int r = qb * BLOCK_Q + rl, j = kb * BLOCK_KV + jl;
+        float t = neg_inf();
+        if (visible(p.dims, r, j))
+            t = score(p.op, int8, (long)bh * p.dims.n_q + r, (long)bh_kv * p.dims.n_k + j,
+                      bh * p.dims.n_qblk + qb, bh_kv * p.dims.n_kblk + kb, p.c_lambda, smooth_q, s.beta[jl]);
+        s.tile[rl][jl] = t;
+    }
+}
+
+// Step 2: online-softmax update of one row; leaves in the tile the P operand of #2 (P̂ as a float
+// when INT8, with its per-row scale, else bf16(p)).
+__device__ void forward_softmax_row(const ForwardParams& p, ForwardShared& s, int rl) {
+    float* row = s.tile[rl];
+    float mx = neg_inf();
+    for (int j = 0; j < BLOCK_KV; ++j) mx = fmaxf(mx, row[j]);
+    const float m_old = s.m[rl];
+    const float m_new = fmaxf(m_old, mx);
+    const float m_use = m_new == neg_inf() ? 0.0f : m_new;
+    float sum = 0.0f, amax = 0.0f;
+    for (int j = 0; j < BLOCK_KV; ++j) {
+        const float pj = row[j] == neg_inf() ? 0.0f : exp2f(__fsub_rn(row[j], m_use));
+        row[j] = pj;
+        sum = __fadd_rn(sum, pj);
+        amax = fmaxf(amax, pj);  // = exp2(rowmax − m_new), the §4 group amax
+    }
+    const float alpha = exp2f(__fsub_rn(m_old, m_use));
+    s.alpha[rl] = alpha;
+    s.l[rl] = __fadd_rn(__fmul_rn(s.l[rl], alpha), sum);
+    s.m[rl] = m_new;
+    if (p.flags & F_PV) {
+        const GroupScale g = group_scale(amax);
+        s.p_scale[rl] = g.scale;
+        for (int j = 0; j < BLOCK_KV; ++j) row[j] = (float)quantize(row[j], g.inv);
+    } else {
+        for (int j = 0; j < BLOCK_KV; ++j) row[j] = round_bf16(row[j]);
+    }
+}
+
+// Step 3: O = fl(O·α) + PV_block for this thread's O entries.
+__device__ void forward_pv(const ForwardParams& p, ForwardShared& s, float* o_acc, int bh_kv, int kb) {
+    const int keys = min(BLOCK_KV, p.dims.n_k - kb * BLOCK_KV);
+    const long v_row0 = (long)bh_kv * p.dims.n_k + kb * BLOCK_KV;
+    const bool int8 = p.flags & F_PV;
+    const float s_v = int8 ? p.v_scale[bh_kv * p.dims.n_kblk + kb] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < O_PER_THREAD; ++i) {
+        const int e = threadIdx.x + i * THREADS;
+        const int rl = e / HEAD_DIM, c = e % HEAD_DIM;
+        const float* prow = s.tile[rl];
+        float pv;
+        if (int8) {
+            int acc = 0;
+            for (int j = 0; j < keys; ++j) acc += (int)prow[j] * (int)p.v_hat[(v_row0 + j) * HEAD_DIM + c];
+            pv = dequant(acc, s.p_scale[rl], s_v);
+        } else {
+            pv = 0.0f;
+            for (int j = 0; j < keys; ++j)
+                pv = __fadd_rn(pv, __fmul_rn(prow[j], bf16_to_f32(p.v[(v_row0 + j) * HEAD_DIM + c])));
+        }
+        o_acc[i] = __fadd_rn(__fmul_rn(o_acc[i], s.alpha[rl]), pv);
+    }
+}
+
+// Final step: O = fl(O / l) as BF16, lse2 = fl(m + log2 l), and the exported natural lse of the
+// true scores, lse2·ln2 + c·(q_r·K_m). A row with no visible key gets O = 0, lse2 = lse = +∞.
+__device__ void forward_store(const ForwardParams& p, ForwardShared& s, const float* o_acc, int bh, int bh_kv, int qb) {
+#pragma unroll
+    for (int i = 0; i < O_PER_THREAD; ++i) {
+        const int e = threadIdx.x + i * THREADS;
+        const int rl = e / HEAD_DIM, c = e % HEAD_DIM;
+        const int r = qb * BLOCK_Q + rl;
+        if (r >= p.dims.n_q) continue;
+        const float l = s.l[rl];
+        const float o = l == 0.0f ? 0.0f : __fdiv_rn(o_acc[i], l);
+        p.o[((long)bh * p.dims.n_q + r) * HEAD_DIM + c] = f32_to_bf16(o);
+    }
+    if (threadIdx.x < BLOCK_Q) {
+        const int rl = threadIdx.x, r = qb * BLOCK_Q + rl;
+        if (r < p.dims.n_q) {
+            const long row = (long)bh * p.dims.n_q + r;
+            const float l = s.l[rl];
+            float lse2 = pos_inf(), lse = pos_inf();
+            if (l != 0.0f) {
+                lse2 = __fadd_rn(s.m[rl], log2f(l));
+                float qkm = 0.0f;
+                const u16* q = p.q + row * HEAD_DIM;
+                const float* km = p.op.k_mean + (long)bh_kv * HEAD_DIM;
+                for (int c = 0; c < HEAD_DIM; ++c) qkm = __fadd_rn(qkm, __fmul_rn(bf16_to_f32(q[c]), km[c]));
+                lse = __fadd_rn(__fmul_rn(lse2, p.ln2), __fmul_rn(p.c, qkm));
+            }
+            p.lse2[row] = lse2;
+            p.lse[row] = lse;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) sage_forward(ForwardParams p) {
+    __shared__ ForwardShared s;
+    const int qb = blockIdx.x, bh = blockIdx.y;
+    const int group = p.dims.heads_q / p.dims.heads_kv;
+    const int bh_kv = (bh / p.dims.heads_q) * p.dims.heads_kv + (bh % p.dims.heads_q) / group;
+    const bool smooth_q = p.flags & F_SMOOTH_Q;
+
+    if (threadIdx.x < BLOCK_Q) {
+        s.m[threadIdx.x] = neg_inf();
+        s.l[threadIdx.x] = 0.0f;
+    }
+    if (smooth_q && threadIdx.x < HEAD_DIM)
+        s.q_mean[threadIdx.x] = p.op.q_mean[((long)bh * p.dims.n_qblk + qb) * HEAD_DIM + threadIdx.x];
+    float o_acc[O_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < O_PER_THREAD; ++i) o_acc[i] = 0.0f;
+    __syncthreads();
+
+    const int kb_end = key_block_end(p.dims, qb);
+    for (int kb = 0; kb < kb_end; ++kb) {
+        if (smooth_q && threadIdx.x < BLOCK_KV) {
+            const int j = kb * BLOCK_KV + threadIdx.x;
+            s.beta[threadIdx.x] = j < p.dims.n_k
+                ? beta_of(s.q_mean, p.op.k + ((long)bh_kv * p.dims.n_k + j) * HEAD_DIM, p.op.k_mean + (long)bh_kv * HEAD_DIM)
+                : 0.0f;
+        }
+        __syncthreads();
+        forward_scores(p, s, bh, bh_kv, qb, kb);
+        __syncthreads();
+        if (threadIdx.x < BLOCK_Q) forward_softmax_row(p, s, threadIdx.x);
+        __syncthreads();
+        forward_pv(p, s, o_acc, bh_kv, kb);
+        __syncthreads();
+    }
+    forward_store(p, s, o_acc, bh, bh_kv, qb);
+}

@@ -1,0 +1,144 @@
+//! Host side of `kernels/backward_{pre,main,post}.cu` (ALGORITHM.md §5, §7).
+
+use crate::forward::{scales, DeviceForward, SavedForBackward, ScoreOperands};
+use crate::quantize::{quantize_do, QuantizedDo};
+use crate::runtime::{drv, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
+use crate::{flags, DeviceInputs, Gpu};
+use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
+use sagebwd::{Error, Result};
+
+/// Mirror of `BackwardParams` in backward_main.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct BackwardParams {
+    op: ScoreOperands,
+    v_hat: u64,
+    v_scale: u64,
+    v: u64,
+    do_hat: u64,
+    do_scale: u64,
+    d_o: u64,
+    lse2: u64,
+    delta: u64,
+    dq_acc: u64,
+    ds_rowsum: u64,
+    dk_acc: u64,
+    dv_acc: u64,
+    dims: Dims,
+    flags: i32,
+    c_lambda: f32,
+}
+unsafe impl cudarc::driver::DeviceRepr for BackwardParams {}
+
+/// Bytes of `BackwardShared` (backward_main.cu): the P and dS tiles, per-row lse2 and D, Q_m, β,
+/// the dS column sums and the reduction scratch. The kernel traps if it is given less.
+pub fn backward_smem_bytes(head_dim: usize) -> usize {
+    4 * (2 * BLOCK_Q * BLOCK_KV + 2 * BLOCK_Q + head_dim + 2 * BLOCK_KV + THREADS as usize / 32)
+}
+
+/// The gradients on the device, BF16 bits, plus the preprocess's D and dÔ.
+pub struct DeviceGradients {
+    pub dq: CudaSlice<u16>,
+    pub dk: CudaSlice<u16>,
+    pub dv: CudaSlice<u16>,
+    pub delta: CudaSlice<f32>,
+    pub do_quant: QuantizedDo,
+}
+
+fn grid_stride(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, 1 << 16) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Preprocess: dO quantization, D = rowsum(dO ∘ O), zeroed FP32 accumulators.
+fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>)
+    -> Result<(QuantizedDo, CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+    let s = &x.shape;
+    let rows = s.batch * s.heads_q * s.n_q;
+    let do_quant = quantize_do(gpu, k, x, d_o)?;
+    let delta = gpu.alloc_poisoned_f32(rows)?;
+    let warps_per_block = THREADS as usize / 32;
+    let launch = LaunchConfig {
+        grid_dim: (rows.div_ceil(warps_per_block) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let rows_i = rows as i64;
+    drv("launch sage_bwd_delta", unsafe {
+        gpu.dev.stream.launch_builder(&k.bwd_delta).arg(o).arg(d_o).arg(&delta).arg(&rows_i).launch(launch)
+    })?;
+    let dq_acc = gpu.alloc_f32(s.q_len())?;
+    gpu.fill(k, &dq_acc, 0)?;
+    let ds_rowsum = gpu.alloc_f32(rows)?;
+    gpu.fill(k, &ds_rowsum, 0)?;
+    Ok((do_quant, delta, dq_acc, ds_rowsum))
+}
+
+pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, saved: &SavedForBackward,
+                d_o: &CudaSlice<u16>) -> Result<DeviceGradients> {
+    let s = &x.shape;
+    let dims = Dims::of(s, x.causal);
+    let (c, c_lambda) = scales(s.head_dim);
+    let cfg = &saved.cfg;
+    let (do_quant, delta, dq_acc, ds_rowsum) = preprocess(gpu, k, x, &fwd.o, d_o)?;
+    let per_q_head_kv = s.batch * s.heads_q * s.n_k * s.head_dim;
+    let dk_acc = gpu.alloc_poisoned_f32(per_q_head_kv)?;
+    let dv_acc = gpu.alloc_poisoned_f32(per_q_head_kv)?;
+
+    let qd = &saved.quant;
+    let p = BackwardParams {
+        op: ScoreOperands::of(gpu, x, qd),
+        v_hat: gpu.ptr(&qd.v_hat),
+        v_scale: gpu.ptr(&qd.v_scale),
+        v: gpu.ptr(&x.v),
+        do_hat: gpu.ptr(&do_quant.do_hat),
+        do_scale: gpu.ptr(&do_quant.do_scale),
+        d_o: gpu.ptr(d_o),
+        lse2: gpu.ptr(&fwd.lse2),
+        delta: gpu.ptr(&delta),
+        dq_acc: gpu.ptr(&dq_acc),
+        ds_rowsum: gpu.ptr(&ds_rowsum),
+        dk_acc: gpu.ptr(&dk_acc),
+        dv_acc: gpu.ptr(&dv_acc),
+        dims,
+        flags: flags(cfg),
+        c_lambda,
+    };
+    let smem = backward_smem_bytes(s.head_dim);
+    let optin = drv("smem attribute", gpu.dev.ctx.attribute(
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))? as usize;
+    if smem > optin {
+        return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
+    }
+    drv("set smem attribute", k.bwd_main.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32))?;
+    let launch = LaunchConfig {
+        grid_dim: (dims.n_kblk as u32, (s.batch * s.heads_q) as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    drv("launch sage_bwd_main", unsafe { gpu.dev.stream.launch_builder(&k.bwd_main).arg(&p).launch(launch) })?;
+
+    let dq = gpu.alloc_poisoned_u16(s.q_len())?;
+    let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
+    let dv = gpu.alloc_poisoned_u16(s.kv_len())?;
+    let fl = flags(cfg);
+    let stream = &gpu.dev.stream;
+    drv("launch sage_bwd_post_dq", unsafe {
+        stream.launch_builder(&k.post_dq).arg(&dq_acc).arg(&ds_rowsum).arg(&qd.k_mean).arg(&dq)
+            .arg(&dims).arg(&c).arg(&fl).launch(grid_stride(s.q_len()))
+    })?;
+    drv("launch sage_bwd_post_dkdv", unsafe {
+        stream.launch_builder(&k.post_dkdv).arg(&dk_acc).arg(&dv_acc).arg(&dk).arg(&dv)
+            .arg(&dims).arg(&c).launch(grid_stride(s.kv_len()))
+    })?;
+    Ok(DeviceGradients { dq, dk, dv, delta, do_quant })
+}
+
+/// Device bytes the backward allocates beyond the forward's (for the up-front memory check).
+pub fn backward_bytes(s: &sagebwd::Shape) -> usize {
+    let rows = s.batch * s.heads_q * s.n_q;
+    let per_q_head_kv = s.batch * s.heads_q * s.n_k * s.head_dim;
+    s.q_len() * (1 + 4 + 2) + rows * 4 * 2 + s.q_len().div_ceil(BLOCK_Q) * 4 + per_q_head_kv * 8 + s.kv_len() * 4
+        + s.q_len() * 2 /* dO upload */
+}

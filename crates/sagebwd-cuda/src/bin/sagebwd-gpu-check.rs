@@ -1,0 +1,344 @@
+//! GPU verification in one process: the CUDA kernels against the CPU simulator of the same
+//! configuration on the same fresh random inputs, then a σ sweep against the exact f64 reference,
+//! then the error paths. Prints one line per case while it runs and summary tables last; exits 1
+//! when any check fails.
+//!
+//! Usage: `sagebwd-gpu-check [--quick] [--out DIR]` (`--quick`: small shapes only; `--out`: also
+//! write results.tsv there).
+//!
+//! Tolerances against the simulator (why):
+//! - Quantized values Q̂, K̂, V̂, dÔ and their scales: the kernels perform the same IEEE operations
+//!   in the same order as the simulator (means in FP64 rounded once, `fl(x·inv)` without FMA,
+//!   round-half-even), so they must match exactly; a one-step difference is tolerated by the
+//!   specification and counted, two steps fail.
+//! - O, dQ, dK, dV are BF16 roundings of FP32 values whose accumulation order differs (the FP32
+//!   values differ by a few ulps, ~1e-6 relative). Where the two FP32 values straddle a BF16
+//!   rounding boundary the results differ by one BF16 ulp, at most 2^-7 relative, so even if every
+//!   element flipped the relative L2 would be ≤ 2^-7. INT8 products add a second effect: P̂ and dŜ
+//!   entries whose FP32 inputs differ by ulps (hardware exp2f is within 2 ulps of the exact exp2)
+//!   can round to neighbouring integers; each such flip moves one term of a sum by one quantization
+//!   step, a fraction ~1e-4 of the entries, well below the first effect. Bound: 2^-6 = 1.6e-2 (the
+//!   output-rounding bound plus an equal allowance for flips); measured values are ~1e-3 and below.
+//! - lse2, lse (FP32, not rounded): FP32 order differences only: 1e-4. D = rowsum(dO∘O) inherits
+//!   O's BF16 flips (one ulp on a few elements of a row): 2e-3.
+
+use sagebwd::inputs::random;
+use sagebwd::metrics::compare;
+use sagebwd::sim::{simulate, SimOutput};
+use sagebwd::{reference, Config, Error, Inputs, Product, Shape};
+use sagebwd_cuda::Gpu;
+use std::fmt::Write as _;
+use std::time::Instant;
+
+const TOL_OUT: f64 = 1.0 / 64.0;
+const TOL_LSE: f64 = 1e-4;
+const TOL_DELTA: f64 = 2e-3;
+
+struct Case {
+    shape: Shape,
+    causal: bool,
+    sigma: f32,
+}
+
+impl Case {
+    fn label(&self) -> String {
+        let s = &self.shape;
+        let n = if s.n_q == s.n_k { format!("N={}", s.n_q) } else { format!("Nq={},Nk={}", s.n_q, s.n_k) };
+        format!("B{} H{}/{} {} d{} {} s{}", s.batch, s.heads_q, s.heads_kv, n, s.head_dim,
+                if self.causal { "causal" } else { "full" }, self.sigma)
+    }
+}
+
+fn shape(batch: usize, hq: usize, hkv: usize, nq: usize, nk: usize, d: usize) -> Shape {
+    Shape { batch, heads_q: hq, heads_kv: hkv, n_q: nq, n_k: nk, head_dim: d }
+}
+
+fn all_configs() -> Vec<Config> {
+    let mut v = vec![Config::fpa(), Config::sagebwd(), Config::int8_all()];
+    v.extend(Product::ALL.map(Config::isolate));
+    let mut sq = Config::sagebwd();
+    sq.smooth_q = true;
+    let mut corr = Config::sagebwd();
+    corr.dq_smooth_k_correction = true;
+    let mut both = Config::int8_all();
+    both.smooth_q = true;
+    both.dq_smooth_k_correction = true;
+    v.extend([sq, corr, both]);
+    v
+}
+
+fn presets() -> Vec<Config> {
+    vec![Config::fpa(), Config::sagebwd(), Config::int8_all()]
+}
+
+/// Exact comparison of quantized tensors: (mismatching entries, largest step).
+fn hat_diff(g: &[i8], s: &[i8]) -> (usize, i32, bool) {
+    if g.len() != s.len() {
+        return (usize::MAX, i32::MAX, false);
+    }
+    let mut n = 0;
+    let mut worst = 0;
+    let mut poison = false;
+    for (&a, &b) in g.iter().zip(s) {
+        poison |= a == -128;
+        if a != b {
+            n += 1;
+            worst = worst.max((a as i32 - b as i32).abs());
+        }
+    }
+    (n, worst, poison)
+}
+
+/// Scales / means: (entries that differ, largest relative difference).
+fn f32_diff(g: &[f32], s: &[f32]) -> (usize, f64) {
+    if g.len() != s.len() {
+        return (usize::MAX, f64::INFINITY);
+    }
+    let mut n = 0;
+    let mut worst = 0.0f64;
+    for (&a, &b) in g.iter().zip(s) {
+        if a.to_bits() != b.to_bits() {
+            n += 1;
+            let rel = ((a - b) as f64).abs() / (b as f64).abs().max(f64::MIN_POSITIVE);
+            worst = worst.max(if rel.is_nan() { f64::INFINITY } else { rel });
+        }
+    }
+    (n, worst)
+}
+
+fn rel(g: &[f32], s: &[f32]) -> f64 {
+    if g.len() != s.len() {
+        return f64::INFINITY;
+    }
+    let r: Vec<f64> = s.iter().map(|&x| x as f64).collect();
+    let m = compare(g, &r).rel_l2;
+    if m.is_nan() { f64::INFINITY } else { m }
+}
+
+struct SimRow {
+    case: String,
+    cfg: String,
+    line: String,
+    pass: bool,
+}
+
+fn check_against_sim(gpu: &Gpu, case: &Case, cfg: &Config, seed: u64) -> SimRow {
+    let inp = random(case.shape, case.causal, case.sigma, seed, true);
+    let t0 = Instant::now();
+    let g = gpu.run(&inp, cfg);
+    let t_gpu = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let s = simulate(&inp, cfg, false);
+    let t_sim = t1.elapsed().as_secs_f64();
+    let (g, s) = match (g, s) {
+        (Ok(g), Ok(s)) => (g, s),
+        (g, s) => {
+            let msg = format!("gpu: {:?} / sim: {:?}", g.err().map(|e| e.to_string()), s.err().map(|e| e.to_string()));
+            return SimRow { case: case.label(), cfg: cfg.label(), line: format!("ERROR {msg}"), pass: false };
+        }
+    };
+    let (line, pass) = sim_metrics(&g, &s);
+    SimRow { case: case.label(), cfg: cfg.label(), line: format!("{line} | gpu {t_gpu:.2}s sim {t_sim:.2}s"), pass }
+}
+
+fn sim_metrics(g: &SimOutput, s: &SimOutput) -> (String, bool) {
+    let (gq, sq) = (&g.quant, &s.quant);
+    let hats = [
+        hat_diff(&gq.q_hat, &sq.q_hat),
+        hat_diff(&gq.k_hat, &sq.k_hat),
+        hat_diff(&gq.v_hat, &sq.v_hat),
+        hat_diff(&gq.do_hat, &sq.do_hat),
+    ];
+    let hat_mis: usize = hats.iter().map(|h| h.0).fold(0usize, |a, b| a.saturating_add(b));
+    let hat_step = hats.iter().map(|h| h.1).max().unwrap_or(0);
+    let poison = hats.iter().any(|h| h.2);
+    let scales = [
+        f32_diff(&gq.q_scale, &sq.q_scale),
+        f32_diff(&gq.k_scale, &sq.k_scale),
+        f32_diff(&gq.v_scale, &sq.v_scale),
+        f32_diff(&gq.do_scale, &sq.do_scale),
+        f32_diff(&gq.k_mean, &sq.k_mean),
+        f32_diff(&gq.q_mean, &sq.q_mean),
+    ];
+    let sc_mis: usize = scales.iter().map(|x| x.0).fold(0usize, |a, b| a.saturating_add(b));
+    let sc_rel = scales.iter().map(|x| x.1).fold(0.0, f64::max);
+    let (gg, sg) = (g.grads.as_ref().unwrap(), s.grads.as_ref().unwrap());
+    let o = rel(&g.fwd.o, &s.fwd.o);
+    let lse2 = rel(&g.fwd.lse2, &s.fwd.lse2);
+    let lse = rel(&g.fwd.lse, &s.fwd.lse);
+    let dq = rel(&gg.dq, &sg.dq);
+    let dk = rel(&gg.dk, &sg.dk);
+    let dv = rel(&gg.dv, &sg.dv);
+    let delta = rel(&gg.delta, &sg.delta);
+    let nan = [&g.fwd.o, &gg.dq, &gg.dk, &gg.dv, &gg.delta, &g.fwd.lse2].iter().any(|t| t.iter().any(|x| x.is_nan()));
+    let total: usize = gq.q_hat.len() + gq.k_hat.len() + gq.v_hat.len() + gq.do_hat.len();
+    let pass = hat_step <= 1 && sc_rel <= 2.5e-7 && !poison && !nan
+        && [o, dq, dk, dv].iter().all(|&x| x <= TOL_OUT)
+        && lse2 <= TOL_LSE && lse <= TOL_LSE && delta <= TOL_DELTA;
+    let mut line = String::new();
+    let _ = write!(line, "hat mism {hat_mis}/{total} step {hat_step} | scale mism {sc_mis} rel {sc_rel:.1e} | \
+        relL2 O {o:.1e} lse2 {lse2:.1e} lse {lse:.1e} dQ {dq:.1e} dK {dk:.1e} dV {dv:.1e} D {delta:.1e}{}{}",
+        if poison { " POISON" } else { "" }, if nan { " NaN" } else { "" });
+    (line, pass)
+}
+
+fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
+    let mut v = vec![
+        (Case { shape: shape(2, 4, 2, 1000, 1000, 64), causal: true, sigma: 1.0 }, all_configs()),
+        (Case { shape: shape(1, 2, 2, 700, 1500, 128), causal: true, sigma: 5.0 }, all_configs()),
+        (Case { shape: shape(1, 2, 2, 1000, 1000, 128), causal: false, sigma: 1.0 }, all_configs()),
+        (Case { shape: shape(1, 4, 1, 1300, 900, 64), causal: true, sigma: 5.0 }, presets()),
+        (Case { shape: shape(1, 2, 2, 77, 200, 64), causal: false, sigma: 5.0 }, presets()),
+    ];
+    if !quick {
+        v.push((Case { shape: shape(1, 2, 2, 4097, 4097, 128), causal: true, sigma: 1.0 }, presets()));
+        v.push((Case { shape: shape(1, 2, 2, 4097, 4097, 64), causal: false, sigma: 5.0 }, presets()));
+    }
+    v
+}
+
+/// σ sweep against the exact f64 reference (ALGORITHM.md: cosine and relative L2 of O, dQ, dK, dV).
+fn sigma_sweep(gpu: &Gpu, n: usize, out: &mut String) -> bool {
+    let mut ok = true;
+    let _ = writeln!(out, "\n## sigma sweep vs exact f64 reference (B1 H2 N={n} d128 full)\n");
+    let _ = writeln!(out, "| sigma | config | O cos / relL2 | dQ cos / relL2 | dK cos / relL2 | dV cos / relL2 |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for (i, sigma) in [1.0f32, 3.0, 5.0, 8.0, 10.0].into_iter().enumerate() {
+        let inp = random(shape(1, 2, 2, n, n, 128), false, sigma, 1000 + i as u64, true);
+        let ex = match reference::exact(&inp, false) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = writeln!(out, "| {sigma} | reference failed: {e} |");
+                ok = false;
+                continue;
+            }
+        };
+        let eg = ex.grads.as_ref().unwrap();
+        for cfg in [Config::fpa(), Config::sagebwd(), Config::int8_all()] {
+            match gpu.run(&inp, &cfg) {
+                Ok(g) => {
+                    let gg = g.grads.as_ref().unwrap();
+                    let m = |x: &[f32], r: &[f64]| {
+                        let c = compare(x, r);
+                        format!("{:.5} / {:.2e}", c.cos, c.rel_l2)
+                    };
+                    let line = format!("| {sigma} | {} | {} | {} | {} | {} |", cfg.label(), m(&g.fwd.o, &ex.o),
+                        m(&gg.dq, &eg.dq), m(&gg.dk, &eg.dk), m(&gg.dv, &eg.dv));
+                    println!("{line}");
+                    let _ = writeln!(out, "{line}");
+                    // FPA must be close to exact (BF16 operands): a gross error here is a bug.
+                    if cfg == Config::fpa() && compare(&gg.dq, &eg.dq).rel_l2 > 0.05 {
+                        ok = false;
+                    }
+                }
+                Err(e) => {
+                    let _ = writeln!(out, "| {sigma} | {} | ERROR {e} |", cfg.label());
+                    ok = false;
+                }
+            }
+        }
+    }
+    ok
+}
+
+/// Bad inputs must give the right error, never a panic.
+fn error_paths(gpu: &Gpu, out: &mut String) -> bool {
+    let mut ok = true;
+    let _ = writeln!(out, "\n## error paths\n");
+    let mut check = |what: &str, r: Result<SimOutput, Error>, want: fn(&Error) -> bool| {
+        let (good, msg) = match &r {
+            Err(e) => (want(e), e.to_string()),
+            Ok(_) => (false, "no error".to_string()),
+        };
+        ok &= good;
+        let _ = writeln!(out, "- {what}: {} — {msg}", if good { "ok" } else { "FAIL" });
+    };
+    let inp = random(shape(1, 1, 1, 64, 64, 96), false, 1.0, 1, true);
+    check("head dim 96", gpu.run(&inp, &Config::sagebwd()), |e| matches!(e, Error::HeadDim { .. }));
+    let inp = random(shape(1, 1, 1, 64, 64, 64), false, 1.0, 1, true);
+    let mut cfg = Config::sagebwd();
+    cfg.block_q = 32;
+    check("block_q 32", gpu.run(&inp, &cfg), |e| matches!(e, Error::Config(_)));
+    let mut bad = inp.clone();
+    bad.k[5] = f32::NAN;
+    check("NaN in K", gpu.run(&bad, &Config::sagebwd()), |e| matches!(e, Error::NonFinite { .. }));
+    let mut short = inp.clone();
+    short.v.pop();
+    check("V too short", gpu.run(&short, &Config::sagebwd()), |e| matches!(e, Error::Shape(_)));
+    // 64 heads × 131072 tokens × 128: ~1.3 TB of buffers, far beyond device memory; the check must
+    // refuse before allocating (the inputs are never materialised: only the shape is checked).
+    let big = shape(1, 64, 64, 131_072, 131_072, 128);
+    let need = sagebwd_cuda::device_bytes(&big, true);
+    let free = gpu.dev.free_memory().unwrap_or(0);
+    let _ = writeln!(out, "- too large: needs {:.0} GiB, free {:.0} GiB: {}", need as f64 / 1073741824.0,
+        free as f64 / 1073741824.0, if need > free { "would be refused" } else { "FAIL" });
+    ok &= need > free;
+    ok
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let out_dir = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
+    let gpu = match Gpu::new() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("cannot open the GPU: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!("device: {}", gpu.describe());
+    let t = Instant::now();
+    if let Err(e) = gpu.kernels(64).and_then(|_| gpu.kernels(128)) {
+        eprintln!("kernel compilation failed: {e}");
+        std::process::exit(2);
+    }
+    println!("kernels ready in {:.1}s (NVRTC or cache)", t.elapsed().as_secs_f64());
+
+    let mut rows = Vec::new();
+    let mut seed = 1;
+    for (case, cfgs) in sim_cases(quick) {
+        for cfg in cfgs {
+            seed += 1;
+            let row = check_against_sim(&gpu, &case, &cfg, seed);
+            println!("{} {} | {} | {}", if row.pass { "PASS" } else { "FAIL" }, row.case, row.cfg, row.line);
+            rows.push(row);
+        }
+    }
+    // Same inputs twice: results must agree up to the atomic dQ order (a moving error is a race).
+    let inp: Inputs = random(shape(1, 2, 2, 1000, 1000, 128), true, 3.0, 77, true);
+    let repeat = match (gpu.run(&inp, &Config::int8_all()), gpu.run(&inp, &Config::int8_all())) {
+        (Ok(a), Ok(b)) => {
+            let (ga, gb) = (a.grads.unwrap(), b.grads.unwrap());
+            let bits = |x: &[f32], y: &[f32]| x.iter().zip(y).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let same_fwd = bits(&a.fwd.o, &b.fwd.o) + bits(&a.fwd.lse2, &b.fwd.lse2) + bits(&ga.dk, &gb.dk) + bits(&ga.dv, &gb.dv);
+            (same_fwd == 0, format!("O/lse2/dK/dV differing entries: {same_fwd}; dQ rel L2 between runs {:.1e}", rel(&ga.dq, &gb.dq)))
+        }
+        _ => (false, "run failed".to_string()),
+    };
+    let mut out = String::new();
+    let ok_sweep = if quick { true } else { sigma_sweep(&gpu, 4096, &mut out) };
+    let ok_err = error_paths(&gpu, &mut out);
+
+    println!("\n# summary ({})\n", gpu.describe());
+    println!("## GPU vs CPU simulator, same inputs (tolerances in the source)\n");
+    println!("| result | case | config | details |");
+    println!("|---|---|---|---|");
+    for r in &rows {
+        println!("| {} | {} | {} | {} |", if r.pass { "pass" } else { "FAIL" }, r.case, r.cfg, r.line);
+    }
+    let passed = rows.iter().filter(|r| r.pass).count();
+    println!("\nrepeat run: {} — {}", if repeat.0 { "deterministic" } else { "FAIL" }, repeat.1);
+    print!("{out}");
+    let all = passed == rows.len() && repeat.0 && ok_sweep && ok_err;
+    println!("\n{passed} passed, {} failed (simulator comparisons); sweep {}; error paths {}",
+        rows.len() - passed, if ok_sweep { "ok" } else { "FAIL" }, if ok_err { "ok" } else { "FAIL" });
+    if let Some(dir) = out_dir {
+        let mut tsv = String::from("result\tcase\tconfig\tdetails\n");
+        for r in &rows {
+            let _ = writeln!(tsv, "{}\t{}\t{}\t{}", r.pass, r.case, r.cfg, r.line);
+        }
+        let _ = std::fs::write(std::path::Path::new(&dir).join("results.tsv"), tsv);
+    }
+    std::process::exit(if all { 0 } else { 1 });
+}

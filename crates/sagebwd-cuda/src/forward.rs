@@ -1,0 +1,117 @@
+//! Host side of `kernels/forward.cu` (ALGORITHM.md §4).
+
+use crate::quantize::{quantize_inputs, QuantizedDev};
+use crate::runtime::{drv, Dims, Kernels, THREADS};
+use crate::{flags, DeviceInputs, Gpu};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use sagebwd::{Config, Result};
+
+/// Mirror of `ScoreOperands` in common.cuh.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct ScoreOperands {
+    pub q_hat: u64,
+    pub q_scale: u64,
+    pub q_s: u64,
+    pub k_hat: u64,
+    pub k_scale: u64,
+    pub k_s: u64,
+    pub k: u64,
+    pub k_mean: u64,
+    pub q_mean: u64,
+}
+
+impl ScoreOperands {
+    pub(crate) fn of(gpu: &Gpu, x: &DeviceInputs, qd: &QuantizedDev) -> ScoreOperands {
+        ScoreOperands {
+            q_hat: gpu.ptr(&qd.q_hat),
+            q_scale: gpu.ptr(&qd.q_scale),
+            q_s: gpu.ptr(&qd.q_s),
+            k_hat: gpu.ptr(&qd.k_hat),
+            k_scale: gpu.ptr(&qd.k_scale),
+            k_s: gpu.ptr(&qd.k_s),
+            k: gpu.ptr(&x.k),
+            k_mean: gpu.ptr(&qd.k_mean),
+            q_mean: gpu.ptr(&qd.q_mean),
+        }
+    }
+}
+
+/// Mirror of `ForwardParams` in forward.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ForwardParams {
+    op: ScoreOperands,
+    v_hat: u64,
+    v_scale: u64,
+    v: u64,
+    q: u64,
+    o: u64,
+    lse2: u64,
+    lse: u64,
+    dims: Dims,
+    flags: i32,
+    c: f32,
+    c_lambda: f32,
+    ln2: f32,
+}
+unsafe impl cudarc::driver::DeviceRepr for ForwardParams {}
+
+/// The forward's outputs on the device.
+pub struct DeviceForward {
+    /// `[B, H_q, N_q, d]` BF16 bits.
+    pub o: CudaSlice<u16>,
+    /// `[B, H_q, N_q]` base-2 LSE of the smoothed scores.
+    pub lse2: CudaSlice<f32>,
+    /// `[B, H_q, N_q]` natural LSE of the true scores (the exported one).
+    pub lse: CudaSlice<f32>,
+}
+
+/// What the backward needs from the forward (ALGORITHM.md §4, last paragraph): the quantized
+/// operands and scales, the smoothing means, the BF16 smoothed copies; O and lse2 are read from
+/// the [`DeviceForward`] passed alongside.
+pub struct SavedForBackward {
+    pub quant: QuantizedDev,
+    pub cfg: Config,
+}
+
+/// Softmax scale `c = 1/sqrt(d)` and `cλ = fl(c · log2 e)`, both FP32.
+pub fn scales(head_dim: usize) -> (f32, f32) {
+    let c = (1.0 / (head_dim as f64).sqrt()) as f32;
+    (c, c * std::f32::consts::LOG2_E)
+}
+
+pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<(DeviceForward, SavedForBackward)> {
+    let quant = quantize_inputs(gpu, k, x, cfg)?;
+    let s = &x.shape;
+    let dims = Dims::of(s, x.causal);
+    let rows = s.batch * s.heads_q * s.n_q;
+    let out = DeviceForward {
+        o: gpu.alloc_poisoned_u16(s.q_len())?,
+        lse2: gpu.alloc_poisoned_f32(rows)?,
+        lse: gpu.alloc_poisoned_f32(rows)?,
+    };
+    let (c, c_lambda) = scales(s.head_dim);
+    let p = ForwardParams {
+        op: ScoreOperands::of(gpu, x, &quant),
+        v_hat: gpu.ptr(&quant.v_hat),
+        v_scale: gpu.ptr(&quant.v_scale),
+        v: gpu.ptr(&x.v),
+        q: gpu.ptr(&x.q),
+        o: gpu.ptr(&out.o),
+        lse2: gpu.ptr(&out.lse2),
+        lse: gpu.ptr(&out.lse),
+        dims,
+        flags: flags(cfg),
+        c,
+        c_lambda,
+        ln2: std::f32::consts::LN_2,
+    };
+    let launch = LaunchConfig {
+        grid_dim: (dims.n_qblk as u32, (s.batch * s.heads_q) as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    drv("launch sage_forward", unsafe { gpu.dev.stream.launch_builder(&k.forward).arg(&p).launch(launch) })?;
+    Ok((out, SavedForBackward { quant, cfg: cfg.clone() }))
+}

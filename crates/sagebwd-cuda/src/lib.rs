@@ -1,0 +1,300 @@
+//! # sagebwd-cuda — the CUDA backend of sagebwd
+//!
+//! Kernels for the SageBwd method of `docs/ALGORITHM.md` (forward + backward, each of the seven
+//! products INT8 or BF16), compiled at run time by NVRTC for the GPU at hand and cached on disk.
+//! The crate builds without CUDA; the driver and NVRTC are loaded when [`Gpu::new`] runs.
+//!
+//! - [`Gpu::new`], [`Gpu::run`]: the whole method on host inputs, results in the simulator's
+//!   [`SimOutput`] so they compare value by value;
+//! - [`Gpu::upload`], [`Gpu::forward`], [`Gpu::backward`]: the stages on device tensors.
+//!
+//! Design (correctness first): scalar CUDA-core kernels (dp4a for exact INT8 products, FP32 for
+//! BF16 products), operands read from global memory through the caches, 64 × 128 tiles in shared
+//! memory. No tensor cores yet: see README.md.
+
+pub mod backward;
+pub mod forward;
+pub mod quantize;
+pub mod runtime;
+
+pub use backward::DeviceGradients;
+pub use forward::{DeviceForward, SavedForBackward};
+pub use quantize::{QuantizedDev, QuantizedDo};
+
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use runtime::{drv, Device, Kernels, BLOCK_KV, BLOCK_Q, HEAD_DIMS};
+use sagebwd::sim::{Forward, Gradients, Quantized, SimOutput};
+use sagebwd::{Config, Error, Inputs, Product, Result, Shape};
+use std::sync::{Arc, Mutex};
+
+// Flag bits, mirror of common.cuh.
+pub(crate) const F_SMOOTH_K: i32 = 256;
+pub(crate) const F_SMOOTH_Q: i32 = 512;
+pub(crate) const F_DQ_CORR: i32 = 1024;
+
+/// Kernel flags of a configuration: bit p = product p is INT8, then the switches.
+pub(crate) fn flags(cfg: &Config) -> i32 {
+    let mut f = 0;
+    for p in Product::ALL {
+        if cfg.is_int8(p) {
+            f |= 1 << p.index();
+        }
+    }
+    if cfg.smooth_k {
+        f |= F_SMOOTH_K;
+    }
+    if cfg.smooth_q {
+        f |= F_SMOOTH_Q;
+    }
+    if cfg.dq_smooth_k_correction {
+        f |= F_DQ_CORR;
+    }
+    f
+}
+
+// Poison patterns: NaN for floats and BF16; −128 for INT8, which the quantizer never produces.
+const POISON_F32: u32 = 0x7fc0_0000;
+const POISON_BF16X2: u32 = 0x7fc0_7fc0;
+const POISON_I8X4: u32 = 0x8080_8080;
+
+/// Q, K, V (and dO) on the device as BF16 bits, `[B, H, N, d]`.
+pub struct DeviceInputs {
+    pub shape: Shape,
+    pub causal: bool,
+    pub q: CudaSlice<u16>,
+    pub k: CudaSlice<u16>,
+    pub v: CudaSlice<u16>,
+    pub d_o: Option<CudaSlice<u16>>,
+}
+
+/// A CUDA device with the sagebwd kernels (compiled per head dimension on first use).
+pub struct Gpu {
+    pub dev: Device,
+    kernels: Mutex<Vec<Arc<Kernels>>>,
+}
+
+impl Gpu {
+    /// Opens GPU 0. Errors (never panics) when the driver, a GPU or NVRTC is missing.
+    pub fn new() -> Result<Gpu> {
+        let dev = Device::open(0)?;
+        runtime::nvrtc_available()?;
+        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()) })
+    }
+
+    /// "NVIDIA H200 (sm_90a)".
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.dev.name, self.dev.arch)
+    }
+
+    /// The kernels for `head_dim`, compiled (or read from the cache) on first use.
+    pub fn kernels(&self, head_dim: usize) -> Result<Arc<Kernels>> {
+        let mut loaded = self.kernels.lock().map_err(|_| Error::Backend("kernel cache lock poisoned".into()))?;
+        if let Some(k) = loaded.iter().find(|k| k.head_dim == head_dim) {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(Kernels::load(&self.dev, head_dim)?);
+        loaded.push(k.clone());
+        Ok(k)
+    }
+
+    // ----- small device helpers -----
+
+    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _sync) = s.device_ptr(&self.dev.stream);
+        p
+    }
+
+    fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+        // Zero-length tensors never reach here (validated shapes); keep one element regardless.
+        drv("allocation", unsafe { self.dev.stream.alloc::<T>(n.max(1)) })
+    }
+
+    pub(crate) fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>> {
+        self.alloc(n)
+    }
+
+    /// Fills a buffer of 4-byte-multiple size with a 32-bit pattern.
+    pub(crate) fn fill<T>(&self, k: &Kernels, s: &CudaSlice<T>, pattern: u32) -> Result<()> {
+        let words = (s.len() * std::mem::size_of::<T>() / 4) as u64;
+        let blocks = (words.div_ceil(256)).clamp(1, 1 << 16) as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        drv("launch sage_fill_u32", unsafe {
+            self.dev.stream.launch_builder(&k.fill_u32).arg(s).arg(&words).arg(&pattern).launch(cfg)
+        })
+        .map(drop)
+    }
+
+    fn poisoned<T: cudarc::driver::DeviceRepr>(&self, n: usize, unit: usize, pattern: u32) -> Result<CudaSlice<T>> {
+        // Round up to whole 4-byte words so the fill covers every element.
+        let n = (n.max(1) * unit).div_ceil(4) * 4 / unit;
+        let s = self.alloc::<T>(n)?;
+        let k = self.any_kernels()?;
+        self.fill(&k, &s, pattern)?;
+        Ok(s)
+    }
+    pub(crate) fn alloc_poisoned_f32(&self, n: usize) -> Result<CudaSlice<f32>> {
+        self.poisoned(n, 4, POISON_F32)
+    }
+    pub(crate) fn alloc_poisoned_u16(&self, n: usize) -> Result<CudaSlice<u16>> {
+        self.poisoned(n, 2, POISON_BF16X2)
+    }
+    pub(crate) fn alloc_poisoned_i8(&self, n: usize) -> Result<CudaSlice<i8>> {
+        self.poisoned(n, 1, POISON_I8X4)
+    }
+
+    fn any_kernels(&self) -> Result<Arc<Kernels>> {
+        let first = self.kernels.lock().ok().and_then(|k| k.first().cloned());
+        match first {
+            Some(k) => Ok(k),
+            None => self.kernels(HEAD_DIMS[0]),
+        }
+    }
+
+    fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, s: &CudaSlice<T>, n: usize) -> Result<Vec<T>> {
+        let mut v = drv("download", self.dev.stream.clone_dtoh(s))?;
+        v.truncate(n);
+        Ok(v)
+    }
+
+    // ----- public API -----
+
+    /// Checks what the GPU path supports: shape, head dimension (64, 128), block sizes (64, 128),
+    /// finite inputs (§9), grid limits, and that the problem fits in free device memory.
+    pub fn check(&self, inp: &Inputs, cfg: &Config) -> Result<()> {
+        inp.validate()?;
+        cfg.validate()?;
+        check_supported(&inp.shape, cfg)?;
+        let need = device_bytes(&inp.shape, inp.d_o.is_some());
+        let free = self.dev.free_memory()?;
+        // Leave headroom for the modules and the allocator's rounding.
+        if need + (256 << 20) > free {
+            return Err(Error::Backend(format!(
+                "problem {:?} needs about {:.2} GiB of device memory, {:.2} GiB are free",
+                inp.shape,
+                need as f64 / (1u64 << 30) as f64,
+                free as f64 / (1u64 << 30) as f64
+            )));
+        }
+        Ok(())
+    }
+
+    /// Uploads the inputs as BF16 (after [`Gpu::check`]-style validation of shape and values).
+    pub fn upload(&self, inp: &Inputs) -> Result<DeviceInputs> {
+        inp.validate()?;
+        let up = |t: &[f32]| -> Result<CudaSlice<u16>> {
+            let bits: Vec<u16> = t.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+            drv("upload", self.dev.stream.clone_htod(&bits))
+        };
+        Ok(DeviceInputs {
+            shape: inp.shape,
+            causal: inp.causal,
+            q: up(&inp.q)?,
+            k: up(&inp.k)?,
+            v: up(&inp.v)?,
+            d_o: inp.d_o.as_deref().map(up).transpose()?,
+        })
+    }
+
+    /// Quantization + forward kernel.
+    pub fn forward(&self, x: &DeviceInputs, cfg: &Config) -> Result<(DeviceForward, SavedForBackward)> {
+        check_supported(&x.shape, cfg)?;
+        let k = self.kernels(x.shape.head_dim)?;
+        forward::forward(self, &k, x, cfg)
+    }
+
+    /// Preprocess, main and postprocess kernels.
+    pub fn backward(&self, x: &DeviceInputs, fwd: &DeviceForward, saved: &SavedForBackward,
+                    d_o: &CudaSlice<u16>) -> Result<DeviceGradients> {
+        check_supported(&x.shape, &saved.cfg)?;
+        if d_o.len() != x.shape.q_len() {
+            return Err(Error::Shape(format!("dO has {} elements, expected {}", d_o.len(), x.shape.q_len())));
+        }
+        let k = self.kernels(x.shape.head_dim)?;
+        backward::backward(self, &k, x, fwd, saved, d_o)
+    }
+
+    /// The whole method on host inputs: upload (BF16), forward, backward when dO is present,
+    /// download into the simulator's structure (`inter` is None).
+    pub fn run(&self, inp: &Inputs, cfg: &Config) -> Result<SimOutput> {
+        self.check(inp, cfg)?;
+        let x = self.upload(inp)?;
+        let (fwd, saved) = self.forward(&x, cfg)?;
+        let grads = match &x.d_o {
+            Some(d_o) => Some(self.backward(&x, &fwd, &saved, d_o)?),
+            None => None,
+        };
+        drv("synchronize", self.dev.stream.synchronize())?;
+        self.collect(&x.shape, cfg, &fwd, &saved, grads.as_ref())
+    }
+
+    fn collect(&self, s: &Shape, cfg: &Config, fwd: &DeviceForward, saved: &SavedForBackward,
+               grads: Option<&DeviceGradients>) -> Result<SimOutput> {
+        let bf = |v: Vec<u16>| -> Vec<f32> { v.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect() };
+        let (bh_q, bh_kv) = (s.batch * s.heads_q, s.batch * s.heads_kv);
+        let (nqb, nkb) = (s.n_q.div_ceil(BLOCK_Q), s.n_k.div_ceil(BLOCK_KV));
+        let rows = bh_q * s.n_q;
+        let qd = &saved.quant;
+        let mut quant = Quantized {
+            q_hat: self.download(&qd.q_hat, s.q_len())?,
+            q_scale: self.download(&qd.q_scale, bh_q * nqb)?,
+            k_hat: self.download(&qd.k_hat, s.kv_len())?,
+            k_scale: self.download(&qd.k_scale, bh_kv * nkb)?,
+            v_hat: self.download(&qd.v_hat, s.kv_len())?,
+            v_scale: self.download(&qd.v_scale, bh_kv * nkb)?,
+            k_mean: self.download(&qd.k_mean, bh_kv * s.head_dim)?,
+            q_mean: if cfg.smooth_q { self.download(&qd.q_mean, bh_q * nqb * s.head_dim)? } else { Vec::new() },
+            do_hat: Vec::new(),
+            do_scale: Vec::new(),
+        };
+        let fwd_host = Forward {
+            o: bf(self.download(&fwd.o, s.q_len())?),
+            lse2: self.download(&fwd.lse2, rows)?,
+            lse: self.download(&fwd.lse, rows)?,
+        };
+        let grads_host = match grads {
+            Some(g) => {
+                quant.do_hat = self.download(&g.do_quant.do_hat, s.q_len())?;
+                quant.do_scale = self.download(&g.do_quant.do_scale, bh_q * nqb)?;
+                Some(Gradients {
+                    dq: bf(self.download(&g.dq, s.q_len())?),
+                    dk: bf(self.download(&g.dk, s.kv_len())?),
+                    dv: bf(self.download(&g.dv, s.kv_len())?),
+                    delta: self.download(&g.delta, rows)?,
+                })
+            }
+            None => None,
+        };
+        Ok(SimOutput { quant, fwd: fwd_host, grads: grads_host, inter: None })
+    }
+}
+
+/// Shape and configuration limits of the GPU kernels.
+pub fn check_supported(s: &Shape, cfg: &Config) -> Result<()> {
+    s.validate()?;
+    if !HEAD_DIMS.contains(&s.head_dim) {
+        return Err(Error::HeadDim { got: s.head_dim, supported: "the CUDA kernels support 64 and 128".into() });
+    }
+    if cfg.block_q != BLOCK_Q || cfg.block_kv != BLOCK_KV {
+        return Err(Error::Config(format!(
+            "the CUDA kernels tile B_q = {BLOCK_Q}, B_kv = {BLOCK_KV}; got B_q = {}, B_kv = {}",
+            cfg.block_q, cfg.block_kv
+        )));
+    }
+    let heads = s.batch * s.heads_q;
+    if heads > 65_535 {
+        return Err(Error::Shape(format!("batch × query heads = {heads} exceeds the CUDA grid limit 65535")));
+    }
+    Ok(())
+}
+
+/// Device bytes one run allocates (inputs, quantized copies, forward outputs, backward buffers).
+pub fn device_bytes(s: &Shape, with_backward: bool) -> usize {
+    let (q, kv) = (s.q_len(), s.kv_len());
+    let rows = s.batch * s.heads_q * s.n_q;
+    let blocks = (s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q) + s.batch * s.heads_kv * s.n_k.div_ceil(BLOCK_KV)) * 4 * 2;
+    let inputs = 2 * (q + 2 * kv);
+    let quantized = q * (1 + 2 + 4) + kv * (1 + 2 + 1) + blocks + s.batch * s.heads_kv * s.head_dim * 4;
+    let forward = 2 * q + 8 * rows;
+    let backward = if with_backward { backward::backward_bytes(s) } else { 0 };
+    inputs + quantized + forward + backward
+}

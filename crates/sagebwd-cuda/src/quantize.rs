@@ -1,0 +1,137 @@
+//! Host side of `kernels/quantize.cu`: the K token mean and the per-block INT8 quantization of
+//! Q, K, V (forward preparation) and dO (backward preprocess), ALGORITHM.md §3.
+
+use crate::runtime::{drv, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
+use crate::{flags, DeviceInputs, Gpu};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use sagebwd::{Config, Result};
+
+/// Mirror of `QuantRowsParams` in quantize.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct QuantRowsParams {
+    x: u64,
+    head_mean: u64,
+    block_mean: u64,
+    x_hat: u64,
+    scale: u64,
+    x_s: u64,
+    n: i32,
+    rows_per_block: i32,
+    n_blk: i32,
+    mean_group: i32,
+}
+unsafe impl cudarc::driver::DeviceRepr for QuantRowsParams {}
+
+/// The quantized operands on the device (layouts of `sagebwd::sim::Quantized`), plus the BF16
+/// smoothed copies `bf16(Q_s)`, `bf16(K_s)` that BF16 products read.
+pub struct QuantizedDev {
+    pub q_hat: CudaSlice<i8>,
+    pub q_scale: CudaSlice<f32>,
+    pub q_s: CudaSlice<u16>,
+    /// `[B, H_q, ⌈N_q/B_q⌉, d]`, written only with Q-smoothing.
+    pub q_mean: CudaSlice<f32>,
+    pub k_hat: CudaSlice<i8>,
+    pub k_scale: CudaSlice<f32>,
+    pub k_s: CudaSlice<u16>,
+    pub k_mean: CudaSlice<f32>,
+    pub v_hat: CudaSlice<i8>,
+    pub v_scale: CudaSlice<f32>,
+}
+
+/// dO quantized per B_q block.
+pub struct QuantizedDo {
+    pub do_hat: CudaSlice<i8>,
+    pub do_scale: CudaSlice<f32>,
+}
+
+/// One call of `sage_quantize_rows` over a `[bh, n, d]` tensor.
+struct RowsJob<'a> {
+    x: &'a CudaSlice<u16>,
+    bh: usize,
+    n: usize,
+    rows_per_block: usize,
+    head_mean: Option<(&'a CudaSlice<f32>, usize)>,
+    block_mean: Option<&'a CudaSlice<f32>>,
+    x_hat: &'a CudaSlice<i8>,
+    scale: &'a CudaSlice<f32>,
+    x_s: Option<&'a CudaSlice<u16>>,
+}
+
+fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
+    let n_blk = job.n.div_ceil(job.rows_per_block);
+    let p = QuantRowsParams {
+        x: gpu.ptr(job.x),
+        head_mean: job.head_mean.map_or(0, |(m, _)| gpu.ptr(m)),
+        block_mean: job.block_mean.map_or(0, |m| gpu.ptr(m)),
+        x_hat: gpu.ptr(job.x_hat),
+        scale: gpu.ptr(job.scale),
+        x_s: job.x_s.map_or(0, |m| gpu.ptr(m)),
+        n: job.n as i32,
+        rows_per_block: job.rows_per_block as i32,
+        n_blk: n_blk as i32,
+        mean_group: job.head_mean.map_or(1, |(_, g)| g as i32),
+    };
+    let cfg = LaunchConfig { grid_dim: (n_blk as u32, job.bh as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let stream = &gpu.dev.stream;
+    drv("launch sage_quantize_rows", unsafe { stream.launch_builder(&k.quantize_rows).arg(&p).launch(cfg) }).map(drop)
+}
+
+/// K_m, then K̂ (from K_s), V̂, Q̂ (from Q_s) and the BF16 smoothed copies (ALGORITHM.md §3).
+pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<QuantizedDev> {
+    let s = &x.shape;
+    let dims = Dims::of(s, x.causal);
+    let (bh_q, bh_kv) = (s.batch * s.heads_q, s.batch * s.heads_kv);
+    let d = s.head_dim;
+    let qd = QuantizedDev {
+        q_hat: gpu.alloc_poisoned_i8(s.q_len())?,
+        q_scale: gpu.alloc_poisoned_f32(bh_q * dims.n_qblk as usize)?,
+        q_s: gpu.alloc_poisoned_u16(s.q_len())?,
+        q_mean: gpu.alloc_poisoned_f32(if cfg.smooth_q { bh_q * dims.n_qblk as usize * d } else { 1 })?,
+        k_hat: gpu.alloc_poisoned_i8(s.kv_len())?,
+        k_scale: gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?,
+        k_s: gpu.alloc_poisoned_u16(s.kv_len())?,
+        k_mean: gpu.alloc_poisoned_f32(bh_kv * d)?,
+        v_hat: gpu.alloc_poisoned_i8(s.kv_len())?,
+        v_scale: gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?,
+    };
+    let stream = &gpu.dev.stream;
+    let smooth_k = (flags(cfg) & crate::F_SMOOTH_K != 0) as i32;
+    let n_k = s.n_k as i32;
+    let mean_cfg = LaunchConfig { grid_dim: (bh_kv as u32, 1, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
+    drv("launch sage_k_mean", unsafe {
+        stream.launch_builder(&k.k_mean).arg(&x.k).arg(&qd.k_mean).arg(&n_k).arg(&smooth_k).launch(mean_cfg)
+    })?;
+    quantize_rows(gpu, k, RowsJob {
+        x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
+        head_mean: Some((&qd.k_mean, 1)), block_mean: None,
+        x_hat: &qd.k_hat, scale: &qd.k_scale, x_s: Some(&qd.k_s),
+    })?;
+    quantize_rows(gpu, k, RowsJob {
+        x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
+        head_mean: None, block_mean: None,
+        x_hat: &qd.v_hat, scale: &qd.v_scale, x_s: None,
+    })?;
+    quantize_rows(gpu, k, RowsJob {
+        x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
+        head_mean: None, block_mean: cfg.smooth_q.then_some(&qd.q_mean),
+        x_hat: &qd.q_hat, scale: &qd.q_scale, x_s: Some(&qd.q_s),
+    })?;
+    Ok(qd)
+}
+
+/// dÔ and s_dO per B_q block (backward preprocess).
+pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16>) -> Result<QuantizedDo> {
+    let s = &x.shape;
+    let bh_q = s.batch * s.heads_q;
+    let out = QuantizedDo {
+        do_hat: gpu.alloc_poisoned_i8(s.q_len())?,
+        do_scale: gpu.alloc_poisoned_f32(bh_q * s.n_q.div_ceil(BLOCK_Q))?,
+    };
+    quantize_rows(gpu, k, RowsJob {
+        x: d_o, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
+        head_mean: None, block_mean: None,
+        x_hat: &out.do_hat, scale: &out.do_scale, x_s: None,
+    })?;
+    Ok(out)
+}
