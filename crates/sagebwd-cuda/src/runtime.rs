@@ -212,6 +212,20 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
     })
 }
 
+/// Every stage for `arch` and `head_dim` through the cache, compiled in parallel (NVRTC programs
+/// are independent), in the order of [`SOURCES`].
+pub fn compile_all(arch: &str, head_dim: usize) -> Result<Vec<Vec<u8>>> {
+    std::thread::scope(|scope| {
+        let jobs: Vec<_> = SOURCES
+            .iter()
+            .map(|&(name, body)| scope.spawn(move || compile_cached(name, body, arch, head_dim)))
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(Error::Backend("NVRTC compile thread panicked".into()))))
+            .collect()
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // Device.
 
@@ -286,8 +300,8 @@ pub struct Kernels {
 impl Kernels {
     pub fn load(dev: &Device, head_dim: usize) -> Result<Kernels> {
         let mut modules = Vec::new();
-        for (name, body) in SOURCES {
-            modules.push(dev.load(compile_cached(name, body, &dev.arch, head_dim)?)?);
+        for cubin in compile_all(&dev.arch, head_dim)? {
+            modules.push(dev.load(cubin)?);
         }
         let f = |m: usize, n: &str| drv(&format!("load function {n}"), modules[m].load_function(n));
         Ok(Kernels {

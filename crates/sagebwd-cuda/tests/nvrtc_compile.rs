@@ -26,20 +26,27 @@ fn every_kernel_compiles_cleanly_for_every_variant() {
     if !nvrtc_or_skip() {
         return;
     }
-    let mut failures = Vec::new();
-    let mut count = 0;
-    for arch in ARCHS {
-        for d in HEAD_DIMS {
-            for (name, body) in SOURCES {
-                match compile(name, body, arch, d) {
-                    Ok(c) if !c.log.is_empty() => failures.push(format!("{name} {arch} d={d}: warnings:\n{}", c.log)),
-                    Ok(c) if c.cubin.len() < 64 => failures.push(format!("{name} {arch} d={d}: empty CUBIN")),
-                    Ok(_) => count += 1,
-                    Err(e) => failures.push(format!("{e}")),
-                }
-            }
-        }
-    }
+    let variants: Vec<_> = ARCHS
+        .iter()
+        .flat_map(|&arch| HEAD_DIMS.iter().flat_map(move |&d| SOURCES.iter().map(move |&(n, b)| (arch, d, n, b))))
+        .collect();
+    // One thread per variant: NVRTC programs are independent, and CI machines have few cores.
+    let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = variants
+            .iter()
+            .map(|&(arch, d, name, body)| {
+                scope.spawn(move || match compile(name, body, arch, d) {
+                    Ok(c) if !c.log.is_empty() => Err(format!("{name} {arch} d={d}: warnings:\n{}", c.log)),
+                    Ok(c) if c.cubin.len() < 64 => Err(format!("{name} {arch} d={d}: empty CUBIN")),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(format!("{e}")),
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err("compile thread panicked".into()))).collect()
+    });
+    let count = results.iter().filter(|r| r.is_ok()).count();
+    let failures: Vec<String> = results.into_iter().filter_map(|r| r.err()).collect();
     assert!(failures.is_empty(), "{} variant(s) failed:\n{}", failures.len(), failures.join("\n\n"));
     println!("compiled {count} kernel variants cleanly");
     assert_eq!(count, ARCHS.len() * HEAD_DIMS.len() * SOURCES.len());

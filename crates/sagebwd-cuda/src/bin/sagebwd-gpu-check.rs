@@ -4,7 +4,8 @@
 //! when any check fails.
 //!
 //! Usage: `sagebwd-gpu-check [--quick] [--out DIR]` (`--quick`: small shapes only; `--out`: also
-//! write results.tsv there).
+//! write results.tsv there); `sagebwd-gpu-check --precompile sm_90a` fills the kernel cache
+//! (`$SAGEBWD_CACHE_DIR`) without a GPU.
 //!
 //! Tolerances against the simulator (why):
 //! - Quantized values Q̂, K̂, V̂, dÔ and their scales: the kernels perform the same IEEE operations
@@ -191,7 +192,7 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
         (Case { shape: shape(1, 2, 2, 77, 200, 64), causal: false, sigma: 5.0 }, presets()),
     ];
     if !quick {
-        v.push((Case { shape: shape(1, 2, 2, 4097, 4097, 128), causal: true, sigma: 1.0 }, presets()));
+        v.push((Case { shape: shape(1, 2, 2, 4097, 4097, 128), causal: true, sigma: 1.0 }, all_configs()));
         v.push((Case { shape: shape(1, 2, 2, 4097, 4097, 64), causal: false, sigma: 5.0 }, presets()));
     }
     v
@@ -280,6 +281,17 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let out_dir = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
+    if let Some(arch) = args.iter().position(|a| a == "--precompile").and_then(|i| args.get(i + 1)) {
+        // Fill the on-disk cache for `arch` without a GPU (NVRTC only), to carry to the device.
+        for d in sagebwd_cuda::runtime::HEAD_DIMS {
+            if let Err(e) = sagebwd_cuda::runtime::compile_all(arch, d) {
+                eprintln!("{e}");
+                std::process::exit(2);
+            }
+        }
+        println!("cached {arch} kernels in {:?}", sagebwd_cuda::runtime::cache_dir());
+        return;
+    }
     let gpu = match Gpu::new() {
         Ok(g) => g,
         Err(e) => {

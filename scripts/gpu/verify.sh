@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run ON THE DEVICE MACHINE, in the repository root, after scripts/gpu/prepare.sh here and with
+# dev/ carried: every GPU-vs-simulator comparison, the σ sweep against the exact reference and
+# the error paths, in one process (sagebwd-gpu-check). Summary table last on stdout; full log,
+# results.tsv and the GPU description under $OUT. Extra arguments go to the binary (--quick).
+set -uo pipefail
+OUT=${OUT:-/tmp/sagebwd-gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export SAGEBWD_CACHE_DIR=${SAGEBWD_CACHE_DIR:-$PWD/dev/cache}
+BIN=${BIN:-dev/bin/sagebwd-gpu-check}
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nproc; } > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+"$BIN" --out "$OUT" "$@" > "$OUT/log.txt" 2>&1
+rc=$?
+# The summary is the tail of the log; print the whole log if it is short enough to come back.
+if [ "$(wc -c < "$OUT/log.txt")" -lt 11000 ]; then cat "$OUT/log.txt"; else sed -n '/^# summary/,$p' "$OUT/log.txt"; fi
+echo "exit code $rc"
+exit $rc
