@@ -27,6 +27,9 @@ pub struct Quantized {
     pub v_scale: Vec<f32>,
     /// `[B, H_kv, d]` (zeros when K-smoothing is off).
     pub k_mean: Vec<f32>,
+    /// `[B, H_q, N_q]`: `b_r = fl(cλ · q_r·K_m)`, the base-2 score offset that K-smoothing removes
+    /// from row `r` (zeros when K-smoothing is off; ALGORITHM.md §3).
+    pub row_offset: Vec<f32>,
     /// `[B, H_q, ⌈N_q/B_q⌉, d]` when Q-smoothing is on, else empty.
     pub q_mean: Vec<f32>,
     /// `[B, H_q, N_q, d]` when dO was given, else empty.
@@ -100,7 +103,7 @@ pub fn simulate_with(inp: &Inputs, cfg: &Config, want_intermediates: bool, r16: 
         d.iter_mut().for_each(|x| *x = r16(*x));
     }
     let s = inp.shape;
-    let prep = prepare(&inp, cfg, r16);
+    let prep = prepare(&inp, cfg);
     let heads: Vec<(Forward, Option<HeadGrads>)> = (0..s.batch * s.heads_q)
         .into_par_iter()
         .map(|bh| {
@@ -113,14 +116,10 @@ pub fn simulate_with(inp: &Inputs, cfg: &Config, want_intermediates: bool, r16: 
     Ok(assemble(&inp, prep, heads, want_intermediates, r16))
 }
 
-/// Quantized operands plus the smoothed FP32 / BF16 operands the 16-bit products need.
+/// Quantized operands, plus the smoothed K the Q-smoothing bias needs.
 struct Prepared {
     quant: Quantized,
-    /// `K_s` rounded to BF16, `[B, H_kv, N_k, d]`.
-    k_bf: Vec<f32>,
-    /// `Q_s` rounded to BF16, `[B, H_q, N_q, d]`.
-    q_bf: Vec<f32>,
-    /// `K_s` in FP32 (for the Q-smoothing bias).
+    /// `K_s = K − K_m` in FP32, `[B, H_kv, N_k, d]`.
     k_s: Vec<f32>,
 }
 
@@ -134,7 +133,7 @@ fn mean_rows(x: &[f32], d: usize) -> Vec<f32> {
 }
 
 /// ALGORITHM.md §3: smoothing and quantization of Q, K, V, dO.
-fn prepare(inp: &Inputs, cfg: &Config, r16: fn(f32) -> f32) -> Prepared {
+fn prepare(inp: &Inputs, cfg: &Config) -> Prepared {
     let s = inp.shape;
     let d = s.head_dim;
     let mut qz = Quantized::default();
@@ -175,8 +174,20 @@ fn prepare(inp: &Inputs, cfg: &Config, r16: fn(f32) -> f32) -> Prepared {
     if let Some(d_o) = &inp.d_o {
         (qz.do_hat, qz.do_scale) = per_head(d_o, s.n_q, cfg.block_q);
     }
-    let to_bf = |t: &[f32]| t.iter().map(|&x| r16(x)).collect::<Vec<f32>>();
-    Prepared { k_bf: to_bf(&k_s), q_bf: to_bf(&q_s), k_s, quant: qz }
+    // b_r = fl(cλ · fl(Σ_d Q[r]·K_m)) per query row, with the K_m of its kv head.
+    let c_log2e = s.softmax_scale() as f32 * LOG2_E;
+    qz.row_offset = inp
+        .q
+        .chunks(d)
+        .enumerate()
+        .map(|(row, q)| {
+            let bh = row / s.n_q;
+            let kvh = (bh / s.heads_q) * s.heads_kv + (bh % s.heads_q) / s.group();
+            let km = &qz.k_mean[kvh * d..(kvh + 1) * d];
+            c_log2e * q.iter().zip(km).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32
+        })
+        .collect();
+    Prepared { k_s, quant: qz }
 }
 
 #[inline]
@@ -219,11 +230,12 @@ struct HeadCtx<'a> {
     c_log2e: f32,
     q_hat: &'a [i8],
     q_scale: &'a [f32],
-    q_bf: &'a [f32],
     q_mean: &'a [f32],
+    /// `b_r` of each row (ALGORITHM.md §3).
+    row_offset: &'a [f32],
+    k: &'a [f32],
     k_hat: &'a [i8],
     k_scale: &'a [f32],
-    k_bf: &'a [f32],
     k_mean: &'a [f32],
     v: &'a [f32],
     v_hat: &'a [i8],
@@ -283,11 +295,11 @@ impl<'a> HeadCtx<'a> {
             c_log2e: s.softmax_scale() as f32 * LOG2_E,
             q_hat: &qz.q_hat[qr.clone()],
             q_scale: &qz.q_scale[bh * nqb..(bh + 1) * nqb],
-            q_bf: &prep.q_bf[qr.clone()],
+            row_offset: &qz.row_offset[bh * s.n_q..(bh + 1) * s.n_q],
             q_mean: opt(&qz.q_mean, bh * nqb * d..(bh + 1) * nqb * d),
             k_hat: &qz.k_hat[kr.clone()],
             k_scale: &qz.k_scale[kvh * nkb..(kvh + 1) * nkb],
-            k_bf: &prep.k_bf[kr.clone()],
+            k: &inp.k[kr.clone()],
             k_mean: &qz.k_mean[kvh * d..(kvh + 1) * d],
             v: &inp.v[kr.clone()],
             v_hat: &qz.v_hat[kr.clone()],
@@ -321,21 +333,23 @@ impl<'a> HeadCtx<'a> {
         &t[r * self.d()..(r + 1) * self.d()]
     }
 
-    /// Base-2 score `t[r, j]` (ALGORITHM.md §4) with the given precision of the QKᵀ product.
+    /// Base-2 score `t[r, j]` (ALGORITHM.md §4) with the given precision of the QKᵀ product: of the
+    /// smoothed operands for INT8 (off by `−b_r` from the true score), of Q and K for BF16.
     #[inline]
     fn score(&self, prec: Precision, r: usize, j: usize) -> f32 {
         let (qb, kb) = (r / self.cfg.block_q, j / self.cfg.block_kv);
-        let mut t = match prec {
+        match prec {
             Precision::Int8 => {
                 let acc = dot_i8(self.row(self.q_hat, r), self.row(self.k_hat, j));
-                acc as f32 * ((self.q_scale[qb] * self.c_log2e) * self.k_scale[kb])
+                let t = acc as f32 * ((self.q_scale[qb] * self.c_log2e) * self.k_scale[kb]);
+                if self.cfg.smooth_q {
+                    t + self.c_log2e * self.beta[qb * self.s.n_k + j]
+                } else {
+                    t
+                }
             }
-            Precision::Bf16 => self.c_log2e * dot_f32(self.row(self.q_bf, r), self.row(self.k_bf, j)),
-        };
-        if self.cfg.smooth_q {
-            t += self.c_log2e * self.beta[qb * self.s.n_k + j];
+            Precision::Bf16 => self.c_log2e * dot_f32(self.row(self.q, r), self.row(self.k, j)),
         }
-        t
     }
 
     /// ALGORITHM.md §4, one query row at a time (rows are independent).
@@ -343,7 +357,6 @@ impl<'a> HeadCtx<'a> {
         let (s, d, bkv) = (self.s, self.d(), self.cfg.block_kv);
         let int8 = self.cfg.is_int8(Product::Pv);
         let prec = self.cfg.get(Product::QkFwd);
-        let c = s.softmax_scale() as f32;
         let mut o = vec![0.0f32; s.n_q * d];
         let mut lse2 = vec![0.0f32; s.n_q];
         let mut lse = vec![0.0f32; s.n_q];
@@ -394,8 +407,10 @@ impl<'a> HeadCtx<'a> {
                 }
                 orow.iter_mut().for_each(|x| *x = (self.r16)(*x / l));
                 *lse2_r = m + l.log2();
-                let q_km: f32 = self.row(self.q, r).iter().zip(self.k_mean).map(|(a, b)| a * b).sum();
-                *lse_r = *lse2_r * LN_2 + c * q_km;
+                if prec == Precision::Int8 {
+                    *lse2_r += self.row_offset[r]; // back to the true (unsmoothed) scores
+                }
+                *lse_r = *lse2_r * LN_2;
             },
         );
         Forward { o, lse2, lse }
@@ -443,7 +458,7 @@ impl<'a> HeadCtx<'a> {
             ds_scale: vec![0.0; nkb],
             p_bf: if p_i8 { vec![] } else { vec![0.0; rows * nk] },
             ds_bf: if cfg.is_int8(Product::Dk) { vec![] } else { vec![0.0; rows * nk] },
-            ds_colsum: if cfg.smooth_q { vec![0.0; nk] } else { vec![] },
+            ds_colsum: if cfg.smooth_q && cfg.is_int8(Product::Dk) { vec![0.0; nk] } else { vec![] },
             inter: want.then(|| Intermediates {
                 p: vec![0.0; rows * nk],
                 dp: vec![0.0; rows * nk],
@@ -451,6 +466,13 @@ impl<'a> HeadCtx<'a> {
             }),
         };
         let mut rowsum_ds = vec![0.0f32; rows];
+        // INT8 scores are of the smoothed K: compare them with the LSE of the smoothed scores.
+        let lse2_used: Vec<f32> = (r0..r0 + rows)
+            .map(|r| match cfg.get(Product::QkBwd) {
+                Precision::Int8 => fwd.lse2[r] - self.row_offset[r],
+                Precision::Bf16 => fwd.lse2[r],
+            })
+            .collect();
         let (qk, dp_prec) = (cfg.get(Product::QkBwd), cfg.get(Product::Dp));
         let mut p = vec![0.0f32; rows * bkv];
         let mut ds = vec![0.0f32; rows * bkv];
@@ -473,7 +495,7 @@ impl<'a> HeadCtx<'a> {
                         continue;
                     }
                     let j = j0 + jj;
-                    *pi = (self.score(qk, r, j) - fwd.lse2[r]).exp2();
+                    *pi = (self.score(qk, r, j) - lse2_used[i]).exp2();
                     let dp = match dp_prec {
                         Precision::Bf16 => dot_f32(self.row(self.d_o, r), self.row(self.v, j)),
                         Precision::Int8 => dequant(
@@ -505,7 +527,7 @@ impl<'a> HeadCtx<'a> {
                     if !out.ds_bf.is_empty() {
                         out.ds_bf[at] = (self.r16)(y);
                     }
-                    if cfg.smooth_q {
+                    if !out.ds_colsum.is_empty() {
                         out.ds_colsum[j0 + jj] += y;
                     }
                     if let Some(it) = out.inter.as_mut() {
@@ -528,13 +550,13 @@ impl<'a> HeadCtx<'a> {
                 } else {
                     acc_f.fill(0.0);
                     for jj in 0..vis[i] {
-                        axpy_f32(&mut acc_f, (self.r16)(ds[i * bkv + jj]), self.row(self.k_bf, j0 + jj));
+                        axpy_f32(&mut acc_f, (self.r16)(ds[i * bkv + jj]), self.row(self.k, j0 + jj));
                     }
                     dq.iter_mut().zip(&acc_f).for_each(|(x, a)| *x += a);
                 }
             }
         }
-        if cfg.dq_smooth_k_correction {
+        if cfg.dq_smooth_k_correction && cfg.is_int8(Product::Dq) {
             for i in 0..rows {
                 for (x, &km) in out.dq[i * d..(i + 1) * d].iter_mut().zip(self.k_mean) {
                     *x += rowsum_ds[i] * km;
@@ -600,7 +622,7 @@ impl<'a> HeadCtx<'a> {
             } else {
                 acc_f.fill(0.0);
                 for i in rows.clone() {
-                    let qr = self.row(self.q_bf, r0 + i);
+                    let qr = self.row(self.q, r0 + i);
                     for jj in 0..w {
                         let sb = blk.ds_bf[i * nk + j0 + jj];
                         if sb != 0.0 {
@@ -610,7 +632,7 @@ impl<'a> HeadCtx<'a> {
                 }
                 dk.iter_mut().zip(&acc_f).for_each(|(x, a)| *x += a);
             }
-            if cfg.smooth_q {
+            if cfg.smooth_q && cfg.is_int8(Product::Dk) {
                 let qm = &self.q_mean[qb * d..(qb + 1) * d];
                 for jj in 0..w {
                     axpy_f32(&mut dk[jj * d..(jj + 1) * d], blk.ds_colsum[j0 + jj], qm);
