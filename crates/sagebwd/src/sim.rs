@@ -568,74 +568,63 @@ impl<'a> HeadCtx<'a> {
 
     /// dV and dK (unscaled) of key block `kb`, summed over query blocks in order.
     fn k_block(&self, kb: usize, blocks: &[QBlock], dk: &mut [f32], dv: &mut [f32]) {
-        let (d, cfg, nk) = (self.d(), self.cfg, self.s.n_k);
+        let (d, cfg) = (self.d(), self.cfg);
         let j0 = kb * cfg.block_kv;
-        let w = dk.len() / d;
-        let mut acc_i = vec![0i32; w * d];
-        let mut acc_f = vec![0.0f32; w * d];
+        let mut acc_i = vec![0i32; dk.len()];
+        let mut acc_f = vec![0.0f32; dk.len()];
         for (qb, blk) in blocks.iter().enumerate() {
             let r0 = qb * cfg.block_q;
-            let rows = 0..blk.rows;
             // #4 dV += Pᵀ dO
             if cfg.is_int8(Product::Dv) {
-                acc_i.fill(0);
-                for i in rows.clone() {
-                    let dor = self.row(self.do_hat, r0 + i);
-                    for jj in 0..w {
-                        let ph = blk.p_hat[i * nk + j0 + jj];
-                        if ph != 0 {
-                            axpy_i8(&mut acc_i[jj * d..(jj + 1) * d], ph, dor);
-                        }
-                    }
-                }
-                for (x, &a) in dv.iter_mut().zip(&acc_i) {
-                    *x += dequant(a, blk.p_scale[kb], self.do_scale[qb]);
-                }
+                self.tile_t_times_i8(&mut acc_i, &blk.p_hat, blk.rows, j0, |i| self.row(self.do_hat, r0 + i));
+                dv.iter_mut().zip(&acc_i).for_each(|(x, &a)| *x += dequant(a, blk.p_scale[kb], self.do_scale[qb]));
             } else {
-                acc_f.fill(0.0);
-                for i in rows.clone() {
-                    let dor = self.row(self.d_o, r0 + i);
-                    for jj in 0..w {
-                        let pb = blk.p_bf[i * nk + j0 + jj];
-                        if pb != 0.0 {
-                            axpy_f32(&mut acc_f[jj * d..(jj + 1) * d], pb, dor);
-                        }
-                    }
-                }
+                self.tile_t_times_f32(&mut acc_f, &blk.p_bf, blk.rows, j0, |i| self.row(self.d_o, r0 + i));
                 dv.iter_mut().zip(&acc_f).for_each(|(x, a)| *x += a);
             }
             // #7 dK += dSᵀ Q
             if cfg.is_int8(Product::Dk) {
-                acc_i.fill(0);
-                for i in rows.clone() {
-                    let qr = self.row(self.q_hat, r0 + i);
-                    for jj in 0..w {
-                        let sh = blk.ds_hat[i * nk + j0 + jj];
-                        if sh != 0 {
-                            axpy_i8(&mut acc_i[jj * d..(jj + 1) * d], sh, qr);
-                        }
+                self.tile_t_times_i8(&mut acc_i, &blk.ds_hat, blk.rows, j0, |i| self.row(self.q_hat, r0 + i));
+                dk.iter_mut().zip(&acc_i).for_each(|(x, &a)| *x += dequant(a, blk.ds_scale[kb], self.q_scale[qb]));
+                if cfg.smooth_q {
+                    let qm = &self.q_mean[qb * d..(qb + 1) * d];
+                    for (jj, dkj) in dk.chunks_mut(d).enumerate() {
+                        axpy_f32(dkj, blk.ds_colsum[j0 + jj], qm);
                     }
-                }
-                for (x, &a) in dk.iter_mut().zip(&acc_i) {
-                    *x += dequant(a, blk.ds_scale[kb], self.q_scale[qb]);
                 }
             } else {
-                acc_f.fill(0.0);
-                for i in rows.clone() {
-                    let qr = self.row(self.q, r0 + i);
-                    for jj in 0..w {
-                        let sb = blk.ds_bf[i * nk + j0 + jj];
-                        if sb != 0.0 {
-                            axpy_f32(&mut acc_f[jj * d..(jj + 1) * d], sb, qr);
-                        }
-                    }
-                }
+                self.tile_t_times_f32(&mut acc_f, &blk.ds_bf, blk.rows, j0, |i| self.row(self.q, r0 + i));
                 dk.iter_mut().zip(&acc_f).for_each(|(x, a)| *x += a);
             }
-            if cfg.smooth_q && cfg.is_int8(Product::Dk) {
-                let qm = &self.q_mean[qb * d..(qb + 1) * d];
-                for jj in 0..w {
-                    axpy_f32(&mut dk[jj * d..(jj + 1) * d], blk.ds_colsum[j0 + jj], qm);
+        }
+    }
+
+    /// `acc = Aᵀ B` over one tile: `A` holds the tile's rows (`rows × N_k`, columns `j0..`), `acc`
+    /// one row of `d` per key, `b(i)` the `i`-th row of the other operand. Exact in INT32.
+    fn tile_t_times_i8<'b>(&self, acc: &mut [i32], a: &[i8], rows: usize, j0: usize, b: impl Fn(usize) -> &'b [i8]) {
+        let (d, nk) = (self.d(), self.s.n_k);
+        acc.fill(0);
+        for i in 0..rows {
+            let bi = b(i);
+            for (jj, acc_j) in acc.chunks_mut(d).enumerate() {
+                let x = a[i * nk + j0 + jj];
+                if x != 0 {
+                    axpy_i8(acc_j, x, bi);
+                }
+            }
+        }
+    }
+
+    /// [`Self::tile_t_times_i8`] for a 16-bit product (FP32 accumulation).
+    fn tile_t_times_f32<'b>(&self, acc: &mut [f32], a: &[f32], rows: usize, j0: usize, b: impl Fn(usize) -> &'b [f32]) {
+        let (d, nk) = (self.d(), self.s.n_k);
+        acc.fill(0.0);
+        for i in 0..rows {
+            let bi = b(i);
+            for (jj, acc_j) in acc.chunks_mut(d).enumerate() {
+                let x = a[i * nk + j0 + jj];
+                if x != 0.0 {
+                    axpy_f32(acc_j, x, bi);
                 }
             }
         }
