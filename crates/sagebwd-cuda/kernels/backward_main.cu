@@ -34,7 +34,7 @@ struct BackwardParams {
 struct BackwardShared {
     float p[BLOCK_Q][BLOCK_KV];   // P (FP32, masked → 0)
     float ds[BLOCK_Q][BLOCK_KV];  // dS (FP32, masked → 0)
-    float lse2[BLOCK_Q], delta[BLOCK_Q];
+    float lse2[BLOCK_Q], delta[BLOCK_Q];  // L[r] of §5 (lse2, less b_r for an INT8 #3) and D[r]
     float q_mean[HEAD_DIM];
     float beta[BLOCK_KV];
     float colsum[BLOCK_KV];
@@ -58,7 +58,13 @@ __device__ void load_row_state(const BackwardParams& p, BackwardShared& s, int b
     if (tid < BLOCK_Q) {
         const int r = qb * BLOCK_Q + tid;
         const bool ok = r < p.dims.n_q;
-        s.lse2[tid] = ok ? p.lse2[(long)bh * p.dims.n_q + r] : pos_inf();
+        // L[r]: an INT8 #3 scores the smoothed K, lower than the true scores by b_r (§5).
+        float L = pos_inf();
+        if (ok) {
+            L = p.lse2[(long)bh * p.dims.n_q + r];
+            if (p.flags & F_QK_BWD) L = __fsub_rn(L, p.op.row_offset[(long)bh * p.dims.n_q + r]);
+        }
+        s.lse2[tid] = L;
         s.delta[tid] = ok ? p.delta[(long)bh * p.dims.n_q + r] : 0.0f;
     }
     const bool smooth_q = p.flags & F_SMOOTH_Q;
@@ -87,7 +93,7 @@ __device__ TileScales tile_p_ds(const BackwardParams& p, BackwardShared& s, int 
             const long q_row = (long)bh * p.dims.n_q + r, k_row = (long)bh_kv * p.dims.n_k + j;
             const float t = score(p.op, int8_qk, q_row, k_row, bh * p.dims.n_qblk + qb,
                                   bh_kv * p.dims.n_kblk + kb, p.c_lambda, smooth_q, s.beta[jl]);
-            prob = exp2f(__fsub_rn(t, s.lse2[rl]));
+            prob = exp2f(__fsub_rn(t, s.lse2[rl]));  // exp2(t − L)
             const float dp = int8_dp
                 ? dequant(dot_i8(p.do_hat + q_row * HEAD_DIM, p.v_hat + k_row * HEAD_DIM), s_do, s_v)
                 : dot_bf16(p.d_o + q_row * HEAD_DIM, p.v + k_row * HEAD_DIM);
@@ -104,16 +110,16 @@ __device__ TileScales tile_p_ds(const BackwardParams& p, BackwardShared& s, int 
     return sc;
 }
 
-// Unquantized dS sums: per key over the tile's rows (Q-smoothing's dK term) and per row over the
-// tile's keys (added into ds_rowsum for the optional dQ correction).
+// Unquantized dS sums: per key over the tile's rows (Q-smoothing's dK term, INT8 #7 only) and per
+// row over the tile's keys (into ds_rowsum for the optional dQ correction, INT8 #6 only).
 __device__ void tile_ds_sums(const BackwardParams& p, BackwardShared& s, int bh, int qb) {
     const int tid = threadIdx.x;
-    if ((p.flags & F_SMOOTH_Q) && tid < BLOCK_KV) {
+    if ((p.flags & F_SMOOTH_Q) && (p.flags & F_DK) && tid < BLOCK_KV) {
         float sum = 0.0f;
         for (int r = 0; r < BLOCK_Q; ++r) sum = __fadd_rn(sum, s.ds[r][tid]);
         s.colsum[tid] = sum;
     }
-    if ((p.flags & F_DQ_CORR) && tid < BLOCK_Q) {
+    if ((p.flags & F_DQ_CORR) && (p.flags & F_DQ) && tid < BLOCK_Q) {
         const int r = qb * BLOCK_Q + tid;
         if (r < p.dims.n_q) {
             float sum = 0.0f;
@@ -124,7 +130,8 @@ __device__ void tile_ds_sums(const BackwardParams& p, BackwardShared& s, int bh,
     __syncthreads();
 }
 
-// dV += Pᵀ dO (#4) and dK += dSᵀ Q (#7) (+ Q-smoothing's colsum(dS)·Q_m) for this thread's entries.
+// dV += Pᵀ dO (#4) and dK += dSᵀ Q (#7; INT8: dŜᵀ Q̂ plus Q-smoothing's colsum(dS)·Q_m; BF16:
+// bf16(dS)ᵀ Q) for this thread's entries.
 __device__ void tile_dv_dk(const BackwardParams& p, BackwardShared& s, const TileScales& sc, float* dv, float* dk,
                            int bh, int qb) {
     const int rows = min(BLOCK_Q, p.dims.n_q - qb * BLOCK_Q);
@@ -155,14 +162,15 @@ __device__ void tile_dv_dk(const BackwardParams& p, BackwardShared& s, const Til
         } else {
             float sum = 0.0f;
             for (int r = 0; r < rows; ++r)
-                sum = __fadd_rn(sum, __fmul_rn(round_bf16(s.ds[r][jl]), bf16_to_f32(p.op.q_s[(q_row0 + r) * HEAD_DIM + c])));
+                sum = __fadd_rn(sum, __fmul_rn(round_bf16(s.ds[r][jl]), bf16_to_f32(p.op.q[(q_row0 + r) * HEAD_DIM + c])));
             dk[i] = __fadd_rn(dk[i], sum);
         }
-        if (smooth_q) dk[i] = __fadd_rn(dk[i], __fmul_rn(s.colsum[jl], s.q_mean[c]));
+        if (smooth_q && int8_dk) dk[i] = __fadd_rn(dk[i], __fmul_rn(s.colsum[jl], s.q_mean[c]));
     }
 }
 
-// dQ += dS K (#6), added to the FP32 global accumulator.
+// dQ += dS K (#6; INT8: dŜ K̂ of the smoothed K; BF16: bf16(dS) K), added to the FP32 global
+// accumulator.
 __device__ void tile_dq(const BackwardParams& p, BackwardShared& s, const TileScales& sc, int bh, int bh_kv, int qb, int kb) {
     const int keys = min(BLOCK_KV, p.dims.n_k - kb * BLOCK_KV);
     const long k_row0 = (long)bh_kv * p.dims.n_k + kb * BLOCK_KV;
@@ -183,7 +191,7 @@ __device__ void tile_dq(const BackwardParams& p, BackwardShared& s, const TileSc
         } else {
             val = 0.0f;
             for (int j = 0; j < keys; ++j)
-                val = __fadd_rn(val, __fmul_rn(round_bf16(s.ds[rl][j]), bf16_to_f32(p.op.k_s[(k_row0 + j) * HEAD_DIM + c])));
+                val = __fadd_rn(val, __fmul_rn(round_bf16(s.ds[rl][j]), bf16_to_f32(p.op.k[(k_row0 + j) * HEAD_DIM + c])));
         }
         atomicAdd(p.dq_acc + ((long)bh * p.dims.n_q + r) * HEAD_DIM + c, val);
     }

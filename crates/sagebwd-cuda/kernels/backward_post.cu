@@ -1,5 +1,5 @@
 // Backward postprocess (ALGORITHM.md §5, §7): dQ ← fl(c·fl(dQ + rowsum(dS)·K_m)) (the K-smoothing
-// correction only when switched on; same order as the simulator), dK ← fl(c·Σ_group dK), dV ← Σ_group dV (FP32 sums over the query heads that
+// correction only when switched on and #6 is INT8; same order as the simulator), dK ← fl(c·Σ_group dK), dV ← Σ_group dV (FP32 sums over the query heads that
 // share a kv head, in head order), all rounded to BF16.
 
 extern "C" __global__ void sage_bwd_post_dq(const float* __restrict__ dq_acc, const float* __restrict__ ds_rowsum,
@@ -9,7 +9,7 @@ extern "C" __global__ void sage_bwd_post_dq(const float* __restrict__ dq_acc, co
     const int group = d.heads_q / d.heads_kv;
     for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (long)gridDim.x * blockDim.x) {
         float v = dq_acc[e];
-        if (flags & F_DQ_CORR) {
+        if ((flags & F_DQ_CORR) && (flags & F_DQ)) {
             const long row = e / HEAD_DIM;
             const int col = (int)(e % HEAD_DIM);
             const long bh = row / d.n_q;

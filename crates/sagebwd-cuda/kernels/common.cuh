@@ -145,40 +145,40 @@ __device__ __forceinline__ bool visible(const Dims& d, int r, int j) {
     return !d.causal || j <= r + (d.n_k - d.n_q);
 }
 
-// The operands of the score product (#1 forward / #3 backward) and of the β bias.
+// The operands of the score product (#1 forward / #3 backward), of the β bias and of the BF16
+// products #6, #7 (which take the original Q, K: smoothing belongs to quantization, §1).
 struct ScoreOperands {
-    const i8* q_hat;       // [B, Hq, Nq, d]
-    const float* q_scale;  // [B, Hq, n_qblk]
-    const u16* q_s;        // [B, Hq, Nq, d] bf16(Q_s)
-    const i8* k_hat;       // [B, Hkv, Nk, d]
-    const float* k_scale;  // [B, Hkv, n_kblk]
-    const u16* k_s;        // [B, Hkv, Nk, d] bf16(K_s)
-    const u16* k;          // [B, Hkv, Nk, d] the raw BF16 K (for β, which uses the FP32 K_s)
-    const float* k_mean;   // [B, Hkv, d]
-    const float* q_mean;   // [B, Hq, n_qblk, d] (Q-smoothing only)
+    const i8* q_hat;          // [B, Hq, Nq, d] quantized from Q_s
+    const float* q_scale;     // [B, Hq, n_qblk]
+    const u16* q;             // [B, Hq, Nq, d] the BF16 input Q
+    const i8* k_hat;          // [B, Hkv, Nk, d] quantized from K_s
+    const float* k_scale;     // [B, Hkv, n_kblk]
+    const u16* k;             // [B, Hkv, Nk, d] the BF16 input K
+    const float* k_mean;      // [B, Hkv, d]
+    const float* q_mean;      // [B, Hq, n_qblk, d] (Q-smoothing only)
+    const float* row_offset;  // [B, Hq, Nq] b_r = fl(cλ·q_r·K_m) (§3.5)
 };
 
-// Base-2 score t[r, j] of ALGORITHM.md §4 (visible entries only): INT8 or BF16 product, scaled by
-// cλ, plus the Q-smoothing bias fl(cλ·β) when `beta_j` is used.
+// Base-2 score t[r, j] of ALGORITHM.md §4 (visible entries only). INT8: of the smoothed operands
+// (lower than the true score by b_r), plus the Q-smoothing bias fl(cλ·β) when on; BF16: of Q and K.
 __device__ __forceinline__ float score(const ScoreOperands& op, bool int8, long q_row, long k_row,
                                        int q_scale_idx, int k_scale_idx, float c_lambda,
                                        bool smooth_q, float beta_j) {
-    float t;
     if (int8) {
         int acc = dot_i8(op.q_hat + q_row * HEAD_DIM, op.k_hat + k_row * HEAD_DIM);
         float s = __fmul_rn(__fmul_rn(op.q_scale[q_scale_idx], c_lambda), op.k_scale[k_scale_idx]);
-        t = __fmul_rn((float)acc, s);
-    } else {
-        t = __fmul_rn(c_lambda, dot_bf16(op.q_s + q_row * HEAD_DIM, op.k_s + k_row * HEAD_DIM));
+        float t = __fmul_rn((float)acc, s);
+        if (smooth_q) t = __fadd_rn(t, __fmul_rn(c_lambda, beta_j));
+        return t;
     }
-    if (smooth_q) t = __fadd_rn(t, __fmul_rn(c_lambda, beta_j));
-    return t;
+    return __fmul_rn(c_lambda, dot_bf16(op.q + q_row * HEAD_DIM, op.k + k_row * HEAD_DIM));
 }
 
-// β[b, j] = Σ_d Q_m[b] · K_s[j] with the FP32 K_s = fl(K − K_m) (ALGORITHM.md §3 step 4).
+// β[b, j] = Σ_d Q_m[b] · K_s[j] with the FP32 K_s = fl(K − K_m) (ALGORITHM.md §3 step 4). Summed
+// in FP64 (the products are exact there) and rounded once, as the simulator does.
 __device__ __forceinline__ float beta_of(const float* s_qm, const u16* k_row, const float* km) {
-    float acc = 0.0f;
+    double acc = 0.0;
     for (int c = 0; c < HEAD_DIM; ++c)
-        acc = __fadd_rn(acc, __fmul_rn(s_qm[c], __fsub_rn(bf16_to_f32(k_row[c]), km[c])));
-    return acc;
+        acc = __dadd_rn(acc, __dmul_rn((double)s_qm[c], (double)__fsub_rn(bf16_to_f32(k_row[c]), km[c])));
+    return __double2float_rn(acc);
 }

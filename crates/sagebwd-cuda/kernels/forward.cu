@@ -9,13 +9,11 @@ struct ForwardParams {
     const i8* v_hat;       // [B, Hkv, Nk, d]
     const float* v_scale;  // [B, Hkv, n_kblk]
     const u16* v;          // [B, Hkv, Nk, d] BF16
-    const u16* q;          // [B, Hq, Nq, d] raw BF16 Q (for the exported lse)
     u16* o;                // [B, Hq, Nq, d] BF16 output
     float* lse2;           // [B, Hq, Nq]
     float* lse;            // [B, Hq, Nq]
     Dims dims;
     int flags;
-    float c;         // softmax scale 1/sqrt(d) (FP32)
     float c_lambda;  // fl(c · log2 e)
     float ln2;       // FP32 ln 2
 };
@@ -106,9 +104,10 @@ __device__ void forward_pv(const ForwardParams& p, ForwardShared& s, float* o_ac
     }
 }
 
-// Final step: O = fl(O / l) as BF16, lse2 = fl(m + log2 l), and the exported natural lse of the
-// true scores, lse2·ln2 + c·(q_r·K_m). A row with no visible key gets O = 0, lse2 = lse = +∞.
-__device__ void forward_store(const ForwardParams& p, ForwardShared& s, const float* o_acc, int bh, int bh_kv, int qb) {
+// Final step: O = fl(O / l) as BF16; lse2 = fl(m + log2 l), the LSE of the true scores: an INT8 #1
+// scored the smoothed K, so the row offset b_r is added back once (§4); the exported natural LSE is
+// fl(lse2 · ln 2). A row with no visible key gets O = 0, lse2 = lse = +∞.
+__device__ void forward_store(const ForwardParams& p, ForwardShared& s, const float* o_acc, int bh, int qb) {
 #pragma unroll
     for (int i = 0; i < O_PER_THREAD; ++i) {
         const int e = threadIdx.x + i * THREADS;
@@ -124,17 +123,13 @@ __device__ void forward_store(const ForwardParams& p, ForwardShared& s, const fl
         if (r < p.dims.n_q) {
             const long row = (long)bh * p.dims.n_q + r;
             const float l = s.l[rl];
-            float lse2 = pos_inf(), lse = pos_inf();
+            float lse2 = pos_inf();
             if (l != 0.0f) {
                 lse2 = __fadd_rn(s.m[rl], log2f(l));
-                float qkm = 0.0f;
-                const u16* q = p.q + row * HEAD_DIM;
-                const float* km = p.op.k_mean + (long)bh_kv * HEAD_DIM;
-                for (int c = 0; c < HEAD_DIM; ++c) qkm = __fadd_rn(qkm, __fmul_rn(bf16_to_f32(q[c]), km[c]));
-                lse = __fadd_rn(__fmul_rn(lse2, p.ln2), __fmul_rn(p.c, qkm));
+                if (p.flags & F_QK) lse2 = __fadd_rn(lse2, p.op.row_offset[row]);
             }
             p.lse2[row] = lse2;
-            p.lse[row] = lse;
+            p.lse[row] = l != 0.0f ? __fmul_rn(lse2, p.ln2) : pos_inf();
         }
     }
 }
@@ -173,5 +168,5 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_forward(ForwardParams
         forward_pv(p, s, o_acc, bh_kv, kb);
         __syncthreads();
     }
-    forward_store(p, s, o_acc, bh, bh_kv, qb);
+    forward_store(p, s, o_acc, bh, qb);
 }

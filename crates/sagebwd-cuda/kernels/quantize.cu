@@ -27,7 +27,6 @@ struct QuantRowsParams {
     float* block_mean;       // [BH, n_blk, d] per-block mean to compute and subtract (Q-smoothing), or null
     i8* x_hat;               // [BH, n, d]
     float* scale;            // [BH, n_blk]
-    u16* x_s;                // [BH, n, d] bf16 of the smoothed FP32 values, or null
     int n;                   // rows per (batch, head)
     int rows_per_block;      // B_q or B_kv
     int n_blk;
@@ -68,7 +67,23 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_rows(QuantRo
     for (int e = threadIdx.x; e < count; e += THREADS) {
         const float xs = __fsub_rn(bf16_to_f32(p.x[base + e]), s_mean[e % HEAD_DIM]);
         p.x_hat[base + e] = (i8)quantize(xs, g.inv);
-        if (p.x_s) p.x_s[base + e] = f32_to_bf16(xs);
+    }
+}
+
+// The row offset removed by K-smoothing, b_r = fl(cλ · fl(Σ_d Q[r]·K_m)) (ALGORITHM.md §3.5): the
+// sum in FP64 (exact products), rounded once, like the simulator. One thread per query row.
+extern "C" __global__ void sage_row_offset(const u16* __restrict__ q, const float* __restrict__ k_mean,
+                                           float* __restrict__ row_offset, Dims d, float c_lambda) {
+    const long rows = (long)d.batch * d.heads_q * d.n_q;
+    const int group = d.heads_q / d.heads_kv;
+    for (long row = (long)blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += (long)gridDim.x * blockDim.x) {
+        const long bh = row / d.n_q;
+        const long bh_kv = (bh / d.heads_q) * d.heads_kv + (bh % d.heads_q) / group;
+        const u16* qr = q + row * HEAD_DIM;
+        const float* km = k_mean + bh_kv * HEAD_DIM;
+        double acc = 0.0;
+        for (int c = 0; c < HEAD_DIM; ++c) acc = __dadd_rn(acc, __dmul_rn((double)bf16_to_f32(qr[c]), (double)km[c]));
+        row_offset[row] = __fmul_rn(c_lambda, __double2float_rn(acc));
     }
 }
 

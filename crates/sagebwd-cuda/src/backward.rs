@@ -45,7 +45,7 @@ pub struct DeviceGradients {
     pub do_quant: QuantizedDo,
 }
 
-fn grid_stride(n: usize) -> LaunchConfig {
+pub(crate) fn grid_stride(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(THREADS as usize).clamp(1, 1 << 16) as u32;
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }

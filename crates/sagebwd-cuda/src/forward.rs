@@ -12,13 +12,13 @@ use sagebwd::{Config, Result};
 pub(crate) struct ScoreOperands {
     pub q_hat: u64,
     pub q_scale: u64,
-    pub q_s: u64,
+    pub q: u64,
     pub k_hat: u64,
     pub k_scale: u64,
-    pub k_s: u64,
     pub k: u64,
     pub k_mean: u64,
     pub q_mean: u64,
+    pub row_offset: u64,
 }
 
 impl ScoreOperands {
@@ -26,13 +26,13 @@ impl ScoreOperands {
         ScoreOperands {
             q_hat: gpu.ptr(&qd.q_hat),
             q_scale: gpu.ptr(&qd.q_scale),
-            q_s: gpu.ptr(&qd.q_s),
+            q: gpu.ptr(&x.q),
             k_hat: gpu.ptr(&qd.k_hat),
             k_scale: gpu.ptr(&qd.k_scale),
-            k_s: gpu.ptr(&qd.k_s),
             k: gpu.ptr(&x.k),
             k_mean: gpu.ptr(&qd.k_mean),
             q_mean: gpu.ptr(&qd.q_mean),
+            row_offset: gpu.ptr(&qd.row_offset),
         }
     }
 }
@@ -45,13 +45,11 @@ struct ForwardParams {
     v_hat: u64,
     v_scale: u64,
     v: u64,
-    q: u64,
     o: u64,
     lse2: u64,
     lse: u64,
     dims: Dims,
     flags: i32,
-    c: f32,
     c_lambda: f32,
     ln2: f32,
 }
@@ -61,15 +59,15 @@ unsafe impl cudarc::driver::DeviceRepr for ForwardParams {}
 pub struct DeviceForward {
     /// `[B, H_q, N_q, d]` BF16 bits.
     pub o: CudaSlice<u16>,
-    /// `[B, H_q, N_q]` base-2 LSE of the smoothed scores.
+    /// `[B, H_q, N_q]` base-2 LSE of the true scores.
     pub lse2: CudaSlice<f32>,
     /// `[B, H_q, N_q]` natural LSE of the true scores (the exported one).
     pub lse: CudaSlice<f32>,
 }
 
 /// What the backward needs from the forward (ALGORITHM.md §4, last paragraph): the quantized
-/// operands and scales, the smoothing means, the BF16 smoothed copies; O and lse2 are read from
-/// the [`DeviceForward`] passed alongside.
+/// operands and scales, the smoothing means and row offsets; Q, K, V are read from the
+/// [`DeviceInputs`], O and lse2 from the [`DeviceForward`] passed alongside.
 pub struct SavedForBackward {
     pub quant: QuantizedDev,
     pub cfg: Config,
@@ -91,19 +89,17 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
         lse2: gpu.alloc_poisoned_f32(rows)?,
         lse: gpu.alloc_poisoned_f32(rows)?,
     };
-    let (c, c_lambda) = scales(s.head_dim);
+    let (_, c_lambda) = scales(s.head_dim);
     let p = ForwardParams {
         op: ScoreOperands::of(gpu, x, &quant),
         v_hat: gpu.ptr(&quant.v_hat),
         v_scale: gpu.ptr(&quant.v_scale),
         v: gpu.ptr(&x.v),
-        q: gpu.ptr(&x.q),
         o: gpu.ptr(&out.o),
         lse2: gpu.ptr(&out.lse2),
         lse: gpu.ptr(&out.lse),
         dims,
         flags: flags(cfg),
-        c,
         c_lambda,
         ln2: std::f32::consts::LN_2,
     };

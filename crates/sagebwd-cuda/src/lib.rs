@@ -164,13 +164,18 @@ impl Gpu {
         inp.validate()?;
         cfg.validate()?;
         check_supported(&inp.shape, cfg)?;
-        let need = device_bytes(&inp.shape, inp.d_o.is_some());
+        self.check_fits(&inp.shape, inp.d_o.is_some())
+    }
+
+    /// Errors when a problem of this shape would not fit in the device's free memory (checked
+    /// with cuMemGetInfo before anything is allocated).
+    pub fn check_fits(&self, shape: &Shape, with_backward: bool) -> Result<()> {
+        let need = device_bytes(shape, with_backward);
         let free = self.dev.free_memory()?;
         // Leave headroom for the modules and the allocator's rounding.
         if need + (256 << 20) > free {
             return Err(Error::Backend(format!(
-                "problem {:?} needs about {:.2} GiB of device memory, {:.2} GiB are free",
-                inp.shape,
+                "problem {shape:?} needs about {:.2} GiB of device memory, {:.2} GiB are free",
                 need as f64 / (1u64 << 30) as f64,
                 free as f64 / (1u64 << 30) as f64
             )));
@@ -242,6 +247,7 @@ impl Gpu {
             v_hat: self.download(&qd.v_hat, s.kv_len())?,
             v_scale: self.download(&qd.v_scale, bh_kv * nkb)?,
             k_mean: self.download(&qd.k_mean, bh_kv * s.head_dim)?,
+            row_offset: self.download(&qd.row_offset, rows)?,
             q_mean: if cfg.smooth_q { self.download(&qd.q_mean, bh_q * nqb * s.head_dim)? } else { Vec::new() },
             do_hat: Vec::new(),
             do_scale: Vec::new(),

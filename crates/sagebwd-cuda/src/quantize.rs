@@ -1,5 +1,5 @@
-//! Host side of `kernels/quantize.cu`: the K token mean and the per-block INT8 quantization of
-//! Q, K, V (forward preparation) and dO (backward preprocess), ALGORITHM.md §3.
+//! Host side of `kernels/quantize.cu`: the K token mean, the row offsets b_r, and the per-block
+//! INT8 quantization of Q, K, V (forward preparation) and dO (backward preprocess), ALGORITHM.md §3.
 
 use crate::runtime::{drv, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
@@ -15,7 +15,6 @@ struct QuantRowsParams {
     block_mean: u64,
     x_hat: u64,
     scale: u64,
-    x_s: u64,
     n: i32,
     rows_per_block: i32,
     n_blk: i32,
@@ -23,18 +22,18 @@ struct QuantRowsParams {
 }
 unsafe impl cudarc::driver::DeviceRepr for QuantRowsParams {}
 
-/// The quantized operands on the device (layouts of `sagebwd::sim::Quantized`), plus the BF16
-/// smoothed copies `bf16(Q_s)`, `bf16(K_s)` that BF16 products read.
+/// The quantized operands on the device (layouts of `sagebwd::sim::Quantized`). BF16 products
+/// read the original inputs, so no smoothed BF16 copies exist.
 pub struct QuantizedDev {
     pub q_hat: CudaSlice<i8>,
     pub q_scale: CudaSlice<f32>,
-    pub q_s: CudaSlice<u16>,
     /// `[B, H_q, ⌈N_q/B_q⌉, d]`, written only with Q-smoothing.
     pub q_mean: CudaSlice<f32>,
     pub k_hat: CudaSlice<i8>,
     pub k_scale: CudaSlice<f32>,
-    pub k_s: CudaSlice<u16>,
     pub k_mean: CudaSlice<f32>,
+    /// `[B, H_q, N_q]` b_r = fl(cλ·q_r·K_m), the base-2 score offset K-smoothing removes (§3.5).
+    pub row_offset: CudaSlice<f32>,
     pub v_hat: CudaSlice<i8>,
     pub v_scale: CudaSlice<f32>,
 }
@@ -55,7 +54,6 @@ struct RowsJob<'a> {
     block_mean: Option<&'a CudaSlice<f32>>,
     x_hat: &'a CudaSlice<i8>,
     scale: &'a CudaSlice<f32>,
-    x_s: Option<&'a CudaSlice<u16>>,
 }
 
 fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
@@ -66,7 +64,6 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         block_mean: job.block_mean.map_or(0, |m| gpu.ptr(m)),
         x_hat: gpu.ptr(job.x_hat),
         scale: gpu.ptr(job.scale),
-        x_s: job.x_s.map_or(0, |m| gpu.ptr(m)),
         n: job.n as i32,
         rows_per_block: job.rows_per_block as i32,
         n_blk: n_blk as i32,
@@ -86,12 +83,11 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let qd = QuantizedDev {
         q_hat: gpu.alloc_poisoned_i8(s.q_len())?,
         q_scale: gpu.alloc_poisoned_f32(bh_q * dims.n_qblk as usize)?,
-        q_s: gpu.alloc_poisoned_u16(s.q_len())?,
         q_mean: gpu.alloc_poisoned_f32(if cfg.smooth_q { bh_q * dims.n_qblk as usize * d } else { 1 })?,
         k_hat: gpu.alloc_poisoned_i8(s.kv_len())?,
         k_scale: gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?,
-        k_s: gpu.alloc_poisoned_u16(s.kv_len())?,
         k_mean: gpu.alloc_poisoned_f32(bh_kv * d)?,
+        row_offset: gpu.alloc_poisoned_f32(bh_q * s.n_q)?,
         v_hat: gpu.alloc_poisoned_i8(s.kv_len())?,
         v_scale: gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?,
     };
@@ -102,20 +98,25 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     drv("launch sage_k_mean", unsafe {
         stream.launch_builder(&k.k_mean).arg(&x.k).arg(&qd.k_mean).arg(&n_k).arg(&smooth_k).launch(mean_cfg)
     })?;
+    let (_, c_lambda) = crate::forward::scales(d);
+    drv("launch sage_row_offset", unsafe {
+        stream.launch_builder(&k.row_offset).arg(&x.q).arg(&qd.k_mean).arg(&qd.row_offset).arg(&dims)
+            .arg(&c_lambda).launch(crate::backward::grid_stride(bh_q * s.n_q))
+    })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
         head_mean: Some((&qd.k_mean, 1)), block_mean: None,
-        x_hat: &qd.k_hat, scale: &qd.k_scale, x_s: Some(&qd.k_s),
+        x_hat: &qd.k_hat, scale: &qd.k_scale
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
         head_mean: None, block_mean: None,
-        x_hat: &qd.v_hat, scale: &qd.v_scale, x_s: None,
+        x_hat: &qd.v_hat, scale: &qd.v_scale
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
         head_mean: None, block_mean: cfg.smooth_q.then_some(&qd.q_mean),
-        x_hat: &qd.q_hat, scale: &qd.q_scale, x_s: Some(&qd.q_s),
+        x_hat: &qd.q_hat, scale: &qd.q_scale
     })?;
     Ok(qd)
 }
@@ -131,7 +132,7 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
     quantize_rows(gpu, k, RowsJob {
         x: d_o, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
         head_mean: None, block_mean: None,
-        x_hat: &out.do_hat, scale: &out.do_scale, x_s: None,
+        x_hat: &out.do_hat, scale: &out.do_scale
     })?;
     Ok(out)
 }
