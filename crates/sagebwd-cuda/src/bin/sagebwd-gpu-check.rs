@@ -278,6 +278,48 @@ fn error_paths(gpu: &Gpu, out: &mut String) -> bool {
     ok
 }
 
+/// Wall time of the stages on device-resident inputs (median of 5 after a warm-up), as TOPS with
+/// the FlashAttention FLOP convention (forward 4·B·H·N²·d, backward 2.5×). A yardstick for the
+/// scalar correctness-first kernels, not a tuned number.
+fn bench(gpu: &Gpu, out: &mut String) {
+    let _ = writeln!(out, "\n## timing (scalar kernels; median of 5, device-resident inputs)\n");
+    let _ = writeln!(out, "| shape | config | fwd ms | fwd+bwd ms | fwd TOPS | fwd+bwd TOPS |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for (s, causal) in [(shape(1, 16, 16, 4096, 4096, 128), false), (shape(1, 16, 16, 4096, 4096, 64), true)] {
+        let inp = random(s, causal, 1.0, 5, true);
+        let Ok(x) = gpu.upload(&inp) else { continue };
+        for cfg in [Config::fpa(), Config::sagebwd()] {
+            let sync = || gpu.dev.stream.synchronize().map_err(|e| Error::Backend(format!("{e:?}")));
+            let time = |with_bwd: bool| -> Result<f64, Error> {
+                let mut t = Vec::new();
+                for rep in 0..6 {
+                    let t0 = Instant::now();
+                    let (f, saved) = gpu.forward(&x, &cfg)?;
+                    if with_bwd {
+                        gpu.backward(&x, &f, &saved, x.d_o.as_ref().unwrap())?;
+                    }
+                    sync()?;
+                    if rep > 0 {
+                        t.push(t0.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                t.sort_by(f64::total_cmp);
+                Ok(t[t.len() / 2])
+            };
+            let flops = 4.0 * (s.batch * s.heads_q * s.n_q * s.n_k * s.head_dim) as f64 * if causal { 0.5 } else { 1.0 };
+            match (time(false), time(true)) {
+                (Ok(f), Ok(fb)) => {
+                    let _ = writeln!(out, "| B1 H16 N4096 d{} {} | {} | {f:.1} | {fb:.1} | {:.1} | {:.1} |", s.head_dim,
+                        if causal { "causal" } else { "full" }, cfg.label(), flops / f / 1e9, 3.5 * flops / fb / 1e9);
+                }
+                (a, b) => {
+                    let _ = writeln!(out, "| d{} | {} | error {:?} {:?} |", s.head_dim, cfg.label(), a.err(), b.err());
+                }
+            }
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -332,6 +374,9 @@ fn main() {
     let mut out = String::new();
     let ok_sweep = if quick { true } else { sigma_sweep(&gpu, 4096, &mut out) };
     let ok_err = error_paths(&gpu, &mut out);
+    if !quick {
+        bench(&gpu, &mut out);
+    }
 
     println!("\n# summary ({})\n", gpu.describe());
     println!("## GPU vs CPU simulator, same inputs (tolerances in the source)\n");
