@@ -5,7 +5,7 @@ use crate::backend::Backend;
 use anyhow::Result;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use sagebwd::inputs::random;
+use sagebwd::inputs::{add_key_channel_offset, random};
 use sagebwd::metrics::{compare, Metrics};
 use sagebwd::reference::exact;
 use sagebwd::{Config, Product, Shape};
@@ -37,6 +37,10 @@ pub struct AccuracyArgs {
     /// Standard deviations of Q and K to sweep, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,3,5,8,10")]
     pub sigma: Vec<f32>,
+    /// Add to K a per-channel offset shared by all tokens, drawn with this standard deviation (the
+    /// structure of real keys that K-smoothing removes); 0 = none.
+    #[arg(long, default_value_t = 0.0)]
+    pub k_offset: f32,
     /// Random seed (each σ uses seed + its index).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -82,6 +86,9 @@ pub fn run(a: AccuracyArgs) -> Result<()> {
         head_dim: a.head_dim,
     };
     shape.validate()?;
+    if !(a.k_offset.is_finite() && a.k_offset >= 0.0) {
+        anyhow::bail!("--k-offset must be a finite standard deviation >= 0, got {}", a.k_offset);
+    }
     if a.sigma.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
         anyhow::bail!("--sigma values must be positive and finite, got {:?}", a.sigma);
     }
@@ -104,7 +111,10 @@ pub fn run(a: AccuracyArgs) -> Result<()> {
     bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}").unwrap());
     let mut records = Vec::new();
     for (i, &sigma) in a.sigma.iter().enumerate() {
-        let inp = random(shape, a.causal, sigma, a.seed + i as u64, true);
+        let mut inp = random(shape, a.causal, sigma, a.seed + i as u64, true);
+        if a.k_offset != 0.0 {
+            add_key_channel_offset(&mut inp, a.k_offset, a.seed + i as u64);
+        }
         bar.set_message(format!("σ={sigma}: exact f64 reference"));
         let ex = exact(&inp, want_inter)?;
         bar.inc(1);
@@ -148,7 +158,7 @@ fn print_tables(a: &AccuracyArgs, s: Shape, configs: &[Config], backend: &Backen
     let what = if a.isolate { "each product INT8 alone (isolation)".to_string() } else { describe(&configs[0]) };
     println!("sagebwd accuracy: {what}");
     println!(
-        "shape B={} H={} (kv {}) N={} (keys {}) d={}, {}, seed {}; {} vs exact f64",
+        "shape B={} H={} (kv {}) N={} (keys {}) d={}, {}, K channel offset σ={}, seed {}; {} vs exact f64",
         s.batch,
         s.heads_q,
         s.heads_kv,
@@ -156,6 +166,7 @@ fn print_tables(a: &AccuracyArgs, s: Shape, configs: &[Config], backend: &Backen
         s.n_k,
         s.head_dim,
         if a.causal { "causal" } else { "non-causal" },
+        a.k_offset,
         a.seed,
         backend.name()
     );

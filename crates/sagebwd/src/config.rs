@@ -190,30 +190,19 @@ impl Config {
         Ok(())
     }
 
-    /// A short human-readable label: the preset name when it is one, else the INT8 product list.
+    /// A short human-readable label: the preset whose precisions match, with the switches that
+    /// differ from it (`sagebwd-smoothK+dQcorr`), else the INT8 product list (`int8[dq]+smoothK`).
     pub fn label(&self) -> String {
-        let plain = |mut c: Config| {
-            c.block_q = self.block_q;
-            c.block_kv = self.block_kv;
-            c
-        };
-        for name in PRESETS {
-            if plain(Config::preset(name).unwrap()) == *self {
-                return name.to_string();
+        let preset = PRESETS.into_iter().map(|n| (n, Config::preset(n).unwrap())).find(|(_, c)| c.precision == self.precision);
+        let (mut s, smooth_k_default) = match preset {
+            Some((name, c)) => (name.to_string(), c.smooth_k),
+            None => {
+                let int8: Vec<&str> = Product::ALL.into_iter().filter(|p| self.is_int8(*p)).map(|p| p.name()).collect();
+                (format!("int8[{}]", int8.join(",")), false)
             }
-        }
-        let int8: Vec<&str> = Product::ALL
-            .into_iter()
-            .filter(|p| self.is_int8(*p))
-            .map(|p| p.name())
-            .collect();
-        let mut s = if int8.is_empty() {
-            "bf16".to_string()
-        } else {
-            format!("int8[{}]", int8.join(","))
         };
-        if self.smooth_k {
-            s.push_str("+smoothK");
+        if self.smooth_k != smooth_k_default {
+            s.push_str(if self.smooth_k { "+smoothK" } else { "-smoothK" });
         }
         if self.smooth_q {
             s.push_str("+smoothQ");
@@ -257,5 +246,9 @@ mod tests {
             assert_eq!(Config::preset(name).unwrap().label(), name);
         }
         assert_eq!(Config::isolate(Product::Dq).label(), "int8[dq]+smoothK");
+        let mut c = Config::sagebwd();
+        c.smooth_k = false;
+        c.dq_smooth_k_correction = true;
+        assert_eq!(c.label(), "sagebwd-smoothK+dQcorr");
     }
 }

@@ -22,3 +22,16 @@ pub fn random(shape: Shape, causal: bool, sigma_qk: f32, seed: u64, with_do: boo
     inp.round_to_bf16();
     inp
 }
+
+/// Adds to K a per-(batch, kv head, channel) offset drawn from N(0, std²), the same for every token:
+/// the shared channel offset real keys carry, which K-smoothing exists to remove.
+pub fn add_key_channel_offset(inp: &mut Inputs, std: f32, seed: u64) {
+    let d = inp.shape.head_dim;
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5EED_0FF5E7);
+    for head in inp.k.chunks_mut(inp.shape.n_k * d) {
+        let offset = gaussian(&mut rng, d, std);
+        for row in head.chunks_mut(d) {
+            row.iter_mut().zip(&offset).for_each(|(x, o)| *x = crate::tensor::bf16(*x + o));
+        }
+    }
+}
