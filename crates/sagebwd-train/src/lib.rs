@@ -1,0 +1,21 @@
+//! # sagebwd-train — pre-training a Llama-style language model with SageBwd attention
+//!
+//! The training step is written out explicitly, llm.c style: every layer has a forward and a
+//! hand-written backward (`layers/`), the model (`model.rs`) chains them, and the hardware sits behind
+//! one trait (`backend/`): today a CPU backend (f32, rayon, attention from the `sagebwd` crate:
+//! exact or the quantized-method simulator); a GPU backend comes next.
+//!
+//! - [`config`]: model sizes; [`model`]: weights and forward/backward; [`optim`]: AdamW, clipping,
+//!   the learning-rate schedule;
+//! - [`tokenizer`], [`data`]: GPT-2 BPE, corpus files, shards, the train/validation split, batches;
+//! - [`train`]: the training loop; [`checkpoint`]: safetensors checkpoints; [`metrics`]: JSONL
+//!   metrics; [`plot`]: loss curves; [`sample`]: the built-in sample corpus.
+
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod layers;
+pub mod model;
+pub mod rng;
+
+pub use error::{Error, Result};
