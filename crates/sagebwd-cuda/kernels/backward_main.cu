@@ -232,3 +232,198 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main(BackwardPara
         p.dv_acc[idx] = dv[i];
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The same backward main step on tensor cores: one thread block of 8 warps per (key block,
+// batch·query head), the same shared state (BackwardShared) and per-tile scales. Per 64 × 128 tile:
+// warp w computes S (#3) and dP (#5) for query rows 16(w mod 4).. and keys 64(w div 4).. with
+// mma.sync and writes P, dS to shared memory; after the tile's amax reductions, warp w owns keys
+// 16w..16w+15 for dV (#4) and dK (#7) (accumulators in registers across query blocks), then query
+// rows 16(w mod 4).. × half of d for dQ (#6, atomicAdd). Transposed operands (Pᵀ, dSᵀ, V̂, K̂ as
+// B(k = key, n = column)) are strided views: no transposed copies.
+
+#define BWD_O_TILES (HEAD_DIM / 8)
+
+// Phase 1: P and dS of the tile into shared memory; returns the tile scales.
+__device__ TileScales mma_tile_p_ds(const BackwardParams& p, BackwardShared& s, int bh, int bh_kv, int qb, int kb) {
+    const Dims& d = p.dims;
+    const int warp = threadIdx.x >> 5;
+    const int r_loc0 = (warp & 3) * 16, k_loc0 = (warp >> 2) * 64;
+    const int row0 = qb * BLOCK_Q + r_loc0, key0 = kb * BLOCK_KV;
+    const int n_rows = d.n_q - row0, n_keys = d.n_k - key0 - k_loc0;
+    const long q_off = ((long)bh * d.n_q + row0) * HEAD_DIM;
+    const long k_off = ((long)bh_kv * d.n_k + key0 + k_loc0) * HEAD_DIM;
+    const bool int8_qk = p.flags & F_QK_BWD, int8_dp = p.flags & F_DP, smooth_q = p.flags & F_SMOOTH_Q;
+    const float s_qk = __fmul_rn(__fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda), p.op.k_scale[bh_kv * d.n_kblk + kb]);
+    const float s_do = p.do_scale[bh * d.n_qblk + qb], s_v = p.v_scale[bh_kv * d.n_kblk + kb];
+    const View vq8 = view(p.op.q_hat + q_off, HEAD_DIM, 1, n_rows, HEAD_DIM);
+    const View vk8 = view(p.op.k_hat + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
+    const View vq = view(p.op.q + q_off, HEAD_DIM, 1, n_rows, HEAD_DIM);
+    const View vk = view(p.op.k + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
+    const View vdo8 = view(p.do_hat + q_off, HEAD_DIM, 1, n_rows, HEAD_DIM);
+    const View vv8 = view(p.v_hat + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
+    const View vdo = view(p.d_o + q_off, HEAD_DIM, 1, n_rows, HEAD_DIM);
+    const View vv = view(p.v + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
+    float amax_p = 0.0f, amax_ds = 0.0f;
+#pragma unroll 1
+    for (int nt = 0; nt < 8; ++nt) {
+        float t[4], dp[4];
+        if (int8_qk) {
+            int acc[4] = {0, 0, 0, 0};
+            tile_s8(acc, ReadI8(), vq8, 0, ReadI8(), vk8, nt * 8, HEAD_DIM);
+            for (int e = 0; e < 4; ++e) {
+                t[e] = __fmul_rn((float)acc[e], s_qk);
+                if (smooth_q) t[e] = __fadd_rn(t[e], __fmul_rn(p.c_lambda, s.beta[k_loc0 + nt * 8 + c_col(e)]));
+            }
+        } else {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tile_bf16(acc, ReadBf16(), vq, 0, ReadBf16(), vk, nt * 8, HEAD_DIM);
+            for (int e = 0; e < 4; ++e) t[e] = __fmul_rn(p.c_lambda, acc[e]);
+        }
+        if (int8_dp) {
+            int acc[4] = {0, 0, 0, 0};
+            tile_s8(acc, ReadI8(), vdo8, 0, ReadI8(), vv8, nt * 8, HEAD_DIM);
+            for (int e = 0; e < 4; ++e) dp[e] = dequant(acc[e], s_do, s_v);
+        } else {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tile_bf16(acc, ReadBf16(), vdo, 0, ReadBf16(), vv, nt * 8, HEAD_DIM);
+            for (int e = 0; e < 4; ++e) dp[e] = acc[e];
+        }
+        for (int e = 0; e < 4; ++e) {
+            const int rl = r_loc0 + c_row(e), jl = k_loc0 + nt * 8 + c_col(e);
+            float prob = 0.0f, ds = 0.0f;
+            if (visible(d, qb * BLOCK_Q + rl, key0 + jl)) {
+                prob = exp2f(__fsub_rn(t[e], s.lse2[rl]));
+                ds = __fmul_rn(prob, __fsub_rn(dp[e], s.delta[rl]));
+            }
+            s.p[rl][jl] = prob;
+            s.ds[rl][jl] = ds;
+            amax_p = fmaxf(amax_p, prob);
+            amax_ds = fmaxf(amax_ds, fabsf(ds));
+        }
+    }
+    TileScales sc;
+    sc.p = group_scale(block_max(amax_p, s.scratch));
+    sc.ds = group_scale(block_max(amax_ds, s.scratch));
+    return sc;
+}
+
+// Phase 3: dV += Pᵀ dO (#4) and dK += dSᵀ Q (#7) for the warp's 16 keys.
+__device__ void mma_tile_dv_dk(const BackwardParams& p, BackwardShared& s, const TileScales& sc, float (*dv)[4],
+                               float (*dk)[4], int bh, int qb) {
+    const Dims& d = p.dims;
+    const int warp = threadIdx.x >> 5, k_loc0 = warp * 16;
+    const int n_rows = d.n_q - qb * BLOCK_Q;
+    const long q_off = ((long)bh * d.n_q + qb * BLOCK_Q) * HEAD_DIM;
+    // A(m = key, k = query row) = P[row][key], dS[row][key]: transposed views of the tiles.
+    const View vpt = view(&s.p[0][k_loc0], 1, BLOCK_KV, 16, BLOCK_Q);
+    const View vdst = view(&s.ds[0][k_loc0], 1, BLOCK_KV, 16, BLOCK_Q);
+    // B(k = query row, n = column c).
+    const View vdo8 = view(p.do_hat + q_off, 1, HEAD_DIM, HEAD_DIM, n_rows);
+    const View vdo = view(p.d_o + q_off, 1, HEAD_DIM, HEAD_DIM, n_rows);
+    const View vq8 = view(p.op.q_hat + q_off, 1, HEAD_DIM, HEAD_DIM, n_rows);
+    const View vq = view(p.op.q + q_off, 1, HEAD_DIM, HEAD_DIM, n_rows);
+    const float s_do = p.do_scale[bh * d.n_qblk + qb], s_q = p.op.q_scale[bh * d.n_qblk + qb];
+    ReadF32Quant p_hat, ds_hat;
+    p_hat.inv = sc.p.inv;
+    ds_hat.inv = sc.ds.inv;
+    const bool int8_dv = p.flags & F_DV, int8_dk = p.flags & F_DK, smooth_q = p.flags & F_SMOOTH_Q;
+#pragma unroll
+    for (int nt = 0; nt < BWD_O_TILES; ++nt) {
+        if (int8_dv) {
+            int acc[4] = {0, 0, 0, 0};
+            tile_s8(acc, p_hat, vpt, 0, ReadI8(), vdo8, nt * 8, BLOCK_Q);
+            for (int e = 0; e < 4; ++e) dv[nt][e] = __fadd_rn(dv[nt][e], dequant(acc[e], sc.p.scale, s_do));
+        } else {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tile_bf16(acc, ReadF32Bf16(), vpt, 0, ReadBf16(), vdo, nt * 8, BLOCK_Q);
+            for (int e = 0; e < 4; ++e) dv[nt][e] = __fadd_rn(dv[nt][e], acc[e]);
+        }
+        if (int8_dk) {
+            int acc[4] = {0, 0, 0, 0};
+            tile_s8(acc, ds_hat, vdst, 0, ReadI8(), vq8, nt * 8, BLOCK_Q);
+            for (int e = 0; e < 4; ++e) {
+                dk[nt][e] = __fadd_rn(dk[nt][e], dequant(acc[e], sc.ds.scale, s_q));
+                if (smooth_q)
+                    dk[nt][e] = __fadd_rn(dk[nt][e], __fmul_rn(s.colsum[k_loc0 + c_row(e)], s.q_mean[nt * 8 + c_col(e)]));
+            }
+        } else {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tile_bf16(acc, ReadF32Bf16(), vdst, 0, ReadBf16(), vq, nt * 8, BLOCK_Q);
+            for (int e = 0; e < 4; ++e) dk[nt][e] = __fadd_rn(dk[nt][e], acc[e]);
+        }
+    }
+}
+
+// Phase 4: dQ += dS K (#6) for query rows 16(w mod 4).. and half of the columns, atomically added.
+__device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const TileScales& sc, int bh, int bh_kv,
+                            int qb, int kb) {
+    const Dims& d = p.dims;
+    const int warp = threadIdx.x >> 5, r_loc0 = (warp & 3) * 16, c0 = (warp >> 2) * (HEAD_DIM / 2);
+    const int key0 = kb * BLOCK_KV, n_keys = d.n_k - key0;
+    const long k_off = ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
+    const View vds = view(&s.ds[r_loc0][0], BLOCK_KV, 1, 16, BLOCK_KV);
+    const View vk8 = view(p.op.k_hat + k_off, 1, HEAD_DIM, HEAD_DIM, n_keys);  // B(k = key, n = c)
+    const View vk = view(p.op.k + k_off, 1, HEAD_DIM, HEAD_DIM, n_keys);
+    const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
+    ReadF32Quant ds_hat;
+    ds_hat.inv = sc.ds.inv;
+    const bool int8_dq = p.flags & F_DQ;
+#pragma unroll
+    for (int nt = 0; nt < BWD_O_TILES / 2; ++nt) {
+        const int col0 = c0 + nt * 8;
+        float val[4];
+        if (int8_dq) {
+            int acc[4] = {0, 0, 0, 0};
+            tile_s8(acc, ds_hat, vds, 0, ReadI8(), vk8, col0, BLOCK_KV);
+            for (int e = 0; e < 4; ++e) val[e] = dequant(acc[e], sc.ds.scale, s_k);
+        } else {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tile_bf16(acc, ReadF32Bf16(), vds, 0, ReadBf16(), vk, col0, BLOCK_KV);
+            for (int e = 0; e < 4; ++e) val[e] = acc[e];
+        }
+        for (int e = 0; e < 4; ++e) {
+            const int r = qb * BLOCK_Q + r_loc0 + c_row(e);
+            if (r < d.n_q) atomicAdd(p.dq_acc + ((long)bh * d.n_q + r) * HEAD_DIM + col0 + c_col(e), val[e]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma(BackwardParams p) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    unsigned dyn_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+    if (dyn_smem < sizeof(BackwardShared)) __trap();
+    BackwardShared& s = *reinterpret_cast<BackwardShared*>(smem_raw);
+
+    const int kb = blockIdx.x, bh = blockIdx.y;
+    const int group = p.dims.heads_q / p.dims.heads_kv;
+    const int bh_kv = (bh / p.dims.heads_q) * p.dims.heads_kv + (bh % p.dims.heads_q) / group;
+
+    float dv[BWD_O_TILES][4], dk[BWD_O_TILES][4];
+#pragma unroll
+    for (int nt = 0; nt < BWD_O_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dv[nt][e] = dk[nt][e] = 0.0f;
+
+    for (int qb = query_block_begin(p.dims, kb); qb < p.dims.n_qblk; ++qb) {
+        load_row_state(p, s, bh, bh_kv, qb, kb);
+        const TileScales sc = mma_tile_p_ds(p, s, bh, bh_kv, qb, kb);  // ends with a barrier
+        tile_ds_sums(p, s, bh, qb);
+        mma_tile_dv_dk(p, s, sc, dv, dk, bh, qb);
+        mma_tile_dq(p, s, sc, bh, bh_kv, qb, kb);
+        __syncthreads();  // the tiles are overwritten by the next query block
+    }
+
+    const int key_base = kb * BLOCK_KV + (threadIdx.x >> 5) * 16;
+#pragma unroll
+    for (int nt = 0; nt < BWD_O_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = key_base + c_row(e);
+            if (j >= p.dims.n_k) continue;
+            const long idx = ((long)bh * p.dims.n_k + j) * HEAD_DIM + nt * 8 + c_col(e);
+            p.dk_acc[idx] = dk[nt][e];
+            p.dv_acc[idx] = dv[nt][e];
+        }
+}

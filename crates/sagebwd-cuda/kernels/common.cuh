@@ -182,3 +182,137 @@ __device__ __forceinline__ float beta_of(const float* s_qm, const u16* k_row, co
         acc = __dadd_rn(acc, __dmul_rn((double)s_qm[c], (double)__fsub_rn(bf16_to_f32(k_row[c]), km[c])));
     return __double2float_rn(acc);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core products: mma.sync wrappers and fragment gathers (PTX ISA fragment layouts).
+// groupID g = lane / 4, thread-in-group t = lane % 4. Fragments are gathered element by element
+// from any strided view (global or shared memory), so a transposed operand is just another view:
+// the INT8 "K-major" rule costs no transposed copy. Accumulator C (16×8): c0, c1 at (g, 2t + {0,1}),
+// c2, c3 at (g + 8, 2t + {0,1}).
+
+// d += a·b, m16n8k32, INT8 × INT8 → INT32 (exact).
+__device__ __forceinline__ void mma_s8(int* d, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a·b, m16n8k16, BF16 × BF16 → FP32.
+__device__ __forceinline__ void mma_bf16(float* d, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// A strided view of an operand: element (o, k), o the row of A or the column of B, k the reduction
+// index; entries with o ≥ n_o or k ≥ n_k read as 0 (padding past the sequence end).
+struct View {
+    const void* p;
+    long so, sk;
+    int n_o, n_k;
+};
+
+__device__ __forceinline__ View view(const void* p, long so, long sk, int n_o, int n_k) {
+    View v;
+    v.p = p; v.so = so; v.sk = sk; v.n_o = n_o; v.n_k = n_k;
+    return v;
+}
+
+// Element readers: INT8 tensor; BF16 tensor; FP32 tile quantized on the fly with `inv`
+// (§2.2); FP32 tile rounded to BF16.
+struct ReadI8 {
+    __device__ __forceinline__ u32 operator()(const View& v, int o, int k) const {
+        if (o >= v.n_o || k >= v.n_k) return 0u;
+        return (u32)(unsigned char)((const i8*)v.p)[o * v.so + k * v.sk];
+    }
+};
+struct ReadBf16 {
+    __device__ __forceinline__ u32 operator()(const View& v, int o, int k) const {
+        if (o >= v.n_o || k >= v.n_k) return 0u;
+        return (u32)((const u16*)v.p)[o * v.so + k * v.sk];
+    }
+};
+struct ReadF32Quant {
+    float inv;
+    __device__ __forceinline__ u32 operator()(const View& v, int o, int k) const {
+        if (o >= v.n_o || k >= v.n_k) return 0u;
+        return (u32)(unsigned char)(i8)quantize(((const float*)v.p)[o * v.so + k * v.sk], inv);
+    }
+};
+struct ReadF32Bf16 {
+    __device__ __forceinline__ u32 operator()(const View& v, int o, int k) const {
+        if (o >= v.n_o || k >= v.n_k) return 0u;
+        return (u32)f32_to_bf16(((const float*)v.p)[o * v.so + k * v.sk]);
+    }
+};
+
+// Four INT8 values at (o, k0..k0+3), lowest k in the lowest byte.
+template <class R>
+__device__ __forceinline__ u32 pack4(const R& rd, const View& v, int o, int k0) {
+    return rd(v, o, k0) | (rd(v, o, k0 + 1) << 8) | (rd(v, o, k0 + 2) << 16) | (rd(v, o, k0 + 3) << 24);
+}
+// Two BF16 values at (o, k0..k0+1), lower k in the low half.
+template <class R>
+__device__ __forceinline__ u32 pack2(const R& rd, const View& v, int o, int k0) {
+    return rd(v, o, k0) | (rd(v, o, k0 + 1) << 16);
+}
+
+// INT8 A fragment (16 × 32) with rows o0.., reduction k0..; B fragment (32 × 8) with columns o0...
+template <class R>
+__device__ __forceinline__ void frag_a_s8(u32* a, const R& rd, const View& v, int o0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    a[0] = pack4(rd, v, o0 + g, k0 + 4 * t);
+    a[1] = pack4(rd, v, o0 + g + 8, k0 + 4 * t);
+    a[2] = pack4(rd, v, o0 + g, k0 + 16 + 4 * t);
+    a[3] = pack4(rd, v, o0 + g + 8, k0 + 16 + 4 * t);
+}
+template <class R>
+__device__ __forceinline__ void frag_b_s8(u32* b, const R& rd, const View& v, int o0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    b[0] = pack4(rd, v, o0 + g, k0 + 4 * t);
+    b[1] = pack4(rd, v, o0 + g, k0 + 16 + 4 * t);
+}
+// BF16 A fragment (16 × 16) and B fragment (16 × 8).
+template <class R>
+__device__ __forceinline__ void frag_a_bf16(u32* a, const R& rd, const View& v, int o0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    a[0] = pack2(rd, v, o0 + g, k0 + 2 * t);
+    a[1] = pack2(rd, v, o0 + g + 8, k0 + 2 * t);
+    a[2] = pack2(rd, v, o0 + g, k0 + 8 + 2 * t);
+    a[3] = pack2(rd, v, o0 + g + 8, k0 + 8 + 2 * t);
+}
+template <class R>
+__device__ __forceinline__ void frag_b_bf16(u32* b, const R& rd, const View& v, int o0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    b[0] = pack2(rd, v, o0 + g, k0 + 2 * t);
+    b[1] = pack2(rd, v, o0 + g, k0 + 8 + 2 * t);
+}
+
+// One 16 × 8 output tile C += A·B over the reduction [0, k_len) (k_len a multiple of 32 for INT8,
+// 16 for BF16), operands gathered from views with A rows a_o0.., B columns b_o0...
+template <class RA, class RB>
+__device__ __forceinline__ void tile_s8(int* c, const RA& ra, const View& va, int a_o0, const RB& rb,
+                                        const View& vb, int b_o0, int k_len) {
+    for (int k0 = 0; k0 < k_len; k0 += 32) {
+        u32 a[4], b[2];
+        frag_a_s8(a, ra, va, a_o0, k0);
+        frag_b_s8(b, rb, vb, b_o0, k0);
+        mma_s8(c, a, b);
+    }
+}
+template <class RA, class RB>
+__device__ __forceinline__ void tile_bf16(float* c, const RA& ra, const View& va, int a_o0, const RB& rb,
+                                          const View& vb, int b_o0, int k_len) {
+    for (int k0 = 0; k0 < k_len; k0 += 16) {
+        u32 a[4], b[2];
+        frag_a_bf16(a, ra, va, a_o0, k0);
+        frag_b_bf16(b, rb, vb, b_o0, k0);
+        mma_bf16(c, a, b);
+    }
+}
+
+// Row and column of accumulator element e (0..3) of a 16 × 8 tile, relative to the tile.
+__device__ __forceinline__ int c_row(int e) { return ((threadIdx.x & 31) >> 2) + (e >= 2 ? 8 : 0); }
+__device__ __forceinline__ int c_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }

@@ -170,3 +170,220 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_forward(ForwardParams
     }
     forward_store(p, s, o_acc, bh, qb);
 }
+// ---------------------------------------------------------------------------------------------
+// Forward attention on tensor cores (ALGORITHM.md §4), the same computation as sage_forward: one
+// thread block of 4 warps per (query block of 64 rows, batch·query head); warp w owns query rows
+// 16w..16w+15 and walks the key blocks of 128 keys. S = Q Kᵀ with mma.sync (m16n8k32 INT8 or
+// m16n8k16 BF16), online softmax in base 2 on the accumulator fragments (a row lives in the 4
+// threads of a group), the P operand (P̂ per row per key block, or bf16(p)) staged in shared memory,
+// O += P V with mma.sync, O in FP32 registers. Operands are gathered into fragments straight from
+// global memory through the caches (views, common.cuh).
+
+#define MMA_WARPS 4
+#define MMA_THREADS (MMA_WARPS * 32)
+#define S_TILES (BLOCK_KV / 8)  // 16 accumulator tiles of 16 × 8 per warp for S
+#define O_TILES (HEAD_DIM / 8)  // 8 or 16 tiles for O
+
+struct ForwardMmaShared {
+    float p[MMA_WARPS][16][BLOCK_KV];  // each warp's P operand: P̂ (integers) or bf16(p)
+    float q_mean[HEAD_DIM];
+    float beta[BLOCK_KV];
+};
+
+// Per-row online-softmax state of the two rows (g, g + 8) a thread holds.
+struct RowState {
+    float m[2], l[2], alpha[2], p_scale[2];
+};
+
+// Max / sum over the 4 threads of a group (they hold one row between them).
+__device__ __forceinline__ float group_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float group_sum(float v) {
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// S for this warp's 16 rows × 128 keys, as base-2 scores t (−∞ where masked).
+__device__ void mma_scores(const ForwardParams& p, const ForwardMmaShared& s, float (*t)[4], int bh, int bh_kv,
+                           int qb, int kb, int row0) {
+    const Dims& d = p.dims;
+    const bool int8 = p.flags & F_QK, smooth_q = p.flags & F_SMOOTH_Q;
+    const int key0 = kb * BLOCK_KV;
+    const long q_off = (long)bh * d.n_q * HEAD_DIM, k_off = ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
+    const int n_rows = d.n_q - row0, n_keys = d.n_k - key0;
+    if (int8) {
+        const View vq = view(p.op.q_hat + q_off + (long)row0 * HEAD_DIM, HEAD_DIM, 1, n_rows, HEAD_DIM);
+        const View vk = view(p.op.k_hat + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
+        const float sc = __fmul_rn(__fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda),
+                                   p.op.k_scale[bh_kv * d.n_kblk + kb]);
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt) {
+            int acc[4] = {0, 0, 0, 0};
+            tile_s8(acc, ReadI8(), vq, 0, ReadI8(), vk, nt * 8, HEAD_DIM);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float v = __fmul_rn((float)acc[e], sc);
+                if (smooth_q) v = __fadd_rn(v, __fmul_rn(p.c_lambda, s.beta[nt * 8 + c_col(e)]));
+                t[nt][e] = v;
+            }
+        }
+    } else {
+        const View vq = view(p.op.q + q_off + (long)row0 * HEAD_DIM, HEAD_DIM, 1, n_rows, HEAD_DIM);
+        const View vk = view(p.op.k + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tile_bf16(acc, ReadBf16(), vq, 0, ReadBf16(), vk, nt * 8, HEAD_DIM);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn(p.c_lambda, acc[e]);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (!visible(d, row0 + c_row(e), key0 + nt * 8 + c_col(e))) t[nt][e] = neg_inf();
+}
+
+// Online-softmax update of the thread's two rows; writes the P operand of #2 to the warp's tile.
+__device__ void mma_softmax(const ForwardParams& p, float (*t)[4], RowState& st, float (*p_tile)[BLOCK_KV]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // h = 0: row g (elements 0, 1); h = 1: row g + 8 (2, 3)
+        float mx = neg_inf();
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt) mx = fmaxf(mx, fmaxf(t[nt][2 * h], t[nt][2 * h + 1]));
+        mx = group_max(mx);
+        const float m_new = fmaxf(st.m[h], mx);
+        const float m_use = m_new == neg_inf() ? 0.0f : m_new;
+        float sum = 0.0f, amax = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                const float pj = t[nt][e] == neg_inf() ? 0.0f : exp2f(__fsub_rn(t[nt][e], m_use));
+                t[nt][e] = pj;
+                sum = __fadd_rn(sum, pj);
+                amax = fmaxf(amax, pj);
+            }
+        sum = group_sum(sum);
+        amax = group_max(amax);  // = exp2(rowmax − m_new), the §4 group amax
+        st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use));
+        st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum);
+        st.m[h] = m_new;
+        const GroupScale g = group_scale(amax);
+        st.p_scale[h] = g.scale;
+        const bool int8 = p.flags & F_PV;
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e)
+                p_tile[c_row(e)][nt * 8 + c_col(e)] = int8 ? (float)quantize(t[nt][e], g.inv) : round_bf16(t[nt][e]);
+    }
+}
+
+// O = fl(O·α) + PV_block for the warp's 16 rows × d.
+__device__ void mma_pv(const ForwardParams& p, const RowState& st, float (*o)[4], const float (*p_tile)[BLOCK_KV],
+                       int bh_kv, int kb) {
+    const Dims& d = p.dims;
+    const int key0 = kb * BLOCK_KV, n_keys = d.n_k - key0;
+    const long v_off = ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
+    const View vp = view(p_tile, BLOCK_KV, 1, 16, BLOCK_KV);
+    if (p.flags & F_PV) {
+        // B(k = key, n = column c) = V̂[key][c]: a transposed view, no copy.
+        const View vv = view(p.v_hat + v_off, 1, HEAD_DIM, HEAD_DIM, n_keys);
+        const float s_v = p.v_scale[bh_kv * d.n_kblk + kb];
+        ReadF32Quant as_int;  // P̂ is already integral: quantize with inv = 1 returns it unchanged
+        as_int.inv = 1.0f;
+#pragma unroll
+        for (int nt = 0; nt < O_TILES; ++nt) {
+            int acc[4] = {0, 0, 0, 0};
+            tile_s8(acc, as_int, vp, 0, ReadI8(), vv, nt * 8, BLOCK_KV);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                o[nt][e] = __fadd_rn(__fmul_rn(o[nt][e], st.alpha[e >> 1]), dequant(acc[e], st.p_scale[e >> 1], s_v));
+        }
+    } else {
+        const View vv = view(p.v + v_off, 1, HEAD_DIM, HEAD_DIM, n_keys);
+#pragma unroll
+        for (int nt = 0; nt < O_TILES; ++nt) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tile_bf16(acc, ReadF32Bf16(), vp, 0, ReadBf16(), vv, nt * 8, BLOCK_KV);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[nt][e] = __fadd_rn(__fmul_rn(o[nt][e], st.alpha[e >> 1]), acc[e]);
+        }
+    }
+}
+
+// O = fl(O / l) as BF16, lse2 (+ b_r after an INT8 #1), lse = fl(lse2·ln 2); empty rows: 0, +∞.
+__device__ void mma_store(const ForwardParams& p, const RowState& st, float (*o)[4], int bh, int row0) {
+    const Dims& d = p.dims;
+#pragma unroll
+    for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + c_row(e);
+            if (r >= d.n_q) continue;
+            const float l = st.l[e >> 1];
+            const float v = l == 0.0f ? 0.0f : __fdiv_rn(o[nt][e], l);
+            p.o[((long)bh * d.n_q + r) * HEAD_DIM + nt * 8 + c_col(e)] = f32_to_bf16(v);
+        }
+    if ((threadIdx.x & 3) == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + c_row(2 * h);
+            if (r >= d.n_q) continue;
+            const long row = (long)bh * d.n_q + r;
+            float lse2 = pos_inf();
+            if (st.l[h] != 0.0f) {
+                lse2 = __fadd_rn(st.m[h], log2f(st.l[h]));
+                if (p.flags & F_QK) lse2 = __fadd_rn(lse2, p.op.row_offset[row]);
+            }
+            p.lse2[row] = lse2;
+            p.lse[row] = st.l[h] != 0.0f ? __fmul_rn(lse2, p.ln2) : pos_inf();
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) sage_forward_mma(ForwardParams p) {
+    __shared__ ForwardMmaShared s;
+    const int qb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5;
+    const int group = p.dims.heads_q / p.dims.heads_kv;
+    const int bh_kv = (bh / p.dims.heads_q) * p.dims.heads_kv + (bh % p.dims.heads_q) / group;
+    const int row0 = qb * BLOCK_Q + warp * 16;
+    const bool smooth_q = p.flags & F_SMOOTH_Q;
+    if (smooth_q && threadIdx.x < HEAD_DIM)
+        s.q_mean[threadIdx.x] = p.op.q_mean[((long)bh * p.dims.n_qblk + qb) * HEAD_DIM + threadIdx.x];
+
+    RowState st;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        st.m[h] = neg_inf();
+        st.l[h] = 0.0f;
+    }
+    float o[O_TILES][4];
+#pragma unroll
+    for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+
+    const int kb_end = key_block_end(p.dims, qb);
+    for (int kb = 0; kb < kb_end; ++kb) {
+        __syncthreads();  // q_mean written / the previous block's β no longer read
+        if (smooth_q && threadIdx.x < BLOCK_KV) {
+            const int j = kb * BLOCK_KV + threadIdx.x;
+            s.beta[threadIdx.x] = j < p.dims.n_k
+                ? beta_of(s.q_mean, p.op.k + ((long)bh_kv * p.dims.n_k + j) * HEAD_DIM, p.op.k_mean + (long)bh_kv * HEAD_DIM)
+                : 0.0f;
+        }
+        __syncthreads();
+        float t[S_TILES][4];
+        mma_scores(p, s, t, bh, bh_kv, qb, kb, row0);
+        mma_softmax(p, t, st, s.p[warp]);
+        __syncwarp();
+        mma_pv(p, st, o, s.p[warp], bh_kv, kb);
+        __syncwarp();  // the tile is rewritten by the next key block
+    }
+    mma_store(p, st, o, bh, row0);
+}

@@ -110,14 +110,15 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     if smem > optin {
         return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
     }
-    drv("set smem attribute", k.bwd_main.set_attribute(
+    let func = if gpu.tensor_cores() { &k.bwd_main_mma } else { &k.bwd_main };
+    drv("set smem attribute", func.set_attribute(
         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32))?;
     let launch = LaunchConfig {
         grid_dim: (dims.n_kblk as u32, (s.batch * s.heads_q) as u32, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    drv("launch sage_bwd_main", unsafe { gpu.dev.stream.launch_builder(&k.bwd_main).arg(&p).launch(launch) })?;
+    drv("launch backward main", unsafe { gpu.dev.stream.launch_builder(func).arg(&p).launch(launch) })?;
 
     let dq = gpu.alloc_poisoned_u16(s.q_len())?;
     let dk = gpu.alloc_poisoned_u16(s.kv_len())?;

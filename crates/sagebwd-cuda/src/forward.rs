@@ -103,11 +103,13 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
         c_lambda,
         ln2: std::f32::consts::LN_2,
     };
+    // Tensor cores: 4 warps of 16 query rows; scalar: 256 threads over the 64 × 128 tile.
+    let (func, threads) = if gpu.tensor_cores() { (&k.forward_mma, 128) } else { (&k.forward, THREADS) };
     let launch = LaunchConfig {
         grid_dim: (dims.n_qblk as u32, (s.batch * s.heads_q) as u32, 1),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    drv("launch sage_forward", unsafe { gpu.dev.stream.launch_builder(&k.forward).arg(&p).launch(launch) })?;
+    drv("launch forward", unsafe { gpu.dev.stream.launch_builder(func).arg(&p).launch(launch) })?;
     Ok((out, SavedForBackward { quant, cfg: cfg.clone() }))
 }

@@ -25,6 +25,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use runtime::{drv, Device, Kernels, BLOCK_KV, BLOCK_Q, HEAD_DIMS};
 use sagebwd::sim::{Forward, Gradients, Quantized, SimOutput};
 use sagebwd::{Config, Error, Inputs, Product, Result, Shape};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 // Flag bits, mirror of common.cuh.
@@ -71,6 +72,7 @@ pub struct DeviceInputs {
 pub struct Gpu {
     pub dev: Device,
     kernels: Mutex<Vec<Arc<Kernels>>>,
+    tensor_cores: AtomicBool,
 }
 
 impl Gpu {
@@ -78,7 +80,64 @@ impl Gpu {
     pub fn new() -> Result<Gpu> {
         let dev = Device::open(0)?;
         runtime::nvrtc_available()?;
-        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()) })
+        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(false) })
+    }
+
+    /// Selects the forward and backward-main kernels: `true` for the tensor-core (`mma.sync`)
+    /// versions, `false` for the scalar reference versions. Both compute ALGORITHM.md exactly.
+    pub fn set_tensor_cores(&self, on: bool) {
+        self.tensor_cores.store(on, Ordering::Relaxed);
+    }
+
+    pub fn tensor_cores(&self) -> bool {
+        self.tensor_cores.load(Ordering::Relaxed)
+    }
+
+    /// Runs one INT8 (m16n8k32) and one BF16 (m16n8k16) `mma.sync` on small random integers and
+    /// compares with the exact product: checks the fragment layouts the tensor-core kernels use.
+    pub fn mma_selftest(&self) -> Result<()> {
+        let k = self.kernels(HEAD_DIMS[0])?;
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed % 255) as i32 - 127
+        };
+        let a8: Vec<i8> = (0..16 * 32).map(|_| next() as i8).collect();
+        let b8: Vec<i8> = (0..8 * 32).map(|_| next() as i8).collect();
+        let a16: Vec<f32> = (0..16 * 16).map(|_| (next() % 16) as f32).collect();
+        let b16: Vec<f32> = (0..8 * 16).map(|_| (next() % 16) as f32).collect();
+        let bits = |v: &[f32]| v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+        let st = &self.dev.stream;
+        let (da8, db8) = (drv("upload", st.clone_htod(&a8))?, drv("upload", st.clone_htod(&b8))?);
+        let (da16, db16) = (drv("upload", st.clone_htod(&bits(&a16)))?, drv("upload", st.clone_htod(&bits(&b16)))?);
+        let c8 = self.alloc::<i32>(128)?;
+        let c16 = self.alloc_poisoned_f32(128)?;
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        drv("launch sage_mma_selftest", unsafe {
+            st.launch_builder(&k.mma_selftest).arg(&da8).arg(&db8).arg(&c8).arg(&da16).arg(&db16).arg(&c16).launch(cfg)
+        })?;
+        let (g8, g16) = (self.download(&c8, 128)?, self.download(&c16, 128)?);
+        let mut bad = Vec::new();
+        for m in 0..16 {
+            for n in 0..8 {
+                let e8: i32 = (0..32).map(|k| a8[m * 32 + k] as i32 * b8[n * 32 + k] as i32).sum();
+                let e16: f32 = (0..16).map(|k| a16[m * 16 + k] * b16[n * 16 + k]).sum();
+                if g8[m * 8 + n] != e8 {
+                    bad.push(format!("s8 ({m},{n}): {} != {e8}", g8[m * 8 + n]));
+                }
+                if g16[m * 8 + n] != e16 {
+                    bad.push(format!("bf16 ({m},{n}): {} != {e16}", g16[m * 8 + n]));
+                }
+            }
+        }
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Backend(format!("mma.sync fragment self-test failed at {} entries: {}", bad.len(),
+                bad.iter().take(8).cloned().collect::<Vec<_>>().join("; "))))
+        }
     }
 
     /// "NVIDIA H200 (sm_90a)".

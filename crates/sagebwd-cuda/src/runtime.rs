@@ -15,12 +15,13 @@ use std::sync::Arc;
 /// The kernel sources, embedded in the library. Each stage is compiled as `common.cuh` followed by
 /// the stage's file, so NVRTC needs no include path and no CUDA header.
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 6] = [
     ("quantize.cu", include_str!("../kernels/quantize.cu")),
     ("forward.cu", include_str!("../kernels/forward.cu")),
     ("backward_pre.cu", include_str!("../kernels/backward_pre.cu")),
     ("backward_main.cu", include_str!("../kernels/backward_main.cu")),
     ("backward_post.cu", include_str!("../kernels/backward_post.cu")),
+    ("selftest.cu", include_str!("../kernels/selftest.cu")),
 ];
 
 /// Head dimensions the kernels are compiled for (`-DHEAD_DIM=`).
@@ -292,8 +293,11 @@ pub struct Kernels {
     pub quantize_rows: CudaFunction,
     pub fill_u32: CudaFunction,
     pub forward: CudaFunction,
+    pub forward_mma: CudaFunction,
     pub bwd_delta: CudaFunction,
     pub bwd_main: CudaFunction,
+    pub bwd_main_mma: CudaFunction,
+    pub mma_selftest: CudaFunction,
     pub post_dq: CudaFunction,
     pub post_dkdv: CudaFunction,
 }
@@ -312,8 +316,11 @@ impl Kernels {
             quantize_rows: f(0, "sage_quantize_rows")?,
             fill_u32: f(0, "sage_fill_u32")?,
             forward: f(1, "sage_forward")?,
+            forward_mma: f(1, "sage_forward_mma")?,
             bwd_delta: f(2, "sage_bwd_delta")?,
             bwd_main: f(3, "sage_bwd_main")?,
+            bwd_main_mma: f(3, "sage_bwd_main_mma")?,
+            mma_selftest: f(5, "sage_mma_selftest")?,
             post_dq: f(4, "sage_bwd_post_dq")?,
             post_dkdv: f(4, "sage_bwd_post_dkdv")?,
         })

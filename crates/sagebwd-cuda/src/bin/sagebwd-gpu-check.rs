@@ -119,27 +119,44 @@ fn rel(g: &[f32], s: &[f32]) -> f64 {
 struct SimRow {
     case: String,
     cfg: String,
+    path: &'static str,
     line: String,
     pass: bool,
 }
 
-fn check_against_sim(gpu: &Gpu, case: &Case, cfg: &Config, seed: u64) -> SimRow {
+/// The kernel paths to check: the scalar reference kernels, and the tensor-core ones when the
+/// mma.sync self-test passed.
+fn paths(mma_ok: bool) -> Vec<(&'static str, bool)> {
+    let mut v = vec![("scalar", false)];
+    if mma_ok {
+        v.push(("mma", true));
+    }
+    v
+}
+
+/// One simulation, compared with every kernel path on the same inputs.
+fn check_against_sim(gpu: &Gpu, case: &Case, cfg: &Config, seed: u64, mma_ok: bool) -> Vec<SimRow> {
     let inp = random(case.shape, case.causal, case.sigma, seed, true);
-    let t0 = Instant::now();
-    let g = gpu.run(&inp, cfg);
-    let t_gpu = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let s = simulate(&inp, cfg, false);
+    let sim = simulate(&inp, cfg, false);
     let t_sim = t1.elapsed().as_secs_f64();
-    let (g, s) = match (g, s) {
-        (Ok(g), Ok(s)) => (g, s),
-        (g, s) => {
-            let msg = format!("gpu: {:?} / sim: {:?}", g.err().map(|e| e.to_string()), s.err().map(|e| e.to_string()));
-            return SimRow { case: case.label(), cfg: cfg.label(), line: format!("ERROR {msg}"), pass: false };
-        }
-    };
-    let (line, pass) = sim_metrics(&g, &s);
-    SimRow { case: case.label(), cfg: cfg.label(), line: format!("{line} | gpu {t_gpu:.2}s sim {t_sim:.2}s"), pass }
+    let mut rows = Vec::new();
+    for (path, tc) in paths(mma_ok) {
+        gpu.set_tensor_cores(tc);
+        let t0 = Instant::now();
+        let g = gpu.run(&inp, cfg);
+        let t_gpu = t0.elapsed().as_secs_f64();
+        let (line, pass) = match (&g, &sim) {
+            (Ok(g), Ok(s)) => {
+                let (l, p) = sim_metrics(g, s);
+                (format!("{l} | gpu {t_gpu:.2}s sim {t_sim:.2}s"), p)
+            }
+            (g, s) => (format!("ERROR gpu: {:?} / sim: {:?}", g.as_ref().err().map(|e| e.to_string()),
+                               s.as_ref().err().map(|e| e.to_string())), false),
+        };
+        rows.push(SimRow { case: case.label(), cfg: cfg.label(), path, line, pass });
+    }
+    rows
 }
 
 fn sim_metrics(g: &SimOutput, s: &SimOutput) -> (String, bool) {
@@ -200,11 +217,11 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
 }
 
 /// σ sweep against the exact f64 reference (ALGORITHM.md: cosine and relative L2 of O, dQ, dK, dV).
-fn sigma_sweep(gpu: &Gpu, n: usize, out: &mut String) -> bool {
+fn sigma_sweep(gpu: &Gpu, n: usize, mma_ok: bool, out: &mut String) -> bool {
     let mut ok = true;
     let _ = writeln!(out, "\n## sigma sweep vs exact f64 reference (B1 H2 N={n} d128 full)\n");
-    let _ = writeln!(out, "| sigma | config | O cos / relL2 | dQ cos / relL2 | dK cos / relL2 | dV cos / relL2 |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    let _ = writeln!(out, "| sigma | config | kernels | O cos / relL2 | dQ cos / relL2 | dK cos / relL2 | dV cos / relL2 |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for (i, sigma) in [1.0f32, 3.0, 5.0, 8.0, 10.0].into_iter().enumerate() {
         let inp = random(shape(1, 2, 2, n, n, 128), false, sigma, 1000 + i as u64, true);
         let ex = match reference::exact(&inp, false) {
@@ -216,7 +233,11 @@ fn sigma_sweep(gpu: &Gpu, n: usize, out: &mut String) -> bool {
             }
         };
         let eg = ex.grads.as_ref().unwrap();
-        for cfg in [Config::fpa(), Config::sagebwd(), Config::int8_all()] {
+        for (cfg, (path, tc)) in [Config::fpa(), Config::sagebwd(), Config::int8_all()]
+            .into_iter()
+            .flat_map(|c| paths(mma_ok).into_iter().map(move |p| (c.clone(), p)))
+        {
+            gpu.set_tensor_cores(tc);
             match gpu.run(&inp, &cfg) {
                 Ok(g) => {
                     let gg = g.grads.as_ref().unwrap();
@@ -224,7 +245,7 @@ fn sigma_sweep(gpu: &Gpu, n: usize, out: &mut String) -> bool {
                         let c = compare(x, r);
                         format!("{:.5} / {:.2e}", c.cos, c.rel_l2)
                     };
-                    let line = format!("| {sigma} | {} | {} | {} | {} | {} |", cfg.label(), m(&g.fwd.o, &ex.o),
+                    let line = format!("| {sigma} | {} | {path} | {} | {} | {} | {} |", cfg.label(), m(&g.fwd.o, &ex.o),
                         m(&gg.dq, &eg.dq), m(&gg.dk, &eg.dk), m(&gg.dv, &eg.dv));
                     println!("{line}");
                     let _ = writeln!(out, "{line}");
@@ -234,7 +255,7 @@ fn sigma_sweep(gpu: &Gpu, n: usize, out: &mut String) -> bool {
                     }
                 }
                 Err(e) => {
-                    let _ = writeln!(out, "| {sigma} | {} | ERROR {e} |", cfg.label());
+                    let _ = writeln!(out, "| {sigma} | {} | {path} | ERROR {e} |", cfg.label());
                     ok = false;
                 }
             }
@@ -281,14 +302,18 @@ fn error_paths(gpu: &Gpu, out: &mut String) -> bool {
 /// Wall time of the stages on device-resident inputs (median of 5 after a warm-up), as TOPS with
 /// the FlashAttention FLOP convention (forward 4·B·H·N²·d, backward 2.5×). A yardstick for the
 /// scalar correctness-first kernels, not a tuned number.
-fn bench(gpu: &Gpu, out: &mut String) {
-    let _ = writeln!(out, "\n## timing (scalar kernels; median of 5, device-resident inputs)\n");
-    let _ = writeln!(out, "| shape | config | fwd ms | fwd+bwd ms | fwd TOPS | fwd+bwd TOPS |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|");
+fn bench(gpu: &Gpu, mma_ok: bool, out: &mut String) {
+    let _ = writeln!(out, "\n## timing (median of 5, device-resident inputs)\n");
+    let _ = writeln!(out, "| shape | config | kernels | fwd ms | fwd+bwd ms | fwd TOPS | fwd+bwd TOPS |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for (s, causal) in [(shape(1, 16, 16, 4096, 4096, 128), false), (shape(1, 16, 16, 4096, 4096, 64), true)] {
         let inp = random(s, causal, 1.0, 5, true);
         let Ok(x) = gpu.upload(&inp) else { continue };
-        for cfg in [Config::fpa(), Config::sagebwd()] {
+        for (cfg, (path, tc)) in [Config::fpa(), Config::sagebwd()]
+            .into_iter()
+            .flat_map(|c| paths(mma_ok).into_iter().map(move |p| (c.clone(), p)))
+        {
+            gpu.set_tensor_cores(tc);
             let sync = || gpu.dev.stream.synchronize().map_err(|e| Error::Backend(format!("{e:?}")));
             let time = |with_bwd: bool| -> Result<f64, Error> {
                 let mut t = Vec::new();
@@ -309,11 +334,11 @@ fn bench(gpu: &Gpu, out: &mut String) {
             let flops = 4.0 * (s.batch * s.heads_q * s.n_q * s.n_k * s.head_dim) as f64 * if causal { 0.5 } else { 1.0 };
             match (time(false), time(true)) {
                 (Ok(f), Ok(fb)) => {
-                    let _ = writeln!(out, "| B1 H16 N4096 d{} {} | {} | {f:.1} | {fb:.1} | {:.1} | {:.1} |", s.head_dim,
+                    let _ = writeln!(out, "| B1 H16 N4096 d{} {} | {} | {path} | {f:.1} | {fb:.1} | {:.1} | {:.1} |", s.head_dim,
                         if causal { "causal" } else { "full" }, cfg.label(), flops / f / 1e9, 3.5 * flops / fb / 1e9);
                 }
                 (a, b) => {
-                    let _ = writeln!(out, "| d{} | {} | error {:?} {:?} |", s.head_dim, cfg.label(), a.err(), b.err());
+                    let _ = writeln!(out, "| d{} | {} | {path} | error {:?} {:?} |", s.head_dim, cfg.label(), a.err(), b.err());
                 }
             }
         }
@@ -350,51 +375,64 @@ fn main() {
     }
     println!("kernels ready in {:.1}s (NVRTC or cache)", t.elapsed().as_secs_f64());
 
+    let selftest = gpu.mma_selftest();
+    let mma_ok = selftest.is_ok();
+    println!("mma.sync fragment self-test: {}", match &selftest { Ok(()) => "ok".to_string(), Err(e) => e.to_string() });
+
     let mut rows = Vec::new();
     let mut seed = 1;
     for (case, cfgs) in sim_cases(quick) {
         for cfg in cfgs {
             seed += 1;
-            let row = check_against_sim(&gpu, &case, &cfg, seed);
-            println!("{} {} | {} | {}", if row.pass { "PASS" } else { "FAIL" }, row.case, row.cfg, row.line);
-            rows.push(row);
+            for row in check_against_sim(&gpu, &case, &cfg, seed, mma_ok) {
+                println!("{} {} | {} | {} | {}", if row.pass { "PASS" } else { "FAIL" }, row.case, row.cfg, row.path, row.line);
+                rows.push(row);
+            }
         }
     }
     // Same inputs twice: results must agree up to the atomic dQ order (a moving error is a race).
     let inp: Inputs = random(shape(1, 2, 2, 1000, 1000, 128), true, 3.0, 77, true);
-    let repeat = match (gpu.run(&inp, &Config::int8_all()), gpu.run(&inp, &Config::int8_all())) {
-        (Ok(a), Ok(b)) => {
-            let (ga, gb) = (a.grads.unwrap(), b.grads.unwrap());
-            let bits = |x: &[f32], y: &[f32]| x.iter().zip(y).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            let same_fwd = bits(&a.fwd.o, &b.fwd.o) + bits(&a.fwd.lse2, &b.fwd.lse2) + bits(&ga.dk, &gb.dk) + bits(&ga.dv, &gb.dv);
-            (same_fwd == 0, format!("O/lse2/dK/dV differing entries: {same_fwd}; dQ rel L2 between runs {:.1e}", rel(&ga.dq, &gb.dq)))
-        }
-        _ => (false, "run failed".to_string()),
-    };
+    let mut repeat = (true, String::new());
+    for (path, tc) in paths(mma_ok) {
+        gpu.set_tensor_cores(tc);
+        let (ok, msg) = match (gpu.run(&inp, &Config::int8_all()), gpu.run(&inp, &Config::int8_all())) {
+            (Ok(a), Ok(b)) => {
+                let (ga, gb) = (a.grads.unwrap(), b.grads.unwrap());
+                let bits = |x: &[f32], y: &[f32]| x.iter().zip(y).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                let diff = bits(&a.fwd.o, &b.fwd.o) + bits(&a.fwd.lse2, &b.fwd.lse2) + bits(&ga.dk, &gb.dk) + bits(&ga.dv, &gb.dv);
+                (diff == 0, format!("{path}: O/lse2/dK/dV differing entries {diff}, dQ rel L2 between runs {:.1e}", rel(&ga.dq, &gb.dq)))
+            }
+            _ => (false, format!("{path}: run failed")),
+        };
+        repeat.0 &= ok;
+        repeat.1 += &format!("{msg}; ");
+    }
     let mut out = String::new();
-    let ok_sweep = if quick { true } else { sigma_sweep(&gpu, 4096, &mut out) };
+    let ok_sweep = if quick { true } else { sigma_sweep(&gpu, 4096, mma_ok, &mut out) };
+    gpu.set_tensor_cores(false);
     let ok_err = error_paths(&gpu, &mut out);
     if !quick {
-        bench(&gpu, &mut out);
+        bench(&gpu, mma_ok, &mut out);
     }
 
     println!("\n# summary ({})\n", gpu.describe());
     println!("## GPU vs CPU simulator, same inputs (tolerances in the source)\n");
-    println!("| result | case | config | details |");
-    println!("|---|---|---|---|");
+    println!("| result | case | config | kernels | details |");
+    println!("|---|---|---|---|---|");
     for r in &rows {
-        println!("| {} | {} | {} | {} |", if r.pass { "pass" } else { "FAIL" }, r.case, r.cfg, r.line);
+        println!("| {} | {} | {} | {} | {} |", if r.pass { "pass" } else { "FAIL" }, r.case, r.cfg, r.path, r.line);
     }
     let passed = rows.iter().filter(|r| r.pass).count();
     println!("\nrepeat run: {} — {}", if repeat.0 { "deterministic" } else { "FAIL" }, repeat.1);
     print!("{out}");
-    let all = passed == rows.len() && repeat.0 && ok_sweep && ok_err;
-    println!("\n{passed} passed, {} failed (simulator comparisons); sweep {}; error paths {}",
-        rows.len() - passed, if ok_sweep { "ok" } else { "FAIL" }, if ok_err { "ok" } else { "FAIL" });
+    let all = passed == rows.len() && repeat.0 && ok_sweep && ok_err && mma_ok;
+    println!("\n{passed} passed, {} failed (simulator comparisons); sweep {}; error paths {}; mma self-test {}",
+        rows.len() - passed, if ok_sweep { "ok" } else { "FAIL" }, if ok_err { "ok" } else { "FAIL" },
+        if mma_ok { "ok" } else { "FAIL" });
     if let Some(dir) = out_dir {
-        let mut tsv = String::from("result\tcase\tconfig\tdetails\n");
+        let mut tsv = String::from("result\tcase\tconfig\tkernels\tdetails\n");
         for r in &rows {
-            let _ = writeln!(tsv, "{}\t{}\t{}\t{}", r.pass, r.case, r.cfg, r.line);
+            let _ = writeln!(tsv, "{}\t{}\t{}\t{}\t{}", r.pass, r.case, r.cfg, r.path, r.line);
         }
         let _ = std::fs::write(std::path::Path::new(&dir).join("results.tsv"), tsv);
     }
