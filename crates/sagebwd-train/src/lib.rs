@@ -12,10 +12,20 @@
 //!   metrics; [`plot`]: loss curves; [`sample`]: the built-in sample corpus.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod config;
+pub mod data;
 pub mod error;
 pub mod layers;
+pub mod loader;
+pub mod metrics;
 pub mod model;
+pub mod optim;
+pub mod plot;
 pub mod rng;
+pub mod sample;
+pub mod shards;
+pub mod tokenizer;
+pub mod train;
 
 pub use error::{Error, Result};

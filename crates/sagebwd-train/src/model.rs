@@ -147,17 +147,36 @@ impl Weights {
         })
     }
 
-    /// Every non-empty tensor, in a fixed order (the layout's order within each group).
-    pub fn tensors(&self) -> Vec<&Vec<f32>> {
-        let mut out = vec![&self.tok_emb];
-        for l in &self.layers {
-            out.extend([&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.q_norm, &l.k_norm, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down]);
+    /// Every non-empty tensor with its layout name, in a fixed order.
+    pub fn named(&self) -> Vec<(String, &Vec<f32>)> {
+        let mut out = vec![("tok_emb".to_string(), &self.tok_emb)];
+        for (i, l) in self.layers.iter().enumerate() {
+            let fields = [
+                ("attn_norm", &l.attn_norm),
+                ("wq", &l.wq),
+                ("wk", &l.wk),
+                ("wv", &l.wv),
+                ("wo", &l.wo),
+                ("q_norm", &l.q_norm),
+                ("k_norm", &l.k_norm),
+                ("mlp_norm", &l.mlp_norm),
+                ("w_gate", &l.w_gate),
+                ("w_up", &l.w_up),
+                ("w_down", &l.w_down),
+            ];
+            out.extend(fields.into_iter().map(|(f, t)| (format!("layers.{i}.{f}"), t)));
         }
-        out.extend([&self.final_norm, &self.lm_head]);
-        out.retain(|t| !t.is_empty());
+        out.extend([("final_norm".to_string(), &self.final_norm), ("lm_head".to_string(), &self.lm_head)]);
+        out.retain(|(_, t)| !t.is_empty());
         out
     }
 
+    /// Every non-empty tensor, in the order of [`Weights::named`].
+    pub fn tensors(&self) -> Vec<&Vec<f32>> {
+        self.named().into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// Every non-empty tensor, mutable, in the order of [`Weights::named`].
     pub fn tensors_mut(&mut self) -> Vec<&mut Vec<f32>> {
         let mut out = vec![&mut self.tok_emb];
         for l in &mut self.layers {

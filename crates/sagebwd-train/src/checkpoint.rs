@@ -1,0 +1,82 @@
+//! Checkpoints: one safetensors file holding the weights (`model.<name>`), the AdamW moments
+//! (`adam_m.<name>`, `adam_v.<name>`), and in its metadata the run configuration, the step, the
+//! data loader's position and the RNG state. Written to a temporary file and renamed into place, so a
+//! crash never leaves a half-written checkpoint behind.
+
+use crate::error::{io_err, Error, Result};
+use crate::model::Weights;
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::path::Path;
+
+pub const FILE_NAME: &str = "checkpoint.safetensors";
+const FORMAT: &str = "sagebwd-train checkpoint v1";
+
+/// Writes `bytes` to `path` through `path.tmp` + rename (atomic on POSIX file systems).
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// What a checkpoint holds besides tensors: free-form JSON metadata (config, step, loader, RNG).
+pub struct Checkpoint {
+    pub weights: Weights,
+    pub adam_m: Weights,
+    pub adam_v: Weights,
+    pub meta: serde_json::Value,
+}
+
+fn f32_bytes(t: &[f32]) -> Vec<u8> {
+    t.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn save(path: &Path, weights: &Weights, adam_m: &Weights, adam_v: &Weights, meta: &serde_json::Value) -> Result<()> {
+    let mut owned: Vec<(String, Vec<u8>, usize)> = Vec::new();
+    for (prefix, w) in [("model", weights), ("adam_m", adam_m), ("adam_v", adam_v)] {
+        for (name, t) in w.named() {
+            owned.push((format!("{prefix}.{name}"), f32_bytes(t), t.len()));
+        }
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(name, bytes, n)| (name.clone(), TensorView::new(Dtype::F32, vec![*n], bytes).expect("sizes agree")))
+        .collect();
+    let mut info = HashMap::new();
+    info.insert("format".to_string(), FORMAT.to_string());
+    info.insert("meta".to_string(), meta.to_string());
+    let bytes = safetensors::serialize(views, Some(info)).map_err(|e| Error::Checkpoint { path: path.into(), msg: e.to_string() })?;
+    write_atomically(path, &bytes)
+}
+
+/// Loads a checkpoint into tensors shaped like `like` (the model the run's config builds).
+pub fn load(path: &Path, like: &Weights) -> Result<Checkpoint> {
+    let err = |msg: String| Error::Checkpoint { path: path.into(), msg };
+    if !path.exists() {
+        return Err(err("no such file (was the run started, and did it reach its first checkpoint?)".into()));
+    }
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| err(e.to_string()))?;
+    let info = header.metadata().clone().unwrap_or_default();
+    if info.get("format").map(String::as_str) != Some(FORMAT) {
+        return Err(err("not a sagebwd-train checkpoint".into()));
+    }
+    let meta: serde_json::Value = serde_json::from_str(info.get("meta").map(String::as_str).unwrap_or("null")).map_err(|e| err(e.to_string()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| err(e.to_string()))?;
+    let read = |prefix: &str| -> Result<Weights> {
+        let mut w = like.clone();
+        let names: Vec<String> = w.named().into_iter().map(|(n, _)| n).collect();
+        for name in names {
+            let full = format!("{prefix}.{name}");
+            let view = st.tensor(&full).map_err(|_| err(format!("tensor `{full}` is missing: the checkpoint is of another model")))?;
+            let dst = w.get_mut(&name).expect("named tensors exist");
+            if view.dtype() != Dtype::F32 || view.data().len() != dst.len() * 4 {
+                return Err(err(format!("tensor `{full}` has another size than the model's")));
+            }
+            dst.iter_mut().zip(view.data().chunks_exact(4)).for_each(|(d, b)| *d = f32::from_le_bytes(b.try_into().unwrap()));
+        }
+        Ok(w)
+    };
+    Ok(Checkpoint { weights: read("model")?, adam_m: read("adam_m")?, adam_v: read("adam_v")?, meta })
+}

@@ -1,0 +1,346 @@
+//! The training loop: gradient accumulation, clipping, AdamW, the schedule, periodic validation,
+//! metrics, checkpoints, exact resume, and a clean stop on a non-finite loss.
+
+use crate::backend::{cpu::CpuBackend, Attention, Backend};
+use crate::checkpoint;
+use crate::config::ModelConfig;
+use crate::error::{io_err, Error, Result};
+use crate::loader::{validation_batches, Loader, LoaderState};
+use crate::metrics::{bits_per_byte, MetricsLog, Record};
+use crate::model::{Batch, Model, ParamLayout, Weights};
+use crate::optim::{clip, grad_norm, AdamW, AdamWConfig, Schedule};
+use crate::rng::Rng;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Everything that defines a run (saved in `config.json` and in every checkpoint).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    /// `fpa`, `sagebwd`, `int8-all` or `exact`.
+    pub attention: String,
+    pub seq_len: usize,
+    pub micro_batch: usize,
+    pub grad_accum: usize,
+    pub steps: u64,
+    pub lr: f32,
+    pub min_lr: f32,
+    pub warmup: u64,
+    pub adamw: AdamWConfig,
+    /// Largest global gradient norm (0: no clipping).
+    pub grad_clip: f32,
+    pub eval_every: u64,
+    /// Target tokens of the validation split evaluated each time.
+    pub eval_tokens: usize,
+    pub checkpoint_every: u64,
+    pub seed: u64,
+}
+
+impl TrainConfig {
+    /// Tokens per optimizer step: micro-batch × sequence × accumulation (× GPUs, later).
+    pub fn tokens_per_step(&self) -> usize {
+        self.micro_batch * self.seq_len * self.grad_accum
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        Attention::parse(&self.attention)?;
+        let positive = [("sequence length", self.seq_len), ("micro-batch", self.micro_batch), ("gradient accumulation", self.grad_accum)];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(Error::Config(format!("{name} must be at least 1")));
+            }
+        }
+        if self.steps == 0 {
+            return Err(Error::Config("steps must be at least 1".into()));
+        }
+        if self.seq_len > self.model.max_seq_len {
+            return Err(Error::Config(format!("sequence length {} exceeds the model's maximum {}", self.seq_len, self.model.max_seq_len)));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(Error::Config(format!("learning rate must be positive, got {}", self.lr)));
+        }
+        Ok(())
+    }
+}
+
+/// Token streams for a run, and the text bytes each token id stands for (for bits per byte).
+pub struct Corpus {
+    pub train: Vec<u16>,
+    pub val: Vec<u16>,
+    pub token_bytes: Vec<u32>,
+    /// Where the data came from, for the log.
+    pub description: String,
+}
+
+/// How to run: where, whether to resume, and what to show.
+pub struct RunOptions {
+    pub dir: PathBuf,
+    pub resume: bool,
+    pub progress: bool,
+    /// Stop (as if interrupted) once this many steps are done; for tests of `resume`.
+    pub stop_after: Option<u64>,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub dir: PathBuf,
+    pub attention: String,
+    pub steps: u64,
+    pub tokens_seen: u64,
+    pub final_train_loss: f64,
+    pub final_val_loss: Option<f64>,
+    pub final_val_bpb: Option<f64>,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+}
+
+/// Training state that a checkpoint restores.
+struct State {
+    step: u64,
+    tokens_seen: u64,
+    elapsed: f64,
+}
+
+/// Trains `cfg` on `corpus` in `opts.dir`.
+pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<RunSummary> {
+    cfg.validate()?;
+    std::fs::create_dir_all(&opts.dir).map_err(io_err(&opts.dir))?;
+    let backend = CpuBackend::new(Attention::parse(&cfg.attention)?);
+    let layout = ParamLayout::new(&cfg.model);
+    let mut model = Model::new(cfg.model.clone(), Weights::init(&cfg.model, &mut Rng::new(cfg.seed)));
+    let mut opt = AdamW::new(cfg.adamw.clone(), &layout, Weights::zeros(&cfg.model));
+    let mut loader = Loader::new(corpus.train.clone(), cfg.seq_len, cfg.micro_batch, cfg.seed)?;
+    let ckpt_path = opts.dir.join(checkpoint::FILE_NAME);
+    let mut state = State { step: 0, tokens_seen: 0, elapsed: 0.0 };
+    if opts.resume {
+        state = restore(&ckpt_path, cfg, &mut model, &mut opt, &mut loader)?;
+    } else {
+        write_config(&opts.dir, cfg)?;
+    }
+    let log = MetricsLog::open(&opts.dir, state.step + 1)?;
+    let val = validation_batches(&corpus.val, cfg.seq_len, cfg.micro_batch, cfg.eval_tokens);
+    if opts.progress {
+        print_header(cfg, &layout, &backend, corpus, loader.windows(), &state);
+    }
+    let schedule = Schedule { max_lr: cfg.lr, min_lr: cfg.min_lr, warmup: cfg.warmup, total: cfg.steps };
+    let bar = progress_bar(opts.progress, cfg.steps, state.step);
+    let mut grads = Weights::zeros(&cfg.model);
+    let (mut last_loss, mut last_val) = (f64::NAN, None);
+    let session_start = (Instant::now(), state.elapsed, state.tokens_seen);
+    let end = opts.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
+    while state.step < end {
+        let t0 = Instant::now();
+        let lr = schedule.lr(state.step);
+        let (loss, norm) = step(cfg, &backend, &mut model, &mut opt, &mut loader, &mut grads, lr)
+            .map_err(|e| diverged(e, state.step + 1, &ckpt_path))?;
+        state.step += 1;
+        state.tokens_seen += cfg.tokens_per_step() as u64;
+        state.elapsed += t0.elapsed().as_secs_f64();
+        last_loss = loss;
+        log.append(&Record {
+            kind: "train".into(),
+            step: state.step,
+            loss: Some(loss),
+            lr: Some(lr as f64),
+            grad_norm: Some(norm),
+            tokens_seen: state.tokens_seen,
+            time: state.elapsed,
+            ..Default::default()
+        })?;
+        let done = state.step == cfg.steps;
+        if !val.is_empty() && (state.step % cfg.eval_every.max(1) == 0 || done) {
+            let (val_loss, bpb) = evaluate(&backend, &model, &val, &corpus.token_bytes)?;
+            last_val = Some((val_loss, bpb));
+            log.append(&Record {
+                kind: "val".into(),
+                step: state.step,
+                val_loss: Some(val_loss),
+                val_bpb: Some(bpb),
+                tokens_seen: state.tokens_seen,
+                time: state.elapsed,
+                ..Default::default()
+            })?;
+        }
+        if state.step % cfg.checkpoint_every.max(1) == 0 || done || Some(state.step) == opts.stop_after {
+            save(&ckpt_path, cfg, &model, &opt, &loader, &state)?;
+        }
+        let rate = (state.tokens_seen - session_start.2) as f64 / session_start.0.elapsed().as_secs_f64().max(1e-9);
+        bar.set_message(format!("loss {loss:.3} | {rate:.0} tok/s{}", last_val.map_or(String::new(), |(v, _)| format!(" | val {v:.3}"))));
+        bar.set_position(state.step);
+    }
+    bar.finish_and_clear();
+    let session_tokens = state.tokens_seen - session_start.2;
+    let session_secs = state.elapsed - session_start.1;
+    Ok(RunSummary {
+        dir: opts.dir.clone(),
+        attention: cfg.attention.clone(),
+        steps: state.step,
+        tokens_seen: state.tokens_seen,
+        final_train_loss: last_loss,
+        final_val_loss: last_val.map(|v| v.0),
+        final_val_bpb: last_val.map(|v| v.1),
+        seconds: state.elapsed,
+        tokens_per_second: session_tokens as f64 / session_secs.max(1e-9),
+    })
+}
+
+/// One optimizer step: accumulated gradients over `grad_accum` micro-batches, clipping, AdamW.
+/// Returns the step's mean loss and the gradient norm before clipping.
+fn step(
+    cfg: &TrainConfig,
+    be: &dyn Backend,
+    model: &mut Model,
+    opt: &mut AdamW,
+    loader: &mut Loader,
+    grads: &mut Weights,
+    lr: f32,
+) -> Result<(f64, f64)> {
+    grads.zero();
+    let scale = 1.0 / cfg.tokens_per_step() as f32;
+    let mut loss = 0.0;
+    for _ in 0..cfg.grad_accum {
+        let (inputs, targets) = loader.next_batch();
+        let batch = Batch { inputs: &inputs, targets: &targets, batch: cfg.micro_batch, seq: cfg.seq_len };
+        loss += model.forward_backward(be, &batch, grads, scale)? / cfg.grad_accum as f64;
+    }
+    let norm = grad_norm(grads);
+    if !loss.is_finite() || !norm.is_finite() {
+        return Err(Error::Diverged(format!("loss {loss}, gradient norm {norm}")));
+    }
+    clip(grads, norm, cfg.grad_clip as f64);
+    opt.step(&mut model.weights, grads, lr);
+    Ok((loss, norm))
+}
+
+/// Turns a failure inside a step into the divergence message (non-finite values anywhere in the
+/// step mean the run diverged); other errors pass through.
+fn diverged(e: Error, step: u64, ckpt: &Path) -> Error {
+    let non_finite = matches!(&e, Error::Diverged(_) | Error::Attention(sagebwd::Error::NonFinite { .. }));
+    if !non_finite {
+        return e;
+    }
+    let kept = if ckpt.exists() {
+        format!("the last good checkpoint is kept at {}", ckpt.display())
+    } else {
+        "no checkpoint had been written yet".to_string()
+    };
+    Error::Diverged(format!(
+        "training diverged at step {step} (NaN/Inf: {e}); stopped without updating the weights; {kept}. Try a lower --lr, QK-norm, or fewer tokens per step"
+    ))
+}
+
+/// Mean validation loss (nats per token) and bits per byte.
+pub fn evaluate(be: &dyn Backend, model: &Model, val: &[(Vec<u32>, Vec<u32>, usize)], token_bytes: &[u32]) -> Result<(f64, f64)> {
+    let (mut nats, mut tokens, mut bytes) = (0.0f64, 0u64, 0u64);
+    for (inputs, targets, n) in val {
+        let batch = Batch { inputs, targets, batch: *n, seq: inputs.len() / n };
+        nats += model.loss(be, &batch)? * targets.len() as f64;
+        tokens += targets.len() as u64;
+        bytes += targets.iter().map(|&t| token_bytes.get(t as usize).copied().unwrap_or(0) as u64).sum::<u64>();
+    }
+    let loss = nats / tokens.max(1) as f64;
+    Ok((loss, bits_per_byte(loss, tokens, bytes)))
+}
+
+fn save(path: &Path, cfg: &TrainConfig, model: &Model, opt: &AdamW, loader: &Loader, s: &State) -> Result<()> {
+    let meta = serde_json::json!({
+        "config": cfg,
+        "step": s.step,
+        "adam_t": opt.t,
+        "tokens_seen": s.tokens_seen,
+        "elapsed": s.elapsed,
+        "loader": loader.state,
+        // The step draws no random numbers: the data order (seed + loader position) is the only
+        // randomness after initialization, so these two restore it exactly.
+        "rng": { "seed": cfg.seed, "loader": loader.state },
+    });
+    checkpoint::save(path, &model.weights, &opt.m, &opt.v, &meta)
+}
+
+fn restore(path: &Path, cfg: &TrainConfig, model: &mut Model, opt: &mut AdamW, loader: &mut Loader) -> Result<State> {
+    let ck = checkpoint::load(path, &model.weights)?;
+    let err = |msg: String| Error::Checkpoint { path: path.into(), msg };
+    let saved: TrainConfig = serde_json::from_value(ck.meta["config"].clone()).map_err(|e| err(format!("bad config: {e}")))?;
+    if saved.model != cfg.model || saved.attention != cfg.attention || saved.tokens_per_step() != cfg.tokens_per_step() {
+        return Err(err("the run was started with another model, attention or tokens per step; resume with the same settings".into()));
+    }
+    let field = |name: &str| ck.meta[name].as_u64().ok_or_else(|| err(format!("metadata `{name}` is missing")));
+    let loader_state: LoaderState = serde_json::from_value(ck.meta["loader"].clone()).map_err(|e| err(format!("bad loader state: {e}")))?;
+    model.weights = ck.weights;
+    opt.m = ck.adam_m;
+    opt.v = ck.adam_v;
+    opt.t = field("adam_t")?;
+    loader.restore(loader_state);
+    Ok(State { step: field("step")?, tokens_seen: field("tokens_seen")?, elapsed: ck.meta["elapsed"].as_f64().unwrap_or(0.0) })
+}
+
+fn write_config(dir: &Path, cfg: &TrainConfig) -> Result<()> {
+    let path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(cfg).expect("config serializes");
+    std::fs::write(&path, text).map_err(io_err(&path))
+}
+
+/// Reads a run directory's `config.json`.
+pub fn read_config(dir: &Path) -> Result<TrainConfig> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
+    serde_json::from_str(&text).map_err(|e| Error::Data(format!("{}: {e}", path.display())))
+}
+
+fn print_header(cfg: &TrainConfig, layout: &ParamLayout, be: &dyn Backend, corpus: &Corpus, windows: usize, s: &State) {
+    let m = &cfg.model;
+    eprintln!(
+        "model: dim {}, {} layers, {} heads ({} kv), head dim {}, ffn {}, QK-norm {}, embeddings {}: {:.2}M parameters ({:.2}M outside the embeddings)",
+        m.dim,
+        m.n_layers,
+        m.n_heads,
+        m.n_kv_heads,
+        m.head_dim(),
+        m.ffn_hidden,
+        if m.qk_norm { "on" } else { "off" },
+        if m.tied_embeddings { "tied" } else { "untied" },
+        layout.total as f64 / 1e6,
+        layout.non_embedding as f64 / 1e6
+    );
+    eprintln!(
+        "tokens per step: {} = micro-batch {} × sequence {} × accumulation {}",
+        cfg.tokens_per_step(),
+        cfg.micro_batch,
+        cfg.seq_len,
+        cfg.grad_accum
+    );
+    eprintln!(
+        "data: {}: {} training tokens ({windows} windows), {} validation tokens",
+        corpus.description,
+        corpus.train.len(),
+        corpus.val.len()
+    );
+    eprintln!(
+        "backend: {}; {} steps, lr {} (warmup {}, cosine to {}), AdamW wd {}, clip {}",
+        be.describe(),
+        cfg.steps,
+        cfg.lr,
+        cfg.warmup,
+        cfg.min_lr,
+        cfg.adamw.weight_decay,
+        cfg.grad_clip
+    );
+    if s.step > 0 {
+        eprintln!("resuming at step {} ({} tokens seen)", s.step, s.tokens_seen);
+    }
+}
+
+fn progress_bar(show: bool, total: u64, at: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template("{bar:30} {pos}/{len} steps | {msg} | ETA {eta}").unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_position(at);
+    bar
+}
