@@ -248,14 +248,25 @@ struct ReadF32Bf16 {
     }
 };
 
+// Whether the reader takes stored bytes as they are (then a contiguous, in-range run of the
+// reduction index is one aligned 32-bit load: k0 is a multiple of 4 INT8 / 2 BF16 values and rows
+// are multiples of 64 bytes).
+template <class R> struct RawBits { static const bool value = false; };
+template <> struct RawBits<ReadI8> { static const bool value = true; };
+template <> struct RawBits<ReadBf16> { static const bool value = true; };
+
 // Four INT8 values at (o, k0..k0+3), lowest k in the lowest byte.
 template <class R>
 __device__ __forceinline__ u32 pack4(const R& rd, const View& v, int o, int k0) {
+    if (RawBits<R>::value && v.sk == 1 && o < v.n_o && k0 + 3 < v.n_k)
+        return *(const u32*)((const i8*)v.p + o * v.so + k0);
     return rd(v, o, k0) | (rd(v, o, k0 + 1) << 8) | (rd(v, o, k0 + 2) << 16) | (rd(v, o, k0 + 3) << 24);
 }
 // Two BF16 values at (o, k0..k0+1), lower k in the low half.
 template <class R>
 __device__ __forceinline__ u32 pack2(const R& rd, const View& v, int o, int k0) {
+    if (RawBits<R>::value && v.sk == 1 && o < v.n_o && k0 + 1 < v.n_k)
+        return *(const u32*)((const u16*)v.p + o * v.so + k0);
     return rd(v, o, k0) | (rd(v, o, k0 + 1) << 16);
 }
 

@@ -50,9 +50,19 @@ pub(crate) fn grid_stride(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// What the preprocess leaves for the main kernel.
+struct Preprocessed {
+    do_quant: QuantizedDo,
+    /// D = rowsum(dO ∘ O), `[B, H_q, N_q]`.
+    delta: CudaSlice<f32>,
+    /// Zeroed FP32 dQ accumulator, `[B, H_q, N_q, d]`.
+    dq_acc: CudaSlice<f32>,
+    /// Zeroed per-row Σ_j dS (for the optional dQ correction), `[B, H_q, N_q]`.
+    ds_rowsum: CudaSlice<f32>,
+}
+
 /// Preprocess: dO quantization, D = rowsum(dO ∘ O), zeroed FP32 accumulators.
-fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>)
-    -> Result<(QuantizedDo, CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>) -> Result<Preprocessed> {
     let s = &x.shape;
     let rows = s.batch * s.heads_q * s.n_q;
     let do_quant = quantize_do(gpu, k, x, d_o)?;
@@ -71,7 +81,7 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
     gpu.fill(k, &dq_acc, 0)?;
     let ds_rowsum = gpu.alloc_f32(rows)?;
     gpu.fill(k, &ds_rowsum, 0)?;
-    Ok((do_quant, delta, dq_acc, ds_rowsum))
+    Ok(Preprocessed { do_quant, delta, dq_acc, ds_rowsum })
 }
 
 pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, saved: &SavedForBackward,
@@ -80,7 +90,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let dims = Dims::of(s, x.causal);
     let (c, c_lambda) = scales(s.head_dim);
     let cfg = &saved.cfg;
-    let (do_quant, delta, dq_acc, ds_rowsum) = preprocess(gpu, k, x, &fwd.o, d_o)?;
+    let Preprocessed { do_quant, delta, dq_acc, ds_rowsum } = preprocess(gpu, k, x, &fwd.o, d_o)?;
     let per_q_head_kv = s.batch * s.heads_q * s.n_k * s.head_dim;
     let dk_acc = gpu.alloc_poisoned_f32(per_q_head_kv)?;
     let dv_acc = gpu.alloc_poisoned_f32(per_q_head_kv)?;

@@ -8,9 +8,11 @@
 //!   [`SimOutput`] so they compare value by value;
 //! - [`Gpu::upload`], [`Gpu::forward`], [`Gpu::backward`]: the stages on device tensors.
 //!
-//! Design (correctness first): scalar CUDA-core kernels (dp4a for exact INT8 products, FP32 for
-//! BF16 products), operands read from global memory through the caches, 64 × 128 tiles in shared
-//! memory. No tensor cores yet: see README.md.
+//! Design (correctness first): the forward and the backward main step run on tensor cores with
+//! `mma.sync` (m16n8k32 INT8, m16n8k16 BF16), fragments gathered from strided views of the
+//! operands (so transposed operands need no copies), P and dS tiles in shared memory. Scalar
+//! versions of the same kernels (dp4a / FP32) remain as a reference ([`Gpu::set_tensor_cores`]).
+//! Not yet the fast Hopper design (wgmma, TMA, smem pipelining): see README.md.
 
 pub mod backward;
 pub mod forward;
@@ -80,11 +82,12 @@ impl Gpu {
     pub fn new() -> Result<Gpu> {
         let dev = Device::open(0)?;
         runtime::nvrtc_available()?;
-        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(false) })
+        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(true) })
     }
 
-    /// Selects the forward and backward-main kernels: `true` for the tensor-core (`mma.sync`)
-    /// versions, `false` for the scalar reference versions. Both compute ALGORITHM.md exactly.
+    /// Selects the forward and backward-main kernels: `true` (the default) for the tensor-core
+    /// (`mma.sync`) versions, `false` for the scalar reference versions. Both compute ALGORITHM.md
+    /// and are checked against the simulator by `sagebwd-gpu-check`.
     pub fn set_tensor_cores(&self, on: bool) {
         self.tensor_cores.store(on, Ordering::Relaxed);
     }
