@@ -4,6 +4,9 @@ mod accuracy;
 mod args;
 mod attn;
 mod backend;
+mod report;
+mod tokenize;
+mod train;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -30,6 +33,13 @@ enum Command {
     Accuracy(accuracy::AccuracyArgs),
     /// Run attention on Q, K, V (and dO) read from a safetensors file; write O, LSE (dQ, dK, dV).
     Attn(attn::AttnArgs),
+    /// Pre-train a Llama-style language model with SageBwd attention (CPU for now). With no
+    /// arguments: the tiny model on the built-in sample, fpa then sagebwd, with both loss curves.
+    Train(train::TrainArgs),
+    /// Tokenize text corpora (GPT-2 BPE) into llm.c-format token shards, using all cores.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Draw the loss curves of several runs in one PNG/SVG and print their final losses.
+    Report(report::ReportArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +47,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Accuracy(a) => accuracy::run(a),
         Command::Attn(a) => attn::run(a),
+        Command::Train(a) => train::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
+        Command::Report(a) => report::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,6 +9,7 @@
 // Mirrored by `BackwardParams` in src/backward.rs.
 struct BackwardParams {
     ScoreOperands op;
+    Transposed tr;
     const i8* v_hat;        // [B, Hkv, Nk, d]
     const float* v_scale;   // [B, Hkv, n_kblk]
     const u16* v;           // [B, Hkv, Nk, d]
@@ -239,8 +240,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main(BackwardPara
 // warp w computes S (#3) and dP (#5) for query rows 16(w mod 4).. and keys 64(w div 4).. with
 // mma.sync and writes P, dS to shared memory; after the tile's amax reductions, warp w owns keys
 // 16w..16w+15 for dV (#4) and dK (#7) (accumulators in registers across query blocks), then query
-// rows 16(w mod 4).. × half of d for dQ (#6, atomicAdd). Transposed operands (Pᵀ, dSᵀ, V̂, K̂ as
-// B(k = key, n = column)) are strided views: no transposed copies.
+// rows 16(w mod 4).. × half of d for dQ (#6, atomicAdd). Pᵀ and dSᵀ are strided views of the shared
+// tiles; the B operands whose reduction runs over tokens (dO, Q, K) come from the transposed copies.
 
 #define BWD_O_TILES (HEAD_DIM / 8)
 
@@ -314,15 +315,15 @@ __device__ void mma_tile_dv_dk(const BackwardParams& p, BackwardShared& s, const
     const Dims& d = p.dims;
     const int warp = threadIdx.x >> 5, k_loc0 = warp * 16;
     const int n_rows = d.n_q - qb * BLOCK_Q;
-    const long q_off = ((long)bh * d.n_q + qb * BLOCK_Q) * HEAD_DIM;
     // A(m = key, k = query row) = P[row][key], dS[row][key]: transposed views of the tiles.
     const View vpt = view(&s.p[0][k_loc0], 1, BLOCK_KV, 16, BLOCK_Q);
     const View vdst = view(&s.ds[0][k_loc0], 1, BLOCK_KV, 16, BLOCK_Q);
-    // B(k = query row, n = column c).
-    const View vdo8 = view(p.do_hat + q_off, 1, HEAD_DIM, HEAD_DIM, n_rows);
-    const View vdo = view(p.d_o + q_off, 1, HEAD_DIM, HEAD_DIM, n_rows);
-    const View vq8 = view(p.op.q_hat + q_off, 1, HEAD_DIM, HEAD_DIM, n_rows);
-    const View vq = view(p.op.q + q_off, 1, HEAD_DIM, HEAD_DIM, n_rows);
+    // B(k = query row, n = column c), from the transposed copies (rows contiguous).
+    const long t_off = (long)bh * HEAD_DIM * d.n_qpad + qb * BLOCK_Q;
+    const View vdo8 = view(p.tr.do_hat_t + t_off, d.n_qpad, 1, HEAD_DIM, n_rows);
+    const View vdo = view(p.tr.do_t + t_off, d.n_qpad, 1, HEAD_DIM, n_rows);
+    const View vq8 = view(p.tr.q_hat_t + t_off, d.n_qpad, 1, HEAD_DIM, n_rows);
+    const View vq = view(p.tr.q_t + t_off, d.n_qpad, 1, HEAD_DIM, n_rows);
     const float s_do = p.do_scale[bh * d.n_qblk + qb], s_q = p.op.q_scale[bh * d.n_qblk + qb];
     ReadF32Quant p_hat, ds_hat;
     p_hat.inv = sc.p.inv;
@@ -361,10 +362,10 @@ __device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const Ti
     const Dims& d = p.dims;
     const int warp = threadIdx.x >> 5, r_loc0 = (warp & 3) * 16, c0 = (warp >> 2) * (HEAD_DIM / 2);
     const int key0 = kb * BLOCK_KV, n_keys = d.n_k - key0;
-    const long k_off = ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
+    const long t_off = (long)bh_kv * HEAD_DIM * d.n_kpad + key0;
     const View vds = view(&s.ds[r_loc0][0], BLOCK_KV, 1, 16, BLOCK_KV);
-    const View vk8 = view(p.op.k_hat + k_off, 1, HEAD_DIM, HEAD_DIM, n_keys);  // B(k = key, n = c)
-    const View vk = view(p.op.k + k_off, 1, HEAD_DIM, HEAD_DIM, n_keys);
+    const View vk8 = view(p.tr.k_hat_t + t_off, d.n_kpad, 1, HEAD_DIM, n_keys);  // B(k = key, n = c)
+    const View vk = view(p.tr.k_t + t_off, d.n_kpad, 1, HEAD_DIM, n_keys);
     const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
     ReadF32Quant ds_hat;
     ds_hat.inv = sc.ds.inv;

@@ -137,6 +137,22 @@ struct Dims {
     int batch, heads_q, heads_kv, n_q, n_k;
     int causal;
     int n_qblk, n_kblk;  // ⌈n_q / B_q⌉, ⌈n_k / B_kv⌉
+    int n_qpad, n_kpad;  // n_qblk·B_q, n_kblk·B_kv: row length of the transposed copies
+};
+
+// Transposed copies [B, H, d, n_pad] written by the quantization kernels, so that the tensor-core
+// products whose reduction runs over tokens (P·V, Pᵀ·dO, dSᵀ·Q, dS·K) read their B operand with the
+// reduction index contiguous (one 32-bit load per fragment register). INT8 ones are of the
+// quantized values, BF16 ones of the original inputs; entries past n are never read.
+struct Transposed {
+    const i8* q_hat_t;
+    const u16* q_t;
+    const i8* k_hat_t;
+    const u16* k_t;
+    const i8* v_hat_t;
+    const u16* v_t;
+    const i8* do_hat_t;  // backward only
+    const u16* do_t;     // backward only
 };
 
 // Query row r sees key j iff j ≤ r + (n_k − n_q) (end-aligned causal mask, ALGORITHM.md §8).

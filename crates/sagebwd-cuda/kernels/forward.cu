@@ -6,6 +6,7 @@
 // Mirrored by `ForwardParams` in src/forward.rs.
 struct ForwardParams {
     ScoreOperands op;
+    Transposed tr;
     const i8* v_hat;       // [B, Hkv, Nk, d]
     const float* v_scale;  // [B, Hkv, n_kblk]
     const u16* v;          // [B, Hkv, Nk, d] BF16
@@ -185,7 +186,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_forward(ForwardParams
 #define O_TILES (HEAD_DIM / 8)  // 8 or 16 tiles for O
 
 struct ForwardMmaShared {
-    float p[MMA_WARPS][16][BLOCK_KV];  // each warp's P operand: P̂ (integers) or bf16(p)
+    // Each warp's P operand, stored as the tensor cores read it: P̂ (INT8) or bf16(p).
+    __attribute__((aligned(16))) i8 p8[MMA_WARPS][16][BLOCK_KV];
+    __attribute__((aligned(16))) u16 p16[MMA_WARPS][16][BLOCK_KV];
     float q_mean[HEAD_DIM];
     float beta[BLOCK_KV];
 };
@@ -213,15 +216,24 @@ __device__ void mma_scores(const ForwardParams& p, const ForwardMmaShared& s, fl
     const int key0 = kb * BLOCK_KV;
     const long q_off = (long)bh * d.n_q * HEAD_DIM, k_off = ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
     const int n_rows = d.n_q - row0, n_keys = d.n_k - key0;
+    // The warp's Q fragments are loaded once per key block and reused for all 16 key tiles.
     if (int8) {
         const View vq = view(p.op.q_hat + q_off + (long)row0 * HEAD_DIM, HEAD_DIM, 1, n_rows, HEAD_DIM);
         const View vk = view(p.op.k_hat + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
         const float sc = __fmul_rn(__fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda),
                                    p.op.k_scale[bh_kv * d.n_kblk + kb]);
+        u32 qa[HEAD_DIM / 32][4];
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 32; ++ks) frag_a_s8(qa[ks], ReadI8(), vq, 0, ks * 32);
 #pragma unroll
         for (int nt = 0; nt < S_TILES; ++nt) {
             int acc[4] = {0, 0, 0, 0};
-            tile_s8(acc, ReadI8(), vq, 0, ReadI8(), vk, nt * 8, HEAD_DIM);
+#pragma unroll
+            for (int ks = 0; ks < HEAD_DIM / 32; ++ks) {
+                u32 b[2];
+                frag_b_s8(b, ReadI8(), vk, nt * 8, ks * 32);
+                mma_s8(acc, qa[ks], b);
+            }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float v = __fmul_rn((float)acc[e], sc);
@@ -232,10 +244,18 @@ __device__ void mma_scores(const ForwardParams& p, const ForwardMmaShared& s, fl
     } else {
         const View vq = view(p.op.q + q_off + (long)row0 * HEAD_DIM, HEAD_DIM, 1, n_rows, HEAD_DIM);
         const View vk = view(p.op.k + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
+        u32 qa[HEAD_DIM / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks) frag_a_bf16(qa[ks], ReadBf16(), vq, 0, ks * 16);
 #pragma unroll
         for (int nt = 0; nt < S_TILES; ++nt) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            tile_bf16(acc, ReadBf16(), vq, 0, ReadBf16(), vk, nt * 8, HEAD_DIM);
+#pragma unroll
+            for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+                u32 b[2];
+                frag_b_bf16(b, ReadBf16(), vk, nt * 8, ks * 16);
+                mma_bf16(acc, qa[ks], b);
+            }
 #pragma unroll
             for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn(p.c_lambda, acc[e]);
         }
@@ -248,7 +268,8 @@ __device__ void mma_scores(const ForwardParams& p, const ForwardMmaShared& s, fl
 }
 
 // Online-softmax update of the thread's two rows; writes the P operand of #2 to the warp's tile.
-__device__ void mma_softmax(const ForwardParams& p, float (*t)[4], RowState& st, float (*p_tile)[BLOCK_KV]) {
+__device__ void mma_softmax(const ForwardParams& p, float (*t)[4], RowState& st, i8 (*p8)[BLOCK_KV],
+                            u16 (*p16)[BLOCK_KV]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // h = 0: row g (elements 0, 1); h = 1: row g + 8 (2, 3)
         float mx = neg_inf();
@@ -278,38 +299,39 @@ __device__ void mma_softmax(const ForwardParams& p, float (*t)[4], RowState& st,
 #pragma unroll
         for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e)
-                p_tile[c_row(e)][nt * 8 + c_col(e)] = int8 ? (float)quantize(t[nt][e], g.inv) : round_bf16(t[nt][e]);
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                if (int8) p8[c_row(e)][nt * 8 + c_col(e)] = (i8)quantize(t[nt][e], g.inv);
+                else p16[c_row(e)][nt * 8 + c_col(e)] = f32_to_bf16(t[nt][e]);
+            }
     }
 }
 
-// O = fl(O·α) + PV_block for the warp's 16 rows × d.
-__device__ void mma_pv(const ForwardParams& p, const RowState& st, float (*o)[4], const float (*p_tile)[BLOCK_KV],
-                       int bh_kv, int kb) {
+// O = fl(O·α) + PV_block for the warp's 16 rows × d. B(k = key, n = column c) is read from the
+// transposed V̂ᵀ / Vᵀ, keys contiguous.
+__device__ void mma_pv(const ForwardParams& p, const RowState& st, float (*o)[4], const i8 (*p8)[BLOCK_KV],
+                       const u16 (*p16)[BLOCK_KV], int bh_kv, int kb) {
     const Dims& d = p.dims;
     const int key0 = kb * BLOCK_KV, n_keys = d.n_k - key0;
-    const long v_off = ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
-    const View vp = view(p_tile, BLOCK_KV, 1, 16, BLOCK_KV);
+    const long t_off = (long)bh_kv * HEAD_DIM * d.n_kpad + key0;
     if (p.flags & F_PV) {
-        // B(k = key, n = column c) = V̂[key][c]: a transposed view, no copy.
-        const View vv = view(p.v_hat + v_off, 1, HEAD_DIM, HEAD_DIM, n_keys);
+        const View vp = view(p8, BLOCK_KV, 1, 16, BLOCK_KV);
+        const View vv = view(p.tr.v_hat_t + t_off, d.n_kpad, 1, HEAD_DIM, n_keys);
         const float s_v = p.v_scale[bh_kv * d.n_kblk + kb];
-        ReadF32Quant as_int;  // P̂ is already integral: quantize with inv = 1 returns it unchanged
-        as_int.inv = 1.0f;
 #pragma unroll
         for (int nt = 0; nt < O_TILES; ++nt) {
             int acc[4] = {0, 0, 0, 0};
-            tile_s8(acc, as_int, vp, 0, ReadI8(), vv, nt * 8, BLOCK_KV);
+            tile_s8(acc, ReadI8(), vp, 0, ReadI8(), vv, nt * 8, BLOCK_KV);
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 o[nt][e] = __fadd_rn(__fmul_rn(o[nt][e], st.alpha[e >> 1]), dequant(acc[e], st.p_scale[e >> 1], s_v));
         }
     } else {
-        const View vv = view(p.v + v_off, 1, HEAD_DIM, HEAD_DIM, n_keys);
+        const View vp = view(p16, BLOCK_KV, 1, 16, BLOCK_KV);
+        const View vv = view(p.tr.v_t + t_off, d.n_kpad, 1, HEAD_DIM, n_keys);
 #pragma unroll
         for (int nt = 0; nt < O_TILES; ++nt) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            tile_bf16(acc, ReadF32Bf16(), vp, 0, ReadBf16(), vv, nt * 8, BLOCK_KV);
+            tile_bf16(acc, ReadBf16(), vp, 0, ReadBf16(), vv, nt * 8, BLOCK_KV);
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[nt][e] = __fadd_rn(__fmul_rn(o[nt][e], st.alpha[e >> 1]), acc[e]);
         }
@@ -380,9 +402,9 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) sage_forward_mma(Forwa
         __syncthreads();
         float t[S_TILES][4];
         mma_scores(p, s, t, bh, bh_kv, qb, kb, row0);
-        mma_softmax(p, t, st, s.p[warp]);
+        mma_softmax(p, t, st, s.p8[warp], s.p16[warp]);
         __syncwarp();
-        mma_pv(p, st, o, s.p[warp], bh_kv, kb);
+        mma_pv(p, st, o, s.p8[warp], s.p16[warp], bh_kv, kb);
         __syncwarp();  // the tile is rewritten by the next key block
     }
     mma_store(p, st, o, bh, row0);

@@ -27,10 +27,13 @@ struct QuantRowsParams {
     float* block_mean;       // [BH, n_blk, d] per-block mean to compute and subtract (Q-smoothing), or null
     i8* x_hat;               // [BH, n, d]
     float* scale;            // [BH, n_blk]
+    i8* x_hat_t;             // [BH, d, n_pad] transposed x̂, or null
+    u16* x_t;                // [BH, d, n_pad] transposed BF16 input, or null
     int n;                   // rows per (batch, head)
     int rows_per_block;      // B_q or B_kv
     int n_blk;
     int mean_group;          // head_mean is indexed by bh / mean_group
+    int n_pad;               // row length of the transposed copies
 };
 
 // One group = `rows_per_block` consecutive rows × d of one (batch, head). Grid (n_blk, BH),
@@ -66,7 +69,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_rows(QuantRo
 
     for (int e = threadIdx.x; e < count; e += THREADS) {
         const float xs = __fsub_rn(bf16_to_f32(p.x[base + e]), s_mean[e % HEAD_DIM]);
-        p.x_hat[base + e] = (i8)quantize(xs, g.inv);
+        const int xq = quantize(xs, g.inv);
+        p.x_hat[base + e] = (i8)xq;
+        if (p.x_hat_t || p.x_t) {
+            const long t_idx = ((long)bh * HEAD_DIM + e % HEAD_DIM) * p.n_pad + row0 + e / HEAD_DIM;
+            if (p.x_hat_t) p.x_hat_t[t_idx] = (i8)xq;
+            if (p.x_t) p.x_t[t_idx] = p.x[base + e];
+        }
     }
 }
 

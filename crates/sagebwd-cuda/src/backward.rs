@@ -1,6 +1,6 @@
 //! Host side of `kernels/backward_{pre,main,post}.cu` (ALGORITHM.md §5, §7).
 
-use crate::forward::{scales, DeviceForward, SavedForBackward, ScoreOperands};
+use crate::forward::{scales, DeviceForward, SavedForBackward, ScoreOperands, Transposed};
 use crate::quantize::{quantize_do, QuantizedDo};
 use crate::runtime::{drv, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
@@ -12,6 +12,7 @@ use sagebwd::{Error, Result};
 #[derive(Clone, Copy)]
 struct BackwardParams {
     op: ScoreOperands,
+    tr: Transposed,
     v_hat: u64,
     v_scale: u64,
     v: u64,
@@ -98,6 +99,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let qd = &saved.quant;
     let p = BackwardParams {
         op: ScoreOperands::of(gpu, x, qd),
+        tr: Transposed::of(gpu, qd, Some(&do_quant)),
         v_hat: gpu.ptr(&qd.v_hat),
         v_scale: gpu.ptr(&qd.v_scale),
         v: gpu.ptr(&x.v),
@@ -150,6 +152,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
 pub fn backward_bytes(s: &sagebwd::Shape) -> usize {
     let rows = s.batch * s.heads_q * s.n_q;
     let per_q_head_kv = s.batch * s.heads_q * s.n_k * s.head_dim;
+    let do_t = 3 * s.batch * s.heads_q * s.head_dim * crate::runtime::padded_q(s.n_q);
     s.q_len() * (1 + 4 + 2) + rows * 4 * 2 + s.q_len().div_ceil(BLOCK_Q) * 4 + per_q_head_kv * 8 + s.kv_len() * 4
-        + s.q_len() * 2 /* dO upload */
+        + s.q_len() * 2 /* dO upload */ + do_t
 }

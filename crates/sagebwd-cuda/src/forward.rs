@@ -37,11 +37,41 @@ impl ScoreOperands {
     }
 }
 
+/// Mirror of `Transposed` in common.cuh.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Transposed {
+    pub q_hat_t: u64,
+    pub q_t: u64,
+    pub k_hat_t: u64,
+    pub k_t: u64,
+    pub v_hat_t: u64,
+    pub v_t: u64,
+    pub do_hat_t: u64,
+    pub do_t: u64,
+}
+
+impl Transposed {
+    pub(crate) fn of(gpu: &Gpu, qd: &QuantizedDev, dq: Option<&crate::QuantizedDo>) -> Transposed {
+        Transposed {
+            q_hat_t: gpu.ptr(&qd.q_hat_t),
+            q_t: gpu.ptr(&qd.q_t),
+            k_hat_t: gpu.ptr(&qd.k_hat_t),
+            k_t: gpu.ptr(&qd.k_t),
+            v_hat_t: gpu.ptr(&qd.v_hat_t),
+            v_t: gpu.ptr(&qd.v_t),
+            do_hat_t: dq.map_or(0, |d| gpu.ptr(&d.do_hat_t)),
+            do_t: dq.map_or(0, |d| gpu.ptr(&d.do_t)),
+        }
+    }
+}
+
 /// Mirror of `ForwardParams` in forward.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct ForwardParams {
     op: ScoreOperands,
+    tr: Transposed,
     v_hat: u64,
     v_scale: u64,
     v: u64,
@@ -92,6 +122,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     let (_, c_lambda) = scales(s.head_dim);
     let p = ForwardParams {
         op: ScoreOperands::of(gpu, x, &quant),
+        tr: Transposed::of(gpu, &quant, None),
         v_hat: gpu.ptr(&quant.v_hat),
         v_scale: gpu.ptr(&quant.v_scale),
         v: gpu.ptr(&x.v),

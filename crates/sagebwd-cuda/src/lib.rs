@@ -361,7 +361,9 @@ pub fn device_bytes(s: &Shape, with_backward: bool) -> usize {
     let rows = s.batch * s.heads_q * s.n_q;
     let blocks = (s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q) + s.batch * s.heads_kv * s.n_k.div_ceil(BLOCK_KV)) * 4 * 2;
     let inputs = 2 * (q + 2 * kv);
-    let quantized = q * (1 + 2 + 4) + kv * (1 + 2 + 1) + blocks + s.batch * s.heads_kv * s.head_dim * 4;
+    let transposed = 3 * s.head_dim
+        * (s.batch * s.heads_q * runtime::padded_q(s.n_q) + 2 * s.batch * s.heads_kv * runtime::padded_k(s.n_k));
+    let quantized = q * (1 + 2 + 4) + kv * (1 + 2 + 1) + blocks + s.batch * s.heads_kv * s.head_dim * 4 + transposed;
     let forward = 2 * q + 8 * rows;
     let backward = if with_backward { backward::backward_bytes(s) } else { 0 };
     inputs + quantized + forward + backward

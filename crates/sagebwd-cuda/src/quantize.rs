@@ -1,7 +1,7 @@
 //! Host side of `kernels/quantize.cu`: the K token mean, the row offsets b_r, and the per-block
 //! INT8 quantization of Q, K, V (forward preparation) and dO (backward preprocess), ALGORITHM.md §3.
 
-use crate::runtime::{drv, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
+use crate::runtime::{drv, padded_k, padded_q, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use sagebwd::{Config, Result};
@@ -15,10 +15,13 @@ struct QuantRowsParams {
     block_mean: u64,
     x_hat: u64,
     scale: u64,
+    x_hat_t: u64,
+    x_t: u64,
     n: i32,
     rows_per_block: i32,
     n_blk: i32,
     mean_group: i32,
+    n_pad: i32,
 }
 unsafe impl cudarc::driver::DeviceRepr for QuantRowsParams {}
 
@@ -34,6 +37,14 @@ pub struct QuantizedDev {
     pub k_mean: CudaSlice<f32>,
     /// `[B, H_q, N_q]` b_r = fl(cλ·q_r·K_m), the base-2 score offset K-smoothing removes (§3.5).
     pub row_offset: CudaSlice<f32>,
+    /// Transposed copies `[B, H, d, N_pad]` (Q̂ᵀ, Qᵀ, K̂ᵀ, Kᵀ, V̂ᵀ, Vᵀ) for the tensor-core products
+    /// that reduce over tokens.
+    pub q_hat_t: CudaSlice<i8>,
+    pub q_t: CudaSlice<u16>,
+    pub k_hat_t: CudaSlice<i8>,
+    pub k_t: CudaSlice<u16>,
+    pub v_hat_t: CudaSlice<i8>,
+    pub v_t: CudaSlice<u16>,
     pub v_hat: CudaSlice<i8>,
     pub v_scale: CudaSlice<f32>,
 }
@@ -42,6 +53,9 @@ pub struct QuantizedDev {
 pub struct QuantizedDo {
     pub do_hat: CudaSlice<i8>,
     pub do_scale: CudaSlice<f32>,
+    /// `[B, H_q, d, N_q,pad]` dÔᵀ and dOᵀ.
+    pub do_hat_t: CudaSlice<i8>,
+    pub do_t: CudaSlice<u16>,
 }
 
 /// One call of `sage_quantize_rows` over a `[bh, n, d]` tensor.
@@ -54,6 +68,8 @@ struct RowsJob<'a> {
     block_mean: Option<&'a CudaSlice<f32>>,
     x_hat: &'a CudaSlice<i8>,
     scale: &'a CudaSlice<f32>,
+    /// Transposed x̂ and x, rows of `n_pad`.
+    transposed: Option<(&'a CudaSlice<i8>, &'a CudaSlice<u16>, usize)>,
 }
 
 fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
@@ -64,10 +80,13 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         block_mean: job.block_mean.map_or(0, |m| gpu.ptr(m)),
         x_hat: gpu.ptr(job.x_hat),
         scale: gpu.ptr(job.scale),
+        x_hat_t: job.transposed.map_or(0, |(t, _, _)| gpu.ptr(t)),
+        x_t: job.transposed.map_or(0, |(_, t, _)| gpu.ptr(t)),
         n: job.n as i32,
         rows_per_block: job.rows_per_block as i32,
         n_blk: n_blk as i32,
         mean_group: job.head_mean.map_or(1, |(_, g)| g as i32),
+        n_pad: job.transposed.map_or(0, |(_, _, n)| n as i32),
     };
     let cfg = LaunchConfig { grid_dim: (n_blk as u32, job.bh as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     let stream = &gpu.dev.stream;
@@ -90,6 +109,12 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
         row_offset: gpu.alloc_poisoned_f32(bh_q * s.n_q)?,
         v_hat: gpu.alloc_poisoned_i8(s.kv_len())?,
         v_scale: gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?,
+        q_hat_t: gpu.alloc_poisoned_i8(bh_q * d * padded_q(s.n_q))?,
+        q_t: gpu.alloc_poisoned_u16(bh_q * d * padded_q(s.n_q))?,
+        k_hat_t: gpu.alloc_poisoned_i8(bh_kv * d * padded_k(s.n_k))?,
+        k_t: gpu.alloc_poisoned_u16(bh_kv * d * padded_k(s.n_k))?,
+        v_hat_t: gpu.alloc_poisoned_i8(bh_kv * d * padded_k(s.n_k))?,
+        v_t: gpu.alloc_poisoned_u16(bh_kv * d * padded_k(s.n_k))?,
     };
     let stream = &gpu.dev.stream;
     let smooth_k = (flags(cfg) & crate::F_SMOOTH_K != 0) as i32;
@@ -106,17 +131,20 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     quantize_rows(gpu, k, RowsJob {
         x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
         head_mean: Some((&qd.k_mean, 1)), block_mean: None,
-        x_hat: &qd.k_hat, scale: &qd.k_scale
+        x_hat: &qd.k_hat, scale: &qd.k_scale,
+        transposed: Some((&qd.k_hat_t, &qd.k_t, padded_k(s.n_k))),
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
         head_mean: None, block_mean: None,
-        x_hat: &qd.v_hat, scale: &qd.v_scale
+        x_hat: &qd.v_hat, scale: &qd.v_scale,
+        transposed: Some((&qd.v_hat_t, &qd.v_t, padded_k(s.n_k))),
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
         head_mean: None, block_mean: cfg.smooth_q.then_some(&qd.q_mean),
-        x_hat: &qd.q_hat, scale: &qd.q_scale
+        x_hat: &qd.q_hat, scale: &qd.q_scale,
+        transposed: Some((&qd.q_hat_t, &qd.q_t, padded_q(s.n_q))),
     })?;
     Ok(qd)
 }
@@ -128,11 +156,14 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
     let out = QuantizedDo {
         do_hat: gpu.alloc_poisoned_i8(s.q_len())?,
         do_scale: gpu.alloc_poisoned_f32(bh_q * s.n_q.div_ceil(BLOCK_Q))?,
+        do_hat_t: gpu.alloc_poisoned_i8(bh_q * s.head_dim * padded_q(s.n_q))?,
+        do_t: gpu.alloc_poisoned_u16(bh_q * s.head_dim * padded_q(s.n_q))?,
     };
     quantize_rows(gpu, k, RowsJob {
         x: d_o, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
         head_mean: None, block_mean: None,
-        x_hat: &out.do_hat, scale: &out.do_scale
+        x_hat: &out.do_hat, scale: &out.do_scale,
+        transposed: Some((&out.do_hat_t, &out.do_t, padded_q(s.n_q))),
     })?;
     Ok(out)
 }

@@ -32,6 +32,15 @@ pub const BLOCK_KV: usize = 128;
 /// Threads per block of the tile kernels (`THREADS` in common.cuh).
 pub const THREADS: u32 = 256;
 
+/// Query rows rounded up to whole B_q blocks (row length of the transposed Q̂ᵀ, Qᵀ, dÔᵀ, dOᵀ).
+pub fn padded_q(n_q: usize) -> usize {
+    n_q.div_ceil(BLOCK_Q) * BLOCK_Q
+}
+/// Keys rounded up to whole B_kv blocks (row length of the transposed K̂ᵀ, Kᵀ, V̂ᵀ, Vᵀ).
+pub fn padded_k(n_k: usize) -> usize {
+    n_k.div_ceil(BLOCK_KV) * BLOCK_KV
+}
+
 /// Problem dimensions as the kernels see them (mirror of `Dims` in common.cuh).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -44,6 +53,9 @@ pub struct Dims {
     pub causal: i32,
     pub n_qblk: i32,
     pub n_kblk: i32,
+    /// `n_qblk · B_q`, `n_kblk · B_kv`: row length of the transposed copies.
+    pub n_qpad: i32,
+    pub n_kpad: i32,
 }
 unsafe impl cudarc::driver::DeviceRepr for Dims {}
 
@@ -58,6 +70,8 @@ impl Dims {
             causal: causal as i32,
             n_qblk: s.n_q.div_ceil(BLOCK_Q) as i32,
             n_kblk: s.n_k.div_ceil(BLOCK_KV) as i32,
+            n_qpad: padded_q(s.n_q) as i32,
+            n_kpad: padded_k(s.n_k) as i32,
         }
     }
 }
