@@ -28,11 +28,13 @@ pub fn lm_head_loss(
     let vocab = table.len() / dim;
     let table_t = transpose(table, vocab, dim);
     let mut total = 0.0f64;
+    // One buffer for all chunks: allocating 51 MB per chunk costs page faults every time.
+    let mut buffer = vec![0.0f32; CHUNK.min(targets.len()) * vocab];
     for c0 in (0..targets.len()).step_by(CHUNK) {
         let c = CHUNK.min(targets.len() - c0);
         let h = &hidden[c0 * dim..(c0 + c) * dim];
-        let mut logits = vec![0.0f32; c * vocab];
-        be.gemm(&mut logits, h, &table_t, c, dim, vocab, false);
+        let logits = &mut buffer[..c * vocab];
+        be.gemm(logits, h, &table_t, c, dim, vocab, false);
         let scale = grad.as_ref().map(|g| g.scale);
         let losses: Vec<f64> = logits
             .par_chunks_mut(vocab)
@@ -42,8 +44,8 @@ pub fn lm_head_loss(
         total += losses.iter().sum::<f64>();
         if let Some(g) = grad.as_mut() {
             // `logits` now holds ∂L/∂logits.
-            be.gemm(&mut g.d_hidden[c0 * dim..(c0 + c) * dim], &logits, table, c, vocab, dim, true);
-            be.gemm_at(g.d_table, &logits, h, vocab, c, dim, true);
+            be.gemm(&mut g.d_hidden[c0 * dim..(c0 + c) * dim], logits, table, c, vocab, dim, true);
+            be.gemm_at(g.d_table, logits, h, vocab, c, dim, true);
         }
     }
     total

@@ -1,0 +1,243 @@
+//! `sagebwd train`: pre-train a Llama-style model with SageBwd (or exact / FlashAttention-like)
+//! attention. With no arguments: the `tiny` model on the built-in sample, `fpa` then `sagebwd`, and a
+//! plot of both loss curves.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use sagebwd_train::config::ModelConfig;
+use sagebwd_train::data::{decode_text, split_documents, tokenize_documents, tokenize_files, SplitTokens};
+use sagebwd_train::metrics::read_records;
+use sagebwd_train::optim::AdamWConfig;
+use sagebwd_train::plot::{plot_losses, Curve};
+use sagebwd_train::shards::{find_shards, read_shard};
+use sagebwd_train::tokenizer::Tokenizer;
+use sagebwd_train::train::{train, Corpus, RunOptions, RunSummary, TrainConfig};
+use sagebwd_train::{sample, Error as TrainError};
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Training data: text files (.txt, .xz, .zst; documents separated by RS 0x1E), token shards
+    /// (.bin) or directories of shards from `sagebwd tokenize`. Default: the built-in sample
+    /// (12 public-domain books).
+    #[arg(value_name = "DATA")]
+    pub data: Vec<PathBuf>,
+    /// Validation data (same kinds). Default: every document with index % --val-every == 1 of the
+    /// text inputs, plus the val shards of shard directories.
+    #[arg(long, value_name = "DATA")]
+    pub val: Vec<PathBuf>,
+    /// Document-level split of text inputs: document i is validation iff i % N == 1.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub val_every: usize,
+    /// Attention: fpa, sagebwd, int8-all, exact; several (comma-separated) train one run each.
+    #[arg(long, value_delimiter = ',', default_value = "fpa,sagebwd")]
+    pub preset: Vec<String>,
+    /// Model size: tiny (~3.4M with the GPT-2 embedding, 0.2M in the blocks), small (~30M),
+    /// base (~124M), medium (~360M).
+    #[arg(long, default_value = "tiny")]
+    pub model: String,
+    /// Override the model width.
+    #[arg(long)]
+    pub dim: Option<usize>,
+    /// Override the number of layers.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Override the number of query heads.
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Key/value heads (grouped-query attention); default: as many as query heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Override the SwiGLU hidden width.
+    #[arg(long)]
+    pub ffn: Option<usize>,
+    /// Turn QK-norm off (it is on by default: the second paper found it necessary for SageBwd).
+    #[arg(long)]
+    pub no_qk_norm: bool,
+    /// Untie the LM head from the token embedding.
+    #[arg(long)]
+    pub untied: bool,
+    /// Sequence length.
+    #[arg(long, default_value_t = 128)]
+    pub seq: usize,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Micro-batches accumulated per optimizer step (tokens per step = batch × seq × accum).
+    #[arg(long, default_value_t = 1)]
+    pub accum: usize,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 300)]
+    pub steps: u64,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f32,
+    /// Final learning rate of the cosine decay; default lr / 10.
+    #[arg(long)]
+    pub min_lr: Option<f32>,
+    /// Warmup steps.
+    #[arg(long, default_value_t = 30)]
+    pub warmup: u64,
+    /// AdamW weight decay (matrices only).
+    #[arg(long, default_value_t = 0.1)]
+    pub wd: f32,
+    /// Largest global gradient norm (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub clip: f32,
+    /// Evaluate the validation loss every N steps (and at the end).
+    #[arg(long, default_value_t = 50)]
+    pub eval_every: u64,
+    /// Validation tokens per evaluation.
+    #[arg(long, default_value_t = 16384)]
+    pub eval_tokens: usize,
+    /// Write a checkpoint every N steps (and at the end).
+    #[arg(long, default_value_t = 100)]
+    pub ckpt_every: u64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Run name: runs go to RUNS_DIR/NAME-PRESET. Default: `sample` on the built-in data, else `run`.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Directory holding run directories.
+    #[arg(long, default_value = "runs")]
+    pub runs_dir: PathBuf,
+    /// Continue the runs from their checkpoints (same settings; losses continue exactly).
+    #[arg(long)]
+    pub resume: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    if let Some(n) = a.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("--threads")?;
+    }
+    eprintln!(
+        "note: sagebwd train has no GPU path yet (it is the next step of issue 5); training runs on the CPU with {} threads",
+        rayon::current_num_threads()
+    );
+    let corpus = load_corpus(&a)?;
+    let name = a.name.clone().unwrap_or_else(|| if a.data.is_empty() { "sample".into() } else { "run".into() });
+    let mut summaries = Vec::new();
+    for preset in &a.preset {
+        let cfg = train_config(&a, preset)?;
+        let dir = a.runs_dir.join(format!("{name}-{}", cfg.attention));
+        eprintln!("\n== {} → {}", cfg.attention, dir.display());
+        let opts = RunOptions { dir, resume: a.resume, progress: true, stop_after: None };
+        let s = train(&cfg, &corpus, &opts)?;
+        eprintln!("{}", summary_line(&s));
+        summaries.push(s);
+    }
+    let plot = if summaries.len() > 1 { a.runs_dir.join(format!("{name}-compare.png")) } else { summaries[0].dir.join("loss.png") };
+    let curves: Vec<Curve> = summaries
+        .iter()
+        .map(|s| Ok(Curve { label: s.attention.clone(), records: read_records(&s.dir)? }))
+        .collect::<std::result::Result<_, TrainError>>()?;
+    plot_losses(&curves, &plot, &format!("{name}: loss vs tokens ({} model, CPU)", a.model))?;
+    println!("{}", crate::report::table(&summaries.iter().map(|s| s.dir.clone()).collect::<Vec<_>>())?);
+    println!("loss curves: {}", plot.display());
+    Ok(())
+}
+
+fn summary_line(s: &RunSummary) -> String {
+    let val = match (s.final_val_loss, s.final_val_bpb) {
+        (Some(l), Some(b)) => format!(", validation loss {l:.4} ({b:.3} bits/byte)"),
+        _ => String::new(),
+    };
+    format!(
+        "{}: {} steps, {} tokens in {:.0} s ({:.0} tokens/s), final train loss {:.4}{val}",
+        s.attention, s.steps, s.tokens_seen, s.seconds, s.tokens_per_second, s.final_train_loss
+    )
+}
+
+fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
+    let mut model = ModelConfig::preset(&a.model)?;
+    model.dim = a.dim.unwrap_or(model.dim);
+    model.n_layers = a.layers.unwrap_or(model.n_layers);
+    model.n_heads = a.heads.unwrap_or(model.n_heads);
+    model.n_kv_heads = a.kv_heads.unwrap_or(model.n_heads);
+    model.ffn_hidden = a.ffn.unwrap_or(model.ffn_hidden);
+    model.qk_norm = !a.no_qk_norm;
+    model.tied_embeddings = !a.untied;
+    model.max_seq_len = model.max_seq_len.max(a.seq);
+    let cfg = TrainConfig {
+        model,
+        attention: preset.trim().to_ascii_lowercase(),
+        seq_len: a.seq,
+        micro_batch: a.batch,
+        grad_accum: a.accum,
+        steps: a.steps,
+        lr: a.lr,
+        min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
+        warmup: a.warmup,
+        adamw: AdamWConfig { weight_decay: a.wd, ..Default::default() },
+        grad_clip: a.clip,
+        eval_every: a.eval_every,
+        eval_tokens: a.eval_tokens,
+        checkpoint_every: a.ckpt_every,
+        seed: a.seed,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Training and validation tokens from the arguments (or the built-in sample).
+fn load_corpus(a: &TrainArgs) -> Result<Corpus> {
+    let tok = Tokenizer::gpt2();
+    let token_bytes = tok.token_byte_lengths(sagebwd_train::config::GPT2_VOCAB);
+    if a.data.is_empty() {
+        let text = decode_text(sample::SAMPLE_NAME, sample::SAMPLE_XZ)?;
+        let docs = split_documents(&text);
+        let s = tokenize_documents(&docs, a.val_every);
+        let description = format!("{} ({} training / {} validation books)", sample::SAMPLE_NAME, s.train_docs, s.val_docs);
+        return Ok(Corpus { train: s.train, val: s.val, token_bytes, description });
+    }
+    let (mut train, mut val) = read_inputs(&a.data, a.val_every)?;
+    if !a.val.is_empty() {
+        let (v_train, v_val) = read_inputs(&a.val, 0)?;
+        val = [v_train, v_val].concat();
+    }
+    if train.is_empty() {
+        bail!("the training data is empty: no tokens in {}", list(&a.data));
+    }
+    if val.is_empty() {
+        eprintln!("note: no validation tokens (give --val, or more documents than --val-every); validation is skipped");
+    }
+    let description = list(&a.data);
+    train.shrink_to_fit();
+    Ok(Corpus { train, val, token_bytes, description })
+}
+
+fn list(paths: &[PathBuf]) -> String {
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Reads text files (tokenized and split), shard files and shard directories.
+fn read_inputs(paths: &[PathBuf], val_every: usize) -> Result<(Vec<u16>, Vec<u16>)> {
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    let mut texts: Vec<&Path> = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let (t, v) = find_shards(p)?;
+            for s in t {
+                train.extend(read_shard(&s)?);
+            }
+            for s in v {
+                val.extend(read_shard(&s)?);
+            }
+        } else if p.extension().is_some_and(|e| e == "bin") {
+            train.extend(read_shard(p)?);
+        } else if p.exists() {
+            texts.push(p);
+        } else {
+            bail!("{}: no such file or directory", p.display());
+        }
+    }
+    if !texts.is_empty() {
+        let SplitTokens { train: t, val: v, .. } = tokenize_files(&texts, val_every)?;
+        train.extend(t);
+        val.extend(v);
+    }
+    Ok((train, val))
+}

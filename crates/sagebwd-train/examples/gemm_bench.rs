@@ -1,0 +1,33 @@
+//! GFLOP/s of the CPU GEMM on the shapes one training step of the `tiny` model runs:
+//! `cargo run --release -p sagebwd-train --example gemm_bench`.
+
+use sagebwd_train::backend::gemm::{gemm, gemm_at};
+use std::time::Instant;
+
+fn main() {
+    let shapes = [
+        ("logits = h·Eᵀ", false, 256, 64, 50257),
+        ("dh = dlogits·E", false, 256, 50257, 64),
+        ("dE = dlogitsᵀ·h", true, 50257, 256, 64),
+        ("mlp up", false, 1024, 64, 176),
+        ("logits small n", false, 256, 64, 2048),
+        ("dh small k", false, 256, 2048, 64),
+        ("dW mlp", true, 176, 1024, 64),
+    ];
+    for (name, at, m, k, n) in shapes {
+        let a = vec![0.5f32; m * k];
+        let b = vec![0.25f32; k * n];
+        let mut out = vec![0.0f32; m * n];
+        let reps = (2e9 / (2.0 * (m * k * n) as f64)).ceil() as usize;
+        let t = Instant::now();
+        for _ in 0..reps {
+            if at {
+                gemm_at(&mut out, &a, &b, m, k, n, false);
+            } else {
+                gemm(&mut out, &a, &b, m, k, n, false);
+            }
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!("{name:<18} {m:>6}×{k:>6}×{n:>6}: {:6.1} GFLOP/s", 2.0 * (m * k * n * reps) as f64 / s / 1e9);
+    }
+}
