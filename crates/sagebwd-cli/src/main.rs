@@ -7,6 +7,7 @@ mod backend;
 mod report;
 mod tokenize;
 mod train;
+mod bench;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -40,6 +41,9 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Draw the loss curves of several runs in one PNG/SVG and print their final losses.
     Report(report::ReportArgs),
+    /// Time forward, backward and forward + backward on the GPU over the standard shape sweep
+    /// (B·N = 16384, H·D = 2048, D ∈ {64, 128}, N = 1k..16k, causal and not): TOPS, peak memory.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Command::Train(a) => train::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Report(a) => report::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Throughput of our CUDA kernels against PyTorch SDPA (BF16: cuDNN, FlashAttention-2) on one GPU,
+# in one call: `sagebwd bench` per preset, scripts/gpu/bench_sdpa.py, then scripts/gpu/compare.py
+# (side-by-side Markdown table with ratios against cuDNN, PNG plot of throughput vs N).
+#
+# 1. HERE (no GPU needed), in the repository root:
+#      bash scripts/gpu/bench.sh --prepare
+#    builds `sagebwd` (release), copies it to dev/bin/sagebwd and compiles the sm_90a kernels into
+#    dev/bench-cache (NVRTC from .cache/nvrtc, installed by scripts/test.sh, or LD_LIBRARY_PATH), so
+#    the device spends no time in NVRTC. dev/ is git-ignored.
+# 2. ON THE DEVICE, in the repository root, carrying ["dev/bin/sagebwd", "dev/bench-cache"]:
+#      bash scripts/gpu/bench.sh --quick     # N ∈ {1024, 4096}, few repetitions: ≤ ~3 min even with scalar kernels
+#      bash scripts/gpu/bench.sh             # the standard sweep (fast kernels; scalar ones need > 10 min)
+#    Our kernels run on the library's default path (tensor cores); --ours "--scalar" times the
+#    scalar reference kernels instead (reported as ours-<preset>-scalar).
+#
+# Options: --quick; --presets fpa,sagebwd[,int8-all] (default fpa,sagebwd with --quick, all three
+# without); --no-sdpa; --ours "ARGS" and --sdpa "ARGS" append arguments to either bench
+# (e.g. --ours "--head-dim 128 --causal off").
+# Writes under $OUT (default /tmp/sagebwd-bench): log.txt, ours-<preset>.json, sdpa.json,
+# compare.md, compare.png (at most 7 files); prints compare.md last. Exit code: non-zero if a step failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+prepare() {
+  set -e
+  cargo build --release -p sagebwd-cli
+  mkdir -p dev/bin
+  cp target/release/sagebwd dev/bin/sagebwd
+  strip dev/bin/sagebwd 2>/dev/null || true
+  local nvrtc=$PWD/.cache/nvrtc/nvidia/cu13/lib
+  [ -e "$nvrtc/libnvrtc.so.13" ] && export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # A fresh cache holds only the cubins of the sources built into this binary (small carry).
+  rm -rf dev/bench-cache
+  mkdir -p dev/bench-cache
+  SAGEBWD_CACHE_DIR=$PWD/dev/bench-cache dev/bin/sagebwd bench --precompile sm_90a --head-dim 64,128
+  # Which sources the binary holds (the device copy has no git): commit + uncommitted kernel changes.
+  { echo "built $(date -u +%FT%TZ) from $(git rev-parse --short HEAD)"; git status --short crates/ | sed 's/^/  /'; } \
+    > dev/bench-cache/BUILD.txt
+  du -sh dev/bin/sagebwd dev/bench-cache
+  echo "now on the device: bash scripts/gpu/bench.sh --quick   (carry: dev/bin/sagebwd, dev/bench-cache)"
+}
+
+quick=0 sdpa=1 presets="" ours_extra="" sdpa_extra=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) prepare; exit $? ;;
+    --quick) quick=1 ;;
+    --no-sdpa) sdpa=0 ;;
+    --presets) presets=$2; shift ;;
+    --ours) ours_extra=$2; shift ;;
+    --sdpa) sdpa_extra=$2; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if [ $quick = 1 ]; then
+  presets=${presets:-fpa,sagebwd}
+  # Scalar kernels take ~1.5 s per fwd+bwd at N = 4096: 3-5 repetitions, 3 s per point.
+  ours_args="-n 1024,4096 --reps 5 --min-reps 3 --warmup 1 --max-time 3"
+  sdpa_args="--quick"
+else
+  presets=${presets:-fpa,sagebwd,int8-all}
+  ours_args=""
+  sdpa_args=""
+fi
+
+OUT=${OUT:-/tmp/sagebwd-bench}
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+: > "$LOG"
+# Results of an earlier run in the same folder must not join this comparison.
+rm -f "$OUT"/ours-*.json "$OUT/sdpa.json" "$OUT/compare.md" "$OUT/compare.png"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export SAGEBWD_CACHE_DIR=${SAGEBWD_CACHE_DIR:-$PWD/dev/bench-cache}
+BIN=${BIN:-dev/bin/sagebwd}
+failed=()
+
+# Runs a step with its output appended to the log and a one-line status on stdout; a failed step's
+# last lines are kept for the end of stdout (the log may not come back if the call is cut short).
+TMP_STEP=$(mktemp)
+trap 'rm -f "$TMP_STEP"' EXIT
+failures=""
+step() {
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "== $name: $*" >> "$LOG"
+  "$@" > "$TMP_STEP" 2>&1
+  local rc=$?
+  cat "$TMP_STEP" >> "$LOG"
+  echo "$name: exit $rc, $((SECONDS - t0)) s"
+  if [ $rc != 0 ]; then
+    failed+=("$name")
+    failures+=$'\n'"--- $name (exit $rc), last lines:"$'\n'"$(tail -n 12 "$TMP_STEP")"
+  fi
+}
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+    --format=csv 2>&1
+  cat "$SAGEBWD_CACHE_DIR/BUILD.txt" 2>/dev/null || echo "no $SAGEBWD_CACHE_DIR/BUILD.txt (run --prepare here first)"
+  echo "quick=$quick presets=$presets ours_args=$ours_args $ours_extra sdpa_args=$sdpa_args $sdpa_extra"
+} >> "$LOG" 2>&1
+
+if [ ! -x "$BIN" ]; then
+  echo "error: $BIN not found: run 'bash scripts/gpu/bench.sh --prepare' here and carry dev/bin/sagebwd" | tee -a "$LOG" >&2
+  exit 1
+fi
+
+# SDPA first: the baseline on a cool GPU is the conservative choice for our ratios.
+if [ $sdpa = 1 ]; then
+  # shellcheck disable=SC2086
+  step sdpa python3 scripts/gpu/bench_sdpa.py $sdpa_args $sdpa_extra --json "$OUT/sdpa.json"
+fi
+for p in ${presets//,/ }; do
+  # shellcheck disable=SC2086
+  step "ours-$p" "$BIN" bench --preset "$p" $ours_args $ours_extra --json "$OUT/ours-$p.json"
+done
+
+results=()
+for f in "$OUT/sdpa.json" "$OUT"/ours-*.json; do [ -s "$f" ] && results+=("$f"); done
+if [ ${#results[@]} -gt 0 ]; then
+  step compare python3 scripts/gpu/compare.py "${results[@]}" --md "$OUT/compare.md" --png "$OUT/compare.png"
+else
+  failed+=("compare (no results)")
+fi
+
+echo
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED: ${failed[*]}$failures"
+  echo
+fi
+[ -s "$OUT/compare.md" ] && cat "$OUT/compare.md"
+[ ${#failed[@]} = 0 ]
