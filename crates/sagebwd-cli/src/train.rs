@@ -61,22 +61,22 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 128)]
     pub seq: usize,
     /// Sequences per micro-batch.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 4)]
     pub batch: usize,
     /// Micro-batches accumulated per optimizer step (tokens per step = batch × seq × accum).
     #[arg(long, default_value_t = 1)]
     pub accum: usize,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 200)]
     pub steps: u64,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
-    pub lr: f32,
+    /// Peak learning rate; default by model size: tiny 1e-2, small 2e-3, base 6e-4, medium 3e-4.
+    #[arg(long)]
+    pub lr: Option<f32>,
     /// Final learning rate of the cosine decay; default lr / 10.
     #[arg(long)]
     pub min_lr: Option<f32>,
     /// Warmup steps.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 20)]
     pub warmup: u64,
     /// AdamW weight decay (matrices only).
     #[arg(long, default_value_t = 0.1)]
@@ -88,7 +88,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 50)]
     pub eval_every: u64,
     /// Validation tokens per evaluation.
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, default_value_t = 8192)]
     pub eval_tokens: usize,
     /// Write a checkpoint every N steps (and at the end).
     #[arg(long, default_value_t = 100)]
@@ -161,6 +161,12 @@ fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
     model.qk_norm = !a.no_qk_norm;
     model.tied_embeddings = !a.untied;
     model.max_seq_len = model.max_seq_len.max(a.seq);
+    let lr = a.lr.unwrap_or(match a.model.trim().to_ascii_lowercase().as_str() {
+        "tiny" => 1e-2,
+        "small" => 2e-3,
+        "base" => 6e-4,
+        _ => 3e-4,
+    });
     let cfg = TrainConfig {
         model,
         attention: preset.trim().to_ascii_lowercase(),
@@ -168,8 +174,8 @@ fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
         micro_batch: a.batch,
         grad_accum: a.accum,
         steps: a.steps,
-        lr: a.lr,
-        min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
+        lr,
+        min_lr: a.min_lr.unwrap_or(lr / 10.0),
         warmup: a.warmup,
         adamw: AdamWConfig { weight_decay: a.wd, ..Default::default() },
         grad_clip: a.clip,
@@ -235,7 +241,10 @@ fn read_inputs(paths: &[PathBuf], val_every: usize) -> Result<(Vec<u16>, Vec<u16
         }
     }
     if !texts.is_empty() {
-        let SplitTokens { train: t, val: v, .. } = tokenize_files(&texts, val_every)?;
+        let SplitTokens { train: t, val: v, train_bytes, val_bytes, .. } = tokenize_files(&texts, val_every)?;
+        if train_bytes + val_bytes == 0 {
+            bail!("the corpus is empty: no text in {}", texts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+        }
         train.extend(t);
         val.extend(v);
     }
