@@ -508,7 +508,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let kernels = if gpu.tensor_cores() { "tensor-core" } else { "scalar" };
     let name = format!("ours-{}{}", cfg.label(), if a.scalar { "-scalar" } else { "" });
     eprintln!("device: {}; config: {}; {kernels} kernels", gpu.describe(), describe(&cfg));
-    let records = run_sweep(&gpu, &cfg, &a, &points, &name)?;
+    // A failing point ends the sweep, but the points already measured are still reported.
+    let (records, failure) = run_sweep(&gpu, &cfg, &a, &points, &name)?;
     let pool_used = Pool::of(&gpu)?.is_some();
 
     println!("# sagebwd bench: {}, {kernels} kernels, on {}\n", describe(&cfg), gpu.describe());
@@ -534,11 +535,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }
 
 /// Every point, with a progress bar weighted by each point's FLOPs (cost grows with N).
-fn run_sweep(gpu: &Gpu, cfg: &Config, a: &BenchArgs, points: &[Point], name: &str) -> Result<Vec<Record>> {
+/// Returns the records and, if a point failed, its error (the sweep stops there).
+fn run_sweep(gpu: &Gpu, cfg: &Config, a: &BenchArgs, points: &[Point], name: &str)
+    -> Result<(Vec<Record>, Option<anyhow::Error>)> {
     let pool = Pool::of(gpu)?;
     if let Some(p) = &pool {
         p.keep_freed_memory()?;
@@ -555,11 +558,21 @@ fn run_sweep(gpu: &Gpu, cfg: &Config, a: &BenchArgs, points: &[Point], name: &st
     let mut sets: Vec<DeviceInputs> = Vec::new();
     let mut records = Vec::new();
     for (p, w) in points.iter().zip(work) {
-        ensure_sets(gpu, &mut sets, p, a)?;
-        reshape(&mut sets, p);
-        load_kernels(gpu, p.shape.head_dim, &bench.bar)?;
         let t0 = Instant::now();
-        let r = run_point(&bench, &sets, p).with_context(|| format!("{name} at {}", p.label()))?;
+        let measured = ensure_sets(gpu, &mut sets, p, a)
+            .and_then(|()| load_kernels(gpu, p.shape.head_dim, &bench.bar))
+            .and_then(|()| {
+                reshape(&mut sets, p);
+                run_point(&bench, &sets, p)
+            })
+            .with_context(|| format!("{name} at {}", p.label()));
+        let r = match measured {
+            Ok(r) => r,
+            Err(e) => {
+                bench.bar.finish_and_clear();
+                return Ok((records, Some(e)));
+            }
+        };
         if quiet_bar {
             // No terminal (logs, the device script): one line per point instead of the bar.
             eprintln!("{name} {}: fwd+bwd {:.3} ms = {:.2} TOPS, {} reps, {:.1} s",
@@ -569,7 +582,7 @@ fn run_sweep(gpu: &Gpu, cfg: &Config, a: &BenchArgs, points: &[Point], name: &st
         bench.bar.inc(w);
     }
     bench.bar.finish_and_clear();
-    Ok(records)
+    Ok((records, None))
 }
 
 /// (Re)creates the input sets when the point needs other element counts than the current ones.
@@ -705,5 +718,16 @@ mod tests {
             assert!(r.get(key).is_some(), "{key}");
         }
         assert_eq!(r["impl"], "ours-sagebwd");
+    }
+
+    /// Without a GPU the bench is an error that says so; it never falls back to the simulator.
+    #[test]
+    fn no_gpu_is_an_error_not_a_fallback() {
+        if Gpu::new().is_ok() {
+            return; // a GPU machine: this would run a real benchmark
+        }
+        let err = format!("{:#}", run(args(&["-d", "64", "-n", "1024", "--causal", "off"])).unwrap_err());
+        assert!(err.contains("needs a CUDA GPU") && err.contains("never falls back"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
     }
 }
