@@ -9,8 +9,9 @@
 #    dev/bench-cache (NVRTC from .cache/nvrtc, installed by scripts/test.sh, or LD_LIBRARY_PATH), so
 #    the device spends no time in NVRTC. dev/ is git-ignored.
 # 2. ON THE DEVICE, in the repository root, carrying ["dev/bin/sagebwd", "dev/bench-cache"]:
-#      bash scripts/gpu/bench.sh --quick     # N ∈ {1024, 4096}, few repetitions: ≤ ~3 min even with scalar kernels
-#      bash scripts/gpu/bench.sh             # the standard sweep (fast kernels; scalar ones need > 10 min)
+#      bash scripts/gpu/bench.sh --quick     # N ∈ {1024, 4096}, few repetitions: ~1-2 min (≤ ~3 min with --ours "--scalar")
+#      bash scripts/gpu/bench.sh             # the standard sweep, 3 presets: ~6 min at the mma.sync kernels'
+#                                            # ~16 TOPS (the scalar kernels would need far more than 10 min)
 #    Our kernels run on the library's default path (tensor cores); --ours "--scalar" times the
 #    scalar reference kernels instead (reported as ours-<preset>-scalar).
 #
