@@ -69,12 +69,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_rows(QuantRo
 
     for (int e = threadIdx.x; e < count; e += THREADS) {
         const float xs = __fsub_rn(bf16_to_f32(p.x[base + e]), s_mean[e % HEAD_DIM]);
-        const int xq = quantize(xs, g.inv);
-        p.x_hat[base + e] = (i8)xq;
-        if (p.x_hat_t || p.x_t) {
-            const long t_idx = ((long)bh * HEAD_DIM + e % HEAD_DIM) * p.n_pad + row0 + e / HEAD_DIM;
-            if (p.x_hat_t) p.x_hat_t[t_idx] = (i8)xq;
-            if (p.x_t) p.x_t[t_idx] = p.x[base + e];
+        p.x_hat[base + e] = (i8)quantize(xs, g.inv);
+    }
+    if (p.x_hat_t || p.x_t) {
+        // Transposed copies: consecutive threads take consecutive rows of one column, so the writes
+        // are coalesced (the strided reads hit the cache lines the passes above just loaded).
+        for (int e = threadIdx.x; e < count; e += THREADS) {
+            const int r = e % rows, c = e / rows;
+            const u16 x = p.x[base + (long)r * HEAD_DIM + c];
+            const long t_idx = ((long)bh * HEAD_DIM + c) * p.n_pad + row0 + r;
+            if (p.x_hat_t) p.x_hat_t[t_idx] = (i8)quantize(__fsub_rn(bf16_to_f32(x), s_mean[c]), g.inv);
+            if (p.x_t) p.x_t[t_idx] = x;
         }
     }
 }
