@@ -329,30 +329,62 @@ __device__ void mma_tile_dv_dk(const BackwardParams& p, BackwardShared& s, const
     p_hat.inv = sc.p.inv;
     ds_hat.inv = sc.ds.inv;
     const bool int8_dv = p.flags & F_DV, int8_dk = p.flags & F_DK, smooth_q = p.flags & F_SMOOTH_Q;
+    // dV: the warp's Pᵀ fragments (P̂ᵀ or bf16(P)ᵀ) are gathered once and reused for every column tile.
+    if (int8_dv) {
+        u32 pa[BLOCK_Q / 32][4];
+        frags_a_s8<BLOCK_Q>(pa, p_hat, vpt, 0);
 #pragma unroll
-    for (int nt = 0; nt < BWD_O_TILES; ++nt) {
-        if (int8_dv) {
+        for (int nt = 0; nt < BWD_O_TILES; ++nt) {
             int acc[4] = {0, 0, 0, 0};
-            tile_s8(acc, p_hat, vpt, 0, ReadI8(), vdo8, nt * 8, BLOCK_Q);
+            tile_s8_a<BLOCK_Q>(acc, pa, ReadI8(), vdo8, nt * 8);
+#pragma unroll
             for (int e = 0; e < 4; ++e) dv[nt][e] = __fadd_rn(dv[nt][e], dequant(acc[e], sc.p.scale, s_do));
-        } else {
+        }
+    } else {
+        u32 pa[BLOCK_Q / 16][4];
+        frags_a_bf16<BLOCK_Q>(pa, ReadF32Bf16(), vpt, 0);
+#pragma unroll
+        for (int nt = 0; nt < BWD_O_TILES; ++nt) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            tile_bf16(acc, ReadF32Bf16(), vpt, 0, ReadBf16(), vdo, nt * 8, BLOCK_Q);
+            tile_bf16_a<BLOCK_Q>(acc, pa, ReadBf16(), vdo, nt * 8);
+#pragma unroll
             for (int e = 0; e < 4; ++e) dv[nt][e] = __fadd_rn(dv[nt][e], acc[e]);
         }
-        if (int8_dk) {
+    }
+    // dK: likewise with dSᵀ.
+    if (int8_dk) {
+        u32 da[BLOCK_Q / 32][4];
+        frags_a_s8<BLOCK_Q>(da, ds_hat, vdst, 0);
+#pragma unroll
+        for (int nt = 0; nt < BWD_O_TILES; ++nt) {
             int acc[4] = {0, 0, 0, 0};
-            tile_s8(acc, ds_hat, vdst, 0, ReadI8(), vq8, nt * 8, BLOCK_Q);
+            tile_s8_a<BLOCK_Q>(acc, da, ReadI8(), vq8, nt * 8);
+#pragma unroll
             for (int e = 0; e < 4; ++e) {
                 dk[nt][e] = __fadd_rn(dk[nt][e], dequant(acc[e], sc.ds.scale, s_q));
                 if (smooth_q)
                     dk[nt][e] = __fadd_rn(dk[nt][e], __fmul_rn(s.colsum[k_loc0 + c_row(e)], s.q_mean[nt * 8 + c_col(e)]));
             }
-        } else {
+        }
+    } else {
+        u32 da[BLOCK_Q / 16][4];
+        frags_a_bf16<BLOCK_Q>(da, ReadF32Bf16(), vdst, 0);
+#pragma unroll
+        for (int nt = 0; nt < BWD_O_TILES; ++nt) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            tile_bf16(acc, ReadF32Bf16(), vdst, 0, ReadBf16(), vq, nt * 8, BLOCK_Q);
+            tile_bf16_a<BLOCK_Q>(acc, da, ReadBf16(), vq, nt * 8);
+#pragma unroll
             for (int e = 0; e < 4; ++e) dk[nt][e] = __fadd_rn(dk[nt][e], acc[e]);
         }
+    }
+}
+
+// Adds one 16 × 8 dQ tile (rows qb·64 + r_loc0.., columns col0..) to the FP32 accumulator.
+__device__ __forceinline__ void add_dq(const BackwardParams& p, const float* val, int bh, int qb, int r_loc0, int col0) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int r = qb * BLOCK_Q + r_loc0 + c_row(e);
+        if (r < p.dims.n_q) atomicAdd(p.dq_acc + ((long)bh * p.dims.n_q + r) * HEAD_DIM + col0 + c_col(e), val[e]);
     }
 }
 
@@ -370,22 +402,27 @@ __device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const Ti
     ReadF32Quant ds_hat;
     ds_hat.inv = sc.ds.inv;
     const bool int8_dq = p.flags & F_DQ;
+    // The warp's dS fragments (dŜ or bf16(dS)) are gathered once and reused for every column tile.
+    if (int8_dq) {
+        u32 da[BLOCK_KV / 32][4];
+        frags_a_s8<BLOCK_KV>(da, ds_hat, vds, 0);
 #pragma unroll
-    for (int nt = 0; nt < BWD_O_TILES / 2; ++nt) {
-        const int col0 = c0 + nt * 8;
-        float val[4];
-        if (int8_dq) {
+        for (int nt = 0; nt < BWD_O_TILES / 2; ++nt) {
             int acc[4] = {0, 0, 0, 0};
-            tile_s8(acc, ds_hat, vds, 0, ReadI8(), vk8, col0, BLOCK_KV);
+            tile_s8_a<BLOCK_KV>(acc, da, ReadI8(), vk8, c0 + nt * 8);
+            float val[4];
+#pragma unroll
             for (int e = 0; e < 4; ++e) val[e] = dequant(acc[e], sc.ds.scale, s_k);
-        } else {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            tile_bf16(acc, ReadF32Bf16(), vds, 0, ReadBf16(), vk, col0, BLOCK_KV);
-            for (int e = 0; e < 4; ++e) val[e] = acc[e];
+            add_dq(p, val, bh, qb, r_loc0, c0 + nt * 8);
         }
-        for (int e = 0; e < 4; ++e) {
-            const int r = qb * BLOCK_Q + r_loc0 + c_row(e);
-            if (r < d.n_q) atomicAdd(p.dq_acc + ((long)bh * d.n_q + r) * HEAD_DIM + col0 + c_col(e), val[e]);
+    } else {
+        u32 da[BLOCK_KV / 16][4];
+        frags_a_bf16<BLOCK_KV>(da, ReadF32Bf16(), vds, 0);
+#pragma unroll
+        for (int nt = 0; nt < BWD_O_TILES / 2; ++nt) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tile_bf16_a<BLOCK_KV>(acc, da, ReadBf16(), vk, c0 + nt * 8);
+            add_dq(p, acc, bh, qb, r_loc0, c0 + nt * 8);
         }
     }
 }

@@ -340,6 +340,38 @@ __device__ __forceinline__ void tile_bf16(float* c, const RA& ra, const View& va
     }
 }
 
+// The same with the A fragments loaded once (frags_a_*) and reused across output tiles: the A
+// operand of a warp is often fixed while it walks the columns of B (and gathering it can cost more
+// than the multiply, e.g. when P̂ or dŜ is quantized on the fly).
+template <int K, class R>
+__device__ __forceinline__ void frags_a_s8(u32 (*a)[4], const R& rd, const View& v, int o0) {
+#pragma unroll
+    for (int ks = 0; ks < K / 32; ++ks) frag_a_s8(a[ks], rd, v, o0, ks * 32);
+}
+template <int K, class R>
+__device__ __forceinline__ void frags_a_bf16(u32 (*a)[4], const R& rd, const View& v, int o0) {
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ++ks) frag_a_bf16(a[ks], rd, v, o0, ks * 16);
+}
+template <int K, class R>
+__device__ __forceinline__ void tile_s8_a(int* c, const u32 (*a)[4], const R& rb, const View& vb, int b_o0) {
+#pragma unroll
+    for (int ks = 0; ks < K / 32; ++ks) {
+        u32 b[2];
+        frag_b_s8(b, rb, vb, b_o0, ks * 32);
+        mma_s8(c, a[ks], b);
+    }
+}
+template <int K, class R>
+__device__ __forceinline__ void tile_bf16_a(float* c, const u32 (*a)[4], const R& rb, const View& vb, int b_o0) {
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ++ks) {
+        u32 b[2];
+        frag_b_bf16(b, rb, vb, b_o0, ks * 16);
+        mma_bf16(c, a[ks], b);
+    }
+}
+
 // Row and column of accumulator element e (0..3) of a 16 × 8 tile, relative to the tile.
 __device__ __forceinline__ int c_row(int e) { return ((threadIdx.x & 31) >> 2) + (e >= 2 ? 8 : 0); }
 __device__ __forceinline__ int c_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }

@@ -306,8 +306,8 @@ __device__ void mma_softmax(const ForwardParams& p, float (*t)[4], RowState& st,
     }
 }
 
-// O = fl(O·α) + PV_block for the warp's 16 rows × d. B(k = key, n = column c) is read from the
-// transposed V̂ᵀ / Vᵀ, keys contiguous.
+// O = fl(O·α) + PV_block for the warp's 16 rows × d. The P fragments are loaded once; B(k = key,
+// n = column c) is read from the transposed V̂ᵀ / Vᵀ, keys contiguous.
 __device__ void mma_pv(const ForwardParams& p, const RowState& st, float (*o)[4], const i8 (*p8)[BLOCK_KV],
                        const u16 (*p16)[BLOCK_KV], int bh_kv, int kb) {
     const Dims& d = p.dims;
@@ -317,10 +317,12 @@ __device__ void mma_pv(const ForwardParams& p, const RowState& st, float (*o)[4]
         const View vp = view(p8, BLOCK_KV, 1, 16, BLOCK_KV);
         const View vv = view(p.tr.v_hat_t + t_off, d.n_kpad, 1, HEAD_DIM, n_keys);
         const float s_v = p.v_scale[bh_kv * d.n_kblk + kb];
+        u32 pa[BLOCK_KV / 32][4];
+        frags_a_s8<BLOCK_KV>(pa, ReadI8(), vp, 0);
 #pragma unroll
         for (int nt = 0; nt < O_TILES; ++nt) {
             int acc[4] = {0, 0, 0, 0};
-            tile_s8(acc, ReadI8(), vp, 0, ReadI8(), vv, nt * 8, BLOCK_KV);
+            tile_s8_a<BLOCK_KV>(acc, pa, ReadI8(), vv, nt * 8);
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 o[nt][e] = __fadd_rn(__fmul_rn(o[nt][e], st.alpha[e >> 1]), dequant(acc[e], st.p_scale[e >> 1], s_v));
@@ -328,10 +330,12 @@ __device__ void mma_pv(const ForwardParams& p, const RowState& st, float (*o)[4]
     } else {
         const View vp = view(p16, BLOCK_KV, 1, 16, BLOCK_KV);
         const View vv = view(p.tr.v_t + t_off, d.n_kpad, 1, HEAD_DIM, n_keys);
+        u32 pa[BLOCK_KV / 16][4];
+        frags_a_bf16<BLOCK_KV>(pa, ReadBf16(), vp, 0);
 #pragma unroll
         for (int nt = 0; nt < O_TILES; ++nt) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            tile_bf16(acc, ReadBf16(), vp, 0, ReadBf16(), vv, nt * 8, BLOCK_KV);
+            tile_bf16_a<BLOCK_KV>(acc, pa, ReadBf16(), vv, nt * 8);
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[nt][e] = __fadd_rn(__fmul_rn(o[nt][e], st.alpha[e >> 1]), acc[e]);
         }
