@@ -69,7 +69,7 @@ pub struct TrainArgs {
     /// Optimizer steps.
     #[arg(long, default_value_t = 200)]
     pub steps: u64,
-    /// Peak learning rate; default by model size: tiny 1e-2, small 2e-3, base 6e-4, medium 3e-4.
+    /// Peak learning rate; default by model size: tiny 5e-3, small 2e-3, base 6e-4, medium 3e-4.
     #[arg(long)]
     pub lr: Option<f32>,
     /// Final learning rate of the cosine decay; default lr / 10.
@@ -162,7 +162,7 @@ fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
     model.tied_embeddings = !a.untied;
     model.max_seq_len = model.max_seq_len.max(a.seq);
     let lr = a.lr.unwrap_or(match a.model.trim().to_ascii_lowercase().as_str() {
-        "tiny" => 1e-2,
+        "tiny" => 5e-3,
         "small" => 2e-3,
         "base" => 6e-4,
         _ => 3e-4,

@@ -71,10 +71,19 @@ where
         .x_label_area_size(45)
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..x_max, (y_min - 0.1)..(y_max + 0.1))?;
-    chart.configure_mesh().x_desc("tokens seen").y_desc("loss (nats/token)").label_style(("sans-serif", 15)).draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("tokens seen")
+        .y_desc("loss (nats/token)")
+        .x_label_formatter(&|x| human_count(*x))
+        .y_label_formatter(&|y| format!("{y:.1}"))
+        .label_style(("sans-serif", 15))
+        .draw()?;
     for (i, c) in curves.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let pts = smooth(&train(c), 10);
+        // Per-step losses, lightly smoothed (a trailing mean of 5 steps) so that curves that lie on
+        // top of each other stay distinguishable; validation points are exact.
+        let pts = smooth(&train(c), 5);
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))?
             .label(format!("{} train", c.label))
@@ -89,6 +98,20 @@ where
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).label_font(("sans-serif", 15)).draw()?;
     root.present()?;
     Ok(())
+}
+
+/// `12000` → `12k`, `3500000` → `3.5M`.
+fn human_count(x: f64) -> String {
+    let trim = |s: String| s.trim_end_matches(".0").to_string();
+    if x.abs() >= 1e9 {
+        trim(format!("{:.1}", x / 1e9)) + "G"
+    } else if x.abs() >= 1e6 {
+        trim(format!("{:.1}", x / 1e6)) + "M"
+    } else if x.abs() >= 1e3 {
+        trim(format!("{:.1}", x / 1e3)) + "k"
+    } else {
+        format!("{x:.0}")
+    }
 }
 
 /// Trailing moving average over `window` points (training loss is noisy per step).

@@ -122,6 +122,10 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         write_config(&opts.dir, cfg)?;
     }
     let log = MetricsLog::open(&opts.dir, state.step + 1)?;
+    // A resumed run that has nothing left to do still reports its last losses.
+    let kept = crate::metrics::read_records(&opts.dir)?;
+    let mut last_loss = kept.iter().rev().find_map(|r| r.loss).unwrap_or(f64::NAN);
+    let mut last_val = kept.iter().rev().find_map(|r| Some((r.val_loss?, r.val_bpb?)));
     let val = validation_batches(&corpus.val, cfg.seq_len, cfg.micro_batch, cfg.eval_tokens);
     if opts.progress {
         print_header(cfg, &layout, &backend, corpus, loader.windows(), &state);
@@ -129,7 +133,6 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let schedule = Schedule { max_lr: cfg.lr, min_lr: cfg.min_lr, warmup: cfg.warmup, total: cfg.steps };
     let bar = progress_bar(opts.progress, cfg.steps, state.step);
     let mut grads = Weights::zeros(&cfg.model);
-    let (mut last_loss, mut last_val) = (f64::NAN, None);
     let session_start = (Instant::now(), state.elapsed, state.tokens_seen);
     let end = opts.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
     while state.step < end {
@@ -320,7 +323,7 @@ fn print_header(cfg: &TrainConfig, layout: &ParamLayout, be: &dyn Backend, corpu
         corpus.val.len()
     );
     eprintln!(
-        "backend: {}; {} steps, lr {} (warmup {}, cosine to {}), AdamW wd {}, clip {}",
+        "backend: {}; {} steps, lr {:.1e} (warmup {}, cosine to {:.1e}), AdamW wd {}, clip {}",
         be.describe(),
         cfg.steps,
         cfg.lr,
