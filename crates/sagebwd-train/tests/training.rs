@@ -143,3 +143,20 @@ fn loss_plot_is_written_as_png_and_svg() {
     let png = std::fs::read(dir.path().join("loss.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
 }
+
+/// Gradient accumulation: two micro-batches of 2 sequences read the same windows as one of 4 and must
+/// give the same step (up to f32 summation order), so only tokens per step matters.
+#[test]
+fn accumulation_matches_a_larger_micro_batch() {
+    let one = TrainConfig { micro_batch: 4, grad_accum: 1, ..config("exact", 4) };
+    let two = TrainConfig { micro_batch: 2, grad_accum: 2, ..config("exact", 4) };
+    assert_eq!(one.tokens_per_step(), two.tokens_per_step());
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    train(&one, &corpus(), &opts(d1.path())).unwrap();
+    train(&two, &corpus(), &opts(d2.path())).unwrap();
+    let (a, b) = (train_losses(&read_records(d1.path()).unwrap()), train_losses(&read_records(d2.path()).unwrap()));
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() < 1e-4, "losses {a:?} vs {b:?}");
+    }
+    assert!((a[3] - a[0]).abs() > 1e-2, "the steps must change the loss for the comparison to mean anything");
+}

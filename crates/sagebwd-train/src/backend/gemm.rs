@@ -267,20 +267,27 @@ mod tests {
         out
     }
 
+    /// Shapes cover: ragged rows (not a multiple of 6) and columns (not of 16), k over one k-block
+    /// (256), n over 256 (the other loop order), and both `=` and `+=`.
     #[test]
     fn gemm_matches_naive_on_ragged_shapes() {
         let mut rng = Rng::new(1);
-        for &(m, k, n) in &[(1, 1, 1), (5, 3, 7), (9, 130, 65), (4, 64, 64), (17, 33, 200)] {
+        let shapes = [(1, 1, 1), (5, 3, 7), (9, 130, 65), (4, 64, 64), (17, 33, 200), (7, 600, 40), (13, 300, 300)];
+        for &(m, k, n) in &shapes {
             let a: Vec<f32> = (0..m * k).map(|_| rng.normal() as f32).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.normal() as f32).collect();
             let want = naive(&a, &b, m, k, n);
-            let mut out = vec![1.0f32; m * n];
-            gemm(&mut out, &a, &b, m, k, n, true);
-            let mut out_t = vec![1.0f32; m * n];
-            gemm_at(&mut out_t, &transpose(&a, m, k), &b, m, k, n, true);
-            for ((o, ot), w) in out.iter().zip(&out_t).zip(&want) {
-                assert!((*o as f64 - 1.0 - w).abs() < 1e-4 * (1.0 + w.abs()), "{m}x{k}x{n}: {o} vs {w}+1");
-                assert_eq!(o, ot, "{m}x{k}x{n}: transposed A gives another sum");
+            for accumulate in [true, false] {
+                let base = if accumulate { 1.0 } else { 0.0 };
+                let mut out = vec![1.0f32; m * n];
+                gemm(&mut out, &a, &b, m, k, n, accumulate);
+                let mut out_t = vec![1.0f32; m * n];
+                gemm_at(&mut out_t, &transpose(&a, m, k), &b, m, k, n, accumulate);
+                for ((o, ot), w) in out.iter().zip(&out_t).zip(&want) {
+                    let tol = 1e-5 * (k as f64).sqrt() * (1.0 + w.abs());
+                    assert!((*o as f64 - base - w).abs() < tol, "{m}x{k}x{n} acc={accumulate}: {o} vs {w}+{base}");
+                    assert_eq!(o, ot, "{m}x{k}x{n}: transposed A gives another sum");
+                }
             }
         }
     }
