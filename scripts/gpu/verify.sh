@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run ON THE DEVICE MACHINE, in the repository root, after scripts/gpu/prepare.sh here and with
-# dev/ carried: every GPU-vs-simulator comparison, the σ sweep against the exact reference and
-# the error paths, in one process (sagebwd-gpu-check). Summary table last on stdout; full log,
+# Run ON THE DEVICE MACHINE, in the repository root, after scripts/gpu/prepare.sh here, carrying
+# ["dev/bin/sagebwd-gpu-check", "dev/cache"]: the mma.sync self-test, every GPU-vs-simulator
+# comparison (tensor-core and scalar kernels), the σ sweep against the exact reference, the error
+# paths and a timing table, in one process (sagebwd-gpu-check). Summary table last on stdout; full log,
 # results.tsv and the GPU description under $OUT. Extra arguments go to the binary (--quick).
 set -uo pipefail
 OUT=${OUT:-/tmp/sagebwd-gpu-out}

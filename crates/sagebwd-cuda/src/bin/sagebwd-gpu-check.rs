@@ -1,6 +1,6 @@
-//! GPU verification in one process: the CUDA kernels against the CPU simulator of the same
-//! configuration on the same fresh random inputs, then a σ sweep against the exact f64 reference,
-//! then the error paths. Prints one line per case while it runs and summary tables last; exits 1
+//! GPU verification in one process: the mma.sync fragment self-test; both kernel paths (tensor
+//! cores and scalar) against the CPU simulator of the same configuration on the same fresh random
+//! inputs; a σ sweep against the exact f64 reference; the error paths; a timing table. Prints one line per case while it runs and summary tables last; exits 1
 //! when any check fails.
 //!
 //! Usage: `sagebwd-gpu-check [--quick] [--out DIR]` (`--quick`: small shapes only; `--out`: also
