@@ -26,6 +26,8 @@ struct BackwardParams {
     int flags;
     float c_lambda;
 };
+// Layout contract with src/backward.rs (which asserts the same size).
+static_assert(sizeof(BackwardParams) == 280, "BackwardParams layout changed: update src/backward.rs");
 
 #define KV_PER_THREAD (BLOCK_KV * HEAD_DIM / THREADS)
 #define Q_PER_THREAD (BLOCK_Q * HEAD_DIM / THREADS)

@@ -18,6 +18,8 @@ struct ForwardParams {
     float c_lambda;  // fl(c · log2 e)
     float ln2;       // FP32 ln 2
 };
+// Layout contract with src/forward.rs (which asserts the same size).
+static_assert(sizeof(ForwardParams) == 240, "ForwardParams layout changed: update src/forward.rs");
 
 #define O_PER_THREAD (BLOCK_Q * HEAD_DIM / THREADS)
 

@@ -35,6 +35,8 @@ struct QuantRowsParams {
     int mean_group;          // head_mean is indexed by bh / mean_group
     int n_pad;               // row length of the transposed copies
 };
+// Layout contract with src/quantize.rs (which asserts the same size).
+static_assert(sizeof(QuantRowsParams) == 80, "QuantRowsParams layout changed: update src/quantize.rs");
 
 // One group = `rows_per_block` consecutive rows × d of one (batch, head). Grid (n_blk, BH),
 // THREADS threads. x_s = fl(x − mean); scale from max |x_s| over the valid rows; x̂ = q(x_s).

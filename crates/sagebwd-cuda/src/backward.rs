@@ -30,6 +30,8 @@ struct BackwardParams {
     c_lambda: f32,
 }
 unsafe impl cudarc::driver::DeviceRepr for BackwardParams {}
+// Layout contract with backward_main.cu, which static_asserts the same size.
+const _: () = assert!(std::mem::size_of::<BackwardParams>() == 280);
 
 /// Bytes of `BackwardShared` (backward_main.cu): the P and dS tiles, per-row lse2 and D, Q_m, β,
 /// the dS column sums and the reduction scratch. The kernel traps if it is given less.

@@ -84,6 +84,8 @@ struct ForwardParams {
     ln2: f32,
 }
 unsafe impl cudarc::driver::DeviceRepr for ForwardParams {}
+// Layout contract with forward.cu, which static_asserts the same size.
+const _: () = assert!(std::mem::size_of::<ForwardParams>() == 240);
 
 /// The forward's outputs on the device.
 pub struct DeviceForward {

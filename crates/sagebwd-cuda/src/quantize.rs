@@ -24,6 +24,8 @@ struct QuantRowsParams {
     n_pad: i32,
 }
 unsafe impl cudarc::driver::DeviceRepr for QuantRowsParams {}
+// Layout contract with quantize.cu, which static_asserts the same size.
+const _: () = assert!(std::mem::size_of::<QuantRowsParams>() == 80);
 
 /// The quantized operands on the device (layouts of `sagebwd::sim::Quantized`). BF16 products
 /// read the original inputs, so no smoothed BF16 copies exist.
