@@ -1,7 +1,7 @@
 //! GFLOP/s of the CPU GEMM on the shapes one training step of the `tiny` model runs:
 //! `cargo run --release -p sagebwd-train --example gemm_bench`.
 
-use sagebwd_train::backend::gemm::{gemm, gemm_at};
+use sagebwd_train::backend::gemm::{gemm, gemm_at, transpose};
 use std::time::Instant;
 
 fn main() {
@@ -30,4 +30,11 @@ fn main() {
         let s = t.elapsed().as_secs_f64();
         println!("{name:<18} {m:>6}×{k:>6}×{n:>6}: {:6.1} GFLOP/s", 2.0 * (m * k * n * reps) as f64 / s / 1e9);
     }
+    let table = vec![0.5f32; 50257 * 64];
+    let t = Instant::now();
+    for _ in 0..10 {
+        std::hint::black_box(transpose(&table, 50257, 64));
+    }
+    println!("transpose 50257×64: {:.1} ms", t.elapsed().as_secs_f64() * 100.0);
 }
+

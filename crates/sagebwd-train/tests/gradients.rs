@@ -60,6 +60,7 @@ fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
 /// embedding without QK-norm) measures 2.6e-3 relative L2, the others below 1e-3 (step 1e-2 gave
 /// 2.8e-2 there: truncation, not a bug). The bound of 1% of each tensor's gradient norm keeps a 4×
 /// margin and is far below what a missing term, wrong sign or transposed product gives (order 1).
+const STEP: f32 = 3e-3;
 const REL_TOL: f64 = 1e-2;
 
 fn check_gradients(tied: bool, qk_norm: bool) {

@@ -1,11 +1,18 @@
 //! The LM head and softmax cross-entropy, fused and computed in chunks of tokens so that the
 //! `tokens × vocab` logits never exist at once (50257 logits per token).
+//!
+//! The logits are computed transposed, `[vocab, tokens]` = `table · hiddenᵀ`: the embedding table is
+//! then read row by row as stored (no transpose of the 50257 × dim table), the three products (logits,
+//! ∂hidden, ∂table) have the shapes the GEMM runs fastest, and the softmax runs down the vocabulary
+//! with the tokens of a chunk as vector lanes.
 
 use crate::backend::{gemm::transpose, Backend};
 use rayon::prelude::*;
 
 /// Tokens per chunk: 256 × 50257 f32 logits are 51 MB.
 const CHUNK: usize = 256;
+/// Vocabulary rows per parallel task in the softmax passes.
+const ROWS_PER_TASK: usize = 512;
 
 /// Where the backward writes: `d_hidden += ∂L/∂hidden`, `d_table += ∂L/∂table`, for the loss
 /// `scale · Σ_tokens −log p(target)`.
@@ -26,51 +33,68 @@ pub fn lm_head_loss(
     mut grad: Option<LossGrad>,
 ) -> f64 {
     let vocab = table.len() / dim;
-    let table_t = transpose(table, vocab, dim);
     let mut total = 0.0f64;
     // One buffer for all chunks: allocating 51 MB per chunk costs page faults every time.
     let mut buffer = vec![0.0f32; CHUNK.min(targets.len()) * vocab];
     for c0 in (0..targets.len()).step_by(CHUNK) {
         let c = CHUNK.min(targets.len() - c0);
         let h = &hidden[c0 * dim..(c0 + c) * dim];
-        let logits = &mut buffer[..c * vocab];
-        be.gemm(logits, h, &table_t, c, dim, vocab, false);
+        let logits_t = &mut buffer[..vocab * c];
+        be.gemm(logits_t, table, &transpose(h, c, dim), vocab, dim, c, false);
         let scale = grad.as_ref().map(|g| g.scale);
-        let losses: Vec<f64> = logits
-            .par_chunks_mut(vocab)
-            .zip(&targets[c0..c0 + c])
-            .map(|(row, &t)| softmax_xent_row(row, t as usize, scale))
-            .collect();
-        total += losses.iter().sum::<f64>();
+        total += softmax_xent_columns(logits_t, c, &targets[c0..c0 + c], scale);
         if let Some(g) = grad.as_mut() {
-            // `logits` now holds ∂L/∂logits.
-            be.gemm(&mut g.d_hidden[c0 * dim..(c0 + c) * dim], logits, table, c, vocab, dim, true);
-            be.gemm_at(g.d_table, logits, h, vocab, c, dim, true);
+            // `logits_t` now holds ∂L/∂logitsᵀ.
+            be.gemm_at(&mut g.d_hidden[c0 * dim..(c0 + c) * dim], logits_t, table, c, vocab, dim, true);
+            be.gemm(g.d_table, logits_t, h, vocab, c, dim, true);
         }
     }
     total
 }
 
-/// Returns `−ln softmax(row)[target]`; with `scale`, overwrites `row` with
-/// `scale · (softmax(row) − onehot(target))`.
-fn softmax_xent_row(row: &mut [f32], target: usize, scale: Option<f32>) -> f64 {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &z| m.max(z));
-    let target_logit = row[target];
-    // Exponentials in chunks of 8 (vectorized, no libm call), summed in f64 per chunk.
-    let mut sum = 0.0f64;
-    for chunk in row.chunks_mut(8) {
-        let mut part = 0.0f32;
-        for z in chunk.iter_mut() {
-            *z = exp_nonpositive(*z - max);
-            part += *z;
-        }
-        sum += part as f64;
+/// For logits stored `[vocab, c]` (column `j` is token `j`), returns `Σ_j −ln softmax(column j)[t_j]`;
+/// with `scale`, overwrites the logits with `scale · (softmax − onehot(target))`. Maxima and sums are
+/// combined over row blocks in block order, so the result does not depend on the thread count.
+fn softmax_xent_columns(l: &mut [f32], c: usize, targets: &[u32], scale: Option<f32>) -> f64 {
+    let target_logit: Vec<f32> = targets.iter().enumerate().map(|(j, &t)| l[t as usize * c + j]).collect();
+    let block_max: Vec<Vec<f32>> = l
+        .par_chunks(ROWS_PER_TASK * c)
+        .map(|blk| {
+            let mut m = vec![f32::NEG_INFINITY; c];
+            for row in blk.chunks_exact(c) {
+                m.iter_mut().zip(row).for_each(|(m, &z)| *m = if z > *m { z } else { *m });
+            }
+            m
+        })
+        .collect();
+    let mut max = vec![f32::NEG_INFINITY; c];
+    for bm in &block_max {
+        max.iter_mut().zip(bm).for_each(|(m, &z)| *m = m.max(z));
     }
-    let loss = max as f64 + sum.ln() - target_logit as f64;
+    let block_sum: Vec<Vec<f64>> = l
+        .par_chunks_mut(ROWS_PER_TASK * c)
+        .map(|blk| {
+            let mut s = vec![0.0f64; c];
+            for row in blk.chunks_exact_mut(c) {
+                for ((z, &m), s) in row.iter_mut().zip(&max).zip(s.iter_mut()) {
+                    *z = exp_nonpositive(*z - m);
+                    *s += *z as f64;
+                }
+            }
+            s
+        })
+        .collect();
+    let mut sum = vec![0.0f64; c];
+    for bs in &block_sum {
+        sum.iter_mut().zip(bs).for_each(|(s, &b)| *s += b);
+    }
+    let loss: f64 = (0..c).map(|j| max[j] as f64 + sum[j].ln() - target_logit[j] as f64).sum();
     if let Some(scale) = scale {
-        let k = (scale as f64 / sum) as f32;
-        row.iter_mut().for_each(|p| *p *= k);
-        row[target] -= scale;
+        let k: Vec<f32> = sum.iter().map(|&s| (scale as f64 / s) as f32).collect();
+        l.par_chunks_mut(c).for_each(|row| row.iter_mut().zip(&k).for_each(|(p, &k)| *p *= k));
+        for (j, &t) in targets.iter().enumerate() {
+            l[t as usize * c + j] -= scale;
+        }
     }
     loss
 }
