@@ -6,12 +6,10 @@ use std::time::Instant;
 
 fn main() {
     let shapes = [
-        ("logits = h·Eᵀ", false, 256, 64, 50257),
-        ("dh = dlogits·E", false, 256, 50257, 64),
-        ("dE = dlogitsᵀ·h", true, 50257, 256, 64),
+        ("logitsᵀ = E·hᵀ", false, 50257, 64, 256),
+        ("dh = dlogits·E", true, 256, 50257, 64),
+        ("dE = dlogitsᵀ·h", false, 50257, 256, 64),
         ("mlp up", false, 1024, 64, 176),
-        ("logits small n", false, 256, 64, 2048),
-        ("dh small k", false, 256, 2048, 64),
         ("dW mlp", true, 176, 1024, 64),
     ];
     for (name, at, m, k, n) in shapes {
