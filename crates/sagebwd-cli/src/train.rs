@@ -193,7 +193,7 @@ fn load_corpus(a: &TrainArgs) -> Result<Corpus> {
     let tok = Tokenizer::gpt2();
     let token_bytes = tok.token_byte_lengths(sagebwd_train::config::GPT2_VOCAB);
     if a.data.is_empty() {
-        let text = decode_text(sample::SAMPLE_NAME, sample::SAMPLE_XZ)?;
+        let text = decode_text(sample::SAMPLE_FILE, sample::SAMPLE_XZ)?;
         let docs = split_documents(&text);
         let s = tokenize_documents(&docs, a.val_every);
         let description = format!("{} ({} training / {} validation books)", sample::SAMPLE_NAME, s.train_docs, s.val_docs);

@@ -33,7 +33,7 @@ pub fn read_text_file(path: &Path) -> Result<String> {
 /// Decompresses (by the name's extension) and decodes UTF-8 (invalid sequences become U+FFFD).
 pub fn decode_text(name: &str, bytes: &[u8]) -> Result<String> {
     let fail = |e: std::io::Error| Error::Data(format!("{name}: cannot decompress: {e}"));
-    let raw = if name.ends_with(".xz") || name.ends_with(".xz (built in)") {
+    let raw = if name.ends_with(".xz") {
         let mut out = Vec::new();
         liblzma::read::XzDecoder::new(bytes).read_to_end(&mut out).map_err(fail)?;
         out
