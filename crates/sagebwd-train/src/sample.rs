@@ -19,7 +19,8 @@ mod tests {
     #[test]
     fn built_in_sample_holds_twelve_books() {
         let text = decode_text(SAMPLE_FILE, SAMPLE_XZ).unwrap();
-        assert_eq!(text.len(), 3_638_529);
+        assert_eq!(text.len(), 3_638_531, "the sample is valid UTF-8 of the documented size");
+        assert!(!text.contains('\u{fffd}'));
         let docs = split_documents(&text);
         assert_eq!(docs.len(), 12);
         let val: Vec<&str> = docs.iter().enumerate().filter(|(i, _)| is_validation(*i, 10)).map(|(_, d)| *d).collect();
