@@ -157,7 +157,7 @@ fn qk_norm_makes_the_loss_invariant_to_the_scale_of_wq() {
 /// gradient whatever the chunking (here: against finite differences on one gain entry).
 #[test]
 fn row_chunked_reductions_cover_every_row() {
-    assert!(BATCH * SEQ < ROW_CHUNK, "the gradient checks above use a single chunk");
+    const _: () = assert!(BATCH * SEQ < ROW_CHUNK, "the gradient checks above use a single chunk");
     let cfg = tiny_config(true, true);
     let be = CpuBackend::new(Attention::Exact);
     let mut model = test_model(&cfg, 8);

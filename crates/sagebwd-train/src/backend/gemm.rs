@@ -197,17 +197,16 @@ fn tile<const FMA: bool, const AT: bool>(out_rows: &mut [f32], a_src: &ASource, 
     if width == NB {
         for kk in k0..k1 {
             let b_row: &[f32; NB] = b[kk * n + n0..kk * n + n0 + NB].try_into().unwrap();
-            for r in 0..rows {
-                let a_val = a_src.at::<AT>(r, kk);
-                madd::<FMA, NB>(&mut acc[r], a_val, b_row);
+            for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
+                madd::<FMA, NB>(acc_r, a_src.at::<AT>(r, kk), b_row);
             }
         }
     } else {
         for kk in k0..k1 {
             let b_row = &b[kk * n + n0..kk * n + n0 + width];
-            for r in 0..rows {
+            for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
                 let a_val = a_src.at::<AT>(r, kk);
-                for (c, &bv) in acc[r][..width].iter_mut().zip(b_row) {
+                for (c, &bv) in acc_r[..width].iter_mut().zip(b_row) {
                     *c = if FMA { a_val.mul_add(bv, *c) } else { *c + a_val * bv };
                 }
             }

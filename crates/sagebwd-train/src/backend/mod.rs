@@ -68,9 +68,12 @@ pub struct AttnGrads {
 pub trait Backend: Send + Sync {
     /// A short description for logs ("cpu (2 threads), attention sagebwd").
     fn describe(&self) -> String;
-    /// `out[m×n] = a[m×k] · b[k×n]` (row-major), or `+=` when `accumulate`.
+    /// `out[m×n] = a[m×k] · b[k×n]` (row-major), or `+=` when `accumulate`. (BLAS-style argument
+    /// list: operands, then the three sizes.)
+    #[allow(clippy::too_many_arguments)]
     fn gemm(&self, out: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize, accumulate: bool);
     /// `out[m×n] = a_tᵀ · b[k×n]` with `a_t` stored `k×m`, or `+=` when `accumulate`.
+    #[allow(clippy::too_many_arguments)]
     fn gemm_at(&self, out: &mut [f32], a_t: &[f32], b: &[f32], m: usize, k: usize, n: usize, accumulate: bool);
     /// Causal attention forward: returns O, `[batch, heads_q, seq, head_dim]`.
     fn attention_forward(&self, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>>;

@@ -83,6 +83,8 @@ pub fn forward(be: &dyn Backend, cfg: &ModelConfig, rope: &Rotary, p: &Layer, x:
 }
 
 /// Given `d_out = ∂L/∂(x + attention(x))`, returns `∂L/∂x` and adds the weight gradients to `g`.
+/// (The forward's arguments plus the cache, the upstream gradient and the gradient sink.)
+#[allow(clippy::too_many_arguments)]
 pub fn backward(
     be: &dyn Backend,
     cfg: &ModelConfig,
