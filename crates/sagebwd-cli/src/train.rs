@@ -146,7 +146,7 @@ fn summary_line(s: &RunSummary) -> String {
         _ => String::new(),
     };
     format!(
-        "{}: {} steps, {} tokens in {:.0} s ({:.0} tokens/s), final train loss {:.4}{val}",
+        "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s), final train loss {:.4}{val}",
         s.attention, s.steps, s.tokens_seen, s.seconds, s.tokens_per_second, s.final_train_loss
     )
 }

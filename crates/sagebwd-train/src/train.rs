@@ -133,7 +133,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let schedule = Schedule { max_lr: cfg.lr, min_lr: cfg.min_lr, warmup: cfg.warmup, total: cfg.steps };
     let bar = progress_bar(opts.progress, cfg.steps, state.step);
     let mut grads = Weights::zeros(&cfg.model);
-    let session_start = (Instant::now(), state.elapsed, state.tokens_seen);
+    let session_start = (state.elapsed, state.tokens_seen);
     let end = opts.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
     while state.step < end {
         let t0 = Instant::now();
@@ -171,13 +171,14 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         if state.step % cfg.checkpoint_every.max(1) == 0 || done || Some(state.step) == opts.stop_after {
             save(&ckpt_path, cfg, &model, &opt, &loader, &state)?;
         }
-        let rate = (state.tokens_seen - session_start.2) as f64 / session_start.0.elapsed().as_secs_f64().max(1e-9);
+        // Training throughput: step time only (evaluations and checkpoints excluded), as in the summary.
+        let rate = (state.tokens_seen - session_start.1) as f64 / (state.elapsed - session_start.0).max(1e-9);
         bar.set_message(format!("loss {loss:.3} | {rate:.0} tok/s{}", last_val.map_or(String::new(), |(v, _)| format!(" | val {v:.3}"))));
         bar.set_position(state.step);
     }
     bar.finish_and_clear();
-    let session_tokens = state.tokens_seen - session_start.2;
-    let session_secs = state.elapsed - session_start.1;
+    let session_tokens = state.tokens_seen - session_start.1;
+    let session_secs = state.elapsed - session_start.0;
     Ok(RunSummary {
         dir: opts.dir.clone(),
         attention: cfg.attention.clone(),
