@@ -375,3 +375,33 @@ __device__ __forceinline__ void tile_bf16_a(float* c, const u32 (*a)[4], const R
 // Row and column of accumulator element e (0..3) of a 16 × 8 tile, relative to the tile.
 __device__ __forceinline__ int c_row(int e) { return ((threadIdx.x & 31) >> 2) + (e >= 2 ? 8 : 0); }
 __device__ __forceinline__ int c_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory staging (sm_80+): cp.async 16-byte copies global → shared and ldmatrix loads of
+// 8-bit fragments (an 8 × 16-byte row block read as an 8 × 8 b16 matrix gives thread (g, t) the
+// 4 bytes at byte 4t of row g: exactly an m16n8k32 B register, or an A register for rows g).
+
+// The shared-state-space address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }\n" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global → shared, asynchronous; with `valid` false the destination is zero-filled and
+// nothing is read (src-size 0).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Four 8 × 8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}

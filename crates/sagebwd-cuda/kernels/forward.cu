@@ -374,8 +374,8 @@ __device__ void mma_store(const ForwardParams& p, const RowState& st, float (*o)
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MMA_THREADS) sage_forward_mma(ForwardParams p) {
-    __shared__ ForwardMmaShared s;
+// The gathering path (any product mix): fragments straight from global memory, P staged per warp.
+__device__ void forward_mma_gather(const ForwardParams& p, ForwardMmaShared& s) {
     const int qb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5;
     const int group = p.dims.heads_q / p.dims.heads_kv;
     const int bh_kv = (bh / p.dims.heads_q) * p.dims.heads_kv + (bh % p.dims.heads_q) / group;
@@ -414,4 +414,228 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) sage_forward_mma(Forwa
         __syncwarp();  // the tile is rewritten by the next key block
     }
     mma_store(p, st, o, bh, row0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The staged INT8 path (#1 and #2 both INT8, the sagebwd / int8-all presets): the same arithmetic,
+// with the K̂ tile [128 keys][d] and the V̂ᵀ tile [d][128 keys] of each key block staged in shared
+// memory by cp.async (16-byte, coalesced, double-buffered: block kb + 1 loads while kb computes),
+// B fragments read with ldmatrix (XOR-swizzled 16-byte chunks: conflict-free), Q̂ fragments in
+// registers for the whole key loop, and P̂ kept in registers as the A operand of P·V.
+//
+// Key permutation: S column n of n-tile nt holds key kmap(nt, n) = 16·(nt/2) + 2·(nt%2) + 4·(n/2) +
+// n%2 (the K̂ rows are fed to ldmatrix in that order). Then the bytes a thread quantizes from its
+// accumulators (columns 2t, 2t+1 of n-tiles 4s..4s+3) are keys 32s + 4t..4t+3 and 32s + 16 + 4t..
+// 4t+3, exactly its m16n8k32 A fragment of k-step s against V̂ᵀ in natural key order: no shuffles.
+// Every per-key operation (mask, β, max, quantization) uses the permuted index; INT32 sums are
+// exact, so only the order of the FP32 row sum l inside a thread changes (not fixed by §4).
+
+#define FK_CH (HEAD_DIM / 16)                 // 16-byte chunks per K̂ row
+#define FK_TILE (BLOCK_KV * HEAD_DIM)          // bytes of one K̂ (or V̂ᵀ) tile
+#define FAST_SMEM_BYTES (4 * FK_TILE + 4 * (BLOCK_KV + HEAD_DIM))
+#define GATHER_SMEM_BYTES ((int)sizeof(ForwardMmaShared))
+#define FORWARD_SMEM_BYTES (FAST_SMEM_BYTES > GATHER_SMEM_BYTES ? FAST_SMEM_BYTES : GATHER_SMEM_BYTES)
+
+// Physical 16-byte chunk of chunk c of K̂ row `key` (conflict-free for the 8 rows kmap(nt, 0..7)
+// that one ldmatrix phase reads: they differ in key bits 0, 2, 3) / of V̂ᵀ row `dd` (8 chunks).
+__device__ __forceinline__ int k_swz(int key, int c) {
+#if HEAD_DIM == 128
+    return c ^ ((key & 1) | ((key >> 1) & 6));
+#else
+    return c ^ ((key >> 2) & 3);
+#endif
+}
+__device__ __forceinline__ int v_swz(int dd, int c) { return c ^ (dd & 7); }
+
+// Issues the copies of key block kb into buffer `buf` (all MMA_THREADS threads).
+__device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs, int bh_kv, int kb, int buf) {
+    const Dims& d = p.dims;
+    const int key0 = kb * BLOCK_KV;
+    const i8* kg = p.op.k_hat + ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
+    const u32 kdst = ks + buf * FK_TILE;
+#pragma unroll
+    for (int i = threadIdx.x; i < BLOCK_KV * FK_CH; i += MMA_THREADS) {
+        const int key = i / FK_CH, c = i % FK_CH;
+        const bool valid = key0 + key < d.n_k;
+        cp_async16(kdst + key * HEAD_DIM + k_swz(key, c) * 16, valid ? kg + key * HEAD_DIM + c * 16 : p.op.k_hat, valid);
+    }
+    // V̂ᵀ rows are n_kpad long: keys past n_k (read as garbage) meet P̂ = 0.
+    const i8* vg = p.tr.v_hat_t + (long)bh_kv * HEAD_DIM * d.n_kpad + key0;
+    const u32 vdst = vs + buf * FK_TILE;
+#pragma unroll
+    for (int i = threadIdx.x; i < HEAD_DIM * (BLOCK_KV / 16); i += MMA_THREADS) {
+        const int dd = i / (BLOCK_KV / 16), c = i % (BLOCK_KV / 16);
+        cp_async16(vdst + dd * BLOCK_KV + v_swz(dd, c) * 16, vg + (long)dd * d.n_kpad + c * 16, true);
+    }
+}
+
+__device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
+    const Dims& d = p.dims;
+    const int qb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int group = d.heads_q / d.heads_kv;
+    const int bh_kv = (bh / d.heads_q) * d.heads_kv + (bh % d.heads_q) / group;
+    const int row0 = qb * BLOCK_Q + warp * 16;
+    const bool smooth_q = p.flags & F_SMOOTH_Q;
+    const u32 ks = smem_addr(smem), vs = ks + 2 * FK_TILE;
+    float* beta = (float*)(smem + 4 * FK_TILE);
+    float* q_mean = beta + BLOCK_KV;
+
+    const int kb_end = key_block_end(d, qb);
+    if (kb_end > 0) fast_load(p, ks, vs, bh_kv, 0, 0);
+    cp_async_commit();
+
+    if (smooth_q && threadIdx.x < HEAD_DIM)
+        q_mean[threadIdx.x] = p.op.q_mean[((long)bh * d.n_qblk + qb) * HEAD_DIM + threadIdx.x];
+    // The warp's Q̂ fragments, once for the whole key loop (rows past n_q read as 0).
+    u32 qa[HEAD_DIM / 32][4];
+    {
+        const View vq = view(p.op.q_hat + ((long)bh * d.n_q + row0) * HEAD_DIM, HEAD_DIM, 1, d.n_q - row0, HEAD_DIM);
+#pragma unroll
+        for (int s = 0; s < HEAD_DIM / 32; ++s) frag_a_s8(qa[s], ReadI8(), vq, 0, s * 32);
+    }
+    const float sq = __fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda);
+
+    RowState st;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        st.m[h] = neg_inf();
+        st.l[h] = 0.0f;
+    }
+    float o[O_TILES][4];
+#pragma unroll
+    for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+
+    // ldmatrix row addresses of this lane: matrix mi = lane / 8, row r = lane % 8.
+    const int mi = lane >> 3, r = lane & 7, tq = lane & 3;
+    const int krow = 4 * (r >> 1) + (r & 1);  // kmap(nt, r) − 16·(nt/2) − 2·(nt%2)
+#if HEAD_DIM == 128
+    const int kf = r;  // k_swz's XOR term for every row kmap(·, r)
+#else
+    const int kf = r >> 1;
+#endif
+    if (smooth_q) __syncthreads();  // q_mean written
+
+    for (int kb = 0; kb < kb_end; ++kb) {
+        const int buf = kb & 1, key0 = kb * BLOCK_KV;
+        if (kb + 1 < kb_end) fast_load(p, ks, vs, bh_kv, kb + 1, buf ^ 1);
+        cp_async_commit();
+        if (smooth_q && threadIdx.x < BLOCK_KV) {
+            const int j = key0 + threadIdx.x;
+            beta[threadIdx.x] = j < d.n_k
+                ? beta_of(q_mean, p.op.k + ((long)bh_kv * d.n_k + j) * HEAD_DIM, p.op.k_mean + (long)bh_kv * HEAD_DIM)
+                : 0.0f;
+        }
+        cp_async_wait<1>();  // this thread's copies of block kb are done
+        __syncthreads();     // everyone's copies (and β) are visible
+
+        // S = Q̂ K̂ᵀ (INT32, exact) → t, base 2, permuted key order.
+        const float sc = __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]);
+        const u32 kbase = ks + buf * FK_TILE + krow * HEAD_DIM;
+        float t[S_TILES][4];
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt) {
+            const u32 rowa = kbase + ((nt >> 1) * 16 + 2 * (nt & 1)) * HEAD_DIM;
+            int acc[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int cg = 0; cg < FK_CH / 4; ++cg) {
+                u32 b[4];
+                ldmatrix_x4(b, rowa + (((cg * 4 + mi) ^ kf) << 4));
+                mma_s8(acc, qa[2 * cg], b);
+                mma_s8(acc, qa[2 * cg + 1], b + 2);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = (nt >> 1) * 16 + 2 * (nt & 1) + 4 * tq + (e & 1);
+                float v = __fmul_rn((float)acc[e], sc);
+                if (smooth_q) v = __fadd_rn(v, __fmul_rn(p.c_lambda, beta[key]));
+                t[nt][e] = v;
+            }
+        }
+        const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
+        const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
+        if (need_mask) {
+#pragma unroll
+            for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = (nt >> 1) * 16 + 2 * (nt & 1) + 4 * tq + (e & 1);
+                    if (!visible(d, row0 + c_row(e), key0 + key)) t[nt][e] = neg_inf();
+                }
+        }
+
+        // Online softmax (as mma_softmax), P̂ packed into A fragments.
+        u32 pa[BLOCK_KV / 32][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = neg_inf();
+#pragma unroll
+            for (int nt = 0; nt < S_TILES; ++nt) mx = fmaxf(mx, fmaxf(t[nt][2 * h], t[nt][2 * h + 1]));
+            mx = group_max(mx);
+            const float m_new = fmaxf(st.m[h], mx);
+            const float m_use = m_new == neg_inf() ? 0.0f : m_new;
+            float sum = 0.0f, amax = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    const float pj = t[nt][e] == neg_inf() ? 0.0f : exp2f(__fsub_rn(t[nt][e], m_use));
+                    t[nt][e] = pj;
+                    sum = __fadd_rn(sum, pj);
+                    amax = fmaxf(amax, pj);
+                }
+            sum = group_sum(sum);
+            amax = group_max(amax);
+            st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use));
+            st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum);
+            st.m[h] = m_new;
+            const GroupScale g = group_scale(amax);
+            st.p_scale[h] = g.scale;
+#pragma unroll
+            for (int s = 0; s < BLOCK_KV / 32; ++s)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int n0 = 4 * s + 2 * half;
+                    const u32 b0 = (u32)quantize(t[n0][2 * h], g.inv) & 0xffu;
+                    const u32 b1 = (u32)quantize(t[n0][2 * h + 1], g.inv) & 0xffu;
+                    const u32 b2 = (u32)quantize(t[n0 + 1][2 * h], g.inv) & 0xffu;
+                    const u32 b3 = (u32)quantize(t[n0 + 1][2 * h + 1], g.inv) & 0xffu;
+                    pa[s][2 * half + h] = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24);
+                }
+        }
+
+        // O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) per d-tile.
+        const float s_v = p.v_scale[bh_kv * d.n_kblk + kb];
+        const u32 vbase = vs + buf * FK_TILE + r * BLOCK_KV;
+#pragma unroll
+        for (int nd = 0; nd < O_TILES; ++nd) {
+            const u32 rowa = vbase + nd * 8 * BLOCK_KV;
+            int acc[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int cg = 0; cg < BLOCK_KV / 64; ++cg) {
+                u32 b[4];
+                ldmatrix_x4(b, rowa + (((cg * 4 + mi) ^ r) << 4));
+                mma_s8(acc, pa[2 * cg], b);
+                mma_s8(acc, pa[2 * cg + 1], b + 2);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                o[nd][e] = __fadd_rn(__fmul_rn(o[nd][e], st.alpha[e >> 1]), dequant(acc[e], st.p_scale[e >> 1], s_v));
+        }
+        __syncthreads();  // buffer `buf` and β are rewritten next iteration
+    }
+    cp_async_wait<0>();
+    mma_store(p, st, o, bh, row0);
+}
+
+// Both paths take their shared memory from the dynamic allocation (FORWARD_SMEM_BYTES, set by
+// src/forward.rs); a launch with less traps rather than corrupt memory.
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) sage_forward_mma(ForwardParams p) {
+    extern __shared__ __align__(128) unsigned char fwd_smem[];
+    u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < (u32)FORWARD_SMEM_BYTES) __trap();
+    if ((p.flags & (F_QK | F_PV)) == (F_QK | F_PV)) forward_mma_fast(p, fwd_smem);
+    else forward_mma_gather(p, *(ForwardMmaShared*)fwd_smem);
 }

@@ -111,6 +111,16 @@ pub fn scales(head_dim: usize) -> (f32, f32) {
     (c, c * std::f32::consts::LOG2_E)
 }
 
+/// Dynamic shared memory of `sage_forward_mma` (`FORWARD_SMEM_BYTES` in forward.cu, which traps
+/// when launched with less): the larger of the staged INT8 path's (two K̂ and two V̂ᵀ tiles of
+/// 128 × d bytes, β and Q_m as FP32) and the gathering path's `ForwardMmaShared` (P̂ and bf16(P)
+/// per warp, Q_m, β).
+pub(crate) fn forward_mma_smem_bytes(head_dim: usize) -> u32 {
+    let fast = 4 * 128 * head_dim + 4 * (128 + head_dim);
+    let gather = 4 * 16 * 128 + 4 * 16 * 128 * 2 + 4 * (head_dim + 128);
+    fast.max(gather) as u32
+}
+
 pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<(DeviceForward, SavedForBackward)> {
     let quant = quantize_inputs(gpu, k, x, cfg)?;
     let s = &x.shape;
@@ -136,12 +146,26 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
         c_lambda,
         ln2: std::f32::consts::LN_2,
     };
-    // Tensor cores: 4 warps of 16 query rows; scalar: 256 threads over the 64 × 128 tile.
-    let (func, threads) = if gpu.tensor_cores() { (&k.forward_mma, 128) } else { (&k.forward, THREADS) };
+    // Tensor cores: 4 warps of 16 query rows, shared memory allocated dynamically (the staged
+    // INT8 path double-buffers the K̂ and V̂ᵀ tiles: more than the 48 KiB of a static allocation);
+    // scalar: 256 threads over the 64 × 128 tile, static shared memory.
+    let (func, threads, smem) = if gpu.tensor_cores() {
+        let smem = forward_mma_smem_bytes(s.head_dim);
+        drv(
+            "set forward shared memory",
+            k.forward_mma.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            ),
+        )?;
+        (&k.forward_mma, 128, smem)
+    } else {
+        (&k.forward, THREADS, 0)
+    };
     let launch = LaunchConfig {
         grid_dim: (dims.n_qblk as u32, (s.batch * s.heads_q) as u32, 1),
         block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: smem,
     };
     drv("launch forward", unsafe { gpu.dev.stream.launch_builder(func).arg(&p).launch(launch) })?;
     Ok((out, SavedForBackward { quant, cfg: cfg.clone() }))
