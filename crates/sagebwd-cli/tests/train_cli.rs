@@ -38,6 +38,11 @@ fn tokenize_train_on_shards_and_report() {
     assert_eq!(i32::from_le_bytes(shard[0..4].try_into().unwrap()), 20240520);
     assert_eq!(shard.len(), 1024 + 2 * info["train"]["tokens"].as_u64().unwrap() as usize);
 
+    // an already-split validation file goes entirely into val shards
+    let o = sagebwd(&["tokenize", "corpus.txt", "-o", "valshards", "--split", "val"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(d.join("valshards/val_000000.bin").exists() && !d.join("valshards/train_000000.bin").exists());
+
     let mut args = vec!["train", "shards", "--preset", "exact,sagebwd", "--steps", "3", "--name", "t"];
     args.extend(SMALL);
     let o = sagebwd(&args, d);

@@ -6,7 +6,8 @@
 //!
 //! `sagebwd tokenize` writes `val_000000.bin`, `train_000000.bin`, `train_000001.bin`, … into its
 //! output directory (training shards hold at most `--shard-tokens` tokens) and `info.json` with the
-//! document, token and byte counts of each split.
+//! document, token and byte counts of each split (`info-train.json` / `info-val.json` when one split
+//! is written at a time with `--split`).
 
 use crate::error::{io_err, Error, Result};
 use std::path::{Path, PathBuf};
