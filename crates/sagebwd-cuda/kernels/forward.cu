@@ -447,6 +447,27 @@ __device__ __forceinline__ int k_swz(int key, int c) {
 }
 __device__ __forceinline__ int v_swz(int dd, int c) { return c ^ (dd & 7); }
 
+// float(a) for |a| < 2^22 (every INT32 accumulator here: |a| ≤ 127²·d < 2^21), exact like the
+// conversion instruction but on the FP32/INT pipes (conversions issue at 1/4 rate or less):
+// 1.5·2^23 + a has ulp 1, and subtracting 1.5·2^23 again is exact.
+__device__ __forceinline__ float i2f_exact(int a) { return __fsub_rn(__int_as_float(0x4B400000 + a), 12582912.0f); }
+
+// quantize(x, inv) of common.cuh for x ≥ 0 (p ∈ [0, 1], inv ≥ 0), with the result in the low byte of
+// the returned bits: y = fl(x·inv) ∈ [0, 2^23); fl(y + 2^23) rounds y to the nearest integer, ties to
+// even (the addition's own rounding, = rintf), as 2^23 + n; the clamp to 127 is fminf on the sum.
+__device__ __forceinline__ u32 quant_pos_bits(float x, float inv) {
+    return __float_as_uint(fminf(__fadd_rn(__fmul_rn(x, inv), 8388608.0f), 8388735.0f));
+}
+
+// The low bytes of a, b, c, d as one word (a lowest).
+__device__ __forceinline__ u32 pack_lo_bytes(u32 a, u32 b, u32 c, u32 d) {
+    u32 lo, hi, r;
+    asm("prmt.b32 %0, %1, %2, 0x0040;" : "=r"(lo) : "r"(a), "r"(b));
+    asm("prmt.b32 %0, %1, %2, 0x0040;" : "=r"(hi) : "r"(c), "r"(d));
+    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(r) : "r"(lo), "r"(hi));
+    return r;
+}
+
 // Issues the copies of key block kb into buffer `buf` (all MMA_THREADS threads).
 __device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs, int bh_kv, int kb, int buf) {
     const Dims& d = p.dims;
@@ -548,7 +569,7 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = (nt >> 1) * 16 + 2 * (nt & 1) + 4 * tq + (e & 1);
-                float v = __fmul_rn((float)acc[e], sc);
+                float v = __fmul_rn(i2f_exact(acc[e]), sc);
                 if (smooth_q) v = __fadd_rn(v, __fmul_rn(p.c_lambda, beta[key]));
                 t[nt][e] = v;
             }
@@ -597,16 +618,15 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const int n0 = 4 * s + 2 * half;
-                    const u32 b0 = (u32)quantize(t[n0][2 * h], g.inv) & 0xffu;
-                    const u32 b1 = (u32)quantize(t[n0][2 * h + 1], g.inv) & 0xffu;
-                    const u32 b2 = (u32)quantize(t[n0 + 1][2 * h], g.inv) & 0xffu;
-                    const u32 b3 = (u32)quantize(t[n0 + 1][2 * h + 1], g.inv) & 0xffu;
-                    pa[s][2 * half + h] = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24);
+                    pa[s][2 * half + h] = pack_lo_bytes(
+                        quant_pos_bits(t[n0][2 * h], g.inv), quant_pos_bits(t[n0][2 * h + 1], g.inv),
+                        quant_pos_bits(t[n0 + 1][2 * h], g.inv), quant_pos_bits(t[n0 + 1][2 * h + 1], g.inv));
                 }
         }
 
         // O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) per d-tile.
         const float s_v = p.v_scale[bh_kv * d.n_kblk + kb];
+        const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
         const u32 vbase = vs + buf * FK_TILE + r * BLOCK_KV;
 #pragma unroll
         for (int nd = 0; nd < O_TILES; ++nd) {
@@ -621,7 +641,7 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                o[nd][e] = __fadd_rn(__fmul_rn(o[nd][e], st.alpha[e >> 1]), dequant(acc[e], st.p_scale[e >> 1], s_v));
+                o[nd][e] = __fadd_rn(__fmul_rn(o[nd][e], st.alpha[e >> 1]), __fmul_rn(i2f_exact(acc[e]), e < 2 ? dq0 : dq1));
         }
         __syncthreads();  // buffer `buf` and β are rewritten next iteration
     }
