@@ -586,44 +586,86 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
                 }
         }
 
-        // Online softmax (as mma_softmax), P̂ packed into A fragments.
+        // Online softmax (as mma_softmax) for both rows at once (independent chains interleave),
+        // max by a tree (exact in any order), the row sum in 4 partial sums per thread (the order of
+        // this FP32 sum is not fixed by §4), P̂ packed into A fragments.
         u32 pa[BLOCK_KV / 32][4];
+        {
+            float mx[2], mq[4][2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = neg_inf();
+            for (int h = 0; h < 2; ++h) {
 #pragma unroll
-            for (int nt = 0; nt < S_TILES; ++nt) mx = fmaxf(mx, fmaxf(t[nt][2 * h], t[nt][2 * h + 1]));
-            mx = group_max(mx);
-            const float m_new = fmaxf(st.m[h], mx);
-            const float m_use = m_new == neg_inf() ? 0.0f : m_new;
-            float sum = 0.0f, amax = 0.0f;
+                for (int k = 0; k < 4; ++k)
+                    mq[k][h] = fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1]));
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    mq[k][h] = fmaxf(mq[k][h], fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]),
+                                                     fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
+                mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
+            }
+#pragma unroll
+            for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+                const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
+                mx[0] = fmaxf(mx[0], a0);
+                mx[1] = fmaxf(mx[1], a1);
+            }
+            float m_use[2], sum[2], amax[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float m_new = fmaxf(st.m[h], mx[h]);
+                m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
+                st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use[h]));
+                st.m[h] = m_new;
+            }
+            float ps[4][2], pm[4][2];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) ps[k][h] = pm[k][h] = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
-                for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                    const float pj = t[nt][e] == neg_inf() ? 0.0f : exp2f(__fsub_rn(t[nt][e], m_use));
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e >> 1, k = nt & 3;
+                    const float pj = t[nt][e] == neg_inf() ? 0.0f : exp2f(__fsub_rn(t[nt][e], m_use[h]));
                     t[nt][e] = pj;
-                    sum = __fadd_rn(sum, pj);
-                    amax = fmaxf(amax, pj);
+                    ps[k][h] = __fadd_rn(ps[k][h], pj);
+                    pm[k][h] = fmaxf(pm[k][h], pj);
                 }
-            sum = group_sum(sum);
-            amax = group_max(amax);
-            st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use));
-            st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum);
-            st.m[h] = m_new;
-            const GroupScale g = group_scale(amax);
-            st.p_scale[h] = g.scale;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
+                amax[h] = fmaxf(fmaxf(pm[0][h], pm[1][h]), fmaxf(pm[2][h], pm[3][h]));
+            }
+#pragma unroll
+            for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+                const float s0 = __shfl_xor_sync(0xffffffffu, sum[0], o2), s1 = __shfl_xor_sync(0xffffffffu, sum[1], o2);
+                const float a0 = __shfl_xor_sync(0xffffffffu, amax[0], o2), a1 = __shfl_xor_sync(0xffffffffu, amax[1], o2);
+                sum[0] = __fadd_rn(sum[0], s0);
+                sum[1] = __fadd_rn(sum[1], s1);
+                amax[0] = fmaxf(amax[0], a0);  // = exp2(rowmax − m_new), the §4 group amax
+                amax[1] = fmaxf(amax[1], a1);
+            }
+            float inv[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
+                const GroupScale g = group_scale(amax[h]);
+                st.p_scale[h] = g.scale;
+                inv[h] = g.inv;
+            }
 #pragma unroll
             for (int s = 0; s < BLOCK_KV / 32; ++s)
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int n0 = 4 * s + 2 * half;
-                    pa[s][2 * half + h] = pack_lo_bytes(
-                        quant_pos_bits(t[n0][2 * h], g.inv), quant_pos_bits(t[n0][2 * h + 1], g.inv),
-                        quant_pos_bits(t[n0 + 1][2 * h], g.inv), quant_pos_bits(t[n0 + 1][2 * h + 1], g.inv));
-                }
+                for (int half = 0; half < 2; ++half)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int n0 = 4 * s + 2 * half;
+                        pa[s][2 * half + h] = pack_lo_bytes(
+                            quant_pos_bits(t[n0][2 * h], inv[h]), quant_pos_bits(t[n0][2 * h + 1], inv[h]),
+                            quant_pos_bits(t[n0 + 1][2 * h], inv[h]), quant_pos_bits(t[n0 + 1][2 * h + 1], inv[h]));
+                    }
         }
-
         // O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) per d-tile.
         const float s_v = p.v_scale[bh_kv * d.n_kblk + kb];
         const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
