@@ -15,4 +15,7 @@ export CUDA_HOME="${CUDA_HOME:-$PWD/$nvrtc_dir/nvidia/cu13}"
 # The kernel compile test fails (instead of skipping) when NVRTC cannot be loaded.
 export SAGEBWD_REQUIRE_NVRTC=1
 
+# The README's main command must resolve to the `sagebwd` binary from the repository root.
+cargo run --release --quiet -- train --help > /dev/null
+
 cargo test --workspace --release "$@"
