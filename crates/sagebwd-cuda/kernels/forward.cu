@@ -490,13 +490,17 @@ __device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs
     }
 }
 
+// SMOOTH_Q is a template parameter: as a run-time flag the compiler predicated its per-score
+// β load and multiply-add (~250 issued instructions per warp per key block even when off).
+template <bool SMOOTH_Q>
 __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
     const Dims& d = p.dims;
     const int qb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int group = d.heads_q / d.heads_kv;
     const int bh_kv = (bh / d.heads_q) * d.heads_kv + (bh % d.heads_q) / group;
     const int row0 = qb * BLOCK_Q + warp * 16;
-    const bool smooth_q = p.flags & F_SMOOTH_Q;
+    const bool smooth_q = SMOOTH_Q;
+    const float c_lambda = p.c_lambda;
     const u32 ks = smem_addr(smem), vs = ks + 2 * FK_TILE;
     float* beta = (float*)(smem + 4 * FK_TILE);
     float* q_mean = beta + BLOCK_KV;
@@ -570,7 +574,7 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
             for (int e = 0; e < 4; ++e) {
                 const int key = (nt >> 1) * 16 + 2 * (nt & 1) + 4 * tq + (e & 1);
                 float v = __fmul_rn(i2f_exact(acc[e]), sc);
-                if (smooth_q) v = __fadd_rn(v, __fmul_rn(p.c_lambda, beta[key]));
+                if (smooth_q) v = __fadd_rn(v, __fmul_rn(c_lambda, beta[key]));
                 t[nt][e] = v;
             }
         }
@@ -627,7 +631,8 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int h = e >> 1, k = nt & 3;
-                    const float pj = t[nt][e] == neg_inf() ? 0.0f : exp2f(__fsub_rn(t[nt][e], m_use[h]));
+                    // A masked t = −∞ needs no select: fl(−∞ − m_use) = −∞ and exp2f(−∞) = +0.
+                    const float pj = exp2f(__fsub_rn(t[nt][e], m_use[h]));
                     t[nt][e] = pj;
                     ps[k][h] = __fadd_rn(ps[k][h], pj);
                     pm[k][h] = fmaxf(pm[k][h], pj);
@@ -698,6 +703,9 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) sage_forward_mma(Forwa
     u32 dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < (u32)FORWARD_SMEM_BYTES) __trap();
-    if ((p.flags & (F_QK | F_PV)) == (F_QK | F_PV)) forward_mma_fast(p, fwd_smem);
+    if ((p.flags & (F_QK | F_PV)) == (F_QK | F_PV)) {
+        if (p.flags & F_SMOOTH_Q) forward_mma_fast<true>(p, fwd_smem);
+        else forward_mma_fast<false>(p, fwd_smem);
+    }
     else forward_mma_gather(p, *(ForwardMmaShared*)fwd_smem);
 }
