@@ -452,11 +452,13 @@ __device__ __forceinline__ int v_swz(int dd, int c) { return c ^ (dd & 7); }
 // 1.5·2^23 + a has ulp 1, and subtracting 1.5·2^23 again is exact.
 __device__ __forceinline__ float i2f_exact(int a) { return __fsub_rn(__int_as_float(0x4B400000 + a), 12582912.0f); }
 
-// quantize(x, inv) of common.cuh for x ≥ 0 (p ∈ [0, 1], inv ≥ 0), with the result in the low byte of
-// the returned bits: y = fl(x·inv) ∈ [0, 2^23); fl(y + 2^23) rounds y to the nearest integer, ties to
-// even (the addition's own rounding, = rintf), as 2^23 + n; the clamp to 127 is fminf on the sum.
+// quantize(x, inv) of common.cuh for 0 ≤ x ≤ amax with inv = fl(127/amax) (P̂ of §4), with the
+// result in the low byte of the returned bits: y = fl(x·inv) ∈ [0, 2^23); fl(y + 2^23) rounds y to
+// the nearest integer, ties to even (the addition's own rounding, = rintf), as 2^23 + n. The clamp
+// to [−127, 127] can never act here: x·inv ≤ amax·(127/amax)(1 + 2^-24) = 127(1 + 2^-24), whose
+// rounding is < 127.5, so n ≤ 127 (and x ≥ 0 gives n ≥ 0); it is left out (one instruction per score).
 __device__ __forceinline__ u32 quant_pos_bits(float x, float inv) {
-    return __float_as_uint(fminf(__fadd_rn(__fmul_rn(x, inv), 8388608.0f), 8388735.0f));
+    return __float_as_uint(__fadd_rn(__fmul_rn(x, inv), 8388608.0f));
 }
 
 // The low bytes of a, b, c, d as one word (a lowest).
@@ -573,7 +575,9 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = (nt >> 1) * 16 + 2 * (nt & 1) + 4 * tq + (e & 1);
-                float v = __fmul_rn(i2f_exact(acc[e]), sc);
+                // I2F here (one issue slot; the conversion pipe has room for these 64 per key
+                // block), the two-instruction exact trick in the P·V epilogue.
+                float v = __fmul_rn((float)acc[e], sc);
                 if (smooth_q) v = __fadd_rn(v, __fmul_rn(c_lambda, beta[key]));
                 t[nt][e] = v;
             }
