@@ -202,14 +202,11 @@ __device__ void tile_dq(const BackwardParams& p, BackwardShared& s, const TileSc
 
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
-    unsigned dyn_smem;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-    if (dyn_smem < sizeof(BackwardShared)) __trap();
+    require_dynamic_smem((u32)sizeof(BackwardShared));
     BackwardShared& s = *reinterpret_cast<BackwardShared*>(smem_raw);
 
     const int kb = blockIdx.x, bh = blockIdx.y;
-    const int group = p.dims.heads_q / p.dims.heads_kv;
-    const int bh_kv = (bh / p.dims.heads_q) * p.dims.heads_kv + (bh % p.dims.heads_q) / group;
+    const int bh_kv = kv_head_of(p.dims, bh);
 
     float dv[KV_PER_THREAD], dk[KV_PER_THREAD];
 #pragma unroll
@@ -431,14 +428,11 @@ __device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const Ti
 
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
-    unsigned dyn_smem;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-    if (dyn_smem < sizeof(BackwardShared)) __trap();
+    require_dynamic_smem((u32)sizeof(BackwardShared));
     BackwardShared& s = *reinterpret_cast<BackwardShared*>(smem_raw);
 
     const int kb = blockIdx.x, bh = blockIdx.y;
-    const int group = p.dims.heads_q / p.dims.heads_kv;
-    const int bh_kv = (bh / p.dims.heads_q) * p.dims.heads_kv + (bh % p.dims.heads_q) / group;
+    const int bh_kv = kv_head_of(p.dims, bh);
 
     float dv[BWD_O_TILES][4], dk[BWD_O_TILES][4];
 #pragma unroll

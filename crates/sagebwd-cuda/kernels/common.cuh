@@ -140,6 +140,21 @@ struct Dims {
     int n_qpad, n_kpad;  // n_qblk·B_q, n_kblk·B_kv: row length of the transposed copies
 };
 
+// The (batch, kv head) row of K/V that query head bh = b·H_q + h reads (GQA: H_q / H_kv query heads
+// per kv head).
+__device__ __forceinline__ int kv_head_of(const Dims& d, int bh) {
+    const int group = d.heads_q / d.heads_kv;
+    return (bh / d.heads_q) * d.heads_kv + (bh % d.heads_q) / group;
+}
+
+// Kernels that take their shared memory from the dynamic allocation trap on a launch that gave
+// less than `need` bytes, rather than corrupt memory.
+__device__ __forceinline__ void require_dynamic_smem(u32 need) {
+    u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < need) __trap();
+}
+
 // Transposed copies [B, H, d, n_pad] written by the quantization kernels, so that the tensor-core
 // products whose reduction runs over tokens (P·V, Pᵀ·dO, dSᵀ·Q, dS·K) read their B operand with the
 // reduction index contiguous (one 32-bit load per fragment register). INT8 ones are of the

@@ -140,8 +140,7 @@ __device__ void forward_store(const ForwardParams& p, ForwardShared& s, const fl
 extern "C" __global__ void __launch_bounds__(THREADS) sage_forward(ForwardParams p) {
     __shared__ ForwardShared s;
     const int qb = blockIdx.x, bh = blockIdx.y;
-    const int group = p.dims.heads_q / p.dims.heads_kv;
-    const int bh_kv = (bh / p.dims.heads_q) * p.dims.heads_kv + (bh % p.dims.heads_q) / group;
+    const int bh_kv = kv_head_of(p.dims, bh);
     const bool smooth_q = p.flags & F_SMOOTH_Q;
 
     if (threadIdx.x < BLOCK_Q) {
@@ -377,8 +376,7 @@ __device__ void mma_store(const ForwardParams& p, const RowState& st, float (*o)
 // The gathering path (any product mix): fragments straight from global memory, P staged per warp.
 __device__ void forward_mma_gather(const ForwardParams& p, ForwardMmaShared& s) {
     const int qb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5;
-    const int group = p.dims.heads_q / p.dims.heads_kv;
-    const int bh_kv = (bh / p.dims.heads_q) * p.dims.heads_kv + (bh % p.dims.heads_q) / group;
+    const int bh_kv = kv_head_of(p.dims, bh);
     const int row0 = qb * BLOCK_Q + warp * 16;
     const bool smooth_q = p.flags & F_SMOOTH_Q;
     if (smooth_q && threadIdx.x < HEAD_DIM)
@@ -498,8 +496,7 @@ template <bool SMOOTH_Q>
 __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
     const Dims& d = p.dims;
     const int qb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int group = d.heads_q / d.heads_kv;
-    const int bh_kv = (bh / d.heads_q) * d.heads_kv + (bh % d.heads_q) / group;
+    const int bh_kv = kv_head_of(d, bh);
     const int row0 = qb * BLOCK_Q + warp * 16;
     const bool smooth_q = SMOOTH_Q;
     const float c_lambda = p.c_lambda;
@@ -704,9 +701,7 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
 // src/forward.rs); a launch with less traps rather than corrupt memory.
 extern "C" __global__ void __launch_bounds__(MMA_THREADS) sage_forward_mma(ForwardParams p) {
     extern __shared__ __align__(128) unsigned char fwd_smem[];
-    u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < (u32)FORWARD_SMEM_BYTES) __trap();
+    require_dynamic_smem((u32)FORWARD_SMEM_BYTES);
     if ((p.flags & (F_QK | F_PV)) == (F_QK | F_PV)) {
         if (p.flags & F_SMOOTH_Q) forward_mma_fast<true>(p, fwd_smem);
         else forward_mma_fast<false>(p, fwd_smem);

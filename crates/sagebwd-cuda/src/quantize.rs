@@ -1,5 +1,5 @@
-//! Host side of `kernels/quantize.cu`: the K token mean, the row offsets b_r, and the per-block
-//! INT8 quantization of Q, K, V (forward preparation) and dO (backward preprocess), ALGORITHM.md §3.
+//! Host side of `kernels/quantize.cu`: the K token mean, the row offsets b_r (fused into the Q
+//! quantization), and the per-block INT8 quantization of Q, K, V (forward preparation) and dO (backward preprocess), ALGORITHM.md §3.
 
 use crate::runtime::{drv, padded_k, padded_q, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
@@ -17,15 +17,20 @@ struct QuantRowsParams {
     scale: u64,
     x_hat_t: u64,
     x_t: u64,
+    k_mean: u64,
+    row_offset: u64,
     n: i32,
     rows_per_block: i32,
     n_blk: i32,
     mean_group: i32,
     n_pad: i32,
+    heads_q: i32,
+    heads_kv: i32,
+    c_lambda: f32,
 }
 unsafe impl cudarc::driver::DeviceRepr for QuantRowsParams {}
 // Layout contract with quantize.cu, which static_asserts the same size.
-const _: () = assert!(std::mem::size_of::<QuantRowsParams>() == 80);
+const _: () = assert!(std::mem::size_of::<QuantRowsParams>() == 104);
 
 /// The quantized operands on the device (layouts of `sagebwd::sim::Quantized`). BF16 products
 /// read the original inputs, so no smoothed BF16 copies exist.
@@ -72,6 +77,8 @@ struct RowsJob<'a> {
     scale: &'a CudaSlice<f32>,
     /// Transposed x̂ and x, rows of `n_pad`.
     transposed: Option<(&'a CudaSlice<i8>, &'a CudaSlice<u16>, usize)>,
+    /// The row offsets b_r of x = Q: (K_m, b_r, H_q, H_kv, cλ).
+    row_offset: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>, usize, usize, f32)>,
 }
 
 fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
@@ -84,16 +91,24 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         scale: gpu.ptr(job.scale),
         x_hat_t: job.transposed.map_or(0, |(t, _, _)| gpu.ptr(t)),
         x_t: job.transposed.map_or(0, |(_, t, _)| gpu.ptr(t)),
+        k_mean: job.row_offset.map_or(0, |(m, ..)| gpu.ptr(m)),
+        row_offset: job.row_offset.map_or(0, |(_, b, ..)| gpu.ptr(b)),
         n: job.n as i32,
         rows_per_block: job.rows_per_block as i32,
         n_blk: n_blk as i32,
         mean_group: job.head_mean.map_or(1, |(_, g)| g as i32),
         n_pad: job.transposed.map_or(0, |(_, _, n)| n as i32),
+        heads_q: job.row_offset.map_or(1, |(_, _, h, _, _)| h as i32),
+        heads_kv: job.row_offset.map_or(1, |(_, _, _, h, _)| h as i32),
+        c_lambda: job.row_offset.map_or(0.0, |(.., c)| c),
     };
     let cfg = LaunchConfig { grid_dim: (n_blk as u32, job.bh as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     let stream = &gpu.dev.stream;
     drv("launch sage_quantize_rows", unsafe { stream.launch_builder(&k.quantize_rows).arg(&p).launch(cfg) }).map(drop)
 }
+
+/// Rows per partial sum of the K mean (`K_MEAN_CHUNK` in quantize.cu).
+const K_MEAN_CHUNK: usize = 512;
 
 /// K_m, then K̂ (from K_s), V̂, Q̂ (from Q_s) and the BF16 smoothed copies (ALGORITHM.md §3).
 pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<QuantizedDev> {
@@ -119,34 +134,45 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
         v_t: gpu.alloc_poisoned_u16(bh_kv * d * padded_k(s.n_k))?,
     };
     let stream = &gpu.dev.stream;
-    let smooth_k = (flags(cfg) & crate::F_SMOOTH_K != 0) as i32;
-    let n_k = s.n_k as i32;
+    let smooth_k = flags(cfg) & crate::F_SMOOTH_K != 0;
+    // K_m: FP64 partial sums over chunks of K_MEAN_CHUNK rows (in parallel), then their sum.
+    let n_chunks = s.n_k.div_ceil(K_MEAN_CHUNK);
+    let partial = gpu.alloc_f32(if smooth_k { 2 * bh_kv * n_chunks * d } else { 2 })?;  // f64
+    let (n_k, n_chunks_i) = (s.n_k as i32, n_chunks as i32);
+    if smooth_k {
+        let part_cfg = LaunchConfig { grid_dim: (n_chunks as u32, bh_kv as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        drv("launch sage_k_mean_partial", unsafe {
+            stream.launch_builder(&k.k_mean_partial).arg(&x.k).arg(&partial).arg(&n_k).arg(&n_chunks_i).launch(part_cfg)
+        })?;
+    }
+    let smooth_k = smooth_k as i32;
     let mean_cfg = LaunchConfig { grid_dim: (bh_kv as u32, 1, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
     drv("launch sage_k_mean", unsafe {
-        stream.launch_builder(&k.k_mean).arg(&x.k).arg(&qd.k_mean).arg(&n_k).arg(&smooth_k).launch(mean_cfg)
+        stream.launch_builder(&k.k_mean).arg(&partial).arg(&qd.k_mean).arg(&n_k).arg(&n_chunks_i).arg(&smooth_k)
+            .launch(mean_cfg)
     })?;
     let (_, c_lambda) = crate::forward::scales(d);
-    drv("launch sage_row_offset", unsafe {
-        stream.launch_builder(&k.row_offset).arg(&x.q).arg(&qd.k_mean).arg(&qd.row_offset).arg(&dims)
-            .arg(&c_lambda).launch(crate::backward::grid_stride(bh_q * s.n_q))
-    })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
         head_mean: Some((&qd.k_mean, 1)), block_mean: None,
         x_hat: &qd.k_hat, scale: &qd.k_scale,
         transposed: Some((&qd.k_hat_t, &qd.k_t, padded_k(s.n_k))),
+        row_offset: None,
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
         head_mean: None, block_mean: None,
         x_hat: &qd.v_hat, scale: &qd.v_scale,
         transposed: Some((&qd.v_hat_t, &qd.v_t, padded_k(s.n_k))),
+        row_offset: None,
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
         head_mean: None, block_mean: cfg.smooth_q.then_some(&qd.q_mean),
         x_hat: &qd.q_hat, scale: &qd.q_scale,
         transposed: Some((&qd.q_hat_t, &qd.q_t, padded_q(s.n_q))),
+        // b_r = fl(cλ·q_r·K_m) (§3.5) from the staged Q tile
+        row_offset: Some((&qd.k_mean, &qd.row_offset, s.heads_q, s.heads_kv, c_lambda)),
     })?;
     Ok(qd)
 }
@@ -166,6 +192,7 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
         head_mean: None, block_mean: None,
         x_hat: &out.do_hat, scale: &out.do_scale,
         transposed: Some((&out.do_hat_t, &out.do_t, padded_q(s.n_q))),
+        row_offset: None,
     })?;
     Ok(out)
 }

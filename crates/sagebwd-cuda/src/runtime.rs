@@ -303,7 +303,7 @@ impl Device {
 pub struct Kernels {
     pub head_dim: usize,
     pub k_mean: CudaFunction,
-    pub row_offset: CudaFunction,
+    pub k_mean_partial: CudaFunction,
     pub quantize_rows: CudaFunction,
     pub fill_u32: CudaFunction,
     pub forward: CudaFunction,
@@ -326,7 +326,7 @@ impl Kernels {
         Ok(Kernels {
             head_dim,
             k_mean: f(0, "sage_k_mean")?,
-            row_offset: f(0, "sage_row_offset")?,
+            k_mean_partial: f(0, "sage_k_mean_partial")?,
             quantize_rows: f(0, "sage_quantize_rows")?,
             fill_u32: f(0, "sage_fill_u32")?,
             forward: f(1, "sage_forward")?,
