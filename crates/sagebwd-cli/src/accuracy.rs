@@ -1,6 +1,7 @@
 //! `sagebwd accuracy`: error of a configuration against exact f64 attention on random inputs.
 
 use crate::args::{describe, ConfigArgs, DeviceArg};
+use crate::accuracy_plot::{plot, Series};
 use crate::backend::Backend;
 use anyhow::Result;
 use clap::Args;
@@ -10,6 +11,7 @@ use sagebwd::metrics::{compare, Metrics};
 use sagebwd::reference::exact;
 use sagebwd::{Config, Product, Shape};
 use serde::Serialize;
+use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct AccuracyArgs {
@@ -53,6 +55,10 @@ pub struct AccuracyArgs {
     /// Skip the P, dP, dS intermediates (they take B·H·N² memory).
     #[arg(long)]
     pub no_intermediates: bool,
+    /// Also draw the relative L2 error of O, dQ, dK, dV against σ into this PNG or SVG file
+    /// (one line per configuration: with --isolate, one per quantized product).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     /// Print JSON records instead of tables.
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,
@@ -140,6 +146,25 @@ pub fn run(a: AccuracyArgs) -> Result<()> {
         }
     }
     bar.finish_and_clear();
+    if let Some(path) = &a.plot {
+        let series: Vec<Series> = configs
+            .iter()
+            .map(|c| Series {
+                label: c.label(),
+                points: records.iter().filter(|r| r.config == c.label()).map(|r| (r.tensor, r.sigma, r.metrics.rel_l2)).collect(),
+            })
+            .collect();
+        let title = format!(
+            "{} vs exact f64: N={}, d={}, {} ({})",
+            if a.isolate { "each product INT8 alone".to_string() } else { base.label() },
+            shape.n_q,
+            shape.head_dim,
+            if a.causal { "causal" } else { "non-causal" },
+            backend.name()
+        );
+        plot(&series, path, &title)?;
+        eprintln!("plot: {}", path.display());
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&records)?);
     } else if a.csv {

@@ -1,6 +1,7 @@
 //! `sagebwd`: INT8 attention for training — accuracy studies, attention on your own tensors.
 
 mod accuracy;
+mod accuracy_plot;
 mod args;
 mod attn;
 mod backend;

@@ -33,7 +33,11 @@ fn accuracy_prints_both_tables_and_json() {
     let rows = out.lines().filter(|l| l.starts_with("sagebwd ") && !l.starts_with("sagebwd accuracy"));
     assert_eq!(rows.count(), 4, "2 σ × 2 tables: {out}");
 
-    let o = sagebwd(&["accuracy", "-n", "70", "-d", "32", "--heads", "2", "--heads-kv", "1", "--causal", "--sigma", "2", "--isolate", "--json", "--device", "cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("iso.png");
+    let o = sagebwd(&["accuracy", "-n", "70", "-d", "32", "--heads", "2", "--heads-kv", "1", "--causal", "--sigma", "2", "--isolate", "--json", "--device", "cpu", "--plot", png.to_str().unwrap()]);
+    let bytes = std::fs::read(&png).expect("--plot writes the file");
+    assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000, "a real PNG, {} bytes", bytes.len());
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let recs = v.as_array().unwrap();

@@ -14,7 +14,8 @@ pub struct Curve {
     pub records: Vec<Record>,
 }
 
-fn register_font() {
+/// Registers the embedded DejaVu Sans as plotters' "sans-serif" (idempotent).
+pub fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // The font is a valid TrueType file shipped by the `dejavu` crate.
@@ -22,7 +23,8 @@ fn register_font() {
     });
 }
 
-const COLORS: [RGBColor; 6] = [
+/// The palette of every chart the project draws.
+pub const COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
