@@ -20,6 +20,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sagebwd::inputs::random;
 use sagebwd::{Config, Shape};
 use sagebwd_cuda::quantize::{quantize_do, quantize_inputs};
+use sagebwd_cuda::pool::Pool;
 use sagebwd_cuda::{DeviceInputs, Gpu};
 use serde::Serialize;
 use std::io::IsTerminal;
@@ -159,61 +160,6 @@ fn mark(gpu: &Gpu) -> Result<CudaEvent> {
 
 fn sync(gpu: &Gpu) -> Result<()> {
     cuda("synchronize", gpu.dev.stream.synchronize())
-}
-
-/// The device's current memory pool, which cudarc's stream-ordered allocations (cuMemAllocAsync)
-/// draw from. Its used-memory high-water mark is the exact peak of live allocations, the
-/// counterpart of `torch.cuda.max_memory_allocated`.
-struct Pool(sys::CUmemoryPool);
-
-impl Pool {
-    /// None when the context allocates synchronously (no memory pools on this device).
-    fn of(gpu: &Gpu) -> Result<Option<Pool>> {
-        if !gpu.dev.ctx.has_async_alloc() {
-            return Ok(None);
-        }
-        let mut pool = std::ptr::null_mut();
-        cuda("cuDeviceGetMemPool", unsafe { sys::cuDeviceGetMemPool(&mut pool, gpu.dev.ctx.cu_device()).result() })?;
-        Ok(Some(Pool(pool)))
-    }
-
-    fn get(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
-        let mut v: u64 = 0;
-        cuda("cuMemPoolGetAttribute", unsafe {
-            sys::cuMemPoolGetAttribute(self.0, attr, &mut v as *mut u64 as *mut _).result()
-        })?;
-        Ok(v)
-    }
-
-    /// Bytes in use now; resets the high-water mark to it (0 is the only value the driver accepts).
-    fn reset_high(&self) -> Result<u64> {
-        let mut zero: u64 = 0;
-        cuda("cuMemPoolSetAttribute", unsafe {
-            sys::cuMemPoolSetAttribute(self.0, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                                       &mut zero as *mut u64 as *mut _).result()
-        })?;
-        self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
-    }
-
-    /// Keeps freed memory in the pool instead of returning it to the driver at every
-    /// synchronization (release threshold 0, the default), as PyTorch's caching allocator does:
-    /// otherwise each repetition would map its buffers afresh, a cost no training loop pays.
-    fn keep_freed_memory(&self) -> Result<()> {
-        let mut max = u64::MAX;
-        cuda("cuMemPoolSetAttribute", unsafe {
-            sys::cuMemPoolSetAttribute(self.0, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                       &mut max as *mut u64 as *mut _).result()
-        })
-    }
-
-    /// Returns the pool's unused memory to the driver (after a synchronization).
-    fn trim(&self) -> Result<()> {
-        cuda("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(self.0, 0).result() })
-    }
-
-    fn high(&self) -> Result<u64> {
-        self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
-    }
 }
 
 /// Peak device memory of one forward + backward, counting one input set (Q, K, V, dO) plus what

@@ -8,6 +8,7 @@ mod backend;
 mod report;
 mod tokenize;
 mod train;
+mod train_check;
 mod bench;
 
 use clap::{Parser, Subcommand};
@@ -35,9 +36,13 @@ enum Command {
     Accuracy(accuracy::AccuracyArgs),
     /// Run attention on Q, K, V (and dO) read from a safetensors file; write O, LSE (dQ, dK, dV).
     Attn(attn::AttnArgs),
-    /// Pre-train a Llama-style language model with SageBwd attention (CPU for now). With no
-    /// arguments: the tiny model on the built-in sample, fpa then sagebwd, with both loss curves.
+    /// Pre-train a Llama-style language model with SageBwd attention, on the GPU when there is
+    /// one, else on the CPU. With no arguments: the tiny model on the built-in sample, fpa then
+    /// sagebwd, with both loss curves.
     Train(train::TrainArgs),
+    /// Check the GPU training step against the CPU one: loss, every parameter gradient and a short
+    /// training run on small models (needs a GPU; exit code 1 beyond the tolerances).
+    TrainCheck(train_check::TrainCheckArgs),
     /// Tokenize text corpora (GPT-2 BPE) into llm.c-format token shards, using all cores.
     Tokenize(tokenize::TokenizeArgs),
     /// Draw the loss curves of several runs in one PNG/SVG and print their final losses.
@@ -53,6 +58,7 @@ fn main() -> ExitCode {
         Command::Accuracy(a) => accuracy::run(a),
         Command::Attn(a) => attn::run(a),
         Command::Train(a) => train::run(a),
+        Command::TrainCheck(a) => train_check::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Report(a) => report::run(a),
         Command::Bench(a) => bench::run(a),

@@ -11,7 +11,8 @@ use sagebwd_train::optim::AdamWConfig;
 use sagebwd_train::plot::{plot_losses, Curve};
 use sagebwd_train::shards::{find_shards, read_shard};
 use sagebwd_train::tokenizer::Tokenizer;
-use sagebwd_train::train::{train, Corpus, RunOptions, RunSummary, TrainConfig};
+use sagebwd_train::train::{train, Corpus, DeviceChoice, RunOptions, RunSummary, TrainConfig};
+use crate::args::DeviceArg;
 use sagebwd_train::{sample, Error as TrainError};
 use std::path::{Path, PathBuf};
 
@@ -107,16 +108,19 @@ pub struct TrainArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where to train: auto (the GPU when one is usable, else the CPU with a note saying why), cpu,
+    /// cuda. The GPU needs head dimension 64 or 128 and a preset other than `exact`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceArg,
 }
+
+/// Peak dense BF16 tensor throughput used for MFU, FLOP/s (H100/H200 SXM datasheet; PERFORMANCE.md).
+const HOPPER_BF16_PEAK: f64 = 989e12;
 
 pub fn run(a: TrainArgs) -> Result<()> {
     if let Some(n) = a.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("--threads")?;
     }
-    eprintln!(
-        "note: sagebwd train has no GPU path yet (it is the next step of issue 5); training runs on the CPU with {} threads",
-        rayon::current_num_threads()
-    );
     let corpus = load_corpus(&a)?;
     let name = a.name.clone().unwrap_or_else(|| if a.data.is_empty() { "sample".into() } else { "run".into() });
     let mut summaries = Vec::new();
@@ -124,7 +128,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         let cfg = train_config(&a, preset)?;
         let dir = a.runs_dir.join(format!("{name}-{}", cfg.attention));
         eprintln!("\n== {} → {}", cfg.attention, dir.display());
-        let opts = RunOptions { dir, resume: a.resume, progress: true, stop_after: None };
+        let device = match a.device {
+            DeviceArg::Auto => DeviceChoice::Auto,
+            DeviceArg::Cpu => DeviceChoice::Cpu,
+            DeviceArg::Cuda => DeviceChoice::Cuda,
+        };
+        let opts = RunOptions { dir, resume: a.resume, progress: true, stop_after: None, device };
         let s = train(&cfg, &corpus, &opts)?;
         eprintln!("{}", summary_line(&s));
         summaries.push(s);
@@ -134,7 +143,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .iter()
         .map(|s| Ok(Curve { label: s.attention.clone(), records: read_records(&s.dir)? }))
         .collect::<std::result::Result<_, TrainError>>()?;
-    plot_losses(&curves, &plot, &format!("{name}: loss vs tokens ({} model, CPU)", a.model))?;
+    let on = if summaries[0].device.starts_with("cpu") { "CPU" } else { "GPU" };
+    plot_losses(&curves, &plot, &format!("{name}: loss vs tokens ({} model, {on})", a.model))?;
     println!("{}", crate::report::table(&summaries.iter().map(|s| s.dir.clone()).collect::<Vec<_>>())?);
     println!("loss curves: {}", plot.display());
     Ok(())
@@ -145,9 +155,22 @@ fn summary_line(s: &RunSummary) -> String {
         (Some(l), Some(b)) => format!(", validation loss {l:.4} ({b:.3} bits/byte)"),
         _ => String::new(),
     };
+    let model_flops = s.tokens_per_second * s.flops_per_token;
+    let mfu = if s.device.contains("H100") || s.device.contains("H200") {
+        format!(", MFU {:.1} % of {:.0} TFLOP/s", 100.0 * model_flops / HOPPER_BF16_PEAK, HOPPER_BF16_PEAK / 1e12)
+    } else {
+        String::new()
+    };
+    let memory = s.peak_memory.map_or(String::new(), |m| format!(", peak memory {:.2} GiB", m as f64 / (1u64 << 30) as f64));
     format!(
-        "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s), final train loss {:.4}{val}",
-        s.attention, s.steps, s.tokens_seen, s.seconds, s.tokens_per_second, s.final_train_loss
+        "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s, {:.1} model TFLOP/s{mfu}{memory}), final train loss {:.4}{val}",
+        s.attention,
+        s.steps,
+        s.tokens_seen,
+        s.seconds,
+        s.tokens_per_second,
+        model_flops / 1e12,
+        s.final_train_loss
     )
 }
 

@@ -120,21 +120,24 @@ pub struct Compiled {
 
 /// Compiles one stage for `arch` (e.g. `sm_90a`) and `head_dim` to CUBIN. Needs NVRTC, no GPU.
 pub fn compile(name: &str, body: &str, arch: &str, head_dim: usize) -> Result<Compiled> {
+    let what = format!("{name} for {arch}, HEAD_DIM={head_dim}");
+    compile_program(name, &full_source(name, body), &nvrtc_options(arch, head_dim), &what)
+}
+
+/// Compiles a whole CUDA source (no header is added) with the given NVRTC options to CUBIN;
+/// `what` names it in error messages. Other crates' kernels (the training step's) use this too.
+pub fn compile_program(name: &str, source: &str, opts: &[String], what: &str) -> Result<Compiled> {
     nvrtc_available()?;
-    let src = CString::new(full_source(name, body)).map_err(|e| Error::Backend(e.to_string()))?;
+    let src = CString::new(source).map_err(|e| Error::Backend(e.to_string()))?;
     let cname = CString::new(name).map_err(|e| Error::Backend(e.to_string()))?;
-    let opts = nvrtc_options(arch, head_dim);
-    let guarded = std::panic::catch_unwind(|| unsafe { compile_raw(&src, &cname, &opts) });
+    let guarded = std::panic::catch_unwind(|| unsafe { compile_raw(&src, &cname, opts) });
     let (ok, log, cubin) = guarded.map_err(|_| Error::Backend("NVRTC panicked (missing symbol?)".into()))??;
     if !ok {
-        return Err(Error::Backend(format!(
-            "NVRTC failed to compile {name} for {arch}, HEAD_DIM={head_dim}:\n{log}"
-        )));
+        return Err(Error::Backend(format!("NVRTC failed to compile {what}:\n{log}")));
     }
     Ok(Compiled { cubin, log })
 }
 
-/// (success, log, cubin) of one NVRTC run.
 unsafe fn compile_raw(src: &CString, name: &CString, opts: &[String]) -> Result<(bool, String, Vec<u8>)> {
     let backend = |what: &str, e: nvrtc::NvrtcError| Error::Backend(format!("NVRTC {what}: {e:?}"));
     let prog = nvrtc::create_program(src, Some(name)).map_err(|e| backend("create_program", e))?;
@@ -193,12 +196,19 @@ fn nvrtc_version() -> String {
 /// (temporary file + rename, so concurrent runs never see a partial file). Cache failures are not
 /// errors (the kernel is just compiled again).
 pub fn compile_cached(name: &str, body: &str, arch: &str, head_dim: usize) -> Result<Vec<u8>> {
+    let what = format!("{name} for {arch}, HEAD_DIM={head_dim}");
+    let tag = format!("{arch}-d{head_dim}");
+    compile_program_cached(name, &full_source(name, body), &nvrtc_options(arch, head_dim), &tag, &what)
+}
+
+/// [`compile_program`] through the on-disk cache; the file is named `{stem}-{tag}-{hash}.cubin`,
+/// the hash covering source, options and the NVRTC version.
+pub fn compile_program_cached(name: &str, source: &str, opts: &[String], tag: &str, what: &str) -> Result<Vec<u8>> {
     nvrtc_available()?;
-    let opts = nvrtc_options(arch, head_dim).join(" ");
     let version = nvrtc_version();
-    let key = fnv1a(&[COMMON.as_bytes(), body.as_bytes(), opts.as_bytes(), arch.as_bytes(), version.as_bytes()]);
+    let key = fnv1a(&[source.as_bytes(), opts.join(" ").as_bytes(), version.as_bytes()]);
     let stem = name.trim_end_matches(".cu");
-    let path = cache_dir().map(|d| d.join(format!("{stem}-{arch}-d{head_dim}-{key:016x}.cubin")));
+    let path = cache_dir().map(|d| d.join(format!("{stem}-{tag}-{key:016x}.cubin")));
     if let Some(p) = &path {
         if let Ok(bytes) = std::fs::read(p) {
             if !bytes.is_empty() {
@@ -206,7 +216,7 @@ pub fn compile_cached(name: &str, body: &str, arch: &str, head_dim: usize) -> Re
             }
         }
     }
-    let compiled = compile(name, body, arch, head_dim)?;
+    let compiled = compile_program(name, source, opts, what)?;
     if let Some(p) = &path {
         let _ = write_atomically(p, &compiled.cubin);
     }

@@ -31,7 +31,7 @@ pub struct ModelConfig {
 
 /// Size presets and their approximate parameter counts with the GPT-2 vocabulary (tied embeddings).
 pub const SIZE_PRESETS: [(&str, &str); 4] = [
-    ("tiny", "dim 64, 4 layers, 4 heads: 0.2M in the blocks + 3.2M embedding (CPU tests and demo)"),
+    ("tiny", "dim 64, 4 layers, 1 head of 64: 0.2M in the blocks + 3.2M embedding (CPU tests and demo)"),
     ("small", "dim 384, 6 layers, 6 heads: 10.6M in the blocks + 19.3M embedding ≈ 30M"),
     ("base", "dim 768, 12 layers, 12 heads: 85M in the blocks + 38.6M embedding ≈ 124M"),
     ("medium", "dim 1024, 24 layers, 16 heads: 308M in the blocks + 51.5M embedding ≈ 360M"),
@@ -41,7 +41,7 @@ impl ModelConfig {
     /// A preset by name (`tiny`, `small`, `base`, `medium`).
     pub fn preset(name: &str) -> Result<ModelConfig> {
         let (dim, n_layers, n_heads, ffn_hidden) = match name.trim().to_ascii_lowercase().as_str() {
-            "tiny" => (64, 4, 4, 176),
+            "tiny" => (64, 4, 1, 176),
             "small" => (384, 6, 6, 1024),
             "base" => (768, 12, 12, 2048),
             "medium" => (1024, 24, 16, 2816),
@@ -67,6 +67,19 @@ impl ModelConfig {
 
     pub fn head_dim(&self) -> usize {
         self.dim / self.n_heads
+    }
+
+    /// Training FLOPs per token at sequence length `seq` (forward + backward; PaLM's convention with
+    /// causal attention): `6 ×` the weights of every product (block matrices and the LM head, tied
+    /// or not) plus `6 · layers · seq · heads · head_dim` for the attention score and value products
+    /// (`12 · L · seq · H·hd` without the mask, halved by causality). Norms, rotary and softmax are
+    /// not counted.
+    pub fn flops_per_token(&self, seq: usize) -> f64 {
+        let (d, hd) = (self.dim as f64, self.head_dim() as f64);
+        let (q, kv) = (self.n_heads as f64 * hd, self.n_kv_heads as f64 * hd);
+        let per_layer = d * (q + 2.0 * kv) + q * d + 3.0 * d * self.ffn_hidden as f64;
+        let matmul = self.n_layers as f64 * per_layer + self.vocab_size as f64 * d;
+        6.0 * matmul + 6.0 * self.n_layers as f64 * seq as f64 * q
     }
 
     /// Checks that the dimensions fit together.

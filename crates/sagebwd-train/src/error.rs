@@ -19,6 +19,8 @@ pub enum Error {
     Diverged(String),
     #[error("plot: {0}")]
     Plot(String),
+    #[error("GPU: {0}")]
+    Gpu(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

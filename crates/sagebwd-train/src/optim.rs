@@ -73,9 +73,13 @@ pub fn grad_norm(grads: &Weights) -> f64 {
 /// Scales the gradients so their global norm is at most `max_norm` (no-op when `max_norm <= 0`).
 pub fn clip(grads: &mut Weights, norm: f64, max_norm: f64) {
     if max_norm > 0.0 && norm > max_norm {
-        let k = (max_norm / norm) as f32;
-        grads.tensors_mut().into_iter().for_each(|t| t.par_iter_mut().for_each(|g| *g *= k));
+        scale(grads, (max_norm / norm) as f32);
     }
+}
+
+/// Multiplies every gradient by `k`.
+pub fn scale(grads: &mut Weights, k: f32) {
+    grads.tensors_mut().into_iter().for_each(|t| t.par_iter_mut().for_each(|g| *g *= k));
 }
 
 /// Linear warmup to `max_lr` over `warmup` steps, then cosine decay to `min_lr` at `total`.

@@ -1,14 +1,16 @@
 //! The training loop: gradient accumulation, clipping, AdamW, the schedule, periodic validation,
 //! metrics, checkpoints, exact resume, and a clean stop on a non-finite loss.
 
-use crate::backend::{cpu::CpuBackend, Attention, Backend};
+use crate::backend::Attention;
 use crate::checkpoint;
+use crate::engine::{clip_factor, CpuEngine, Engine, EngineState};
+use crate::gpu::GpuEngine;
 use crate::config::ModelConfig;
 use crate::error::{io_err, Error, Result};
 use crate::loader::{validation_batches, Loader, LoaderState};
 use crate::metrics::{bits_per_byte, MetricsLog, Record};
 use crate::model::{Batch, Model, ParamLayout, Weights};
-use crate::optim::{clip, grad_norm, AdamW, AdamWConfig, Schedule};
+use crate::optim::{AdamWConfig, Schedule};
 use crate::rng::Rng;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -82,6 +84,48 @@ pub struct RunOptions {
     pub progress: bool,
     /// Stop (as if interrupted) once this many steps are done; for tests of `resume`.
     pub stop_after: Option<u64>,
+    pub device: DeviceChoice,
+}
+
+/// Where to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// The GPU when one is usable (driver, NVRTC, cuBLASLt, a supported head dimension), else the
+    /// CPU with a note saying why.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// Builds the engine for `cfg` with initial `weights` on the chosen device.
+pub fn make_engine(cfg: &TrainConfig, weights: Weights, device: DeviceChoice, verbose: bool) -> Result<Box<dyn Engine>> {
+    let attention = Attention::parse(&cfg.attention)?;
+    let cpu = |weights: Weights, attention: Attention| -> Box<dyn Engine> {
+        Box::new(CpuEngine::new(Model::new(cfg.model.clone(), weights), cfg.adamw.clone(), attention))
+    };
+    match device {
+        DeviceChoice::Cpu => Ok(cpu(weights, attention)),
+        DeviceChoice::Cuda => Ok(Box::new(GpuEngine::new(cfg.model.clone(), &weights, cfg.adamw.clone(), attention)?)),
+        DeviceChoice::Auto => {
+            let threads = rayon::current_num_threads();
+            if let Some(why) = crate::gpu::unsupported_reason(&cfg.model, &attention) {
+                if verbose {
+                    eprintln!("note: training on the CPU ({threads} threads): {why}");
+                }
+                return Ok(cpu(weights, attention));
+            }
+            match GpuEngine::new(cfg.model.clone(), &weights, cfg.adamw.clone(), attention.clone()) {
+                Ok(e) => Ok(Box::new(e)),
+                Err(why) => {
+                    if verbose {
+                        eprintln!("note: training on the CPU ({threads} threads): no usable GPU ({why})");
+                    }
+                    Ok(cpu(weights, attention))
+                }
+            }
+        }
+    }
 }
 
 /// What a finished run reports.
@@ -96,6 +140,16 @@ pub struct RunSummary {
     pub final_val_bpb: Option<f64>,
     pub seconds: f64,
     pub tokens_per_second: f64,
+    /// The engine's description (device, products, attention).
+    #[serde(default)]
+    pub device: String,
+    /// Peak device memory of the run (GPU only): the memory pool's high-water mark of live
+    /// allocations, above what was in use before the engine started.
+    #[serde(default)]
+    pub peak_memory: Option<u64>,
+    /// Training FLOPs per token ([`ModelConfig::flops_per_token`]).
+    #[serde(default)]
+    pub flops_per_token: f64,
 }
 
 /// Training state that a checkpoint restores.
@@ -109,15 +163,14 @@ struct State {
 pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<RunSummary> {
     cfg.validate()?;
     std::fs::create_dir_all(&opts.dir).map_err(io_err(&opts.dir))?;
-    let backend = CpuBackend::new(Attention::parse(&cfg.attention)?);
     let layout = ParamLayout::new(&cfg.model);
-    let mut model = Model::new(cfg.model.clone(), Weights::init(&cfg.model, &mut Rng::new(cfg.seed)));
-    let mut opt = AdamW::new(cfg.adamw.clone(), &layout, Weights::zeros(&cfg.model));
+    let weights = Weights::init(&cfg.model, &mut Rng::new(cfg.seed));
+    let mut engine = make_engine(cfg, weights, opts.device, opts.progress)?;
     let mut loader = Loader::new(corpus.train.clone(), cfg.seq_len, cfg.micro_batch, cfg.seed)?;
     let ckpt_path = opts.dir.join(checkpoint::FILE_NAME);
     let mut state = State { step: 0, tokens_seen: 0, elapsed: 0.0 };
     if opts.resume {
-        state = restore(&ckpt_path, cfg, &mut model, &mut opt, &mut loader)?;
+        state = restore(&ckpt_path, cfg, engine.as_mut(), &mut loader)?;
     } else {
         write_config(&opts.dir, cfg)?;
     }
@@ -128,17 +181,16 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let mut last_val = kept.iter().rev().find_map(|r| Some((r.val_loss?, r.val_bpb?)));
     let val = validation_batches(&corpus.val, cfg.seq_len, cfg.micro_batch, cfg.eval_tokens);
     if opts.progress {
-        print_header(cfg, &layout, &backend, corpus, loader.windows(), &state);
+        print_header(cfg, &layout, engine.as_ref(), corpus, loader.windows(), &state);
     }
     let schedule = Schedule { max_lr: cfg.lr, min_lr: cfg.min_lr, warmup: cfg.warmup, total: cfg.steps };
     let bar = progress_bar(opts.progress, cfg.steps, state.step);
-    let mut grads = Weights::zeros(&cfg.model);
     let session_start = (state.elapsed, state.tokens_seen);
     let end = opts.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
     while state.step < end {
         let t0 = Instant::now();
         let lr = schedule.lr(state.step);
-        let (loss, norm) = step(cfg, &backend, &mut model, &mut opt, &mut loader, &mut grads, lr)
+        let (loss, norm) = step(cfg, engine.as_mut(), &mut loader, lr)
             .map_err(|e| diverged(e, state.step + 1, &ckpt_path))?;
         state.step += 1;
         state.tokens_seen += cfg.tokens_per_step() as u64;
@@ -156,7 +208,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         })?;
         let done = state.step == cfg.steps;
         if !val.is_empty() && (state.step % cfg.eval_every.max(1) == 0 || done) {
-            let (val_loss, bpb) = evaluate(&backend, &model, &val, &corpus.token_bytes)?;
+            let (val_loss, bpb) = evaluate(engine.as_mut(), &val, &corpus.token_bytes)?;
             last_val = Some((val_loss, bpb));
             log.append(&Record {
                 kind: "val".into(),
@@ -169,7 +221,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
             })?;
         }
         if state.step % cfg.checkpoint_every.max(1) == 0 || done || Some(state.step) == opts.stop_after {
-            save(&ckpt_path, cfg, &model, &opt, &loader, &state)?;
+            save(&ckpt_path, cfg, engine.as_ref(), &loader, &state)?;
         }
         // Training throughput: step time only (evaluations and checkpoints excluded), as in the summary.
         let rate = (state.tokens_seen - session_start.1) as f64 / (state.elapsed - session_start.0).max(1e-9);
@@ -189,34 +241,28 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         final_val_bpb: last_val.map(|v| v.1),
         seconds: state.elapsed,
         tokens_per_second: session_tokens as f64 / session_secs.max(1e-9),
+        device: engine.describe(),
+        peak_memory: engine.peak_memory(),
+        flops_per_token: cfg.model.flops_per_token(cfg.seq_len),
     })
 }
 
 /// One optimizer step: accumulated gradients over `grad_accum` micro-batches, clipping, AdamW.
 /// Returns the step's mean loss and the gradient norm before clipping.
-fn step(
-    cfg: &TrainConfig,
-    be: &dyn Backend,
-    model: &mut Model,
-    opt: &mut AdamW,
-    loader: &mut Loader,
-    grads: &mut Weights,
-    lr: f32,
-) -> Result<(f64, f64)> {
-    grads.zero();
+fn step(cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut Loader, lr: f32) -> Result<(f64, f64)> {
+    engine.zero_grads()?;
     let scale = 1.0 / cfg.tokens_per_step() as f32;
     let mut loss = 0.0;
     for _ in 0..cfg.grad_accum {
         let (inputs, targets) = loader.next_batch();
         let batch = Batch { inputs: &inputs, targets: &targets, batch: cfg.micro_batch, seq: cfg.seq_len };
-        loss += model.forward_backward(be, &batch, grads, scale)? / cfg.grad_accum as f64;
+        loss += engine.forward_backward(&batch, scale)? / cfg.grad_accum as f64;
     }
-    let norm = grad_norm(grads);
+    let norm = engine.grad_norm()?;
     if !loss.is_finite() || !norm.is_finite() {
         return Err(Error::Diverged(format!("loss {loss}, gradient norm {norm}")));
     }
-    clip(grads, norm, cfg.grad_clip as f64);
-    opt.step(&mut model.weights, grads, lr);
+    engine.update(lr, clip_factor(norm, cfg.grad_clip as f64))?;
     Ok((loss, norm))
 }
 
@@ -238,11 +284,11 @@ fn diverged(e: Error, step: u64, ckpt: &Path) -> Error {
 }
 
 /// Mean validation loss (nats per token) and bits per byte.
-pub fn evaluate(be: &dyn Backend, model: &Model, val: &[(Vec<u32>, Vec<u32>, usize)], token_bytes: &[u32]) -> Result<(f64, f64)> {
+pub fn evaluate(engine: &mut dyn Engine, val: &[(Vec<u32>, Vec<u32>, usize)], token_bytes: &[u32]) -> Result<(f64, f64)> {
     let (mut nats, mut tokens, mut bytes) = (0.0f64, 0u64, 0u64);
     for (inputs, targets, n) in val {
         let batch = Batch { inputs, targets, batch: *n, seq: inputs.len() / n };
-        nats += model.loss(be, &batch)? * targets.len() as f64;
+        nats += engine.loss(&batch)? * targets.len() as f64;
         tokens += targets.len() as u64;
         bytes += targets.iter().map(|&t| token_bytes.get(t as usize).copied().unwrap_or(0) as u64).sum::<u64>();
     }
@@ -250,11 +296,12 @@ pub fn evaluate(be: &dyn Backend, model: &Model, val: &[(Vec<u32>, Vec<u32>, usi
     Ok((loss, bits_per_byte(loss, tokens, bytes)))
 }
 
-fn save(path: &Path, cfg: &TrainConfig, model: &Model, opt: &AdamW, loader: &Loader, s: &State) -> Result<()> {
+fn save(path: &Path, cfg: &TrainConfig, engine: &dyn Engine, loader: &Loader, s: &State) -> Result<()> {
+    let st = engine.export()?;
     let meta = serde_json::json!({
         "config": cfg,
         "step": s.step,
-        "adam_t": opt.t,
+        "adam_t": st.adam_t,
         "tokens_seen": s.tokens_seen,
         "elapsed": s.elapsed,
         "loader": loader.state,
@@ -262,11 +309,11 @@ fn save(path: &Path, cfg: &TrainConfig, model: &Model, opt: &AdamW, loader: &Loa
         // randomness after initialization, so these two restore it exactly.
         "rng": { "seed": cfg.seed, "loader": loader.state },
     });
-    checkpoint::save(path, &model.weights, &opt.m, &opt.v, &meta)
+    checkpoint::save(path, &st.weights, &st.adam_m, &st.adam_v, &meta)
 }
 
-fn restore(path: &Path, cfg: &TrainConfig, model: &mut Model, opt: &mut AdamW, loader: &mut Loader) -> Result<State> {
-    let ck = checkpoint::load(path, &model.weights)?;
+fn restore(path: &Path, cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut Loader) -> Result<State> {
+    let ck = checkpoint::load(path, &Weights::zeros(&cfg.model))?;
     let err = |msg: String| Error::Checkpoint { path: path.into(), msg };
     let saved: TrainConfig = serde_json::from_value(ck.meta["config"].clone()).map_err(|e| err(format!("bad config: {e}")))?;
     if saved.model != cfg.model || saved.attention != cfg.attention || saved.tokens_per_step() != cfg.tokens_per_step() {
@@ -274,10 +321,7 @@ fn restore(path: &Path, cfg: &TrainConfig, model: &mut Model, opt: &mut AdamW, l
     }
     let field = |name: &str| ck.meta[name].as_u64().ok_or_else(|| err(format!("metadata `{name}` is missing")));
     let loader_state: LoaderState = serde_json::from_value(ck.meta["loader"].clone()).map_err(|e| err(format!("bad loader state: {e}")))?;
-    model.weights = ck.weights;
-    opt.m = ck.adam_m;
-    opt.v = ck.adam_v;
-    opt.t = field("adam_t")?;
+    engine.import(EngineState { weights: ck.weights, adam_m: ck.adam_m, adam_v: ck.adam_v, adam_t: field("adam_t")? })?;
     loader.restore(loader_state);
     Ok(State { step: field("step")?, tokens_seen: field("tokens_seen")?, elapsed: ck.meta["elapsed"].as_f64().unwrap_or(0.0) })
 }
@@ -295,7 +339,7 @@ pub fn read_config(dir: &Path) -> Result<TrainConfig> {
     serde_json::from_str(&text).map_err(|e| Error::Data(format!("{}: {e}", path.display())))
 }
 
-fn print_header(cfg: &TrainConfig, layout: &ParamLayout, be: &dyn Backend, corpus: &Corpus, windows: usize, s: &State) {
+fn print_header(cfg: &TrainConfig, layout: &ParamLayout, be: &dyn Engine, corpus: &Corpus, windows: usize, s: &State) {
     let m = &cfg.model;
     eprintln!(
         "model: dim {}, {} layers, {} heads ({} kv), head dim {}, ffn {}, QK-norm {}, embeddings {}: {:.2}M parameters ({:.2}M outside the embeddings)",

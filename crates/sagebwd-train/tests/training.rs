@@ -6,7 +6,7 @@ use sagebwd_train::config::ModelConfig;
 use sagebwd_train::metrics::{read_records, Record};
 use sagebwd_train::optim::AdamWConfig;
 use sagebwd_train::plot::{plot_losses, Curve};
-use sagebwd_train::train::{train, Corpus, RunOptions, TrainConfig};
+use sagebwd_train::train::{train, Corpus, DeviceChoice, RunOptions, TrainConfig};
 use std::path::Path;
 
 const VOCAB: usize = 64;
@@ -51,7 +51,7 @@ fn corpus() -> Corpus {
 }
 
 fn opts(dir: &Path) -> RunOptions {
-    RunOptions { dir: dir.to_path_buf(), resume: false, progress: false, stop_after: None }
+    RunOptions { dir: dir.to_path_buf(), resume: false, progress: false, stop_after: None, device: DeviceChoice::Cpu }
 }
 
 fn train_losses(records: &[Record]) -> Vec<f64> {

@@ -26,6 +26,11 @@ impl Rotary {
         Rotary { half, cos, sin }
     }
 
+    /// The `[max_seq, head_dim / 2]` cosine and sine tables (the GPU path uploads them).
+    pub fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+
     /// Rotates `x` (`[batch·seq, heads·head_dim]`) in place; `inverse` applies the transposed rotation,
     /// which is the backward (a rotation's Jacobian is the rotation).
     pub fn apply(&self, x: &mut [f32], seq: usize, heads: usize, inverse: bool) {

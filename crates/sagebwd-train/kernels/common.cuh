@@ -1,0 +1,67 @@
+// Shared device helpers of the training-step kernels: types, BF16 conversion, warp and block
+// reductions, and the addressing of "rows" that are head vectors inside token rows.
+//
+// Like the attention kernels, these need no CUDA header (NVRTC provides built-ins, math functions
+// and atomics). BF16 tensors are passed as raw `u16` bits.
+#pragma once
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define WARP 32
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+// Round to nearest even; NaN stays NaN (quiet).
+__device__ __forceinline__ u16 f32_to_bf16(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide reductions for blocks of up to 1024 threads; `scratch` holds 32 floats. Every thread
+// gets the result. The order of the additions is fixed, so results are reproducible.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = (blockDim.x + WARP - 1) / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = (blockDim.x + WARP - 1) / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : -__int_as_float(0x7f800000);
+    return warp_max(v);
+}
+
+// A set of rows of width `n`: row r starts at `(r / per_token) * token_stride + (r % per_token) * n`.
+// Plain matrices have per_token = 1 and token_stride = n; the query head vectors of a fused
+// `[tokens, q | k | v]` projection have per_token = heads and token_stride = the fused width.
+struct Rows {
+    int n;
+    int per_token;
+    long token_stride;
+};
+
+__device__ __forceinline__ long row_offset(const Rows& r, long row) {
+    return (row / r.per_token) * r.token_stride + (row % r.per_token) * (long)r.n;
+}

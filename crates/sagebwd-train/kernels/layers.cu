@@ -1,0 +1,249 @@
+// Kernels of the transformer layers (forward and backward): embedding, RMSNorm, the Q/K/V head
+// split with QK-norm and rotary, the head/token permutations around attention, SwiGLU, casts.
+// The matrix products run in cuBLASLt; attention in sagebwd-cuda. Every formula mirrors the CPU
+// layer of the same name in src/layers/ (the GPU-vs-CPU check compares them).
+
+// ---- embedding -----------------------------------------------------------------------------
+
+// x[t, :] = table[tokens[t], :]. One block per token.
+extern "C" __global__ void embed_forward(const u32* tokens, const float* table, float* x, int dim) {
+    const long t = blockIdx.x;
+    const float* src = table + (long)tokens[t] * dim;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) x[t * dim + c] = src[c];
+}
+
+// d_table[tokens[t], :] += dx[t, :]. Atomics: the order of additions into a repeated token's row
+// varies from run to run (the CPU path adds in token order).
+extern "C" __global__ void embed_backward(const u32* tokens, const float* dx, float* d_table, int dim) {
+    const long t = blockIdx.x;
+    float* dst = d_table + (long)tokens[t] * dim;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) atomicAdd(dst + c, dx[t * dim + c]);
+}
+
+// ---- RMSNorm -------------------------------------------------------------------------------
+
+// y = x · rstd · g (BF16, the next product's operand), rstd = 1/sqrt(mean(x²) + eps). One warp per row.
+extern "C" __global__ void rmsnorm_forward(const float* x, const float* gain, u16* y, float* rstd, int n, long rows,
+                                           float eps) {
+    const long row = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    const float* xr = x + row * n;
+    float ss = 0.0f;
+    for (int c = lane; c < n; c += WARP) ss += xr[c] * xr[c];
+    const float rs = 1.0f / sqrtf(warp_sum(ss) / n + eps);
+    for (int c = lane; c < n; c += WARP) y[row * n + c] = f32_to_bf16(xr[c] * rs * gain[c]);
+    if (lane == 0) rstd[row] = rs;
+}
+
+// dx += rstd · g ∘ dy − x · rstd³ · (Σ g ∘ dy ∘ x) / n. One warp per row. (The gain's gradient is
+// a column sum: gain_grad_partial + sum_partials.)
+extern "C" __global__ void rmsnorm_backward(const float* dy, const float* x, const float* gain, const float* rstd,
+                                            float* dx, int n, long rows) {
+    const long row = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    const float *dyr = dy + row * n, *xr = x + row * n;
+    float ux = 0.0f;
+    for (int c = lane; c < n; c += WARP) ux += dyr[c] * gain[c] * xr[c];
+    const float rs = rstd[row];
+    const float coef = rs * rs * rs * warp_sum(ux) / n;
+    for (int c = lane; c < n; c += WARP) dx[row * n + c] += rs * gain[c] * dyr[c] - xr[c] * coef;
+}
+
+// partial[chunk, c] = Σ_{rows r of the chunk} dy[r, c] · x[r, c] · rstd[r]: the gain gradient of an
+// RMSNorm, in fixed-order partial sums (grid: x over columns, y over chunks of rows).
+extern "C" __global__ void gain_grad_partial(const float* dy, Rows dy_rows, const float* x, Rows x_rows,
+                                             const float* rstd, float* partial, long rows, int rows_per_chunk) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int n = x_rows.n;
+    if (c >= n) return;
+    const long r0 = (long)blockIdx.y * rows_per_chunk;
+    const long r1 = min(rows, r0 + rows_per_chunk);
+    float acc = 0.0f;
+    for (long r = r0; r < r1; r++) acc += dy[row_offset(dy_rows, r) + c] * x[row_offset(x_rows, r) + c] * rstd[r];
+    partial[(long)blockIdx.y * n + c] = acc;
+}
+
+// out[c] += Σ_k partial[k, c], k in order.
+extern "C" __global__ void sum_partials(const float* partial, float* out, int n, int chunks) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float acc = 0.0f;
+    for (int k = 0; k < chunks; k++) acc += partial[(long)k * n + c];
+    out[c] += acc;
+}
+
+// ---- Q/K/V heads: QK-norm, rotary, layout --------------------------------------------------
+
+#define MAX_PAIRS 4 // head dimension ≤ 256: at most 4 rotary pairs per lane
+
+struct HeadsDims {
+    int batch, seq, heads_q, heads_kv, head_dim, qk_norm;
+    float eps;
+};
+
+// Slot s of a token's fused projection row `[q heads | k heads | v heads]`: which tensor, which head.
+__device__ __forceinline__ void slot_of(const HeadsDims& d, int s, int& kind, int& h) {
+    if (s < d.heads_q) { kind = 0; h = s; }
+    else if (s < d.heads_q + d.heads_kv) { kind = 1; h = s - d.heads_q; }
+    else { kind = 2; h = s - d.heads_q - d.heads_kv; }
+}
+
+// Offset of (b, h, t) in a `[batch, heads, seq, head_dim]` tensor.
+__device__ __forceinline__ long head_offset(const HeadsDims& d, int heads, long tok, int h) {
+    const long b = tok / d.seq, t = tok % d.seq;
+    return ((b * heads + h) * d.seq + t) * d.head_dim;
+}
+
+// qkv: `[tokens, (heads_q + 2 heads_kv) · head_dim]` FP32 (the fused projection). Writes Q, K, V as
+// BF16 `[batch, heads, seq, head_dim]`: Q and K normalized (QK-norm, optional) then rotated (half-split
+// pairs, as src/layers/rotary.rs); V copied. One warp per (token, slot).
+extern "C" __global__ void qkv_heads_forward(HeadsDims d, const float* qkv, const float* q_gain, const float* k_gain,
+                                             const float* cos_t, const float* sin_t, u16* q, u16* k, u16* v,
+                                             float* q_rstd, float* k_rstd) {
+    const int slots = d.heads_q + 2 * d.heads_kv;
+    const long gw = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (gw >= (long)d.batch * d.seq * slots) return;
+    const long tok = gw / slots;
+    int kind, h;
+    slot_of(d, (int)(gw % slots), kind, h);
+    const int hd = d.head_dim, half = hd / 2;
+    const float* x = qkv + tok * slots * hd + (gw % slots) * hd;
+    if (kind == 2) {
+        u16* dst = v + head_offset(d, d.heads_kv, tok, h);
+        for (int c = lane; c < hd; c += WARP) dst[c] = f32_to_bf16(x[c]);
+        return;
+    }
+    const float* gain = kind == 0 ? q_gain : k_gain;
+    float rs = 1.0f;
+    if (d.qk_norm) {
+        float ss = 0.0f;
+        for (int c = lane; c < hd; c += WARP) ss += x[c] * x[c];
+        rs = 1.0f / sqrtf(warp_sum(ss) / hd + d.eps);
+        float* rstd = kind == 0 ? q_rstd : k_rstd;
+        if (lane == 0) rstd[tok * (kind == 0 ? d.heads_q : d.heads_kv) + h] = rs;
+    }
+    u16* dst = kind == 0 ? q + head_offset(d, d.heads_q, tok, h) : k + head_offset(d, d.heads_kv, tok, h);
+    const long t = tok % d.seq;
+    for (int i = lane; i < half; i += WARP) {
+        float a = x[i], b = x[i + half];
+        if (d.qk_norm) {
+            a = a * rs * gain[i];
+            b = b * rs * gain[i + half];
+        }
+        const float c = cos_t[t * half + i], s = sin_t[t * half + i];
+        dst[i] = f32_to_bf16(a * c - b * s);
+        dst[i + half] = f32_to_bf16(a * s + b * c);
+    }
+}
+
+// The backward of qkv_heads_forward: dQ, dK, dV (BF16, heads layout) → d_qkv (BF16, the fused
+// projection's layout). Inverse rotation (a rotation's Jacobian is the rotation), then the RMSNorm
+// backward with the saved rstd; the gradient w.r.t. the normalized vector goes to d_normed
+// (`[tokens, heads_q + heads_kv, head_dim]`) for the gains' column sums.
+extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const u16* dk, const u16* dv,
+                                              const float* qkv, const float* q_gain, const float* k_gain,
+                                              const float* q_rstd, const float* k_rstd, const float* cos_t,
+                                              const float* sin_t, u16* d_qkv, float* d_normed) {
+    const int slots = d.heads_q + 2 * d.heads_kv;
+    const long gw = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (gw >= (long)d.batch * d.seq * slots) return;
+    const long tok = gw / slots;
+    const int slot = (int)(gw % slots);
+    int kind, h;
+    slot_of(d, slot, kind, h);
+    const int hd = d.head_dim, half = hd / 2;
+    u16* out = d_qkv + tok * slots * hd + (long)slot * hd;
+    if (kind == 2) {
+        const u16* src = dv + head_offset(d, d.heads_kv, tok, h);
+        for (int c = lane; c < hd; c += WARP) out[c] = src[c];
+        return;
+    }
+    const u16* src = kind == 0 ? dq + head_offset(d, d.heads_q, tok, h) : dk + head_offset(d, d.heads_kv, tok, h);
+    const long t = tok % d.seq;
+    float da[MAX_PAIRS], db[MAX_PAIRS];
+    for (int p = 0; p < MAX_PAIRS; p++) {
+        const int i = lane + p * WARP;
+        da[p] = db[p] = 0.0f;
+        if (i >= half) continue;
+        const float a = bf16_to_f32(src[i]), b = bf16_to_f32(src[i + half]);
+        const float c = cos_t[t * half + i], s = sin_t[t * half + i];
+        da[p] = a * c + b * s;
+        db[p] = b * c - a * s;
+    }
+    if (!d.qk_norm) {
+        for (int p = 0; p < MAX_PAIRS; p++) {
+            const int i = lane + p * WARP;
+            if (i >= half) continue;
+            out[i] = f32_to_bf16(da[p]);
+            out[i + half] = f32_to_bf16(db[p]);
+        }
+        return;
+    }
+    const float* x = qkv + tok * slots * hd + (long)slot * hd;
+    const float* gain = kind == 0 ? q_gain : k_gain;
+    const float rs = kind == 0 ? q_rstd[tok * d.heads_q + h] : k_rstd[tok * d.heads_kv + h];
+    float ux = 0.0f;
+    for (int p = 0; p < MAX_PAIRS; p++) {
+        const int i = lane + p * WARP;
+        if (i < half) ux += da[p] * gain[i] * x[i] + db[p] * gain[i + half] * x[i + half];
+    }
+    const float coef = rs * rs * rs * warp_sum(ux) / hd;
+    float* dn = d_normed + (tok * (d.heads_q + d.heads_kv) + slot) * hd;
+    for (int p = 0; p < MAX_PAIRS; p++) {
+        const int i = lane + p * WARP;
+        if (i >= half) continue;
+        out[i] = f32_to_bf16(rs * gain[i] * da[p] - x[i] * coef);
+        out[i + half] = f32_to_bf16(rs * gain[i + half] * db[p] - x[i + half] * coef);
+        dn[i] = da[p];
+        dn[i + half] = db[p];
+    }
+}
+
+// `[batch, heads, seq, hd]` ↔ `[batch·seq, heads·hd]` (BF16), 8 elements (16 bytes) per thread.
+extern "C" __global__ void permute_heads(const u16* src, u16* dst, int batch, int seq, int heads, int head_dim,
+                                         int to_tokens) {
+    const int vecs = head_dim / 8;
+    const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long)batch * heads * seq * vecs) return;
+    const int c = (int)(e % vecs);
+    const long t = (e / vecs) % seq, bh = e / vecs / seq;
+    const long b = bh / heads, h = bh % heads;
+    const long head_idx = (bh * seq + t) * head_dim + c * 8;
+    const long tok_idx = ((b * seq + t) * heads + h) * head_dim + c * 8;
+    const long from = to_tokens ? head_idx : tok_idx, to = to_tokens ? tok_idx : head_idx;
+    *(uint4*)(dst + to) = *(const uint4*)(src + from);
+}
+
+// ---- SwiGLU --------------------------------------------------------------------------------
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// gu: `[tokens, gate (f) | up (f)]` FP32 → act = silu(gate) ∘ up, BF16 `[tokens, f]`.
+extern "C" __global__ void swiglu_forward(const float* gu, u16* act, int f, long tokens) {
+    const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= tokens * f) return;
+    const long t = e / f, j = e % f;
+    const float g = gu[t * 2 * f + j], u = gu[t * 2 * f + f + j];
+    act[e] = f32_to_bf16(g * sigmoid(g) * u);
+}
+
+// d_gu = [∂gate | ∂up] (BF16) from ∂act: silu'(g) = σ(g) · (1 + g · (1 − σ(g))).
+extern "C" __global__ void swiglu_backward(const float* d_act, const float* gu, u16* d_gu, int f, long tokens) {
+    const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= tokens * f) return;
+    const long t = e / f, j = e % f;
+    const float g = gu[t * 2 * f + j], u = gu[t * 2 * f + f + j], da = d_act[e], s = sigmoid(g);
+    d_gu[t * 2 * f + j] = f32_to_bf16(da * u * s * (1.0f + g * (1.0f - s)));
+    d_gu[t * 2 * f + f + j] = f32_to_bf16(da * g * s);
+}
+
+// ---- casts ---------------------------------------------------------------------------------
+
+extern "C" __global__ void cast_bf16(const float* x, u16* y, long n) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        y[i] = f32_to_bf16(x[i]);
+}

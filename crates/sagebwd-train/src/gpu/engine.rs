@@ -1,0 +1,605 @@
+//! [`GpuEngine`]: the model's forward and backward on the GPU, written out layer by layer.
+//!
+//! Tensors (T = batch · seq tokens, D = dim, W = (heads_q + 2 heads_kv) · head_dim, F = ffn):
+//! - parameters, gradients, AdamW moments: flat FP32 buffers in [`Weights::named`] order (so one
+//!   kernel computes the gradient norm; `wq|wk|wv` and `w_gate|w_up` are adjacent, so each pair is
+//!   one product), plus a BF16 copy of the parameters that AdamW refreshes;
+//! - per layer, saved for the backward: block input `x` (FP32), normalized `h` (BF16) and rstd, the
+//!   fused projection `qkv` (FP32, `[T, W]`), QK-norm rstd, attention inputs/outputs and
+//!   sagebwd-cuda's saved state, `o` in token layout (BF16), the MLP's input, normalized input,
+//!   `gate|up` (FP32, `[T, 2F]`) and SwiGLU output (BF16);
+//! - backward scratch shared by the layers.
+
+use super::blas::{Blas, Out};
+use super::kernels::{HeadsDims, Rows, TrainKernels, GAIN_CHUNK_ROWS, STRIDE_BLOCKS};
+use super::{cuda_err, Error, Result};
+use crate::backend::Attention;
+use crate::config::ModelConfig;
+use crate::engine::{Engine, EngineState};
+use crate::layers::rotary::Rotary;
+use crate::model::{Batch, ParamLayout, Weights};
+use crate::optim::AdamWConfig;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use sagebwd_cuda::pool::Pool;
+use sagebwd_cuda::{DeviceForward, DeviceInputs, Gpu, SavedForBackward};
+use std::sync::Arc;
+
+/// Tokens per chunk of the LM head: the FP32 logits of a chunk are `chunk × vocab` (1.6 GB at 8192).
+const HEAD_CHUNK: usize = 8192;
+/// NaN, the poison of freshly allocated activation buffers.
+const POISON: u32 = 0x7fc0_0000;
+
+fn addr<T>(s: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
+    let (p, _sync) = s.device_ptr(stream);
+    p
+}
+
+/// A tensor inside a flat buffer.
+#[derive(Clone, Debug)]
+struct Slot {
+    name: String,
+    offset: usize,
+    len: usize,
+    decay: bool,
+}
+
+/// Element offsets of one layer's tensors in the flat buffers.
+#[derive(Clone, Copy, Debug, Default)]
+struct LayerParams {
+    attn_norm: usize,
+    wqkv: usize,
+    wo: usize,
+    q_norm: usize,
+    k_norm: usize,
+    mlp_norm: usize,
+    w_gate_up: usize,
+    w_down: usize,
+}
+
+/// An FP32 or BF16 device buffer with its base address.
+struct Buf<T> {
+    data: CudaSlice<T>,
+    ptr: u64,
+}
+
+impl<T> Buf<T> {
+    /// Address of element `i`.
+    fn at(&self, i: usize) -> u64 {
+        self.ptr + (i * std::mem::size_of::<T>()) as u64
+    }
+}
+
+/// One layer's saved activations.
+struct LayerActs {
+    x: Buf<f32>,
+    h_attn: Buf<u16>,
+    rstd_attn: Buf<f32>,
+    qkv: Buf<f32>,
+    q_rstd: Buf<f32>,
+    k_rstd: Buf<f32>,
+    attn_in: DeviceInputs,
+    attn_out: Option<(DeviceForward, SavedForBackward)>,
+    o_tok: Buf<u16>,
+    x_mid: Buf<f32>,
+    h_mlp: Buf<u16>,
+    rstd_mlp: Buf<f32>,
+    gate_up: Buf<f32>,
+    act: Buf<u16>,
+}
+
+/// Every buffer of one micro-batch shape.
+struct Acts {
+    batch: usize,
+    seq: usize,
+    tokens: Buf<u32>,
+    targets: Buf<u32>,
+    layers: Vec<LayerActs>,
+    x_final: Buf<f32>,
+    hidden: Buf<u16>,
+    rstd_final: Buf<f32>,
+    logits: Buf<f32>,
+    d_logits: Buf<u16>,
+    row_loss: Buf<f32>,
+    // backward scratch
+    dx: Buf<f32>,
+    dx_bf16: Buf<u16>,
+    dh: Buf<f32>,
+    d_hidden: Buf<f32>,
+    d_act: Buf<f32>,
+    d_gate_up: Buf<u16>,
+    d_o_tok: Buf<u16>,
+    d_o: CudaSlice<u16>,
+    d_qkv: Buf<u16>,
+    d_normed: Buf<f32>,
+    partial: Buf<f32>,
+}
+
+pub struct GpuEngine {
+    gpu: Gpu,
+    k: TrainKernels,
+    blas: Blas,
+    cfg: ModelConfig,
+    attention: Attention,
+    attn_cfg: sagebwd::Config,
+    adamw: AdamWConfig,
+    slots: Vec<Slot>,
+    layers: Vec<LayerParams>,
+    tok_emb: usize,
+    final_norm: usize,
+    head: usize,
+    params: Buf<f32>,
+    params_bf16: Buf<u16>,
+    grads: Buf<f32>,
+    adam_m: Buf<f32>,
+    adam_v: Buf<f32>,
+    adam_t: u64,
+    norm_partial: Buf<f64>,
+    rope_cos: Buf<f32>,
+    rope_sin: Buf<f32>,
+    acts: Option<Acts>,
+    /// The memory pool every buffer comes from (None without stream-ordered allocation), and the
+    /// bytes in use in it before the engine allocated anything.
+    pool: Option<Pool>,
+    base_used: u64,
+}
+
+impl GpuEngine {
+    /// Opens GPU 0, compiles the kernels (or reads them from the cache) and uploads `weights`.
+    pub fn new(cfg: ModelConfig, weights: &Weights, adamw: AdamWConfig, attention: Attention) -> Result<GpuEngine> {
+        if let Some(why) = super::unsupported_reason(&cfg, &attention) {
+            return Err(Error::Gpu(why));
+        }
+        let attn_cfg = match &attention {
+            Attention::Method { config, .. } => config.clone(),
+            Attention::Exact => unreachable!("rejected by unsupported_reason"),
+        };
+        let gpu = Gpu::new()?;
+        let pool = Pool::of(&gpu)?;
+        let mut base_used = 0;
+        if let Some(p) = &pool {
+            // Freed blocks stay in the pool (as in PyTorch's caching allocator): the attention
+            // kernels' per-call buffers would otherwise be mapped afresh after every synchronization.
+            p.keep_freed_memory()?;
+            base_used = p.reset_high()?;
+        }
+        let stream = gpu.dev.stream.clone();
+        let k = TrainKernels::load(&gpu.dev)?;
+        gpu.kernels(cfg.head_dim())?; // compile the attention kernels now, not inside the first step
+        let blas = Blas::new(stream.clone())?;
+        let layout = ParamLayout::new(&cfg);
+        let mut slots = Vec::new();
+        let mut offset = 0;
+        for (name, t) in weights.named() {
+            let decay = layout.specs.iter().find(|s| s.name == name).is_some_and(|s| s.decay);
+            slots.push(Slot { name, offset, len: t.len(), decay });
+            offset += t.len();
+        }
+        let total = offset;
+        let find = |name: &str| slots.iter().find(|s| s.name == name).map(|s| s.offset);
+        let need = |name: &str| find(name).ok_or_else(|| Error::Gpu(format!("parameter {name} missing")));
+        let mut layers = Vec::new();
+        for l in 0..cfg.n_layers {
+            let n = |t: &str| format!("layers.{l}.{t}");
+            let p = LayerParams {
+                attn_norm: need(&n("attn_norm"))?,
+                wqkv: need(&n("wq"))?,
+                wo: need(&n("wo"))?,
+                q_norm: find(&n("q_norm")).unwrap_or(0),
+                k_norm: find(&n("k_norm")).unwrap_or(0),
+                mlp_norm: need(&n("mlp_norm"))?,
+                w_gate_up: need(&n("w_gate"))?,
+                w_down: need(&n("w_down"))?,
+            };
+            // The fused products rely on adjacency (the order of `Weights::named`).
+            let (qw, kvw) = (cfg.n_heads * cfg.head_dim() * cfg.dim, cfg.n_kv_heads * cfg.head_dim() * cfg.dim);
+            if need(&n("wk"))? != p.wqkv + qw || need(&n("wv"))? != p.wqkv + qw + kvw || need(&n("w_up"))? != p.w_gate_up + cfg.ffn_hidden * cfg.dim {
+                return Err(Error::Gpu("parameter layout: wq|wk|wv or w_gate|w_up are not adjacent".into()));
+            }
+            layers.push(p);
+        }
+        let tok_emb = need("tok_emb")?;
+        let head = if cfg.tied_embeddings { tok_emb } else { need("lm_head")? };
+        let final_norm = need("final_norm")?;
+        let rope = Rotary::new(cfg.head_dim(), cfg.max_seq_len, cfg.rope_theta);
+        let (cos, sin) = rope.tables();
+        let upload_f32 = |v: &[f32]| -> Result<Buf<f32>> {
+            let data = stream.clone_htod(v).map_err(|e| cuda_err("upload", e))?;
+            let ptr = addr(&data, &stream);
+            Ok(Buf { data, ptr })
+        };
+        let flat: Vec<f32> = weights.tensors().into_iter().flat_map(|t| t.iter().copied()).collect();
+        let e = GpuEngine {
+            params: upload_f32(&flat)?,
+            params_bf16: zeros(&stream, total)?,
+            grads: zeros(&stream, total)?,
+            adam_m: zeros(&stream, total)?,
+            adam_v: zeros(&stream, total)?,
+            norm_partial: zeros(&stream, STRIDE_BLOCKS)?,
+            rope_cos: upload_f32(cos)?,
+            rope_sin: upload_f32(sin)?,
+            gpu,
+            k,
+            blas,
+            cfg,
+            attention,
+            attn_cfg,
+            adamw,
+            slots,
+            layers,
+            tok_emb,
+            final_norm,
+            head,
+            adam_t: 0,
+            acts: None,
+            pool,
+            base_used,
+        };
+        e.refresh_bf16()?;
+        Ok(e)
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.gpu.dev.stream
+    }
+
+    fn refresh_bf16(&self) -> Result<()> {
+        self.k.cast_bf16(self.params.ptr, self.params_bf16.ptr, self.params.data.len())
+    }
+
+    fn heads_dims(&self, batch: usize, seq: usize) -> HeadsDims {
+        let c = &self.cfg;
+        HeadsDims {
+            batch: batch as i32,
+            seq: seq as i32,
+            heads_q: c.n_heads as i32,
+            heads_kv: c.n_kv_heads as i32,
+            head_dim: c.head_dim() as i32,
+            qk_norm: c.qk_norm as i32,
+            eps: c.norm_eps,
+        }
+    }
+
+    fn padded_vocab(&self) -> usize {
+        self.cfg.vocab_size.div_ceil(64) * 64
+    }
+
+    /// Allocates (and poisons) the buffers of a `batch × seq` micro-batch, unless they exist.
+    fn ensure_acts(&mut self, batch: usize, seq: usize) -> Result<()> {
+        if self.acts.as_ref().is_some_and(|a| a.batch == batch && a.seq == seq) {
+            return Ok(());
+        }
+        self.acts = None; // free the old shape first
+        let c = self.cfg.clone();
+        let (t, d, hd, f) = (batch * seq, c.dim, c.head_dim(), c.ffn_hidden);
+        let (qw, kvw) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let w = qw + 2 * kvw;
+        let chunk = HEAD_CHUNK.min(t);
+        let vp = self.padded_vocab();
+        let s = self.stream().clone();
+        let shape = sagebwd::Shape { batch, heads_q: c.n_heads, heads_kv: c.n_kv_heads, n_q: seq, n_k: seq, head_dim: hd };
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for _ in 0..c.n_layers {
+            layers.push(LayerActs {
+                x: poisoned(&self.k, &s, t * d)?,
+                h_attn: poisoned(&self.k, &s, t * d)?,
+                rstd_attn: poisoned(&self.k, &s, t)?,
+                qkv: poisoned(&self.k, &s, t * w)?,
+                q_rstd: poisoned(&self.k, &s, t * c.n_heads)?,
+                k_rstd: poisoned(&self.k, &s, t * c.n_kv_heads)?,
+                attn_in: DeviceInputs {
+                    shape,
+                    causal: true,
+                    q: poisoned(&self.k, &s, t * qw)?.data,
+                    k: poisoned(&self.k, &s, t * kvw)?.data,
+                    v: poisoned(&self.k, &s, t * kvw)?.data,
+                    d_o: None,
+                },
+                attn_out: None,
+                o_tok: poisoned(&self.k, &s, t * qw)?,
+                x_mid: poisoned(&self.k, &s, t * d)?,
+                h_mlp: poisoned(&self.k, &s, t * d)?,
+                rstd_mlp: poisoned(&self.k, &s, t)?,
+                gate_up: poisoned(&self.k, &s, t * 2 * f)?,
+                act: poisoned(&self.k, &s, t * f)?,
+            });
+        }
+        let max_gain_n = d.max(hd);
+        let max_gain_rows = t * c.n_heads.max(1);
+        self.acts = Some(Acts {
+            batch,
+            seq,
+            tokens: zeros(&s, t)?,
+            targets: zeros(&s, t)?,
+            layers,
+            x_final: poisoned(&self.k, &s, t * d)?,
+            hidden: poisoned(&self.k, &s, t * d)?,
+            rstd_final: poisoned(&self.k, &s, t)?,
+            logits: poisoned(&self.k, &s, chunk * vp)?,
+            d_logits: poisoned(&self.k, &s, chunk * vp)?,
+            row_loss: poisoned(&self.k, &s, t)?,
+            dx: poisoned(&self.k, &s, t * d)?,
+            dx_bf16: poisoned(&self.k, &s, t * d)?,
+            dh: poisoned(&self.k, &s, t * d)?,
+            d_hidden: poisoned(&self.k, &s, t * d)?,
+            d_act: poisoned(&self.k, &s, t * f)?,
+            d_gate_up: poisoned(&self.k, &s, t * 2 * f)?,
+            d_o_tok: poisoned(&self.k, &s, t * qw)?,
+            d_o: poisoned::<u16>(&self.k, &s, t * qw)?.data,
+            d_qkv: poisoned(&self.k, &s, t * w)?,
+            d_normed: poisoned(&self.k, &s, t * (qw + kvw))?,
+            partial: poisoned(&self.k, &s, max_gain_rows.div_ceil(GAIN_CHUNK_ROWS) * max_gain_n)?,
+        });
+        Ok(())
+    }
+
+    /// The forward pass; returns the summed loss (nats). With `grad_scale`, also the backward.
+    fn run(&mut self, b: &Batch, grad_scale: Option<f32>) -> Result<f64> {
+        check_tokens(&self.cfg, b)?;
+        self.ensure_acts(b.batch, b.seq)?;
+        let mut a = self.acts.take().expect("allocated above");
+        let result = self.run_with(&mut a, b, grad_scale);
+        self.acts = Some(a);
+        result
+    }
+
+    fn run_with(&mut self, a: &mut Acts, b: &Batch, grad_scale: Option<f32>) -> Result<f64> {
+        let s = self.stream().clone();
+        s.memcpy_htod(b.inputs, &mut a.tokens.data).map_err(|e| cuda_err("upload tokens", e))?;
+        s.memcpy_htod(b.targets, &mut a.targets.data).map_err(|e| cuda_err("upload targets", e))?;
+        let (t, d) = (b.batch * b.seq, self.cfg.dim);
+        let first_x = a.layers.first().map_or(a.x_final.ptr, |l| l.x.ptr);
+        self.k.embed_forward(a.tokens.ptr, self.params.at(self.tok_emb), first_x, t, d)?;
+        for l in 0..self.cfg.n_layers {
+            let next_x = if l + 1 < self.cfg.n_layers { a.layers[l + 1].x.ptr } else { a.x_final.ptr };
+            self.layer_forward(l, &mut a.layers[l], next_x, b, grad_scale.is_some())?;
+        }
+        let c = &self.cfg;
+        self.k.rmsnorm_forward(a.x_final.ptr, self.params.at(self.final_norm), a.hidden.ptr, a.rstd_final.ptr, d, t, c.norm_eps)?;
+        self.lm_head(a, t, grad_scale)?;
+        let row_loss = s.clone_dtoh(&a.row_loss.data).map_err(|e| cuda_err("download losses", e))?;
+        let total: f64 = row_loss.iter().map(|&x| x as f64).sum();
+        if !total.is_finite() {
+            return Err(Error::Diverged(format!("loss {total} on the GPU")));
+        }
+        if grad_scale.is_some() {
+            self.backward(a, t)?;
+        }
+        // Attention state is only needed by the backward.
+        a.layers.iter_mut().for_each(|l| l.attn_out = None);
+        Ok(total)
+    }
+
+    fn layer_forward(&self, l: usize, la: &mut LayerActs, next_x: u64, b: &Batch, keep: bool) -> Result<()> {
+        let c = &self.cfg;
+        let p = self.layers[l];
+        let (t, d, hd, f) = (b.batch * b.seq, c.dim, c.head_dim(), c.ffn_hidden);
+        let (qw, kvw) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let w = qw + 2 * kvw;
+        let (pf, pb) = (&self.params, &self.params_bf16);
+        let s = self.stream();
+        // attention block
+        self.k.rmsnorm_forward(la.x.ptr, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps)?;
+        self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::F32, false)?;
+        let (q, k, v) = (addr(&la.attn_in.q, s), addr(&la.attn_in.k, s), addr(&la.attn_in.v, s));
+        let hdims = self.heads_dims(b.batch, b.seq);
+        self.k.qkv_heads_forward(hdims, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), self.rope_cos.ptr, self.rope_sin.ptr, q, k, v, la.q_rstd.ptr, la.k_rstd.ptr)?;
+        let (fwd, saved) = self.gpu.forward(&la.attn_in, &self.attn_cfg)?;
+        self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true)?;
+        la.attn_out = keep.then_some((fwd, saved));
+        copy(s, &la.x, &mut la.x_mid)?;
+        self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, true)?;
+        // MLP block
+        self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps)?;
+        self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false)?;
+        self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, t)?;
+        copy_to(s, &la.x_mid, next_x, t * d)?;
+        self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, true)
+    }
+
+    /// Logits in chunks of tokens, cross-entropy; with `grad_scale`, ∂hidden into `d_hidden` and
+    /// the head's gradient.
+    fn lm_head(&self, a: &Acts, t: usize, grad_scale: Option<f32>) -> Result<()> {
+        let (d, v, vp) = (self.cfg.dim, self.cfg.vocab_size, self.padded_vocab());
+        let head = self.params_bf16.at(self.head);
+        for c0 in (0..t).step_by(HEAD_CHUNK) {
+            let n = HEAD_CHUNK.min(t - c0);
+            self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, v, Out::F32, false)?;
+            let scale = grad_scale.unwrap_or(0.0);
+            self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), a.d_logits.ptr, n, v, scale, grad_scale.is_some())?;
+            if grad_scale.is_some() {
+                self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, v, Out::F32, false)?;
+                self.blas.linear_dw(self.grads.at(self.head), a.d_logits.ptr, vp, a.hidden.at(c0 * d), n, d, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn backward(&self, a: &mut Acts, t: usize) -> Result<()> {
+        let c = &self.cfg;
+        let d = c.dim;
+        let s = self.stream();
+        s.memset_zeros(&mut a.dx.data).map_err(|e| cuda_err("memset", e))?;
+        self.k.rmsnorm_backward(a.d_hidden.ptr, a.x_final.ptr, self.params.at(self.final_norm), a.rstd_final.ptr, a.dx.ptr, d, t)?;
+        let plain = Rows::plain(d);
+        self.k.gain_grad(a.d_hidden.ptr, plain, a.x_final.ptr, plain, a.rstd_final.ptr, t, a.partial.ptr, self.grads.at(self.final_norm))?;
+        for l in (0..c.n_layers).rev() {
+            self.layer_backward(l, a, t)?;
+        }
+        let tokens = a.tokens.ptr;
+        self.k.embed_backward(tokens, a.dx.ptr, self.grads.at(self.tok_emb), t, d)
+    }
+
+    fn layer_backward(&self, l: usize, a: &mut Acts, t: usize) -> Result<()> {
+        let c = &self.cfg;
+        let p = self.layers[l];
+        let (d, hd, f) = (c.dim, c.head_dim(), c.ffn_hidden);
+        let (qw, kvw) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let w = qw + 2 * kvw;
+        let (pf, pb, g) = (&self.params, &self.params_bf16, &self.grads);
+        let s = self.stream().clone();
+        let plain = Rows::plain(d);
+        let (batch, seq) = (a.batch, a.seq);
+        let la = &mut a.layers[l];
+        // MLP block: out = x_mid + W_down · act
+        self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d)?;
+        self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::F32, false)?;
+        self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d)?;
+        self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, t)?;
+        self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false)?;
+        self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f)?;
+        self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, d, t)?;
+        self.k.gain_grad(a.dh.ptr, plain, la.x_mid.ptr, plain, la.rstd_mlp.ptr, t, a.partial.ptr, g.at(p.mlp_norm))?;
+        // attention block: out = x + W_o · attention(...)
+        self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d)?;
+        self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16, false)?;
+        self.blas.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d)?;
+        self.k.permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false)?;
+        let (fwd, saved) = la.attn_out.take().ok_or_else(|| Error::Gpu("attention state missing in the backward".into()))?;
+        let grads = self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?;
+        let hdims = self.heads_dims(batch, seq);
+        let (dq, dk, dv) = (addr(&grads.dq, &s), addr(&grads.dk, &s), addr(&grads.dv, &s));
+        self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.d_normed.ptr)?;
+        drop(grads);
+        if c.qk_norm {
+            let heads = c.n_heads + c.n_kv_heads;
+            let dn_q = Rows { n: hd as i32, per_token: c.n_heads as i32, token_stride: (heads * hd) as i64 };
+            let x_q = Rows { n: hd as i32, per_token: c.n_heads as i32, token_stride: w as i64 };
+            self.k.gain_grad(a.d_normed.ptr, dn_q, la.qkv.ptr, x_q, la.q_rstd.ptr, t * c.n_heads, a.partial.ptr, g.at(p.q_norm))?;
+            let dn_k = Rows { per_token: c.n_kv_heads as i32, ..dn_q };
+            let x_k = Rows { per_token: c.n_kv_heads as i32, ..x_q };
+            self.k.gain_grad(a.d_normed.at(qw), dn_k, la.qkv.at(qw), x_k, la.k_rstd.ptr, t * c.n_kv_heads, a.partial.ptr, g.at(p.k_norm))?;
+        }
+        self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32, false)?;
+        self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w)?;
+        self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, d, t)?;
+        self.k.gain_grad(a.dh.ptr, plain, la.x.ptr, plain, la.rstd_attn.ptr, t, a.partial.ptr, g.at(p.attn_norm))
+    }
+
+    fn download_flat(&self, b: &Buf<f32>) -> Result<Weights> {
+        let flat = self.stream().clone_dtoh(&b.data).map_err(|e| cuda_err("download", e))?;
+        let mut w = Weights::zeros(&self.cfg);
+        for slot in &self.slots {
+            let t = w.get_mut(&slot.name).ok_or_else(|| Error::Gpu(format!("tensor {} missing", slot.name)))?;
+            t.copy_from_slice(&flat[slot.offset..slot.offset + slot.len]);
+        }
+        Ok(w)
+    }
+
+}
+
+impl Engine for GpuEngine {
+    fn describe(&self) -> String {
+        format!("{} ({}), cuBLASLt BF16 products, attention {} (sagebwd-cuda)", self.gpu.dev.name, self.gpu.dev.arch, self.attention.name())
+    }
+
+    fn zero_grads(&mut self) -> Result<()> {
+        let s = self.stream().clone();
+        s.memset_zeros(&mut self.grads.data).map_err(|e| cuda_err("memset", e))
+    }
+
+    fn forward_backward(&mut self, b: &Batch, grad_scale: f32) -> Result<f64> {
+        Ok(self.run(b, Some(grad_scale))? / b.targets.len() as f64)
+    }
+
+    fn loss(&mut self, b: &Batch) -> Result<f64> {
+        Ok(self.run(b, None)? / b.targets.len() as f64)
+    }
+
+    fn grad_norm(&mut self) -> Result<f64> {
+        let n = self.k.sum_squares(self.grads.ptr, self.grads.data.len(), self.norm_partial.ptr)?;
+        let partial = self.stream().clone_dtoh(&self.norm_partial.data).map_err(|e| cuda_err("download", e))?;
+        Ok(partial[..n].iter().sum::<f64>().sqrt())
+    }
+
+    fn update(&mut self, lr: f32, grad_scale: f32) -> Result<()> {
+        self.adam_t += 1;
+        let c = &self.adamw;
+        let bc1 = 1.0 - c.beta1.powi(self.adam_t as i32);
+        let bc2 = 1.0 - c.beta2.powi(self.adam_t as i32);
+        for slot in &self.slots {
+            let wd = if slot.decay { c.weight_decay } else { 0.0 };
+            let o = slot.offset;
+            self.k.adamw(self.params.at(o), self.params_bf16.at(o), self.grads.at(o), self.adam_m.at(o), self.adam_v.at(o), slot.len, lr, c, wd, bc1, bc2, grad_scale)?;
+        }
+        Ok(())
+    }
+
+    fn gradients(&self) -> Result<Weights> {
+        self.download_flat(&self.grads)
+    }
+
+    fn export(&self) -> Result<EngineState> {
+        Ok(EngineState {
+            weights: self.download_flat(&self.params)?,
+            adam_m: self.download_flat(&self.adam_m)?,
+            adam_v: self.download_flat(&self.adam_v)?,
+            adam_t: self.adam_t,
+        })
+    }
+
+    fn import(&mut self, st: EngineState) -> Result<()> {
+        let s = self.stream().clone();
+        upload_flat(&s, &st.weights, &mut self.params)?;
+        upload_flat(&s, &st.adam_m, &mut self.adam_m)?;
+        upload_flat(&s, &st.adam_v, &mut self.adam_v)?;
+        self.adam_t = st.adam_t;
+        self.refresh_bf16()
+    }
+
+    fn peak_memory(&self) -> Option<u64> {
+        let high = self.pool.as_ref()?.high().ok()?;
+        Some(high.saturating_sub(self.base_used))
+    }
+}
+
+/// Writes host weights (in `Weights::named` order) into a flat buffer.
+fn upload_flat(s: &Arc<CudaStream>, w: &Weights, b: &mut Buf<f32>) -> Result<()> {
+    let flat: Vec<f32> = w.tensors().into_iter().flat_map(|t| t.iter().copied()).collect();
+    if flat.len() != b.data.len() {
+        return Err(Error::Gpu(format!("state has {} values, the model {}", flat.len(), b.data.len())));
+    }
+    s.memcpy_htod(&flat, &mut b.data).map_err(|e| cuda_err("upload", e))
+}
+
+fn zeros<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize) -> Result<Buf<T>> {
+    let data = s.alloc_zeros::<T>(n.max(1)).map_err(|e| cuda_err("allocation", e))?;
+    let ptr = addr(&data, s);
+    Ok(Buf { data, ptr })
+}
+
+/// A buffer filled with NaN (FP32) / NaN pairs (BF16) / 0x7fc00000 words, so that a value the step
+/// forgets to write shows up as NaN in the loss or the gradients instead of stale data.
+fn poisoned<T: DeviceRepr + ValidAsZeroBits>(k: &TrainKernels, s: &Arc<CudaStream>, n: usize) -> Result<Buf<T>> {
+    let b = zeros::<T>(s, n)?;
+    let words = (n.max(1) * std::mem::size_of::<T>()) / 4;
+    if words > 0 {
+        k.fill_u32(b.ptr, words, if std::mem::size_of::<T>() == 2 { 0x7fc0_7fc0 } else { POISON })?;
+    }
+    Ok(b)
+}
+
+fn copy(s: &Arc<CudaStream>, from: &Buf<f32>, to: &mut Buf<f32>) -> Result<()> {
+    s.memcpy_dtod(&from.data, &mut to.data).map_err(|e| cuda_err("copy", e))
+}
+
+/// Copies `n` floats of `from` to the address `to` (a buffer of at least `n` floats).
+fn copy_to(s: &Arc<CudaStream>, from: &Buf<f32>, to: u64, n: usize) -> Result<()> {
+    let r = unsafe {
+        cudarc::driver::result::memcpy_dtod_async(to, from.ptr, n * 4, s.cu_stream())
+    };
+    r.map_err(|e| cuda_err("copy", e))
+}
+
+fn check_tokens(cfg: &ModelConfig, b: &Batch) -> Result<()> {
+    let n = b.batch * b.seq;
+    if n == 0 || b.inputs.len() != n || b.targets.len() != n {
+        return Err(Error::Config(format!("batch of {} tokens does not match {} × {}", b.inputs.len(), b.batch, b.seq)));
+    }
+    if b.seq > cfg.max_seq_len {
+        return Err(Error::Config(format!("sequence length {} exceeds the model's maximum {}", b.seq, cfg.max_seq_len)));
+    }
+    if let Some(&t) = b.inputs.iter().chain(b.targets).find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(Error::Data(format!("token id {t} is outside the vocabulary of {} tokens", cfg.vocab_size)));
+    }
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! The training step's own kernels (`kernels/*.cu`): NVRTC-compiled for the GPU at hand through
+//! sagebwd-cuda's compiler and on-disk cache, and typed launchers. Arguments are raw device
+//! addresses (`u64`), so that views into the flat parameter buffers need no borrow juggling; every
+//! launcher documents the layouts it expects.
+
+use super::{cuda_err, Result};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use sagebwd_cuda::runtime::{compile_program_cached, Device};
+use std::sync::Arc;
+
+const COMMON: &str = include_str!("../../kernels/common.cuh");
+/// The sources, each compiled as `common.cuh` + the file.
+pub const SOURCES: [(&str, &str); 3] = [
+    ("layers.cu", include_str!("../../kernels/layers.cu")),
+    ("loss.cu", include_str!("../../kernels/loss.cu")),
+    ("optimizer.cu", include_str!("../../kernels/optimizer.cu")),
+];
+
+/// NVRTC options: default (fused multiply-add allowed) floating point; the CPU path is the
+/// reference within the tolerances of the GPU-vs-CPU check, not bit for bit.
+pub fn options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+}
+
+/// `common.cuh` + the file, with `#line` directives so that NVRTC's messages name the right file.
+pub fn full_source(name: &str, body: &str) -> String {
+    format!("#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{name}\"\n{body}\n")
+}
+
+/// Compiles every source for `arch` (through the cache). Needs NVRTC, no GPU.
+pub fn compile_all(arch: &str) -> Result<Vec<Vec<u8>>> {
+    SOURCES
+        .iter()
+        .map(|&(name, body)| {
+            let what = format!("training kernels {name} for {arch}");
+            Ok(compile_program_cached(name, &full_source(name, body), &options(arch), &format!("train-{arch}"), &what)?)
+        })
+        .collect()
+}
+
+/// `Rows` of common.cuh: row `r` of width `n` starts at `(r / per_token) · token_stride + (r % per_token) · n`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Rows {
+    pub n: i32,
+    pub per_token: i32,
+    pub token_stride: i64,
+}
+unsafe impl DeviceRepr for Rows {}
+
+impl Rows {
+    pub fn plain(n: usize) -> Rows {
+        Rows { n: n as i32, per_token: 1, token_stride: n as i64 }
+    }
+}
+
+/// `HeadsDims` of layers.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HeadsDims {
+    pub batch: i32,
+    pub seq: i32,
+    pub heads_q: i32,
+    pub heads_kv: i32,
+    pub head_dim: i32,
+    pub qk_norm: i32,
+    pub eps: f32,
+}
+unsafe impl DeviceRepr for HeadsDims {}
+
+impl HeadsDims {
+    fn slots(&self) -> usize {
+        (self.heads_q + 2 * self.heads_kv) as usize
+    }
+    fn tokens(&self) -> usize {
+        self.batch as usize * self.seq as usize
+    }
+}
+
+pub struct TrainKernels {
+    stream: Arc<CudaStream>,
+    embed_forward: CudaFunction,
+    embed_backward: CudaFunction,
+    rmsnorm_forward: CudaFunction,
+    rmsnorm_backward: CudaFunction,
+    gain_grad_partial: CudaFunction,
+    sum_partials: CudaFunction,
+    qkv_heads_forward: CudaFunction,
+    qkv_heads_backward: CudaFunction,
+    permute_heads: CudaFunction,
+    swiglu_forward: CudaFunction,
+    swiglu_backward: CudaFunction,
+    cast_bf16: CudaFunction,
+    xent: CudaFunction,
+    adamw: CudaFunction,
+    sum_squares: CudaFunction,
+    fill_u32: CudaFunction,
+}
+
+const BLOCK: u32 = 256;
+/// Rows per chunk of the gain-gradient column sums.
+pub const GAIN_CHUNK_ROWS: usize = 256;
+/// Blocks of the grid-stride kernels (sum_squares partials, AdamW).
+pub const STRIDE_BLOCKS: usize = 1024;
+
+fn blocks(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(BLOCK as usize).max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn warps(rows: usize) -> LaunchConfig {
+    blocks(rows * 32)
+}
+
+fn grid_stride(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(BLOCK as usize).clamp(1, STRIDE_BLOCKS) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// `launch!(self, kernel, config, args...)`: binds every argument to a local first (the launch
+/// builder keeps references), then launches on the engine's stream.
+macro_rules! launch {
+    ($self:ident, $f:ident, $cfg:expr, $($arg:expr),+ $(,)?) => {
+        launch!(@bind $self, $f, $cfg, []; $($arg),+)
+    };
+    (@bind $self:ident, $f:ident, $cfg:expr, [$($bound:ident)*]; $head:expr $(, $tail:expr)*) => {{
+        let v = $head;
+        launch!(@bind $self, $f, $cfg, [$($bound)* v]; $($tail),*)
+    }};
+    (@bind $self:ident, $f:ident, $cfg:expr, [$($bound:ident)*]; ) => {{
+        let mut b = $self.stream.launch_builder(&$self.$f);
+        $( b.arg(&$bound); )*
+        unsafe { b.launch($cfg) }.map(|_| ()).map_err(|e| cuda_err(concat!("launch ", stringify!($f)), e))
+    }};
+}
+
+impl TrainKernels {
+    pub fn load(dev: &Device) -> Result<TrainKernels> {
+        let mut m = Vec::new();
+        for cubin in compile_all(&dev.arch)? {
+            m.push(dev.load(cubin)?);
+        }
+        let f = |i: usize, n: &str| m[i].load_function(n).map_err(|e| cuda_err(&format!("load function {n}"), e));
+        Ok(TrainKernels {
+            stream: dev.stream.clone(),
+            embed_forward: f(0, "embed_forward")?,
+            embed_backward: f(0, "embed_backward")?,
+            rmsnorm_forward: f(0, "rmsnorm_forward")?,
+            rmsnorm_backward: f(0, "rmsnorm_backward")?,
+            gain_grad_partial: f(0, "gain_grad_partial")?,
+            sum_partials: f(0, "sum_partials")?,
+            qkv_heads_forward: f(0, "qkv_heads_forward")?,
+            qkv_heads_backward: f(0, "qkv_heads_backward")?,
+            permute_heads: f(0, "permute_heads")?,
+            swiglu_forward: f(0, "swiglu_forward")?,
+            swiglu_backward: f(0, "swiglu_backward")?,
+            cast_bf16: f(0, "cast_bf16")?,
+            xent: f(1, "xent")?,
+            adamw: f(2, "adamw")?,
+            sum_squares: f(2, "sum_squares")?,
+            fill_u32: f(2, "fill_u32")?,
+        })
+    }
+
+    /// `x[t] = table[tokens[t]]`, FP32 `[tokens, dim]`.
+    pub fn embed_forward(&self, tokens: u64, table: u64, x: u64, n_tokens: usize, dim: usize) -> Result<()> {
+        let cfg = LaunchConfig { grid_dim: (n_tokens as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        launch!(self, embed_forward, cfg, tokens, table, x, dim as i32)
+    }
+
+    pub fn embed_backward(&self, tokens: u64, dx: u64, d_table: u64, n_tokens: usize, dim: usize) -> Result<()> {
+        let cfg = LaunchConfig { grid_dim: (n_tokens as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        launch!(self, embed_backward, cfg, tokens, dx, d_table, dim as i32)
+    }
+
+    /// FP32 `x [rows, n]` → BF16 `y`, FP32 `rstd [rows]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_forward(&self, x: u64, gain: u64, y: u64, rstd: u64, n: usize, rows: usize, eps: f32) -> Result<()> {
+        launch!(self, rmsnorm_forward, warps(rows), x, gain, y, rstd, n as i32, rows as i64, eps)
+    }
+
+    /// `dx += ∂/∂x` of the RMSNorm (FP32 throughout).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_backward(&self, dy: u64, x: u64, gain: u64, rstd: u64, dx: u64, n: usize, rows: usize) -> Result<()> {
+        launch!(self, rmsnorm_backward, warps(rows), dy, x, gain, rstd, dx, n as i32, rows as i64)
+    }
+
+    /// `d_gain += Σ_rows dy ∘ x · rstd` through `partial` (≥ chunks × n floats of scratch).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gain_grad(&self, dy: u64, dy_rows: Rows, x: u64, x_rows: Rows, rstd: u64, rows: usize, partial: u64, d_gain: u64) -> Result<()> {
+        let n = x_rows.n as usize;
+        let chunks = rows.div_ceil(GAIN_CHUNK_ROWS);
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(BLOCK as usize) as u32, chunks as u32, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        launch!(self, gain_grad_partial, cfg, dy, dy_rows, x, x_rows, rstd, partial, rows as i64, GAIN_CHUNK_ROWS as i32)?;
+        launch!(self, sum_partials, blocks(n), partial, d_gain, n as i32, chunks as i32)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn qkv_heads_forward(&self, d: HeadsDims, qkv: u64, q_gain: u64, k_gain: u64, cos: u64, sin: u64, q: u64, k: u64, v: u64, q_rstd: u64, k_rstd: u64) -> Result<()> {
+        launch!(self, qkv_heads_forward, warps(d.tokens() * d.slots()), d, qkv, q_gain, k_gain, cos, sin, q, k, v, q_rstd, k_rstd)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn qkv_heads_backward(&self, d: HeadsDims, dq: u64, dk: u64, dv: u64, qkv: u64, q_gain: u64, k_gain: u64, q_rstd: u64, k_rstd: u64, cos: u64, sin: u64, d_qkv: u64, d_normed: u64) -> Result<()> {
+        launch!(self, qkv_heads_backward, warps(d.tokens() * d.slots()), d, dq, dk, dv, qkv, q_gain, k_gain, q_rstd, k_rstd, cos, sin, d_qkv, d_normed)
+    }
+
+    /// BF16 `[batch, heads, seq, hd]` → `[batch·seq, heads·hd]` (`to_tokens`) or back.
+    #[allow(clippy::too_many_arguments)]
+    pub fn permute_heads(&self, src: u64, dst: u64, batch: usize, seq: usize, heads: usize, head_dim: usize, to_tokens: bool) -> Result<()> {
+        let n = batch * heads * seq * head_dim / 8;
+        launch!(self, permute_heads, blocks(n), src, dst, batch as i32, seq as i32, heads as i32, head_dim as i32, to_tokens as i32)
+    }
+
+    pub fn swiglu_forward(&self, gu: u64, act: u64, f: usize, tokens: usize) -> Result<()> {
+        launch!(self, swiglu_forward, blocks(tokens * f), gu, act, f as i32, tokens as i64)
+    }
+
+    pub fn swiglu_backward(&self, d_act: u64, gu: u64, d_gu: u64, f: usize, tokens: usize) -> Result<()> {
+        launch!(self, swiglu_backward, blocks(tokens * f), d_act, gu, d_gu, f as i32, tokens as i64)
+    }
+
+    pub fn cast_bf16(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        launch!(self, cast_bf16, grid_stride(n), x, y, n as i64)
+    }
+
+    /// Per-row cross-entropy of FP32 logits `[rows, ld]` (first `vocab` columns); BF16 gradient
+    /// with the same layout when `want_grad`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn xent(&self, logits: u64, ld: usize, targets: u64, row_loss: u64, d_logits: u64, rows: usize, vocab: usize, scale: f32, want_grad: bool) -> Result<()> {
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        launch!(self, xent, cfg, logits, ld as i64, targets, row_loss, d_logits, vocab as i32, scale, want_grad as i32)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw(&self, p: u64, p_bf16: u64, g: u64, m: u64, v: u64, n: usize, lr: f32, c: &crate::optim::AdamWConfig, wd: f32, bc1: f32, bc2: f32, grad_scale: f32) -> Result<()> {
+        launch!(self, adamw, grid_stride(n), p, p_bf16, g, m, v, n as i64, lr, c.beta1, c.beta2, c.eps, wd, bc1, bc2, grad_scale)
+    }
+
+    /// Writes `STRIDE_BLOCKS`-at-most partial sums of squares (FP64) to `partial`; returns how many.
+    pub fn sum_squares(&self, x: u64, n: usize, partial: u64) -> Result<usize> {
+        let cfg = grid_stride(n);
+        launch!(self, sum_squares, cfg, x, n as i64, partial)?;
+        Ok(cfg.grid_dim.0 as usize)
+    }
+
+    pub fn fill_u32(&self, x: u64, n_words: usize, value: u32) -> Result<()> {
+        launch!(self, fill_u32, grid_stride(n_words), x, n_words as i64, value)
+    }
+}

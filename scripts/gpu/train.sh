@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# GPU training: correctness (GPU vs CPU), throughput/MFU, and the corpus comparison, in one call.
+#
+# 1. HERE (no GPU needed), in the repository root:
+#      bash scripts/gpu/train.sh --prepare [--corpus]
+#    builds `sagebwd` (release) into dev/train/bin, precompiles the sm_90a attention kernels into
+#    dev/train/cache, and with --corpus copies the Gutenberg train-00 + val shards (46 MB of xz) from
+#    ../shared/data into dev/train/data. dev/ is git-ignored.
+# 2. ON THE DEVICE, in the repository root, carrying ["dev/train"]:
+#      bash scripts/gpu/train.sh check            # sagebwd train-check (GPU vs CPU step), ~1 min
+#      bash scripts/gpu/train.sh perf             # base model, seq 1024 and 4096, fpa and sagebwd
+#      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd
+#    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
+#    $OUT (default /tmp/sagebwd-train-out); a summary is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+prepare() {
+  set -e
+  cargo build --release -p sagebwd-cli
+  mkdir -p dev/train/bin
+  cp target/release/sagebwd dev/train/bin/sagebwd
+  strip dev/train/bin/sagebwd 2>/dev/null || true
+  local nvrtc=$PWD/.cache/nvrtc/nvidia/cu13/lib
+  [ -e "$nvrtc/libnvrtc.so.13" ] && export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  rm -rf dev/train/cache
+  mkdir -p dev/train/cache
+  SAGEBWD_CACHE_DIR=$PWD/dev/train/cache dev/train/bin/sagebwd bench --precompile sm_90a --head-dim 64,128
+  { echo "built $(date -u +%FT%TZ) from $(git rev-parse --short HEAD)"; git status --short crates/ | sed 's/^/  /'; } \
+    > dev/train/BUILD.txt
+  if [ "${1:-}" = --corpus ]; then
+    mkdir -p dev/train/data
+    cp ../shared/data/gutenberg/train-00.txt.xz ../shared/data/gutenberg/val.txt.xz dev/train/data/
+  else
+    rm -rf dev/train/data
+  fi
+  du -sh dev/train/*
+}
+
+if [ "${1:-}" = --prepare ]; then shift; prepare "$@"; exit $?; fi
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,15p' "$0"; exit 0; fi
+
+OUT=${OUT:-/tmp/sagebwd-train-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export SAGEBWD_CACHE_DIR=$PWD/dev/train/cache
+BIN=dev/train/bin/sagebwd
+RUNS=/tmp/sagebwd-runs
+summary=$OUT/summary.txt
+{ date -u; cat dev/train/BUILD.txt 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > "$summary"
+status=0
+
+run_logged() { # name, command...: runs, keeps the log, copies summary lines
+  local name=$1; shift
+  echo "== $name: $*" | tee -a "$summary"
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -E "tokens/s|all checks|FAIL|^loss|after .* steps|error|validation loss|^\| (fpa|sagebwd)" "$OUT/$name.log" | sed 's/^/  /' >> "$summary"
+  echo "  exit $rc, $((SECONDS - t0)) s" >> "$summary"
+  [ $rc = 0 ] || status=1
+}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    check) run_logged check $BIN train-check ;;
+    perf)
+      for cfg in "1024 16" "4096 4"; do
+        seq=${cfg% *} batch=${cfg#* }
+        run_logged "perf-$seq" $BIN train --device cuda --model base --seq "$seq" --batch "$batch" --steps 30 \
+          --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd \
+          --name "perf$seq" --runs-dir $RUNS
+      done ;;
+    corpus)
+      steps=$2; shift
+      run_logged corpus $BIN train dev/train/data/train-00.txt.xz --val dev/train/data/val.txt.xz --device cuda \
+        --model small --seq 1024 --batch 16 --steps "$steps" --warmup $((steps / 20 + 1)) --eval-every $((steps / 10 + 1)) \
+        --eval-tokens 262144 --ckpt-every 100000 --preset fpa,sagebwd --name gutenberg --runs-dir $RUNS
+      cp $RUNS/gutenberg-compare.png "$OUT/" 2>/dev/null
+      for p in fpa sagebwd; do cp $RUNS/gutenberg-$p/metrics.jsonl "$OUT/gutenberg-$p-metrics.jsonl" 2>/dev/null; done ;;
+    *) echo "unknown mode $1" | tee -a "$summary"; status=2 ;;
+  esac
+  shift
+done
+cat "$summary"
+exit $status
