@@ -141,6 +141,8 @@ pub struct GpuEngine {
     /// bytes in use in it before the engine allocated anything.
     pool: Option<Pool>,
     base_used: u64,
+    /// Seconds per phase when `SAGEBWD_PROFILE=1` (each phase synchronized: attribution, not speed).
+    profile: Option<std::cell::RefCell<std::collections::BTreeMap<&'static str, f64>>>,
 }
 
 impl GpuEngine {
@@ -233,9 +235,22 @@ impl GpuEngine {
             acts: None,
             pool,
             base_used,
+            profile: (std::env::var("SAGEBWD_PROFILE").as_deref() == Ok("1")).then(Default::default),
         };
         e.refresh_bf16()?;
         Ok(e)
+    }
+
+    /// Runs `f`; with profiling on, synchronizes around it and adds its time to `phase`.
+    fn timed<T>(&self, phase: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let Some(profile) = &self.profile else { return f() };
+        let sync = || self.stream().synchronize().map_err(|e| cuda_err("synchronize", e));
+        sync()?;
+        let t0 = std::time::Instant::now();
+        let r = f()?;
+        sync()?;
+        *profile.borrow_mut().entry(phase).or_default() += t0.elapsed().as_secs_f64();
+        Ok(r)
     }
 
     fn stream(&self) -> &Arc<CudaStream> {
@@ -348,13 +363,13 @@ impl GpuEngine {
         s.memcpy_htod(b.targets, &mut a.targets.data).map_err(|e| cuda_err("upload targets", e))?;
         let (t, d) = (b.batch * b.seq, self.cfg.dim);
         let first_x = a.layers.first().map_or(a.x_final.ptr, |l| l.x.ptr);
-        self.k.embed_forward(a.tokens.ptr, self.params.at(self.tok_emb), first_x, t, d)?;
+        self.timed("embedding", || self.k.embed_forward(a.tokens.ptr, self.params.at(self.tok_emb), first_x, t, d))?;
         for l in 0..self.cfg.n_layers {
             let next_x = if l + 1 < self.cfg.n_layers { a.layers[l + 1].x.ptr } else { a.x_final.ptr };
             self.layer_forward(l, &mut a.layers[l], next_x, b, grad_scale.is_some())?;
         }
         let c = &self.cfg;
-        self.k.rmsnorm_forward(a.x_final.ptr, self.params.at(self.final_norm), a.hidden.ptr, a.rstd_final.ptr, d, t, c.norm_eps)?;
+        self.timed("norms", || self.k.rmsnorm_forward(a.x_final.ptr, self.params.at(self.final_norm), a.hidden.ptr, a.rstd_final.ptr, d, t, c.norm_eps))?;
         self.lm_head(a, t, grad_scale)?;
         let row_loss = s.clone_dtoh(&a.row_loss.data).map_err(|e| cuda_err("download losses", e))?;
         let total: f64 = row_loss.iter().map(|&x| x as f64).sum();
@@ -378,22 +393,22 @@ impl GpuEngine {
         let (pf, pb) = (&self.params, &self.params_bf16);
         let s = self.stream();
         // attention block
-        self.k.rmsnorm_forward(la.x.ptr, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps)?;
-        self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::F32, false)?;
+        self.timed("norms", || self.k.rmsnorm_forward(la.x.ptr, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps))?;
+        self.timed("products", || self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::F32, false))?;
         let (q, k, v) = (addr(&la.attn_in.q, s), addr(&la.attn_in.k, s), addr(&la.attn_in.v, s));
         let hdims = self.heads_dims(b.batch, b.seq);
-        self.k.qkv_heads_forward(hdims, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), self.rope_cos.ptr, self.rope_sin.ptr, q, k, v, la.q_rstd.ptr, la.k_rstd.ptr)?;
-        let (fwd, saved) = self.gpu.forward(&la.attn_in, &self.attn_cfg)?;
-        self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true)?;
+        self.timed("heads, rotary, permutes", || self.k.qkv_heads_forward(hdims, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), self.rope_cos.ptr, self.rope_sin.ptr, q, k, v, la.q_rstd.ptr, la.k_rstd.ptr))?;
+        let (fwd, saved) = self.timed("attention forward", || Ok(self.gpu.forward(&la.attn_in, &self.attn_cfg)?))?;
+        self.timed("heads, rotary, permutes", || self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true))?;
         la.attn_out = keep.then_some((fwd, saved));
-        copy(s, &la.x, &mut la.x_mid)?;
-        self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, true)?;
+        self.timed("casts, copies", || copy(s, &la.x, &mut la.x_mid))?;
+        self.timed("products", || self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, true))?;
         // MLP block
-        self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps)?;
-        self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false)?;
-        self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, t)?;
-        copy_to(s, &la.x_mid, next_x, t * d)?;
-        self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, true)
+        self.timed("norms", || self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
+        self.timed("products", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false))?;
+        self.timed("swiglu", || self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, t))?;
+        self.timed("casts, copies", || copy_to(s, &la.x_mid, next_x, t * d))?;
+        self.timed("products", || self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, true))
     }
 
     /// Logits in chunks of tokens, cross-entropy; with `grad_scale`, ∂hidden into `d_hidden` and
@@ -403,12 +418,12 @@ impl GpuEngine {
         let head = self.params_bf16.at(self.head);
         for c0 in (0..t).step_by(HEAD_CHUNK) {
             let n = HEAD_CHUNK.min(t - c0);
-            self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, v, Out::F32, false)?;
+            self.timed("products", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, v, Out::F32, false))?;
             let scale = grad_scale.unwrap_or(0.0);
-            self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), a.d_logits.ptr, n, v, scale, grad_scale.is_some())?;
+            self.timed("cross-entropy", || self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), a.d_logits.ptr, n, v, scale, grad_scale.is_some()))?;
             if grad_scale.is_some() {
-                self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, v, Out::F32, false)?;
-                self.blas.linear_dw(self.grads.at(self.head), a.d_logits.ptr, vp, a.hidden.at(c0 * d), n, d, v)?;
+                self.timed("products", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, v, Out::F32, false))?;
+                self.timed("products", || self.blas.linear_dw(self.grads.at(self.head), a.d_logits.ptr, vp, a.hidden.at(c0 * d), n, d, v))?;
             }
         }
         Ok(())
@@ -419,14 +434,14 @@ impl GpuEngine {
         let d = c.dim;
         let s = self.stream();
         s.memset_zeros(&mut a.dx.data).map_err(|e| cuda_err("memset", e))?;
-        self.k.rmsnorm_backward(a.d_hidden.ptr, a.x_final.ptr, self.params.at(self.final_norm), a.rstd_final.ptr, a.dx.ptr, d, t)?;
+        self.timed("norms", || self.k.rmsnorm_backward(a.d_hidden.ptr, a.x_final.ptr, self.params.at(self.final_norm), a.rstd_final.ptr, a.dx.ptr, d, t))?;
         let plain = Rows::plain(d);
-        self.k.gain_grad(a.d_hidden.ptr, plain, a.x_final.ptr, plain, a.rstd_final.ptr, t, a.partial.ptr, self.grads.at(self.final_norm))?;
+        self.timed("norms", || self.k.gain_grad(a.d_hidden.ptr, plain, a.x_final.ptr, plain, a.rstd_final.ptr, t, a.partial.ptr, self.grads.at(self.final_norm)))?;
         for l in (0..c.n_layers).rev() {
             self.layer_backward(l, a, t)?;
         }
         let tokens = a.tokens.ptr;
-        self.k.embed_backward(tokens, a.dx.ptr, self.grads.at(self.tok_emb), t, d)
+        self.timed("embedding", || self.k.embed_backward(tokens, a.dx.ptr, self.grads.at(self.tok_emb), t, d))
     }
 
     fn layer_backward(&self, l: usize, a: &mut Acts, t: usize) -> Result<()> {
@@ -441,38 +456,38 @@ impl GpuEngine {
         let (batch, seq) = (a.batch, a.seq);
         let la = &mut a.layers[l];
         // MLP block: out = x_mid + W_down · act
-        self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d)?;
-        self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::F32, false)?;
-        self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d)?;
-        self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, t)?;
-        self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false)?;
-        self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f)?;
-        self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, d, t)?;
-        self.k.gain_grad(a.dh.ptr, plain, la.x_mid.ptr, plain, la.rstd_mlp.ptr, t, a.partial.ptr, g.at(p.mlp_norm))?;
+        self.timed("casts, copies", || self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d))?;
+        self.timed("products", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::F32, false))?;
+        self.timed("products", || self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d))?;
+        self.timed("swiglu", || self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, t))?;
+        self.timed("products", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false))?;
+        self.timed("products", || self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f))?;
+        self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, d, t))?;
+        self.timed("norms", || self.k.gain_grad(a.dh.ptr, plain, la.x_mid.ptr, plain, la.rstd_mlp.ptr, t, a.partial.ptr, g.at(p.mlp_norm)))?;
         // attention block: out = x + W_o · attention(...)
-        self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d)?;
-        self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16, false)?;
-        self.blas.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d)?;
-        self.k.permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false)?;
+        self.timed("casts, copies", || self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d))?;
+        self.timed("products", || self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16, false))?;
+        self.timed("products", || self.blas.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d))?;
+        self.timed("heads, rotary, permutes", || self.k.permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false))?;
         let (fwd, saved) = la.attn_out.take().ok_or_else(|| Error::Gpu("attention state missing in the backward".into()))?;
-        let grads = self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?;
+        let grads = self.timed("attention backward", || Ok(self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?))?;
         let hdims = self.heads_dims(batch, seq);
         let (dq, dk, dv) = (addr(&grads.dq, &s), addr(&grads.dk, &s), addr(&grads.dv, &s));
-        self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.d_normed.ptr)?;
+        self.timed("heads, rotary, permutes", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.d_normed.ptr))?;
         drop(grads);
         if c.qk_norm {
             let heads = c.n_heads + c.n_kv_heads;
             let dn_q = Rows { n: hd as i32, per_token: c.n_heads as i32, token_stride: (heads * hd) as i64 };
             let x_q = Rows { n: hd as i32, per_token: c.n_heads as i32, token_stride: w as i64 };
-            self.k.gain_grad(a.d_normed.ptr, dn_q, la.qkv.ptr, x_q, la.q_rstd.ptr, t * c.n_heads, a.partial.ptr, g.at(p.q_norm))?;
+            self.timed("norms", || self.k.gain_grad(a.d_normed.ptr, dn_q, la.qkv.ptr, x_q, la.q_rstd.ptr, t * c.n_heads, a.partial.ptr, g.at(p.q_norm)))?;
             let dn_k = Rows { per_token: c.n_kv_heads as i32, ..dn_q };
             let x_k = Rows { per_token: c.n_kv_heads as i32, ..x_q };
-            self.k.gain_grad(a.d_normed.at(qw), dn_k, la.qkv.at(qw), x_k, la.k_rstd.ptr, t * c.n_kv_heads, a.partial.ptr, g.at(p.k_norm))?;
+            self.timed("norms", || self.k.gain_grad(a.d_normed.at(qw), dn_k, la.qkv.at(qw), x_k, la.k_rstd.ptr, t * c.n_kv_heads, a.partial.ptr, g.at(p.k_norm)))?;
         }
-        self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32, false)?;
-        self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w)?;
-        self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, d, t)?;
-        self.k.gain_grad(a.dh.ptr, plain, la.x.ptr, plain, la.rstd_attn.ptr, t, a.partial.ptr, g.at(p.attn_norm))
+        self.timed("products", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32, false))?;
+        self.timed("products", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;
+        self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, d, t))?;
+        self.timed("norms", || self.k.gain_grad(a.dh.ptr, plain, la.x.ptr, plain, la.rstd_attn.ptr, t, a.partial.ptr, g.at(p.attn_norm)))
     }
 
     fn download_flat(&self, b: &Buf<f32>) -> Result<Weights> {
@@ -485,6 +500,19 @@ impl GpuEngine {
         Ok(w)
     }
 
+}
+
+impl Drop for GpuEngine {
+    /// Prints the profile (`SAGEBWD_PROFILE=1`).
+    fn drop(&mut self) {
+        let Some(profile) = &self.profile else { return };
+        let p = profile.borrow();
+        let total: f64 = p.values().sum();
+        eprintln!("profile ({}, phases synchronized): {total:.2} s", self.attention.name());
+        for (phase, secs) in p.iter() {
+            eprintln!("  {phase:<26} {secs:8.3} s  {:5.1} %", 100.0 * secs / total.max(1e-12));
+        }
+    }
 }
 
 impl Engine for GpuEngine {
@@ -516,12 +544,14 @@ impl Engine for GpuEngine {
         let c = &self.adamw;
         let bc1 = 1.0 - c.beta1.powi(self.adam_t as i32);
         let bc2 = 1.0 - c.beta2.powi(self.adam_t as i32);
-        for slot in &self.slots {
-            let wd = if slot.decay { c.weight_decay } else { 0.0 };
-            let o = slot.offset;
-            self.k.adamw(self.params.at(o), self.params_bf16.at(o), self.grads.at(o), self.adam_m.at(o), self.adam_v.at(o), slot.len, lr, c, wd, bc1, bc2, grad_scale)?;
-        }
-        Ok(())
+        self.timed("optimizer", || {
+            for slot in &self.slots {
+                let wd = if slot.decay { c.weight_decay } else { 0.0 };
+                let o = slot.offset;
+                self.k.adamw(self.params.at(o), self.params_bf16.at(o), self.grads.at(o), self.adam_m.at(o), self.adam_v.at(o), slot.len, lr, c, wd, bc1, bc2, grad_scale)?;
+            }
+            Ok(())
+        })
     }
 
     fn gradients(&self) -> Result<Weights> {
