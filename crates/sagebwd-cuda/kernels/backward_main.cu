@@ -443,7 +443,7 @@ __device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const Ti
 // - dŜ goes once through shared memory (bytes, [64 rows][128 keys], swizzled) for dQ = dŜ K̂: warp w
 //   then owns rows 16(w mod 4).. × half of d and adds its tile to the FP32 accumulator with 8-byte
 //   vector reductions.
-// Three barriers per tile: operands ready; the tile's amax; dŜ complete.
+// Two barriers per tile: operands (and the previous dŜ) ready; the tile's amax.
 // All operand tiles use XOR-swizzled 16-byte chunks, chosen so that each ldmatrix phase (8 rows of
 // one chunk column) and each dŜ byte store hits 8 distinct bank groups.
 
@@ -458,7 +458,7 @@ __device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const Ti
 #define BF_ST_ROWS (5 * BF_QT)               // float L[64], D[64]
 #define BF_STAGE_BYTES (5 * BF_QT + 2 * BLOCK_Q * 4)
 #define BF_OFF_DS (BF_OFF_STAGE + 2 * BF_STAGE_BYTES)
-#define BF_OFF_RED (BF_OFF_DS + BLOCK_Q * BLOCK_KV)
+#define BF_OFF_RED (BF_OFF_DS + 2 * BLOCK_Q * BLOCK_KV)  // dŜ double-buffered by query-block parity
 #define BWD_FAST_SMEM_BYTES (BF_OFF_RED + 2 * (THREADS / 32) * 4)
 #define BWD_GATHER_SMEM_BYTES ((int)sizeof(BackwardShared))
 
@@ -504,13 +504,16 @@ struct SwzQrowBf16 { __device__ int operator()(int r, int c) const { return swz_
 struct SwzT64 { __device__ int operator()(int r, int c) const { return swz_t64(r, c); } };
 struct SwzT128 { __device__ int operator()(int r, int c) const { return swz_t128(r, c); } };
 
-// Copies `rows` rows of CH 16-byte chunks (source stride `stride` bytes) into a swizzled tile;
-// rows ≥ valid_rows are zero-filled without reading.
-template <int CH, class Swz>
-__device__ __forceinline__ void stage_rows(u32 dst, const void* src, long stride, int rows, int valid_rows, Swz swz) {
+// Copies ROWS rows of CH 16-byte chunks (source stride `stride` bytes) into a swizzled tile; rows
+// ≥ valid_rows are zero-filled without reading. Unrolled: every thread copies ROWS·CH/THREADS chunks.
+template <int ROWS, int CH, class Swz>
+__device__ __forceinline__ void stage_rows(u32 dst, const void* src, long stride, int valid_rows, Swz swz) {
+    static_assert((ROWS * CH) % THREADS == 0 && THREADS % CH == 0, "stage_rows: tile does not split evenly");
     const unsigned char* s = (const unsigned char*)src;
-    for (int i = threadIdx.x; i < rows * CH; i += THREADS) {
-        const int row = i / CH, c = i % CH;
+    const int c = threadIdx.x % CH, row0 = threadIdx.x / CH;
+#pragma unroll
+    for (int k = 0; k < ROWS * CH / THREADS; ++k) {
+        const int row = row0 + k * (THREADS / CH);
         const bool valid = row < valid_rows;
         cp_async16(dst + row * CH * 16 + swz(row, c) * 16, valid ? s + row * stride + c * 16 : s, valid);
     }
@@ -522,10 +525,10 @@ __device__ void stage_key_block(const BackwardParams& p, u32 smem, int bh_kv, in
     const Dims& d = p.dims;
     const int key0 = kb * BLOCK_KV, valid = d.n_k - key0;
     const long row0 = (long)bh_kv * d.n_k + key0;
-    stage_rows<HEAD_DIM / 16>(smem, p.op.k_hat + row0 * HEAD_DIM, HEAD_DIM, BLOCK_KV, valid, SwzKeyI8());
-    stage_rows<BLOCK_KV / 16>(smem + BF_OFF_KT, p.tr.k_hat_t + (long)bh_kv * HEAD_DIM * d.n_kpad + key0, d.n_kpad,
-                              HEAD_DIM, HEAD_DIM, SwzT128());
-    stage_rows<HEAD_DIM / 8>(smem + BF_OFF_V, p.v + row0 * HEAD_DIM, 2 * HEAD_DIM, BLOCK_KV, valid, SwzKeyBf16());
+    stage_rows<BLOCK_KV, HEAD_DIM / 16>(smem, p.op.k_hat + row0 * HEAD_DIM, HEAD_DIM, valid, SwzKeyI8());
+    stage_rows<HEAD_DIM, BLOCK_KV / 16>(smem + BF_OFF_KT, p.tr.k_hat_t + (long)bh_kv * HEAD_DIM * d.n_kpad + key0,
+                                        d.n_kpad, HEAD_DIM, SwzT128());
+    stage_rows<BLOCK_KV, HEAD_DIM / 8>(smem + BF_OFF_V, p.v + row0 * HEAD_DIM, 2 * HEAD_DIM, valid, SwzKeyBf16());
 }
 
 // Query block qb's operand tiles into stage `st` (Q̂, dO rows past n_q zero; the transposed copies
@@ -535,10 +538,10 @@ __device__ void stage_query_block(const BackwardParams& p, u32 st, int bh, int q
     const int row0 = qb * BLOCK_Q, valid = d.n_q - row0;
     const long q_off = ((long)bh * d.n_q + row0) * HEAD_DIM;
     const long t_off = (long)bh * HEAD_DIM * d.n_qpad + row0;
-    stage_rows<HEAD_DIM / 16>(st, p.op.q_hat + q_off, HEAD_DIM, BLOCK_Q, valid, SwzQrowI8());
-    stage_rows<HEAD_DIM / 8>(st + BF_ST_DO, p.d_o + q_off, 2 * HEAD_DIM, BLOCK_Q, valid, SwzQrowBf16());
-    stage_rows<BLOCK_Q / 16>(st + BF_ST_DOT, p.tr.do_hat_t + t_off, d.n_qpad, HEAD_DIM, HEAD_DIM, SwzT64());
-    stage_rows<BLOCK_Q / 16>(st + BF_ST_QT, p.tr.q_hat_t + t_off, d.n_qpad, HEAD_DIM, HEAD_DIM, SwzT64());
+    stage_rows<BLOCK_Q, HEAD_DIM / 16>(st, p.op.q_hat + q_off, HEAD_DIM, valid, SwzQrowI8());
+    stage_rows<BLOCK_Q, HEAD_DIM / 8>(st + BF_ST_DO, p.d_o + q_off, 2 * HEAD_DIM, valid, SwzQrowBf16());
+    stage_rows<HEAD_DIM, BLOCK_Q / 16>(st + BF_ST_DOT, p.tr.do_hat_t + t_off, d.n_qpad, HEAD_DIM, SwzT64());
+    stage_rows<HEAD_DIM, BLOCK_Q / 16>(st + BF_ST_QT, p.tr.q_hat_t + t_off, d.n_qpad, HEAD_DIM, SwzT64());
 }
 
 // L = fl(lse2 − b_r) (INT8 #3) and D of row `rl` of query block qb (threads 0..63); L = +∞, D = 0
@@ -650,16 +653,17 @@ __device__ __forceinline__ void tile_key_product(u32 bt, const u32 (*a)[4], floa
     }
 }
 
-// dQ += dŜ K̂ for rows 16(w mod 4).. and columns (w div 4)·d/2.. of the tile, by vector reductions
-// into the FP32 accumulator (rows past n_q skipped).
-__device__ __forceinline__ void tile_dq_fast(const BackwardParams& p, u32 smem, float scale, int bh, int qb) {
+// dQ += dŜ K̂ for rows 16(w mod 4).. and columns (w div 4)·d/2.. of the tile (dŜ at shared address
+// ds_tile), by vector reductions into the FP32 accumulator (rows past n_q skipped).
+__device__ __forceinline__ void tile_dq_fast(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh,
+                                             int qb) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
     const int r_loc0 = (warp & 3) * 16, c0 = (warp >> 2) * (HEAD_DIM / 2);
     const int a_row = r_loc0 + (mi & 1) * 8 + r;
     u32 da[BLOCK_KV / 32][4];
 #pragma unroll
     for (int ks = 0; ks < BLOCK_KV / 32; ++ks)
-        ldmatrix_x4(da[ks], smem + BF_OFF_DS + a_row * BLOCK_KV + (swz_ds(a_row, 2 * ks + (mi >> 1)) << 4));
+        ldmatrix_x4(da[ks], ds_tile + a_row * BLOCK_KV + (swz_ds(a_row, 2 * ks + (mi >> 1)) << 4));
     const int g = lane >> 2, t = lane & 3;
     const int r_lo = qb * BLOCK_Q + r_loc0 + g, r_hi = r_lo + 8;
     float* dq_lo = p.dq_acc + ((long)bh * p.dims.n_q + r_lo) * HEAD_DIM + c0 + 2 * t;
@@ -711,18 +715,22 @@ __device__ void sage_bwd_main_fast(const BackwardParams& p, unsigned char* smem_
         rows[BLOCK_Q + threadIdx.x] = rc.D;
     }
 
+    // Two barriers per tile. dŜ of block qb is complete at barrier (a) of block qb + 1, so dQ of block
+    // qb − 1 runs at the end of iteration qb (where few registers are live), from the other dŜ buffer.
+    // Block qb + 1 is staged after (a), when every warp is done with its buffer (read last by qb − 1).
+    float dq_scale = 0.0f;  // fl(s_dŜ·s_K) of the pending dQ tile
     for (int qb = qb0; qb < d.n_qblk; ++qb) {
         const int buf = (qb - qb0) & 1;
         const u32 st = smem + BF_OFF_STAGE + buf * BF_STAGE_BYTES;
         const bool has_next = qb + 1 < d.n_qblk;
+        const float s_q = p.op.q_scale[bh * d.n_qblk + qb], s_do = p.do_scale[bh * d.n_qblk + qb];
+        const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
+        cp_async_wait<0>();  // this thread's copies of block qb are done
+        __syncthreads();     // (a) everyone's copies, row constants and dŜ of block qb − 1 are visible
         if (has_next) stage_query_block(p, smem + BF_OFF_STAGE + (buf ^ 1) * BF_STAGE_BYTES, bh, qb + 1);
         cp_async_commit();
         RowConsts next_rc = {pos_inf(), 0.0f};
         if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
-        const float s_q = p.op.q_scale[bh * d.n_qblk + qb], s_do = p.do_scale[bh * d.n_qblk + qb];
-        const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
-        cp_async_wait<1>();  // this thread's copies of block qb are done
-        __syncthreads();     // (a) everyone's copies and row constants are visible
 
         // Sᵀ, dPᵀ → P, dS in registers (permuted rows), with the tile's amax.
         int s_acc[8][4];
@@ -732,7 +740,6 @@ __device__ void sage_bwd_main_fast(const BackwardParams& p, unsigned char* smem_
         const int last_key = wkey0 + 15;
         const bool need_mask = last_key >= d.n_k || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q));
         float prob[8][4];
-        float amax_p = 0.0f, amax_ds = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const int rl = qrow_of(nt, 2 * t);  // rows rl, rl + 1 (even: one 8-byte load each)
@@ -740,15 +747,26 @@ __device__ void sage_bwd_main_fast(const BackwardParams& p, unsigned char* smem_
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const float t_score = __fmul_rn((float)s_acc[nt][e], s_qk);
-                float pr = exp2f(__fsub_rn(t_score, (e & 1) ? L.y : L.x));        // exp2(t − L)
-                float dsv = __fmul_rn(pr, __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));  // fl(P·fl(dP − D))
-                if (need_mask && !visible(d, qb * BLOCK_Q + rl + (e & 1), wkey0 + g + 8 * (e >> 1))) pr = dsv = 0.0f;
-                prob[nt][e] = pr;
-                ds[nt][e] = dsv;
-                amax_p = fmaxf(amax_p, pr);
-                amax_ds = fmaxf(amax_ds, fabsf(dsv));
+                prob[nt][e] = exp2f(__fsub_rn(t_score, (e & 1) ? L.y : L.x));                       // exp2(t − L)
+                ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));  // fl(P·fl(dP − D))
             }
         }
+        if (need_mask) {  // warp-uniform: only tiles on the diagonal or past n_k
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (!visible(d, qb * BLOCK_Q + qrow_of(nt, 2 * t + (e & 1)), wkey0 + g + 8 * (e >> 1)))
+                        prob[nt][e] = ds[nt][e] = 0.0f;
+        }
+        float amax_p = 0.0f, amax_ds = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                amax_p = fmaxf(amax_p, prob[nt][e]);
+                amax_ds = fmaxf(amax_ds, fabsf(ds[nt][e]));
+            }
         block_max2(amax_p, amax_ds, red);  // (b)
         const GroupScale sc_p = group_scale(amax_p), sc_ds = group_scale(amax_ds);
 
@@ -763,7 +781,8 @@ __device__ void sage_bwd_main_fast(const BackwardParams& p, unsigned char* smem_
 #pragma unroll
             for (int x = 0; x < 2; ++x) {
                 const int row = 4 * t + 2 * b + x;
-                ds_out[2 * b + x] = smem_ptr + BF_OFF_DS + row * BLOCK_KV + (swz_ds(row, warp) << 4) + g;
+                ds_out[2 * b + x] = smem_ptr + BF_OFF_DS + buf * (BLOCK_Q * BLOCK_KV) + row * BLOCK_KV +
+                                    (swz_ds(row, warp) << 4) + g;
             }
 #pragma unroll
         for (int s = 0; s < 2; ++s)
@@ -792,10 +811,13 @@ __device__ void sage_bwd_main_fast(const BackwardParams& p, unsigned char* smem_
             nrows[threadIdx.x] = next_rc.L;
             nrows[BLOCK_Q + threadIdx.x] = next_rc.D;
         }
-        __syncthreads();  // (c) dŜ complete
-        tile_dq_fast(p, smem, __fmul_rn(sc_ds.scale, s_k), bh, qb);
+        if (qb > qb0) tile_dq_fast(p, smem, smem + BF_OFF_DS + (buf ^ 1) * (BLOCK_Q * BLOCK_KV), dq_scale, bh, qb - 1);
+        dq_scale = __fmul_rn(sc_ds.scale, s_k);
     }
     cp_async_wait<0>();
+    __syncthreads();  // dŜ of the last block complete
+    if (qb0 < d.n_qblk)
+        tile_dq_fast(p, smem, smem + BF_OFF_DS + ((d.n_qblk - 1 - qb0) & 1) * (BLOCK_Q * BLOCK_KV), dq_scale, bh, d.n_qblk - 1);
 
 #pragma unroll
     for (int nd = 0; nd < HEAD_DIM / 8; ++nd)

@@ -51,10 +51,10 @@ pub fn staged_backward(flags: i32) -> bool {
 
 /// Dynamic shared memory of the staged path (`BWD_FAST_SMEM_BYTES`): the key block's K̂, K̂ᵀ (128 × d
 /// bytes each) and BF16 V; two query-block stages of Q̂, BF16 dO, dÔᵀ, Q̂ᵀ (64 × d bytes each, dO
-/// twice that) and 64 L and D values; the dŜ tile (64 × 128 bytes); the amax scratch.
+/// twice that) and 64 L and D values; two dŜ tiles (64 × 128 bytes); the amax scratch.
 pub fn staged_backward_smem_bytes(head_dim: usize) -> usize {
     let stage = 5 * BLOCK_Q * head_dim + 2 * BLOCK_Q * 4;
-    4 * BLOCK_KV * head_dim + 2 * stage + BLOCK_Q * BLOCK_KV + 2 * (THREADS as usize / 32) * 4
+    4 * BLOCK_KV * head_dim + 2 * stage + 2 * BLOCK_Q * BLOCK_KV + 2 * (THREADS as usize / 32) * 4
 }
 
 /// The gradients on the device, BF16 bits, plus the preprocess's D and dÔ.
