@@ -420,3 +420,40 @@ __device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Exact integer/float tricks of the staged paths (forward.cu, backward_main.cu).
+
+// float(a) for |a| < 2^22 (every INT32 accumulator here: |a| ≤ 127²·d < 2^21), exact like the
+// conversion instruction but on the FP32/INT pipes (conversions issue at 1/4 rate or less):
+// 1.5·2^23 + a has ulp 1, and subtracting 1.5·2^23 again is exact.
+__device__ __forceinline__ float i2f_exact(int a) { return __fsub_rn(__int_as_float(0x4B400000 + a), 12582912.0f); }
+
+// The low bytes of a, b, c, d as one word (a lowest).
+__device__ __forceinline__ u32 pack_lo_bytes(u32 a, u32 b, u32 c, u32 d) {
+    u32 lo, hi, r;
+    asm("prmt.b32 %0, %1, %2, 0x0040;" : "=r"(lo) : "r"(a), "r"(b));
+    asm("prmt.b32 %0, %1, %2, 0x0040;" : "=r"(hi) : "r"(c), "r"(d));
+    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(r) : "r"(lo), "r"(hi));
+    return r;
+}
+
+// quantize(x, inv) of the §2.2 quantizer for |x| ≤ amax with inv = fl(127/amax), the result in the
+// low byte of the returned bits (two's complement): y = fl(x·inv) has |y| ≤ 127(1 + 2^-24) (so the
+// clamp to [−127, 127] can never act: the rounding of y is at most 127 in magnitude), and
+// fl(y + 1.5·2^23) rounds y to the nearest integer, ties to even (the addition's own rounding, =
+// rintf), giving the bits 0x4B400000 + n. inv = 0 (an all-zero group) gives n = 0.
+__device__ __forceinline__ u32 quant_bits(float x, float inv) {
+    return __float_as_uint(__fadd_rn(__fmul_rn(x, inv), 12582912.0f));
+}
+
+// *addr += {x, y} (FP32, relaxed, device scope), one 8-byte vector reduction on sm_90, two scalar
+// ones before; addr 8-byte aligned. The order of additions into one address is not fixed.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(addr, x);
+    atomicAdd(addr + 1, y);
+#endif
+}

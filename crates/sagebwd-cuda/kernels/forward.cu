@@ -445,11 +445,6 @@ __device__ __forceinline__ int k_swz(int key, int c) {
 }
 __device__ __forceinline__ int v_swz(int dd, int c) { return c ^ (dd & 7); }
 
-// float(a) for |a| < 2^22 (every INT32 accumulator here: |a| ≤ 127²·d < 2^21), exact like the
-// conversion instruction but on the FP32/INT pipes (conversions issue at 1/4 rate or less):
-// 1.5·2^23 + a has ulp 1, and subtracting 1.5·2^23 again is exact.
-__device__ __forceinline__ float i2f_exact(int a) { return __fsub_rn(__int_as_float(0x4B400000 + a), 12582912.0f); }
-
 // quantize(x, inv) of common.cuh for 0 ≤ x ≤ amax with inv = fl(127/amax) (P̂ of §4), with the
 // result in the low byte of the returned bits: y = fl(x·inv) ∈ [0, 2^23); fl(y + 2^23) rounds y to
 // the nearest integer, ties to even (the addition's own rounding, = rintf), as 2^23 + n. The clamp
@@ -457,15 +452,6 @@ __device__ __forceinline__ float i2f_exact(int a) { return __fsub_rn(__int_as_fl
 // rounding is < 127.5, so n ≤ 127 (and x ≥ 0 gives n ≥ 0); it is left out (one instruction per score).
 __device__ __forceinline__ u32 quant_pos_bits(float x, float inv) {
     return __float_as_uint(__fadd_rn(__fmul_rn(x, inv), 8388608.0f));
-}
-
-// The low bytes of a, b, c, d as one word (a lowest).
-__device__ __forceinline__ u32 pack_lo_bytes(u32 a, u32 b, u32 c, u32 d) {
-    u32 lo, hi, r;
-    asm("prmt.b32 %0, %1, %2, 0x0040;" : "=r"(lo) : "r"(a), "r"(b));
-    asm("prmt.b32 %0, %1, %2, 0x0040;" : "=r"(hi) : "r"(c), "r"(d));
-    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(r) : "r"(lo), "r"(hi));
-    return r;
 }
 
 // Issues the copies of key block kb into buffer `buf` (all MMA_THREADS threads).

@@ -5,7 +5,7 @@ use crate::quantize::{quantize_do, QuantizedDo};
 use crate::runtime::{drv, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
-use sagebwd::{Error, Result};
+use sagebwd::{Error, Product, Result};
 
 /// Mirror of `BackwardParams` in backward_main.cu.
 #[repr(C)]
@@ -37,6 +37,24 @@ const _: () = assert!(std::mem::size_of::<BackwardParams>() == 280);
 /// the dS column sums and the reduction scratch. The kernel traps if it is given less.
 pub fn backward_smem_bytes(head_dim: usize) -> usize {
     4 * (2 * BLOCK_Q * BLOCK_KV + 2 * BLOCK_Q + head_dim + 2 * BLOCK_KV + THREADS as usize / 32)
+}
+
+/// Whether `sage_bwd_main_mma` takes its staged path for these flags (`bwd_fast_path` in
+/// backward_main.cu): #3, #4, #6, #7 INT8 and #5 BF16 (the sagebwd preset), no Q-smoothing, no dQ
+/// correction.
+pub fn staged_backward(flags: i32) -> bool {
+    let bit = |p: Product| 1 << p.index();
+    let int8 = bit(Product::QkBwd) | bit(Product::Dv) | bit(Product::Dq) | bit(Product::Dk);
+    let mask = int8 | bit(Product::Dp) | crate::F_SMOOTH_Q | crate::F_DQ_CORR;
+    flags & mask == int8
+}
+
+/// Dynamic shared memory of the staged path (`BWD_FAST_SMEM_BYTES`): the key block's K̂, K̂ᵀ (128 × d
+/// bytes each) and BF16 V; two query-block stages of Q̂, BF16 dO, dÔᵀ, Q̂ᵀ (64 × d bytes each, dO
+/// twice that) and 64 L and D values; two dŜ tiles (64 × 128 bytes); the amax scratch.
+pub fn staged_backward_smem_bytes(head_dim: usize) -> usize {
+    let stage = 5 * BLOCK_Q * head_dim + 2 * BLOCK_Q * 4;
+    4 * BLOCK_KV * head_dim + 2 * stage + 2 * BLOCK_Q * BLOCK_KV + 2 * (THREADS as usize / 32) * 4
 }
 
 /// The gradients on the device, BF16 bits, plus the preprocess's D and dÔ.
@@ -118,7 +136,8 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         flags: flags(cfg),
         c_lambda,
     };
-    let smem = backward_smem_bytes(s.head_dim);
+    let staged = gpu.tensor_cores() && staged_backward(flags(cfg));
+    let smem = if staged { staged_backward_smem_bytes(s.head_dim) } else { backward_smem_bytes(s.head_dim) };
     let optin = drv("smem attribute", gpu.dev.ctx.attribute(
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))? as usize;
     if smem > optin {
