@@ -10,6 +10,7 @@
 #      bash scripts/gpu/train.sh check            # sagebwd train-check (GPU vs CPU step), ~1 min
 #      bash scripts/gpu/train.sh perf             # base model, seq 1024 and 4096, fpa and sagebwd
 #      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd
+#      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
 #    $OUT (default /tmp/sagebwd-train-out); a summary is printed last.
 set -uo pipefail
@@ -38,7 +39,7 @@ prepare() {
 }
 
 if [ "${1:-}" = --prepare ]; then shift; prepare "$@"; exit $?; fi
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,15p' "$0"; exit 0; fi
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,17p' "$0"; exit 0; fi
 
 OUT=${OUT:-/tmp/sagebwd-train-out}
 mkdir -p "$OUT"
@@ -64,6 +65,9 @@ run_logged() { # name, command...: runs, keeps the log, copies summary lines
 while [ $# -gt 0 ]; do
   case "$1" in
     check) run_logged check $BIN train-check ;;
+    default)
+      run_logged default $BIN train --runs-dir $RUNS
+      cp $RUNS/sample-compare.png "$OUT/default-compare.png" 2>/dev/null ;;
     perf)
       for cfg in "1024 16" "4096 4"; do
         seq=${cfg% *} batch=${cfg#* }

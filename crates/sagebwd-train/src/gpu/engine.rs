@@ -394,7 +394,7 @@ impl GpuEngine {
         let s = self.stream();
         // attention block
         self.timed("norms", || self.k.rmsnorm_forward(la.x.ptr, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps))?;
-        self.timed("products", || self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::F32, false))?;
+        self.timed("products: qkv", || self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::F32, false))?;
         let (q, k, v) = (addr(&la.attn_in.q, s), addr(&la.attn_in.k, s), addr(&la.attn_in.v, s));
         let hdims = self.heads_dims(b.batch, b.seq);
         self.timed("heads, rotary, permutes", || self.k.qkv_heads_forward(hdims, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), self.rope_cos.ptr, self.rope_sin.ptr, q, k, v, la.q_rstd.ptr, la.k_rstd.ptr))?;
@@ -402,13 +402,13 @@ impl GpuEngine {
         self.timed("heads, rotary, permutes", || self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true))?;
         la.attn_out = keep.then_some((fwd, saved));
         self.timed("casts, copies", || copy(s, &la.x, &mut la.x_mid))?;
-        self.timed("products", || self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, true))?;
+        self.timed("products: wo", || self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, true))?;
         // MLP block
         self.timed("norms", || self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
-        self.timed("products", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false))?;
+        self.timed("products: gate|up", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false))?;
         self.timed("swiglu", || self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, t))?;
         self.timed("casts, copies", || copy_to(s, &la.x_mid, next_x, t * d))?;
-        self.timed("products", || self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, true))
+        self.timed("products: down", || self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, true))
     }
 
     /// Logits in chunks of tokens, cross-entropy; with `grad_scale`, ∂hidden into `d_hidden` and
@@ -418,12 +418,12 @@ impl GpuEngine {
         let head = self.params_bf16.at(self.head);
         for c0 in (0..t).step_by(HEAD_CHUNK) {
             let n = HEAD_CHUNK.min(t - c0);
-            self.timed("products", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, v, Out::F32, false))?;
+            self.timed("products: lm head", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, v, Out::F32, false))?;
             let scale = grad_scale.unwrap_or(0.0);
             self.timed("cross-entropy", || self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), a.d_logits.ptr, n, v, scale, grad_scale.is_some()))?;
             if grad_scale.is_some() {
-                self.timed("products", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, v, Out::F32, false))?;
-                self.timed("products", || self.blas.linear_dw(self.grads.at(self.head), a.d_logits.ptr, vp, a.hidden.at(c0 * d), n, d, v))?;
+                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, v, Out::F32, false))?;
+                self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.d_logits.ptr, vp, a.hidden.at(c0 * d), n, d, v))?;
             }
         }
         Ok(())
@@ -457,17 +457,17 @@ impl GpuEngine {
         let la = &mut a.layers[l];
         // MLP block: out = x_mid + W_down · act
         self.timed("casts, copies", || self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d))?;
-        self.timed("products", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::F32, false))?;
-        self.timed("products", || self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d))?;
+        self.timed("products: down dx", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::F32, false))?;
+        self.timed("products: down dw", || self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d))?;
         self.timed("swiglu", || self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, t))?;
-        self.timed("products", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false))?;
-        self.timed("products", || self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f))?;
+        self.timed("products: gate|up dx", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false))?;
+        self.timed("products: gate|up dw", || self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f))?;
         self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, d, t))?;
         self.timed("norms", || self.k.gain_grad(a.dh.ptr, plain, la.x_mid.ptr, plain, la.rstd_mlp.ptr, t, a.partial.ptr, g.at(p.mlp_norm)))?;
         // attention block: out = x + W_o · attention(...)
         self.timed("casts, copies", || self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d))?;
-        self.timed("products", || self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16, false))?;
-        self.timed("products", || self.blas.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d))?;
+        self.timed("products: wo dx", || self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16, false))?;
+        self.timed("products: wo dw", || self.blas.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d))?;
         self.timed("heads, rotary, permutes", || self.k.permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false))?;
         let (fwd, saved) = la.attn_out.take().ok_or_else(|| Error::Gpu("attention state missing in the backward".into()))?;
         let grads = self.timed("attention backward", || Ok(self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?))?;
@@ -484,8 +484,8 @@ impl GpuEngine {
             let x_k = Rows { per_token: c.n_kv_heads as i32, ..x_q };
             self.timed("norms", || self.k.gain_grad(a.d_normed.at(qw), dn_k, la.qkv.at(qw), x_k, la.k_rstd.ptr, t * c.n_kv_heads, a.partial.ptr, g.at(p.k_norm)))?;
         }
-        self.timed("products", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32, false))?;
-        self.timed("products", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;
+        self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32, false))?;
+        self.timed("products: qkv dw", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;
         self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, d, t))?;
         self.timed("norms", || self.k.gain_grad(a.dh.ptr, plain, la.x.ptr, plain, la.rstd_attn.ptr, t, a.partial.ptr, g.at(p.attn_norm)))
     }
@@ -508,10 +508,12 @@ impl Drop for GpuEngine {
         let Some(profile) = &self.profile else { return };
         let p = profile.borrow();
         let total: f64 = p.values().sum();
+        let products: f64 = p.iter().filter(|(k, _)| k.starts_with("products")).map(|(_, v)| v).sum();
         eprintln!("profile ({}, phases synchronized): {total:.2} s", self.attention.name());
         for (phase, secs) in p.iter() {
             eprintln!("  {phase:<26} {secs:8.3} s  {:5.1} %", 100.0 * secs / total.max(1e-12));
         }
+        eprintln!("  {:<26} {products:8.3} s  {:5.1} %", "products (all)", 100.0 * products / total.max(1e-12));
     }
 }
 
