@@ -9,7 +9,7 @@
 # 2. ON THE DEVICE, in the repository root, carrying ["dev/train"]:
 #      bash scripts/gpu/train.sh check            # sagebwd train-check (GPU vs CPU step), ~1 min
 #      bash scripts/gpu/train.sh perf             # base model, seq 1024 and 4096, fpa and sagebwd
-#      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd
+#      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd (SEED=n: another seed)
 #      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
 #    $OUT (default /tmp/sagebwd-train-out); a summary is printed last.
@@ -77,11 +77,13 @@ while [ $# -gt 0 ]; do
       done ;;
     corpus)
       steps=$2; shift
-      run_logged corpus $BIN train dev/train/data/train-00.txt.xz --val dev/train/data/val.txt.xz --device cuda \
+      seed=${SEED:-1}
+      name=gutenberg; [ "$seed" = 1 ] || name=gutenberg-seed$seed
+      run_logged "corpus-seed$seed" $BIN train dev/train/data/train-00.txt.xz --val dev/train/data/val.txt.xz --device cuda \
         --model small --seq 1024 --batch 16 --steps "$steps" --warmup $((steps / 20 + 1)) --eval-every $((steps / 10 + 1)) \
-        --eval-tokens 262144 --ckpt-every 100000 --preset fpa,sagebwd --name gutenberg --runs-dir $RUNS
-      cp $RUNS/gutenberg-compare.png "$OUT/" 2>/dev/null
-      for p in fpa sagebwd; do cp $RUNS/gutenberg-$p/metrics.jsonl "$OUT/gutenberg-$p-metrics.jsonl" 2>/dev/null; done ;;
+        --eval-tokens 262144 --ckpt-every 100000 --preset fpa,sagebwd --seed "$seed" --name $name --runs-dir $RUNS
+      cp $RUNS/$name-compare.png "$OUT/" 2>/dev/null
+      for p in fpa sagebwd; do cp $RUNS/$name-$p/metrics.jsonl "$OUT/$name-$p-metrics.jsonl" 2>/dev/null; done ;;
     *) echo "unknown mode $1" | tee -a "$summary"; status=2 ;;
   esac
   shift

@@ -68,6 +68,11 @@ pub struct BenchArgs {
     /// Time the scalar reference kernels instead of the tensor-core ones (the library's default).
     #[arg(long)]
     pub scalar: bool,
+    /// Time in checked mode: every output buffer is filled with a NaN/−128 poison before the
+    /// kernels write it, as in the verification runs (off by default: the fills are not part of
+    /// the method).
+    #[arg(long)]
+    pub checked: bool,
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -445,6 +450,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return precompile(arch, &a.head_dim);
     }
     let gpu = Gpu::new().context("sagebwd bench needs a CUDA GPU (it never falls back to the CPU simulator)")?;
+    // Timing runs without the poison fills of checked mode (verify.sh checks the same kernels with them).
+    gpu.set_poison(a.checked);
     for p in &points {
         sagebwd_cuda::check_supported(&p.shape, &cfg)?;
     }

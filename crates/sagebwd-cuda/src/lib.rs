@@ -76,6 +76,7 @@ pub struct Gpu {
     pub dev: Device,
     kernels: Mutex<Vec<Arc<Kernels>>>,
     tensor_cores: AtomicBool,
+    poison: AtomicBool,
 }
 
 impl Gpu {
@@ -83,7 +84,7 @@ impl Gpu {
     pub fn new() -> Result<Gpu> {
         let dev = Device::open(0)?;
         runtime::nvrtc_available()?;
-        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(true) })
+        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(true), poison: AtomicBool::new(true) })
     }
 
     /// Selects the forward and backward-main kernels: `true` (the default) for the tensor-core
@@ -91,6 +92,15 @@ impl Gpu {
     /// and are checked against the simulator by `sagebwd-gpu-check`.
     pub fn set_tensor_cores(&self, on: bool) {
         self.tensor_cores.store(on, Ordering::Relaxed);
+    }
+
+    /// Checked mode (the default): every output and intermediate buffer is filled with a poison
+    /// pattern (NaN, −128 for INT8) before the kernels write it, so a value a kernel forgets to write
+    /// cannot pass for a result. The verification runs use it. Off, the fills are skipped (each is a
+    /// pass over its buffer, timed with the stage that allocates it) — for timing and training,
+    /// with kernels that were verified in checked mode.
+    pub fn set_poison(&self, on: bool) {
+        self.poison.store(on, Ordering::Relaxed);
     }
 
     pub fn tensor_cores(&self) -> bool {
@@ -191,8 +201,10 @@ impl Gpu {
         // Round up to whole 4-byte words so the fill covers every element.
         let n = (n.max(1) * unit).div_ceil(4) * 4 / unit;
         let s = self.alloc::<T>(n)?;
-        let k = self.any_kernels()?;
-        self.fill(&k, &s, pattern)?;
+        if self.poison.load(Ordering::Relaxed) {
+            let k = self.any_kernels()?;
+            self.fill(&k, &s, pattern)?;
+        }
         Ok(s)
     }
     pub(crate) fn alloc_poisoned_f32(&self, n: usize) -> Result<CudaSlice<f32>> {

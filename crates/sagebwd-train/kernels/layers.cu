@@ -51,27 +51,47 @@ extern "C" __global__ void rmsnorm_backward(const float* dy, const float* x, con
     for (int c = lane; c < n; c += WARP) dx[row * n + c] += rs * gain[c] * dyr[c] - xr[c] * coef;
 }
 
+// Column sums run on blocks of COL_TILE columns × ROW_LANES row lanes: 32 consecutive columns keep each
+// row's loads coalesced, and the row lanes give every block 8 independent load streams (a thread per
+// column alone would walk its rows one dependent load at a time). The lanes' sums meet in shared
+// memory in a fixed order, so the result does not depend on scheduling.
+#define COL_TILE 32
+#define ROW_LANES 8
+
+__device__ __forceinline__ float sum_row_lanes(float v, float (*s)[COL_TILE]) {
+    s[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int k = 0; k < ROW_LANES; k++) total += s[k][threadIdx.x];
+    return total;
+}
+
 // partial[chunk, c] = Σ_{rows r of the chunk} dy[r, c] · x[r, c] · rstd[r]: the gain gradient of an
-// RMSNorm, in fixed-order partial sums (grid: x over columns, y over chunks of rows).
+// RMSNorm, in fixed-order partial sums. Grid: x over column tiles, y over chunks of rows.
 extern "C" __global__ void gain_grad_partial(const float* dy, Rows dy_rows, const float* x, Rows x_rows,
                                              const float* rstd, float* partial, long rows, int rows_per_chunk) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ float s[ROW_LANES][COL_TILE];
+    const int c = blockIdx.x * COL_TILE + threadIdx.x;
     const int n = x_rows.n;
-    if (c >= n) return;
     const long r0 = (long)blockIdx.y * rows_per_chunk;
     const long r1 = min(rows, r0 + rows_per_chunk);
     float acc = 0.0f;
-    for (long r = r0; r < r1; r++) acc += dy[row_offset(dy_rows, r) + c] * x[row_offset(x_rows, r) + c] * rstd[r];
-    partial[(long)blockIdx.y * n + c] = acc;
+    if (c < n)
+        for (long r = r0 + threadIdx.y; r < r1; r += ROW_LANES)
+            acc += dy[row_offset(dy_rows, r) + c] * x[row_offset(x_rows, r) + c] * rstd[r];
+    const float total = sum_row_lanes(acc, s);
+    if (threadIdx.y == 0 && c < n) partial[(long)blockIdx.y * n + c] = total;
 }
 
-// out[c] += Σ_k partial[k, c], k in order.
+// out[c] += Σ_k partial[k, c] (row lanes take every ROW_LANES-th chunk; fixed order).
 extern "C" __global__ void sum_partials(const float* partial, float* out, int n, int chunks) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= n) return;
+    __shared__ float s[ROW_LANES][COL_TILE];
+    const int c = blockIdx.x * COL_TILE + threadIdx.x;
     float acc = 0.0f;
-    for (int k = 0; k < chunks; k++) acc += partial[(long)k * n + c];
-    out[c] += acc;
+    if (c < n)
+        for (int k = threadIdx.y; k < chunks; k += ROW_LANES) acc += partial[(long)k * n + c];
+    const float total = sum_row_lanes(acc, s);
+    if (threadIdx.y == 0 && c < n) out[c] += total;
 }
 
 // ---- Q/K/V heads: QK-norm, rotary, layout --------------------------------------------------

@@ -108,6 +108,7 @@ pub fn run(model: &ModelConfig, batch: usize, seq: usize, steps: usize) -> Resul
     let adamw = AdamWConfig::default();
     let weights = Weights::init(model, &mut Rng::new(7));
     let mut gpu = GpuEngine::new(model.clone(), &weights, adamw.clone(), attention.clone())?;
+    gpu.set_checked(true);
     let mut cpu = CpuEngine::new(Model::new(model.clone(), weights), adamw, attention);
     let mut rng = Rng::new(11);
     let (inputs, targets) = random_batch(&mut rng, model.vocab_size, batch, seq);

@@ -156,6 +156,7 @@ impl GpuEngine {
             Attention::Exact => unreachable!("rejected by unsupported_reason"),
         };
         let gpu = Gpu::new()?;
+        gpu.set_poison(false); // see `set_checked`
         let pool = Pool::of(&gpu)?;
         let mut base_used = 0;
         if let Some(p) = &pool {
@@ -212,7 +213,9 @@ impl GpuEngine {
         let flat: Vec<f32> = weights.tensors().into_iter().flat_map(|t| t.iter().copied()).collect();
         let e = GpuEngine {
             params: upload_f32(&flat)?,
-            params_bf16: zeros(&stream, total)?,
+            // Zero padding after the last tensor: the padded LM-head product reads up to
+            // `padded_vocab − vocab` rows past an untied head (see `lm_head`).
+            params_bf16: zeros(&stream, total + (cfg.vocab_size.div_ceil(64) * 64 - cfg.vocab_size) * cfg.dim)?,
             grads: zeros(&stream, total)?,
             adam_m: zeros(&stream, total)?,
             adam_v: zeros(&stream, total)?,
@@ -253,10 +256,17 @@ impl GpuEngine {
         Ok(r)
     }
 
+    /// Checked mode of the attention kernels ([`Gpu::set_poison`]): off by default (training);
+    /// `train-check` turns it on. The engine's own buffers are poisoned once, when allocated.
+    pub fn set_checked(&self, on: bool) {
+        self.gpu.set_poison(on);
+    }
+
     fn stream(&self) -> &Arc<CudaStream> {
         &self.gpu.dev.stream
     }
 
+    /// Casts the FP32 parameters into their BF16 copy (the zero padding after them stays).
     fn refresh_bf16(&self) -> Result<()> {
         self.k.cast_bf16(self.params.ptr, self.params_bf16.ptr, self.params.data.len())
     }
@@ -418,11 +428,15 @@ impl GpuEngine {
         let head = self.params_bf16.at(self.head);
         for c0 in (0..t).step_by(HEAD_CHUNK) {
             let n = HEAD_CHUNK.min(t - c0);
-            self.timed("products: lm head", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, v, Out::F32, false))?;
+            // All `vp` (padded) logits are computed: an odd output width (50,257) makes cuBLASLt fall back to
+            // slow kernels (measured 95 TFLOP/s). The rows of the table past the vocabulary are the next
+            // parameters or the zero padding of `params_bf16`: finite, and ignored by `xent`.
+            self.timed("products: lm head", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, vp, Out::F32, false))?;
             let scale = grad_scale.unwrap_or(0.0);
             self.timed("cross-entropy", || self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), a.d_logits.ptr, n, v, scale, grad_scale.is_some()))?;
             if grad_scale.is_some() {
-                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, v, Out::F32, false))?;
+                // Reduction over the padded width: `xent` wrote zeros into the padding columns.
+                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, vp, Out::F32, false))?;
                 self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.d_logits.ptr, vp, a.hidden.at(c0 * d), n, d, v))?;
             }
         }

@@ -188,9 +188,12 @@ impl TrainKernels {
     pub fn gain_grad(&self, dy: u64, dy_rows: Rows, x: u64, x_rows: Rows, rstd: u64, rows: usize, partial: u64, d_gain: u64) -> Result<()> {
         let n = x_rows.n as usize;
         let chunks = rows.div_ceil(GAIN_CHUNK_ROWS);
-        let cfg = LaunchConfig { grid_dim: (n.div_ceil(BLOCK as usize) as u32, chunks as u32, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // COL_TILE × ROW_LANES threads (layers.cu).
+        let tiles = n.div_ceil(32) as u32;
+        let cfg = LaunchConfig { grid_dim: (tiles, chunks as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
         launch!(self, gain_grad_partial, cfg, dy, dy_rows, x, x_rows, rstd, partial, rows as i64, GAIN_CHUNK_ROWS as i32)?;
-        launch!(self, sum_partials, blocks(n), partial, d_gain, n as i32, chunks as i32)
+        let cfg = LaunchConfig { grid_dim: (tiles, 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+        launch!(self, sum_partials, cfg, partial, d_gain, n as i32, chunks as i32)
     }
 
     #[allow(clippy::too_many_arguments)]
