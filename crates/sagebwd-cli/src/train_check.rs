@@ -23,21 +23,7 @@ pub fn run(a: TrainCheckArgs) -> Result<()> {
     let mut all_ok = true;
     for model in check::models() {
         let r = check::run(&model, a.batch, a.seq, a.steps)?;
-        let m = &r.model;
-        println!(
-            "\n# model dim {} layers {} heads {}/{} (head dim {}), ffn {}, vocab {}, QK-norm {}, {} embeddings; batch {} × seq {}",
-            m.dim,
-            m.n_layers,
-            m.n_heads,
-            m.n_kv_heads,
-            m.head_dim(),
-            m.ffn_hidden,
-            m.vocab_size,
-            if m.qk_norm { "on" } else { "off" },
-            if m.tied_embeddings { "tied" } else { "untied" },
-            r.batch,
-            r.seq
-        );
+        println!("\n# model {}; batch {} × seq {}", r.model.describe(), r.batch, r.seq);
         println!("GPU: {}", r.device);
         let verdict = |ok: bool| if ok { "ok" } else { "FAIL" };
         println!(

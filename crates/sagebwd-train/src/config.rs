@@ -69,6 +69,23 @@ impl ModelConfig {
         self.dim / self.n_heads
     }
 
+    /// One line for logs: "dim 768, 12 layers, 12 heads (12 kv), head dim 64, ffn 2048, vocab 50257,
+    /// QK-norm on, embeddings tied".
+    pub fn describe(&self) -> String {
+        format!(
+            "dim {}, {} layers, {} heads ({} kv), head dim {}, ffn {}, vocab {}, QK-norm {}, embeddings {}",
+            self.dim,
+            self.n_layers,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim(),
+            self.ffn_hidden,
+            self.vocab_size,
+            if self.qk_norm { "on" } else { "off" },
+            if self.tied_embeddings { "tied" } else { "untied" }
+        )
+    }
+
     /// Training FLOPs per token at sequence length `seq` (forward + backward; PaLM's convention with
     /// causal attention): `6 ×` the weights of every product (block matrices and the LM head, tied
     /// or not) plus `6 · layers · seq · heads · head_dim` for the attention score and value products

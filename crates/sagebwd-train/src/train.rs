@@ -340,17 +340,9 @@ pub fn read_config(dir: &Path) -> Result<TrainConfig> {
 }
 
 fn print_header(cfg: &TrainConfig, layout: &ParamLayout, be: &dyn Engine, corpus: &Corpus, windows: usize, s: &State) {
-    let m = &cfg.model;
     eprintln!(
-        "model: dim {}, {} layers, {} heads ({} kv), head dim {}, ffn {}, QK-norm {}, embeddings {}: {:.2}M parameters ({:.2}M outside the embeddings)",
-        m.dim,
-        m.n_layers,
-        m.n_heads,
-        m.n_kv_heads,
-        m.head_dim(),
-        m.ffn_hidden,
-        if m.qk_norm { "on" } else { "off" },
-        if m.tied_embeddings { "tied" } else { "untied" },
+        "model: {}: {:.2}M parameters ({:.2}M outside the embeddings)",
+        cfg.model.describe(),
         layout.total as f64 / 1e6,
         layout.non_embedding as f64 / 1e6
     );
