@@ -242,21 +242,22 @@ extern "C" __global__ void permute_heads(const u16* src, u16* dst, int batch, in
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// gu: `[tokens, gate (f) | up (f)]` FP32 → act = silu(gate) ∘ up, BF16 `[tokens, f]`.
-extern "C" __global__ void swiglu_forward(const float* gu, u16* act, int f, long tokens) {
+// gu: `[tokens, gate (f) | up (f)]` BF16 (the product's output) → act = silu(gate) ∘ up, BF16 `[tokens, f]`.
+extern "C" __global__ void swiglu_forward(const u16* gu, u16* act, int f, long tokens) {
     const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= tokens * f) return;
     const long t = e / f, j = e % f;
-    const float g = gu[t * 2 * f + j], u = gu[t * 2 * f + f + j];
+    const float g = bf16_to_f32(gu[t * 2 * f + j]), u = bf16_to_f32(gu[t * 2 * f + f + j]);
     act[e] = f32_to_bf16(g * sigmoid(g) * u);
 }
 
-// d_gu = [∂gate | ∂up] (BF16) from ∂act: silu'(g) = σ(g) · (1 + g · (1 − σ(g))).
-extern "C" __global__ void swiglu_backward(const float* d_act, const float* gu, u16* d_gu, int f, long tokens) {
+// d_gu = [∂gate | ∂up] (BF16) from ∂act (BF16): silu'(g) = σ(g) · (1 + g · (1 − σ(g))).
+extern "C" __global__ void swiglu_backward(const u16* d_act, const u16* gu, u16* d_gu, int f, long tokens) {
     const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= tokens * f) return;
     const long t = e / f, j = e % f;
-    const float g = gu[t * 2 * f + j], u = gu[t * 2 * f + f + j], da = d_act[e], s = sigmoid(g);
+    const float g = bf16_to_f32(gu[t * 2 * f + j]), u = bf16_to_f32(gu[t * 2 * f + f + j]);
+    const float da = bf16_to_f32(d_act[e]), s = sigmoid(g);
     d_gu[t * 2 * f + j] = f32_to_bf16(da * u * s * (1.0f + g * (1.0f - s)));
     d_gu[t * 2 * f + f + j] = f32_to_bf16(da * g * s);
 }

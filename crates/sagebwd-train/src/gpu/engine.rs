@@ -7,7 +7,7 @@
 //! - per layer, saved for the backward: block input `x` (FP32), normalized `h` (BF16) and rstd, the
 //!   fused projection `qkv` (FP32, `[T, W]`), QK-norm rstd, attention inputs/outputs and
 //!   sagebwd-cuda's saved state, `o` in token layout (BF16), the MLP's input, normalized input,
-//!   `gate|up` (FP32, `[T, 2F]`) and SwiGLU output (BF16);
+//!   `gate|up` (BF16, `[T, 2F]`: the largest activation, read twice more) and SwiGLU output (BF16);
 //! - backward scratch shared by the layers.
 
 use super::blas::{Blas, Out};
@@ -83,7 +83,7 @@ struct LayerActs {
     x_mid: Buf<f32>,
     h_mlp: Buf<u16>,
     rstd_mlp: Buf<f32>,
-    gate_up: Buf<f32>,
+    gate_up: Buf<u16>,
     act: Buf<u16>,
 }
 
@@ -105,7 +105,7 @@ struct Acts {
     dx_bf16: Buf<u16>,
     dh: Buf<f32>,
     d_hidden: Buf<f32>,
-    d_act: Buf<f32>,
+    d_act: Buf<u16>,
     d_gate_up: Buf<u16>,
     d_o_tok: Buf<u16>,
     d_o: CudaSlice<u16>,
@@ -415,7 +415,7 @@ impl GpuEngine {
         self.timed("products: wo", || self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, true))?;
         // MLP block
         self.timed("norms", || self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
-        self.timed("products: gate|up", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false))?;
+        self.timed("products: gate|up", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::Bf16, false))?;
         self.timed("swiglu", || self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, t))?;
         self.timed("casts, copies", || copy_to(s, &la.x_mid, next_x, t * d))?;
         self.timed("products: down", || self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, true))
@@ -471,7 +471,7 @@ impl GpuEngine {
         let la = &mut a.layers[l];
         // MLP block: out = x_mid + W_down · act
         self.timed("casts, copies", || self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d))?;
-        self.timed("products: down dx", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::F32, false))?;
+        self.timed("products: down dx", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::Bf16, false))?;
         self.timed("products: down dw", || self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d))?;
         self.timed("swiglu", || self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, t))?;
         self.timed("products: gate|up dx", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false))?;
