@@ -119,7 +119,11 @@ pub fn make_engine(cfg: &TrainConfig, weights: Weights, device: DeviceChoice, ve
                 Ok(e) => Ok(Box::new(e)),
                 Err(why) => {
                     if verbose {
-                        eprintln!("note: training on the CPU ({threads} threads): no usable GPU ({why})");
+                        let why = match why {
+                            Error::Gpu(msg) => msg,
+                            other => other.to_string(),
+                        };
+                        eprintln!("note: training on the CPU ({threads} threads): no usable GPU: {why}");
                     }
                     Ok(cpu(weights, attention))
                 }

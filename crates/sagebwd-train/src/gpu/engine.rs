@@ -155,7 +155,7 @@ impl GpuEngine {
             Attention::Method { config, .. } => config.clone(),
             Attention::Exact => unreachable!("rejected by unsupported_reason"),
         };
-        let gpu = Gpu::new()?;
+        let gpu = Gpu::new().map_err(|e| Error::Gpu(e.to_string()))?;
         gpu.set_poison(false); // see `set_checked`
         let pool = Pool::of(&gpu)?;
         let mut base_used = 0;
