@@ -421,6 +421,23 @@ __device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
                  : "r"(addr));
 }
 
+// Four 8 × 8 b16 matrices, transposed: lane l gives the address of row l % 8 of matrix l / 8, and
+// thread (g, t) receives elements (rows 2t, 2t + 1; column g). For a [key][d] BF16 tile (8 keys ×
+// one 16-byte chunk per matrix) that is an m16n8k16 B register with k = key, n = d column.
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// bf16(lo) in the low half, bf16(hi) in the high half (round to nearest even, subnormals kept: the
+// same values as f32_to_bf16 for finite inputs), one instruction.
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Exact integer/float tricks of the staged paths (forward.cu, backward_main.cu).
 

@@ -432,7 +432,6 @@ __device__ void forward_mma_gather(const ForwardParams& p, ForwardMmaShared& s) 
 #define FK_TILE (BLOCK_KV * HEAD_DIM)          // bytes of one K̂ (or V̂ᵀ) tile
 #define FAST_SMEM_BYTES (4 * FK_TILE + 4 * (BLOCK_KV + HEAD_DIM))
 #define GATHER_SMEM_BYTES ((int)sizeof(ForwardMmaShared))
-#define FORWARD_SMEM_BYTES (FAST_SMEM_BYTES > GATHER_SMEM_BYTES ? FAST_SMEM_BYTES : GATHER_SMEM_BYTES)
 
 // Physical 16-byte chunk of chunk c of K̂ row `key` (conflict-free for the 8 rows kmap(nt, 0..7)
 // that one ldmatrix phase reads: they differ in key bits 0, 2, 3) / of V̂ᵀ row `dd` (8 chunks).
@@ -474,6 +473,76 @@ __device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs
         const int dd = i / (BLOCK_KV / 16), c = i % (BLOCK_KV / 16);
         cp_async16(vdst + dd * BLOCK_KV + v_swz(dd, c) * 16, vg + (long)dd * d.n_kpad + c * 16, true);
     }
+}
+
+// Online softmax of the staged paths (as mma_softmax), on the warp's S accumulators t[S_TILES][4]
+// (base-2 scores, −∞ where masked), any key order: the thread's two rows (h = 0: row g, elements
+// 0, 1; h = 1: row g + 8, elements 2, 3) together, so that their dependent chains interleave; the row
+// max by a tree (exact in any order); the row sum in 4 partial sums per thread (the order of this
+// FP32 sum is not fixed by §4). Leaves p = exp2(t − m_new) in t and updates m, α, l in st. With AMAX
+// also gives each row's max p = exp2(rowmax − m_new), the §4 group amax of P̂.
+template <bool AMAX>
+__device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax) {
+    float mx[2], mq[4][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            mq[k][h] = fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1]));
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            mq[k][h] = fmaxf(mq[k][h], fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]),
+                                             fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
+        mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
+    }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
+        mx[0] = fmaxf(mx[0], a0);
+        mx[1] = fmaxf(mx[1], a1);
+    }
+    float m_use[2], sum[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(st.m[h], mx[h]);
+        m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
+        st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use[h]));
+        st.m[h] = m_new;
+    }
+    float ps[4][2], pm[4][2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ps[k][h] = pm[k][h] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1, k = nt & 3;
+            // A masked t = −∞ needs no select: fl(−∞ − m_use) = −∞ and exp2f(−∞) = +0.
+            const float pj = exp2f(__fsub_rn(t[nt][e], m_use[h]));
+            t[nt][e] = pj;
+            ps[k][h] = __fadd_rn(ps[k][h], pj);
+            if (AMAX) pm[k][h] = fmaxf(pm[k][h], pj);
+        }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
+        if (AMAX) amax[h] = fmaxf(fmaxf(pm[0][h], pm[1][h]), fmaxf(pm[2][h], pm[3][h]));
+    }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        const float s0 = __shfl_xor_sync(0xffffffffu, sum[0], o2), s1 = __shfl_xor_sync(0xffffffffu, sum[1], o2);
+        sum[0] = __fadd_rn(sum[0], s0);
+        sum[1] = __fadd_rn(sum[1], s1);
+        if (AMAX) {
+            const float a0 = __shfl_xor_sync(0xffffffffu, amax[0], o2), a1 = __shfl_xor_sync(0xffffffffu, amax[1], o2);
+            amax[0] = fmaxf(amax[0], a0);  // = exp2(rowmax − m_new), the §4 group amax
+            amax[1] = fmaxf(amax[1], a1);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
 }
 
 // SMOOTH_Q is a template parameter: as a run-time flag the compiler predicated its per-score
@@ -577,71 +646,13 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
                 }
         }
 
-        // Online softmax (as mma_softmax) for both rows at once (independent chains interleave),
-        // max by a tree (exact in any order), the row sum in 4 partial sums per thread (the order of
-        // this FP32 sum is not fixed by §4), P̂ packed into A fragments.
+        // Online softmax (staged_softmax), P̂ packed into A fragments.
         u32 pa[BLOCK_KV / 32][4];
         {
-            float mx[2], mq[4][2];
+            float amax[2], inv[2];
+            staged_softmax<true>(t, st, amax);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    mq[k][h] = fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1]));
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    mq[k][h] = fmaxf(mq[k][h], fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]),
-                                                     fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
-                mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
-            }
-#pragma unroll
-            for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-                const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
-                mx[0] = fmaxf(mx[0], a0);
-                mx[1] = fmaxf(mx[1], a1);
-            }
-            float m_use[2], sum[2], amax[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float m_new = fmaxf(st.m[h], mx[h]);
-                m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
-                st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use[h]));
-                st.m[h] = m_new;
-            }
-            float ps[4][2], pm[4][2];
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) ps[k][h] = pm[k][h] = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int h = e >> 1, k = nt & 3;
-                    // A masked t = −∞ needs no select: fl(−∞ − m_use) = −∞ and exp2f(−∞) = +0.
-                    const float pj = exp2f(__fsub_rn(t[nt][e], m_use[h]));
-                    t[nt][e] = pj;
-                    ps[k][h] = __fadd_rn(ps[k][h], pj);
-                    pm[k][h] = fmaxf(pm[k][h], pj);
-                }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
-                amax[h] = fmaxf(fmaxf(pm[0][h], pm[1][h]), fmaxf(pm[2][h], pm[3][h]));
-            }
-#pragma unroll
-            for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-                const float s0 = __shfl_xor_sync(0xffffffffu, sum[0], o2), s1 = __shfl_xor_sync(0xffffffffu, sum[1], o2);
-                const float a0 = __shfl_xor_sync(0xffffffffu, amax[0], o2), a1 = __shfl_xor_sync(0xffffffffu, amax[1], o2);
-                sum[0] = __fadd_rn(sum[0], s0);
-                sum[1] = __fadd_rn(sum[1], s1);
-                amax[0] = fmaxf(amax[0], a0);  // = exp2(rowmax − m_new), the §4 group amax
-                amax[1] = fmaxf(amax[1], a1);
-            }
-            float inv[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
                 const GroupScale g = group_scale(amax[h]);
                 st.p_scale[h] = g.scale;
                 inv[h] = g.inv;
@@ -683,14 +694,173 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
     mma_store(p, st, o, bh, row0);
 }
 
-// Both paths take their shared memory from the dynamic allocation (FORWARD_SMEM_BYTES, set by
-// src/forward.rs); a launch with less traps rather than corrupt memory.
+// ---------------------------------------------------------------------------------------------
+// The staged BF16 path (#1 and #2 both BF16: the fpa preset, and the isolations of the backward
+// products, whose forward is fpa's): FlashAttention-2's forward with the arithmetic of §4. The
+// K tile [128 keys][d] (double-buffered) and the V tile [128 keys][d] of each key block are staged
+// in shared memory by cp.async from the original BF16 inputs (rows past n_k zero-filled), with
+// XOR-swizzled 16-byte chunks (chunk c of row `key` at c ^ (key % 8): each ldmatrix phase reads 8
+// consecutive rows of one logical chunk, so 8 distinct bank groups). The warp's Q fragments stay
+// in registers; S = Q Kᵀ by m16n8k16 with B from ldmatrix; t = fl(cλ·S) (the BF16 #1 score);
+// the online softmax of the INT8 path (staged_softmax, no amax). P·V takes bf16(p) straight from
+// registers: the accumulators of S tiles 2ks and 2ks + 1 (row g / g + 8, keys 16ks + 2t, +1 and
+// 16ks + 8 + 2t, +1) are the m16n8k16 A fragment of k-step ks once packed to bf16x2, in natural key
+// order. V's B fragments by ldmatrix.trans (k = key). Per d-tile, O = fl(fl(O·α) + PV_block), PV
+// summed in its own FP32 accumulator as §4 writes it; l sums the unrounded p.
+//
+// Schedule per key block kb (two barriers): wait for K(kb); barrier (a) (everyone is done with
+// V(kb − 1) and K(kb − 1)); issue V(kb) and K(kb + 1); S and softmax; wait for V(kb); barrier (b);
+// P·V. V(kb) loads while S is computed, K(kb + 1) during the whole block.
+
+#define FB_ROW (HEAD_DIM * 2)                  // bytes of one BF16 K or V row
+#define FB_CH (HEAD_DIM / 8)                   // 16-byte chunks per row
+#define FB_TILE (BLOCK_KV * FB_ROW)            // bytes of one K or V tile
+#define BF16_SMEM_BYTES (3 * FB_TILE)          // K twice, V once: 96 KB at d = 128, 48 KB at d = 64
+
+// Copies rows [0, 128) of a [rows][d] BF16 operand into a swizzled tile at `dst`; rows ≥ n_rows
+// are zero-filled (nothing read).
+__device__ __forceinline__ void bf16_tile_load(u32 dst, const u16* src, int n_rows) {
+#pragma unroll
+    for (int it = 0; it < BLOCK_KV * FB_CH / MMA_THREADS; ++it) {
+        const int i = threadIdx.x + it * MMA_THREADS;
+        const int row = i / FB_CH, c = i % FB_CH;
+        const bool valid = row < n_rows;
+        cp_async16(dst + row * FB_ROW + ((c ^ (row & 7)) << 4), valid ? src + row * HEAD_DIM + c * 8 : src, valid);
+    }
+}
+
+// S = Q Kᵀ for the warp's 16 rows × 128 keys as base-2 scores t = fl(cλ·S) (unmasked). Lane
+// (mi = lane / 8, r = lane % 8) addresses row nt·8 + r, chunk 4·cg + mi: the x4 load gives the
+// B fragments of k-steps 2cg and 2cg + 1.
+__device__ __forceinline__ void bf16_scores(float (*t)[4], const u32 (*qa)[4], u32 kbuf, int mi, int r, float c_lambda) {
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt) {
+        const u32 rowa = kbuf + (nt * 8 + r) * FB_ROW;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int cg = 0; cg < FB_CH / 4; ++cg) {
+            u32 b[4];
+            ldmatrix_x4(b, rowa + (((cg * 4 + mi) ^ r) << 4));
+            mma_bf16(acc, qa[2 * cg], b);
+            mma_bf16(acc, qa[2 * cg + 1], b + 2);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn(c_lambda, acc[e]);
+    }
+}
+
+// O = fl(fl(O·α) + Σ_keys bf16(p)·V) for the warp's 16 rows × d, pa the bf16(p) A fragments. Lane
+// (mi, r) addresses key 16·ks + 8·(mi % 2) + r, chunk 2·np + mi / 2: the transposed x4 load gives
+// the B fragments (both key halves) of d-tiles 2np and 2np + 1.
+__device__ __forceinline__ void bf16_pv(float (*o)[4], const u32 (*pa)[4], const RowState& st, u32 vbuf, int mi, int r) {
+    const u32 lane_row = vbuf + (8 * (mi & 1) + r) * FB_ROW;
+#pragma unroll
+    for (int np = 0; np < O_TILES / 2; ++np) {
+        const u32 chunk = ((2 * np + (mi >> 1)) ^ r) << 4;
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_KV / 16; ++ks) {
+            u32 b[4];
+            ldmatrix_x4_trans(b, lane_row + ks * 16 * FB_ROW + chunk);
+            mma_bf16(acc[0], pa[ks], b);
+            mma_bf16(acc[1], pa[ks], b + 2);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                o[2 * np + j][e] = __fadd_rn(__fmul_rn(o[2 * np + j][e], st.alpha[e >> 1]), acc[j][e]);
+    }
+}
+
+__device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
+    const Dims& d = p.dims;
+    const int qb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh_kv = kv_head_of(d, bh);
+    const int row0 = qb * BLOCK_Q + warp * 16;
+    const u32 ks = smem_addr(smem), vs = ks + 2 * FB_TILE;
+    const u16* kg = p.op.k + (long)bh_kv * d.n_k * HEAD_DIM;  // unsmoothed K (§1)
+    const u16* vg = p.v + (long)bh_kv * d.n_k * HEAD_DIM;
+
+    const int kb_end = key_block_end(d, qb);
+    if (kb_end > 0) bf16_tile_load(ks, kg, d.n_k);
+    cp_async_commit();
+
+    // The warp's Q fragments, once for the whole key loop (rows past n_q read as 0).
+    u32 qa[HEAD_DIM / 16][4];
+    {
+        const View vq = view(p.op.q + ((long)bh * d.n_q + row0) * HEAD_DIM, HEAD_DIM, 1, d.n_q - row0, HEAD_DIM);
+#pragma unroll
+        for (int s = 0; s < HEAD_DIM / 16; ++s) frag_a_bf16(qa[s], ReadBf16(), vq, 0, s * 16);
+    }
+    RowState st;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        st.m[h] = neg_inf();
+        st.l[h] = 0.0f;
+    }
+    float o[O_TILES][4];
+#pragma unroll
+    for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+    const int mi = lane >> 3, r = lane & 7;
+
+    for (int kb = 0; kb < kb_end; ++kb) {
+        const int key0 = kb * BLOCK_KV;
+        cp_async_wait<0>();  // this thread's copies of K(kb)
+        __syncthreads();     // (a): everyone's K(kb) visible; V(kb − 1), K(kb − 1) no longer read
+        bf16_tile_load(vs, vg + (long)key0 * HEAD_DIM, d.n_k - key0);
+        cp_async_commit();
+        if (kb + 1 < kb_end)
+            bf16_tile_load(ks + ((kb + 1) & 1) * FB_TILE, kg + (long)(key0 + BLOCK_KV) * HEAD_DIM, d.n_k - key0 - BLOCK_KV);
+        cp_async_commit();
+
+        float t[S_TILES][4];
+        bf16_scores(t, qa, ks + (kb & 1) * FB_TILE, mi, r, p.c_lambda);
+        const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
+        const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
+        if (need_mask) {
+#pragma unroll
+            for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (!visible(d, row0 + c_row(e), key0 + nt * 8 + c_col(e))) t[nt][e] = neg_inf();
+        }
+        staged_softmax<false>(t, st, nullptr);
+        // bf16(p) as the A fragments of P·V (S tiles 2ks, 2ks + 1 = keys 16ks..16ks + 15).
+        u32 pa[BLOCK_KV / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_KV / 16; ++kk) {
+            pa[kk][0] = pack_bf16x2(t[2 * kk][0], t[2 * kk][1]);
+            pa[kk][1] = pack_bf16x2(t[2 * kk][2], t[2 * kk][3]);
+            pa[kk][2] = pack_bf16x2(t[2 * kk + 1][0], t[2 * kk + 1][1]);
+            pa[kk][3] = pack_bf16x2(t[2 * kk + 1][2], t[2 * kk + 1][3]);
+        }
+        cp_async_wait<1>();  // this thread's copies of V(kb) (K(kb + 1) may still be in flight)
+        __syncthreads();     // (b): everyone's V(kb) visible
+        bf16_pv(o, pa, st, vs, mi, r);
+    }
+    cp_async_wait<0>();
+    mma_store(p, st, o, bh, row0);
+}
+
+// Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
+// `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
+// launch with less traps rather than corrupt memory.
 extern "C" __global__ void __launch_bounds__(MMA_THREADS) sage_forward_mma(ForwardParams p) {
     extern __shared__ __align__(128) unsigned char fwd_smem[];
-    require_dynamic_smem((u32)FORWARD_SMEM_BYTES);
-    if ((p.flags & (F_QK | F_PV)) == (F_QK | F_PV)) {
+    const int fwd_products = p.flags & (F_QK | F_PV);
+    if (fwd_products == (F_QK | F_PV)) {
+        require_dynamic_smem((u32)FAST_SMEM_BYTES);
         if (p.flags & F_SMOOTH_Q) forward_mma_fast<true>(p, fwd_smem);
         else forward_mma_fast<false>(p, fwd_smem);
+    } else if (fwd_products == 0) {
+        // Smoothing flags do not matter here: BF16 products take the unsmoothed inputs (§1).
+        require_dynamic_smem((u32)BF16_SMEM_BYTES);
+        forward_mma_bf16(p, fwd_smem);
+    } else {
+        require_dynamic_smem((u32)GATHER_SMEM_BYTES);
+        forward_mma_gather(p, *(ForwardMmaShared*)fwd_smem);
     }
-    else forward_mma_gather(p, *(ForwardMmaShared*)fwd_smem);
 }

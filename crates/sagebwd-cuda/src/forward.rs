@@ -4,7 +4,7 @@ use crate::quantize::{quantize_inputs, QuantizedDev};
 use crate::runtime::{drv, Dims, Kernels, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use sagebwd::{Config, Result};
+use sagebwd::{Config, Product, Result};
 
 /// Mirror of `ScoreOperands` in common.cuh.
 #[repr(C)]
@@ -111,14 +111,40 @@ pub fn scales(head_dim: usize) -> (f32, f32) {
     (c, c * std::f32::consts::LOG2_E)
 }
 
-/// Dynamic shared memory of `sage_forward_mma` (`FORWARD_SMEM_BYTES` in forward.cu, which traps
-/// when launched with less): the larger of the staged INT8 path's (two K̂ and two V̂ᵀ tiles of
-/// 128 × d bytes, β and Q_m as FP32) and the gathering path's `ForwardMmaShared` (P̂ and bf16(P)
-/// per warp, Q_m, β).
-pub(crate) fn forward_mma_smem_bytes(head_dim: usize) -> u32 {
-    let fast = 4 * 128 * head_dim + 4 * (128 + head_dim);
-    let gather = 4 * 16 * 128 + 4 * 16 * 128 * 2 + 4 * (head_dim + 128);
-    fast.max(gather) as u32
+/// Which path `sage_forward_mma` takes for these flags (the dispatch at the end of forward.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ForwardPath {
+    /// #1 and #2 INT8 (sagebwd, int8-all): K̂ and V̂ᵀ staged in shared memory, P̂ in registers.
+    StagedInt8,
+    /// #1 and #2 BF16 (fpa, isolations of the backward products): K and V staged, bf16(P) in
+    /// registers. Smoothing flags do not matter: BF16 products take the unsmoothed inputs.
+    StagedBf16,
+    /// Any other mix: fragments gathered from global memory, P staged per warp.
+    Gather,
+}
+
+pub(crate) fn forward_path(flags: i32) -> ForwardPath {
+    let both = (1 << Product::QkFwd.index()) | (1 << Product::Pv.index());
+    let fwd = flags & both;
+    if fwd == both {
+        ForwardPath::StagedInt8
+    } else if fwd == 0 {
+        ForwardPath::StagedBf16
+    } else {
+        ForwardPath::Gather
+    }
+}
+
+/// Dynamic shared memory of `sage_forward_mma` on each path (`FAST_SMEM_BYTES`, `BF16_SMEM_BYTES`,
+/// `GATHER_SMEM_BYTES` in forward.cu; the kernel traps when launched with less): staged INT8: two
+/// K̂ and two V̂ᵀ tiles of 128 × d bytes, β and Q_m as FP32; staged BF16: two K and one V tile of
+/// 128 × d BF16; gathering: `ForwardMmaShared` (P̂ and bf16(P) per warp, Q_m, β).
+pub(crate) fn forward_mma_smem_bytes(head_dim: usize, path: ForwardPath) -> u32 {
+    (match path {
+        ForwardPath::StagedInt8 => 4 * 128 * head_dim + 4 * (128 + head_dim),
+        ForwardPath::StagedBf16 => 3 * 128 * head_dim * 2,
+        ForwardPath::Gather => 4 * 16 * 128 + 4 * 16 * 128 * 2 + 4 * (head_dim + 128),
+    }) as u32
 }
 
 pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<(DeviceForward, SavedForBackward)> {
@@ -146,11 +172,12 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
         c_lambda,
         ln2: std::f32::consts::LN_2,
     };
-    // Tensor cores: 4 warps of 16 query rows, shared memory allocated dynamically (the staged
-    // INT8 path double-buffers the K̂ and V̂ᵀ tiles: more than the 48 KiB of a static allocation);
+    // Tensor cores: 4 warps of 16 query rows, shared memory allocated dynamically, the size of the
+    // path the flags select (the staged paths double-buffer tiles: more than the 48 KiB of a
+    // static allocation);
     // scalar: 256 threads over the 64 × 128 tile, static shared memory.
     let (func, threads, smem) = if gpu.tensor_cores() {
-        let smem = forward_mma_smem_bytes(s.head_dim);
+        let smem = forward_mma_smem_bytes(s.head_dim, forward_path(p.flags));
         drv(
             "set forward shared memory",
             k.forward_mma.set_attribute(
