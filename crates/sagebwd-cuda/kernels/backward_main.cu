@@ -468,28 +468,16 @@ __device__ __forceinline__ bool bwd_fast_path(int flags) {
     return (flags & mask) == (F_QK_BWD | F_DV | F_DQ | F_DK);
 }
 
-// Swizzles: physical 16-byte chunk of logical chunk c in row `row` of each tile.
-// K̂ / V (A operands, ldmatrix reads 8 consecutive keys per chunk column).
-__device__ __forceinline__ int swz_key_i8(int row, int c) {
-#if HEAD_DIM == 128
-    return c ^ (row & 7);          // 128-byte rows
-#else
-    return c ^ ((row >> 1) & 3);   // 64-byte rows: 2 rows per 128 bytes
-#endif
-}
-__device__ __forceinline__ int swz_key_bf16(int row, int c) { return c ^ (row & 7); }
+// Swizzles (common.cuh): physical 16-byte chunk of logical chunk c in row `row` of each tile.
+// K̂ / V (A operands, ldmatrix reads 8 consecutive keys per chunk column): natural row order.
+__device__ __forceinline__ int swz_key_i8(int row, int c) { return swz_i8_rows8(row, c); }
+__device__ __forceinline__ int swz_key_bf16(int row, int c) { return swz_rows8(row, c); }
 // Q̂ / dO (B operands read in the permuted row order: rows base + {0, 1, 4, 5, 8, 9, 12, 13}).
-__device__ __forceinline__ int swz_qrow_i8(int row, int c) {
-#if HEAD_DIM == 128
-    return c ^ ((row & 1) | ((row >> 1) & 6));
-#else
-    return c ^ ((row >> 2) & 3);
-#endif
-}
-__device__ __forceinline__ int swz_qrow_bf16(int row, int c) { return c ^ ((row & 1) | ((row >> 1) & 6)); }
+__device__ __forceinline__ int swz_qrow_i8(int row, int c) { return swz_i8_permuted(row, c); }
+__device__ __forceinline__ int swz_qrow_bf16(int row, int c) { return swz_permuted(row, c); }
 // dÔᵀ / Q̂ᵀ: [d][64] (64-byte rows); K̂ᵀ: [d][128] (128-byte rows).
-__device__ __forceinline__ int swz_t64(int row, int c) { return c ^ ((row >> 1) & 3); }
-__device__ __forceinline__ int swz_t128(int row, int c) { return c ^ (row & 7); }
+__device__ __forceinline__ int swz_t64(int row, int c) { return swz_rows8_half(row, c); }
+__device__ __forceinline__ int swz_t128(int row, int c) { return swz_rows8(row, c); }
 // dŜ [64][128] bytes: conflict-free for ldmatrix (8 consecutive rows) and for the byte stores of
 // one instruction (rows r0 + 4t, t = 0..3).
 __device__ __forceinline__ int swz_ds(int row, int c) { return c ^ ((row & 7) ^ ((row >> 2) & 2)); }

@@ -474,3 +474,33 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
     atomicAdd(addr + 1, y);
 #endif
 }
+
+// ---- shared-memory swizzles for ldmatrix ---------------------------------------------------------
+// Physical 16-byte chunk of logical chunk c in a tile row. One ldmatrix phase reads the same chunk
+// column of 8 rows; XOR-ing the chunk index with bits of the row sends those 8 rows to different
+// bank groups. Which bits depends on which 8 rows a phase reads and on the row length.
+//
+// 8 consecutive rows, 128-byte rows (8 chunks):
+__device__ __forceinline__ int swz_rows8(int row, int c) { return c ^ (row & 7); }
+// 8 consecutive rows, 64-byte rows (4 chunks; two rows share 128 bytes):
+__device__ __forceinline__ int swz_rows8_half(int row, int c) { return c ^ ((row >> 1) & 3); }
+// Rows in the permuted order base + {0, 1, 4, 5, 8, 9, 12, 13} (they differ in row bits 0, 2, 3),
+// 128-byte rows:
+__device__ __forceinline__ int swz_permuted(int row, int c) { return c ^ ((row & 1) | ((row >> 1) & 6)); }
+// ... 64-byte rows:
+__device__ __forceinline__ int swz_permuted_half(int row, int c) { return c ^ ((row >> 2) & 3); }
+// INT8 rows of HEAD_DIM bytes (128 or 64), in natural and in permuted order.
+__device__ __forceinline__ int swz_i8_rows8(int row, int c) {
+#if HEAD_DIM == 128
+    return swz_rows8(row, c);
+#else
+    return swz_rows8_half(row, c);
+#endif
+}
+__device__ __forceinline__ int swz_i8_permuted(int row, int c) {
+#if HEAD_DIM == 128
+    return swz_permuted(row, c);
+#else
+    return swz_permuted_half(row, c);
+#endif
+}

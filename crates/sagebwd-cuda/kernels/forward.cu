@@ -199,6 +199,19 @@ struct RowState {
     float m[2], l[2], alpha[2], p_scale[2];
 };
 
+// A warp's two rows before the first key block: running max −∞, sum 0, O accumulators 0.
+__device__ __forceinline__ void start_rows(RowState& st, float (*o)[4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        st.m[h] = neg_inf();
+        st.l[h] = 0.0f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+}
+
 // Max / sum over the 4 threads of a group (they hold one row between them).
 __device__ __forceinline__ float group_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -383,16 +396,8 @@ __device__ void forward_mma_gather(const ForwardParams& p, ForwardMmaShared& s) 
         s.q_mean[threadIdx.x] = p.op.q_mean[((long)bh * p.dims.n_qblk + qb) * HEAD_DIM + threadIdx.x];
 
     RowState st;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        st.m[h] = neg_inf();
-        st.l[h] = 0.0f;
-    }
     float o[O_TILES][4];
-#pragma unroll
-    for (int nt = 0; nt < O_TILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+    start_rows(st, o);
 
     const int kb_end = key_block_end(p.dims, qb);
     for (int kb = 0; kb < kb_end; ++kb) {
@@ -433,16 +438,10 @@ __device__ void forward_mma_gather(const ForwardParams& p, ForwardMmaShared& s) 
 #define FAST_SMEM_BYTES (4 * FK_TILE + 4 * (BLOCK_KV + HEAD_DIM))
 #define GATHER_SMEM_BYTES ((int)sizeof(ForwardMmaShared))
 
-// Physical 16-byte chunk of chunk c of K̂ row `key` (conflict-free for the 8 rows kmap(nt, 0..7)
-// that one ldmatrix phase reads: they differ in key bits 0, 2, 3) / of V̂ᵀ row `dd` (8 chunks).
-__device__ __forceinline__ int k_swz(int key, int c) {
-#if HEAD_DIM == 128
-    return c ^ ((key & 1) | ((key >> 1) & 6));
-#else
-    return c ^ ((key >> 2) & 3);
-#endif
-}
-__device__ __forceinline__ int v_swz(int dd, int c) { return c ^ (dd & 7); }
+// Physical 16-byte chunk of chunk c of K̂ row `key` (read in the permuted key order) / of V̂ᵀ row
+// `dd` (natural order): the swizzles of common.cuh.
+__device__ __forceinline__ int k_swz(int key, int c) { return swz_i8_permuted(key, c); }
+__device__ __forceinline__ int v_swz(int dd, int c) { return swz_rows8(dd, c); }
 
 // quantize(x, inv) of common.cuh for 0 ≤ x ≤ amax with inv = fl(127/amax) (P̂ of §4), with the
 // result in the low byte of the returned bits: y = fl(x·inv) ∈ [0, 2^23); fl(y + 2^23) rounds y to
@@ -575,16 +574,8 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
     const float sq = __fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda);
 
     RowState st;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        st.m[h] = neg_inf();
-        st.l[h] = 0.0f;
-    }
     float o[O_TILES][4];
-#pragma unroll
-    for (int nt = 0; nt < O_TILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+    start_rows(st, o);
 
     // ldmatrix row addresses of this lane: matrix mi = lane / 8, row r = lane % 8.
     const int mi = lane >> 3, r = lane & 7, tq = lane & 3;
@@ -725,7 +716,7 @@ __device__ __forceinline__ void bf16_tile_load(u32 dst, const u16* src, int n_ro
         const int i = threadIdx.x + it * MMA_THREADS;
         const int row = i / FB_CH, c = i % FB_CH;
         const bool valid = row < n_rows;
-        cp_async16(dst + row * FB_ROW + ((c ^ (row & 7)) << 4), valid ? src + row * HEAD_DIM + c * 8 : src, valid);
+        cp_async16(dst + row * FB_ROW + (swz_rows8(row, c) << 4), valid ? src + row * HEAD_DIM + c * 8 : src, valid);
     }
 }
 
@@ -794,16 +785,8 @@ __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
         for (int s = 0; s < HEAD_DIM / 16; ++s) frag_a_bf16(qa[s], ReadBf16(), vq, 0, s * 16);
     }
     RowState st;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        st.m[h] = neg_inf();
-        st.l[h] = 0.0f;
-    }
     float o[O_TILES][4];
-#pragma unroll
-    for (int nt = 0; nt < O_TILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+    start_rows(st, o);
     const int mi = lane >> 3, r = lane & 7;
 
     for (int kb = 0; kb < kb_end; ++kb) {
