@@ -271,7 +271,8 @@ impl Model {
     }
 }
 
-fn check_batch(cfg: &ModelConfig, b: &Batch) -> Result<()> {
+/// Checks a batch against the model: sizes, sequence length, token ids (both engines call it).
+pub(crate) fn check_batch(cfg: &ModelConfig, b: &Batch) -> Result<()> {
     use crate::error::Error;
     let n = b.batch * b.seq;
     if n == 0 || b.inputs.len() != n || b.targets.len() != n {

@@ -10,7 +10,7 @@
 use super::{Error, Result};
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
@@ -126,11 +126,10 @@ impl Blas {
     fn matmul(&self, trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize, a: u64, lda: usize, b: u64, ldb: usize, c: u64, ldc: usize, out: Out, accumulate: bool) -> Result<()> {
         let key = Key { trans_a, trans_b, m: m as u64, n: n as u64, k: k as u64, lda: lda as i64, ldb: ldb as i64, ldc: ldc as i64, out, accumulate };
         let mut plans = self.plans.lock().map_err(|_| Error::Gpu("cuBLASLt plan cache poisoned".into()))?;
-        if !plans.contains_key(&key) {
-            let p = self.plan(key)?;
-            plans.insert(key, p);
-        }
-        let p = &plans[&key];
+        let p = match plans.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => v.insert(self.plan(key)?),
+        };
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
         let (ws, _guard) = self.workspace.device_ptr(&self.stream);
         unsafe {

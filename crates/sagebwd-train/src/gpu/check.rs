@@ -153,16 +153,12 @@ fn compare(cpu: &Weights, gpu: &Weights) -> Vec<Row> {
         .into_iter()
         .zip(gpu.named())
         .map(|((name, c), (_, g))| {
-            let (mut diff, mut norm) = (0.0f64, 0.0f64);
-            for (&a, &b) in c.iter().zip(g.iter()) {
-                diff += (a as f64 - b as f64).powi(2);
-                norm += (a as f64).powi(2);
-            }
-            let is_gain = name.ends_with("norm");
+            let reference: Vec<f64> = c.iter().map(|&x| x as f64).collect();
+            let tolerance = if name.ends_with("norm") { TOL_GAIN } else { TOL_MATRIX };
             Row {
-                rel_l2: diff.sqrt() / norm.sqrt().max(1e-30),
-                cpu_norm: norm.sqrt(),
-                tolerance: if is_gain { TOL_GAIN } else { TOL_MATRIX },
+                rel_l2: sagebwd::metrics::rel_l2(g, &reference),
+                cpu_norm: reference.iter().map(|x| x * x).sum::<f64>().sqrt(),
+                tolerance,
                 name,
             }
         })

@@ -215,7 +215,7 @@ impl GpuEngine {
             params: upload_f32(&flat)?,
             // Zero padding after the last tensor: the padded LM-head product reads up to
             // `padded_vocab − vocab` rows past an untied head (see `lm_head`).
-            params_bf16: zeros(&stream, total + (cfg.vocab_size.div_ceil(64) * 64 - cfg.vocab_size) * cfg.dim)?,
+            params_bf16: zeros(&stream, total + (padded_vocab(&cfg) - cfg.vocab_size) * cfg.dim)?,
             grads: zeros(&stream, total)?,
             adam_m: zeros(&stream, total)?,
             adam_v: zeros(&stream, total)?,
@@ -285,7 +285,7 @@ impl GpuEngine {
     }
 
     fn padded_vocab(&self) -> usize {
-        self.cfg.vocab_size.div_ceil(64) * 64
+        padded_vocab(&self.cfg)
     }
 
     /// Allocates (and poisons) the buffers of a `batch × seq` micro-batch, unless they exist.
@@ -359,7 +359,7 @@ impl GpuEngine {
 
     /// The forward pass; returns the summed loss (nats). With `grad_scale`, also the backward.
     fn run(&mut self, b: &Batch, grad_scale: Option<f32>) -> Result<f64> {
-        check_tokens(&self.cfg, b)?;
+        crate::model::check_batch(&self.cfg, b)?;
         self.ensure_acts(b.batch, b.seq)?;
         let mut a = self.acts.take().expect("allocated above");
         let result = self.run_with(&mut a, b, grad_scale);
@@ -411,7 +411,7 @@ impl GpuEngine {
         let (fwd, saved) = self.timed("attention forward", || Ok(self.gpu.forward(&la.attn_in, &self.attn_cfg)?))?;
         self.timed("heads, rotary, permutes", || self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true))?;
         la.attn_out = keep.then_some((fwd, saved));
-        self.timed("casts, copies", || copy(s, &la.x, &mut la.x_mid))?;
+        self.timed("casts, copies", || copy_to(s, &la.x, la.x_mid.ptr, t * d))?;
         self.timed("products: wo", || self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, true))?;
         // MLP block
         self.timed("norms", || self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
@@ -598,6 +598,11 @@ impl Engine for GpuEngine {
     }
 }
 
+/// The vocabulary rounded up to a multiple of 64: the LM head's product width (see `lm_head`).
+fn padded_vocab(cfg: &ModelConfig) -> usize {
+    cfg.vocab_size.div_ceil(64) * 64
+}
+
 /// Writes host weights (in `Weights::named` order) into a flat buffer.
 fn upload_flat(s: &Arc<CudaStream>, w: &Weights, b: &mut Buf<f32>) -> Result<()> {
     let flat: Vec<f32> = w.tensors().into_iter().flat_map(|t| t.iter().copied()).collect();
@@ -624,28 +629,10 @@ fn poisoned<T: DeviceRepr + ValidAsZeroBits>(k: &TrainKernels, s: &Arc<CudaStrea
     Ok(b)
 }
 
-fn copy(s: &Arc<CudaStream>, from: &Buf<f32>, to: &mut Buf<f32>) -> Result<()> {
-    s.memcpy_dtod(&from.data, &mut to.data).map_err(|e| cuda_err("copy", e))
-}
-
 /// Copies `n` floats of `from` to the address `to` (a buffer of at least `n` floats).
 fn copy_to(s: &Arc<CudaStream>, from: &Buf<f32>, to: u64, n: usize) -> Result<()> {
     let r = unsafe {
         cudarc::driver::result::memcpy_dtod_async(to, from.ptr, n * 4, s.cu_stream())
     };
     r.map_err(|e| cuda_err("copy", e))
-}
-
-fn check_tokens(cfg: &ModelConfig, b: &Batch) -> Result<()> {
-    let n = b.batch * b.seq;
-    if n == 0 || b.inputs.len() != n || b.targets.len() != n {
-        return Err(Error::Config(format!("batch of {} tokens does not match {} × {}", b.inputs.len(), b.batch, b.seq)));
-    }
-    if b.seq > cfg.max_seq_len {
-        return Err(Error::Config(format!("sequence length {} exceeds the model's maximum {}", b.seq, cfg.max_seq_len)));
-    }
-    if let Some(&t) = b.inputs.iter().chain(b.targets).find(|&&t| t as usize >= cfg.vocab_size) {
-        return Err(Error::Data(format!("token id {t} is outside the vocabulary of {} tokens", cfg.vocab_size)));
-    }
-    Ok(())
 }
