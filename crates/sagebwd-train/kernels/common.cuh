@@ -21,37 +21,39 @@ __device__ __forceinline__ u16 f32_to_bf16(float x) {
     return (u16)(u >> 16);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+struct SumOp {
+    __device__ static float identity() { return 0.0f; }
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+    __device__ static float identity() { return -__int_as_float(0x7f800000); }
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
 
-// Block-wide reductions for blocks of up to 1024 threads; `scratch` holds 32 floats. Every thread
-// gets the result. The order of the additions is fixed, so results are reproducible.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp()); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, MaxOp()); }
+
+// Block-wide reduction for blocks of up to 1024 threads; `scratch` holds 32 floats. Every thread
+// gets the result. The order of the operations is fixed, so results are reproducible.
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, Op op) {
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = (blockDim.x + WARP - 1) / WARP;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < warps ? scratch[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < warps ? scratch[lane] : Op::identity();
+    return warp_reduce(v, op);
 }
 
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = (blockDim.x + WARP - 1) / WARP;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < warps ? scratch[lane] : -__int_as_float(0x7f800000);
-    return warp_max(v);
-}
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, scratch, SumOp()); }
+__device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce(v, scratch, MaxOp()); }
 
 // A set of rows of width `n`: row r starts at `(r / per_token) * token_stride + (r % per_token) * n`.
 // Plain matrices have per_token = 1 and token_stride = n; the query head vectors of a fused

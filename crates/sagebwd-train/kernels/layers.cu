@@ -36,19 +36,43 @@ extern "C" __global__ void rmsnorm_forward(const float* x, const float* gain, u1
     if (lane == 0) rstd[row] = rs;
 }
 
-// dx += rstd · g ∘ dy − x · rstd³ · (Σ g ∘ dy ∘ x) / n. One warp per row. (The gain's gradient is
-// a column sum: gain_grad_partial + sum_partials.)
-extern "C" __global__ void rmsnorm_backward(const float* dy, const float* x, const float* gain, const float* rstd,
-                                            float* dx, int n, long rows) {
-    const long row = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-    const int lane = threadIdx.x % WARP;
-    if (row >= rows) return;
-    const float *dyr = dy + row * n, *xr = x + row * n;
-    float ux = 0.0f;
-    for (int c = lane; c < n; c += WARP) ux += dyr[c] * gain[c] * xr[c];
-    const float rs = rstd[row];
-    const float coef = rs * rs * rs * warp_sum(ux) / n;
-    for (int c = lane; c < n; c += WARP) dx[row * n + c] += rs * gain[c] * dyr[c] - xr[c] * coef;
+// The RMSNorm backward, with what the next steps need fused in (each would otherwise re-read the
+// FP32 rows): dx += rstd · g ∘ dy − x · rstd³ · (Σ g ∘ dy ∘ x) / n, its BF16 copy dx_bf16 (the operand
+// of the preceding layer's dx product), and the gain gradient's partial column sums
+// partial[block, c] = Σ_{rows of the block} dy · x · rstd (finished by sum_partials). Block: NORM_WARPS
+// warps over NORM_BLOCK_ROWS consecutive rows, one warp per row at a time; each warp sums its rows'
+// gain terms into its own shared-memory row (n floats, dynamic), and the warps' rows are added in a
+// fixed order at the end, so the result does not depend on scheduling.
+#define NORM_WARPS 8
+#define NORM_BLOCK_ROWS 64
+extern "C" __global__ void __launch_bounds__(NORM_WARPS * WARP)
+rmsnorm_backward(const float* dy, const float* x, const float* gain, const float* rstd, float* dx, u16* dx_bf16,
+                 float* partial, int n, long rows) {
+    extern __shared__ float s_gain[];  // [NORM_WARPS][n]
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    float* my_gain = s_gain + warp * n;
+    for (int c = lane; c < n; c += WARP) my_gain[c] = 0.0f;
+    const long r0 = (long)blockIdx.x * NORM_BLOCK_ROWS;
+    for (long row = r0 + warp; row < min(rows, r0 + NORM_BLOCK_ROWS); row += NORM_WARPS) {
+        const float *dyr = dy + row * n, *xr = x + row * n;
+        float ux = 0.0f;
+        for (int c = lane; c < n; c += WARP) ux += dyr[c] * gain[c] * xr[c];
+        const float rs = rstd[row];
+        const float coef = rs * rs * rs * warp_sum(ux) / n;
+        for (int c = lane; c < n; c += WARP) {
+            const float g = dyr[c], xv = xr[c];
+            const float v = dx[row * n + c] + (rs * gain[c] * g - xv * coef);
+            dx[row * n + c] = v;
+            dx_bf16[row * n + c] = f32_to_bf16(v);
+            my_gain[c] += g * xv * rs;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < n; c += blockDim.x) {
+        float total = 0.0f;
+        for (int w = 0; w < NORM_WARPS; w++) total += s_gain[w * n + c];
+        partial[(long)blockIdx.x * n + c] = total;
+    }
 }
 
 // Column sums run on blocks of COL_TILE columns × ROW_LANES row lanes: 32 consecutive columns keep each
@@ -242,24 +266,56 @@ extern "C" __global__ void permute_heads(const u16* src, u16* dst, int batch, in
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// VEC consecutive BF16 values; VEC = 8 is one 16-byte load or store.
+template <int VEC>
+struct __align__(2 * VEC) Bf16s {
+    u16 h[VEC];
+};
+
+// The SwiGLU kernels handle VEC consecutive columns j of one token per thread (the host takes VEC = 8
+// when f is a multiple of 8, so that a thread's columns never straddle two tokens, else VEC = 1).
 // gu: `[tokens, gate (f) | up (f)]` BF16 (the product's output) → act = silu(gate) ∘ up, BF16 `[tokens, f]`.
-extern "C" __global__ void swiglu_forward(const u16* gu, u16* act, int f, long tokens) {
-    const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+template <int VEC>
+__device__ __forceinline__ void swiglu_forward_vec(const u16* gu, u16* act, int f, long tokens) {
+    const long e = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (e >= tokens * f) return;
     const long t = e / f, j = e % f;
-    const float g = bf16_to_f32(gu[t * 2 * f + j]), u = bf16_to_f32(gu[t * 2 * f + f + j]);
-    act[e] = f32_to_bf16(g * sigmoid(g) * u);
+    const Bf16s<VEC> g = *(const Bf16s<VEC>*)(gu + t * 2 * f + j), u = *(const Bf16s<VEC>*)(gu + t * 2 * f + f + j);
+    Bf16s<VEC> out;
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        const float gi = bf16_to_f32(g.h[i]);
+        out.h[i] = f32_to_bf16(gi * sigmoid(gi) * bf16_to_f32(u.h[i]));
+    }
+    *(Bf16s<VEC>*)(act + e) = out;
 }
 
 // d_gu = [∂gate | ∂up] (BF16) from ∂act (BF16): silu'(g) = σ(g) · (1 + g · (1 − σ(g))).
-extern "C" __global__ void swiglu_backward(const u16* d_act, const u16* gu, u16* d_gu, int f, long tokens) {
-    const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+template <int VEC>
+__device__ __forceinline__ void swiglu_backward_vec(const u16* d_act, const u16* gu, u16* d_gu, int f, long tokens) {
+    const long e = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (e >= tokens * f) return;
     const long t = e / f, j = e % f;
-    const float g = bf16_to_f32(gu[t * 2 * f + j]), u = bf16_to_f32(gu[t * 2 * f + f + j]);
-    const float da = bf16_to_f32(d_act[e]), s = sigmoid(g);
-    d_gu[t * 2 * f + j] = f32_to_bf16(da * u * s * (1.0f + g * (1.0f - s)));
-    d_gu[t * 2 * f + f + j] = f32_to_bf16(da * g * s);
+    const Bf16s<VEC> g = *(const Bf16s<VEC>*)(gu + t * 2 * f + j), u = *(const Bf16s<VEC>*)(gu + t * 2 * f + f + j);
+    const Bf16s<VEC> da = *(const Bf16s<VEC>*)(d_act + e);
+    Bf16s<VEC> d_gate, d_up;
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        const float gi = bf16_to_f32(g.h[i]), ui = bf16_to_f32(u.h[i]), dai = bf16_to_f32(da.h[i]), s = sigmoid(gi);
+        d_gate.h[i] = f32_to_bf16(dai * ui * s * (1.0f + gi * (1.0f - s)));
+        d_up.h[i] = f32_to_bf16(dai * gi * s);
+    }
+    *(Bf16s<VEC>*)(d_gu + t * 2 * f + j) = d_gate;
+    *(Bf16s<VEC>*)(d_gu + t * 2 * f + f + j) = d_up;
+}
+
+extern "C" __global__ void swiglu_forward(const u16* gu, u16* act, int f, long tokens) { swiglu_forward_vec<1>(gu, act, f, tokens); }
+extern "C" __global__ void swiglu_forward_x8(const u16* gu, u16* act, int f, long tokens) { swiglu_forward_vec<8>(gu, act, f, tokens); }
+extern "C" __global__ void swiglu_backward(const u16* d_act, const u16* gu, u16* d_gu, int f, long tokens) {
+    swiglu_backward_vec<1>(d_act, gu, d_gu, f, tokens);
+}
+extern "C" __global__ void swiglu_backward_x8(const u16* d_act, const u16* gu, u16* d_gu, int f, long tokens) {
+    swiglu_backward_vec<8>(d_act, gu, d_gu, f, tokens);
 }
 
 // ---- casts ---------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! cuBLASLt BF16 products for the training step, in row-major terms.
 //!
 //! Every product reads BF16 operands and accumulates in FP32 (`CUBLAS_COMPUTE_32F`); the output is
-//! FP32 or BF16, optionally accumulated (`beta = 1`). cuBLASLt is column-major: a row-major
+//! FP32 or BF16, optionally plus a matrix of the output's layout (`beta = 1`: accumulation in place, or a residual). cuBLASLt is column-major: a row-major
 //! `[r, c]` matrix is its column-major transpose `[c, r]`, so each row-major product below is the
 //! column-major product of the transposes with the operands swapped. The descriptors, layouts and
 //! the heuristic's algorithm are built once per shape and cached (a heuristic query costs tens of
@@ -121,16 +121,18 @@ impl Blas {
         Ok(Plan { desc, a, b, c, algo: heuristic.algo })
     }
 
-    /// Column-major `C[m×n] = op(A) · op(B) (+ C when accumulate)`, A and B BF16.
+    /// Column-major `D[m×n] = op(A) · op(B) (+ add)`, A and B BF16; `add` is a matrix with D's layout
+    /// (D itself to accumulate in place, or another one: a residual).
     #[allow(clippy::too_many_arguments)]
-    fn matmul(&self, trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize, a: u64, lda: usize, b: u64, ldb: usize, c: u64, ldc: usize, out: Out, accumulate: bool) -> Result<()> {
-        let key = Key { trans_a, trans_b, m: m as u64, n: n as u64, k: k as u64, lda: lda as i64, ldb: ldb as i64, ldc: ldc as i64, out, accumulate };
+    fn matmul(&self, trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize, a: u64, lda: usize, b: u64, ldb: usize, d: u64, ldd: usize, out: Out, add: Option<u64>) -> Result<()> {
+        let key = Key { trans_a, trans_b, m: m as u64, n: n as u64, k: k as u64, lda: lda as i64, ldb: ldb as i64, ldc: ldd as i64, out, accumulate: add.is_some() };
         let mut plans = self.plans.lock().map_err(|_| Error::Gpu("cuBLASLt plan cache poisoned".into()))?;
         let p = match plans.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(v) => v.insert(self.plan(key)?),
         };
-        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
+        let (alpha, beta) = (1.0f32, if add.is_some() { 1.0f32 } else { 0.0f32 });
+        let c = add.unwrap_or(d); // not read when beta = 0
         let (ws, _guard) = self.workspace.device_ptr(&self.stream);
         unsafe {
             result::matmul(
@@ -144,7 +146,7 @@ impl Blas {
                 p.b,
                 c as *const c_void,
                 p.c,
-                c as *mut c_void,
+                d as *mut c_void,
                 p.c,
                 &p.algo,
                 ws as *mut c_void,
@@ -155,23 +157,23 @@ impl Blas {
         .map_err(|err| blas_err(&format!("{m}×{n}×{k} product"), err))
     }
 
-    /// `y[t, o] (+)= Σ_i x[t, i] · w[o, i]` — a linear layer's forward: `x` `[rows, in]` BF16,
-    /// `w` `[out, in]` BF16, `y` `[rows, ld_y]` (first `out` columns).
+    /// `y[t, o] = Σ_i x[t, i] · w[o, i] (+ residual[t, o])` — a linear layer's forward: `x`
+    /// `[rows, in]` BF16, `w` `[out, in]` BF16, `y` and `residual` `[rows, ld_y]` (first `out` columns).
     #[allow(clippy::too_many_arguments)]
-    pub fn linear(&self, y: u64, ld_y: usize, x: u64, w: u64, rows: usize, in_dim: usize, out_dim: usize, out: Out, accumulate: bool) -> Result<()> {
-        self.matmul(true, false, out_dim, rows, in_dim, w, in_dim, x, in_dim, y, ld_y, out, accumulate)
+    pub fn linear(&self, y: u64, ld_y: usize, x: u64, w: u64, rows: usize, in_dim: usize, out_dim: usize, out: Out, residual: Option<u64>) -> Result<()> {
+        self.matmul(true, false, out_dim, rows, in_dim, w, in_dim, x, in_dim, y, ld_y, out, residual)
     }
 
-    /// `dx[t, i] (+)= Σ_o dy[t, o] · w[o, i]` — the input gradient: `dy` `[rows, ld_dy]` BF16.
+    /// `dx[t, i] = Σ_o dy[t, o] · w[o, i]` — the input gradient: `dy` `[rows, ld_dy]` BF16.
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_dx(&self, dx: u64, dy: u64, ld_dy: usize, w: u64, rows: usize, in_dim: usize, out_dim: usize, out: Out, accumulate: bool) -> Result<()> {
-        self.matmul(false, false, in_dim, rows, out_dim, w, in_dim, dy, ld_dy, dx, in_dim, out, accumulate)
+    pub fn linear_dx(&self, dx: u64, dy: u64, ld_dy: usize, w: u64, rows: usize, in_dim: usize, out_dim: usize, out: Out) -> Result<()> {
+        self.matmul(false, false, in_dim, rows, out_dim, w, in_dim, dy, ld_dy, dx, in_dim, out, None)
     }
 
     /// `dw[o, i] += Σ_t dy[t, o] · x[t, i]` — the weight gradient, FP32, accumulated.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_dw(&self, dw: u64, dy: u64, ld_dy: usize, x: u64, rows: usize, in_dim: usize, out_dim: usize) -> Result<()> {
-        self.matmul(false, true, in_dim, out_dim, rows, x, in_dim, dy, ld_dy, dw, in_dim, Out::F32, true)
+        self.matmul(false, true, in_dim, out_dim, rows, x, in_dim, dy, ld_dy, dw, in_dim, Out::F32, Some(dw))
     }
 }
 

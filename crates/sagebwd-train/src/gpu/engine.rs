@@ -11,7 +11,7 @@
 //! - backward scratch shared by the layers.
 
 use super::blas::{Blas, Out};
-use super::kernels::{HeadsDims, Rows, TrainKernels, GAIN_CHUNK_ROWS, STRIDE_BLOCKS};
+use super::kernels::{HeadsDims, Rows, TrainKernels, GAIN_CHUNK_ROWS, NORM_BLOCK_ROWS, STRIDE_BLOCKS};
 use super::{cuda_err, Error, Result};
 use crate::backend::Attention;
 use crate::config::ModelConfig;
@@ -352,7 +352,7 @@ impl GpuEngine {
             d_o: poisoned::<u16>(&self.k, &s, t * qw)?.data,
             d_qkv: poisoned(&self.k, &s, t * w)?,
             d_normed: poisoned(&self.k, &s, t * (qw + kvw))?,
-            partial: poisoned(&self.k, &s, max_gain_rows.div_ceil(GAIN_CHUNK_ROWS) * max_gain_n)?,
+            partial: poisoned(&self.k, &s, (max_gain_rows.div_ceil(GAIN_CHUNK_ROWS) * max_gain_n).max(t.div_ceil(NORM_BLOCK_ROWS) * d))?,
         });
         Ok(())
     }
@@ -404,21 +404,20 @@ impl GpuEngine {
         let s = self.stream();
         // attention block
         self.timed("norms", || self.k.rmsnorm_forward(la.x.ptr, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps))?;
-        self.timed("products: qkv", || self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::F32, false))?;
+        self.timed("products: qkv", || self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::F32, None))?;
         let (q, k, v) = (addr(&la.attn_in.q, s), addr(&la.attn_in.k, s), addr(&la.attn_in.v, s));
         let hdims = self.heads_dims(b.batch, b.seq);
         self.timed("heads, rotary, permutes", || self.k.qkv_heads_forward(hdims, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), self.rope_cos.ptr, self.rope_sin.ptr, q, k, v, la.q_rstd.ptr, la.k_rstd.ptr))?;
         let (fwd, saved) = self.timed("attention forward", || Ok(self.gpu.forward(&la.attn_in, &self.attn_cfg)?))?;
         self.timed("heads, rotary, permutes", || self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true))?;
         la.attn_out = keep.then_some((fwd, saved));
-        self.timed("casts, copies", || copy_to(s, &la.x, la.x_mid.ptr, t * d))?;
-        self.timed("products: wo", || self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, true))?;
+        // x_mid = x + o · W_oᵀ: cuBLASLt reads the residual as C and writes D elsewhere (no copy).
+        self.timed("products: wo", || self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, Some(la.x.ptr)))?;
         // MLP block
         self.timed("norms", || self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
-        self.timed("products: gate|up", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::Bf16, false))?;
+        self.timed("products: gate|up", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::Bf16, None))?;
         self.timed("swiglu", || self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, t))?;
-        self.timed("casts, copies", || copy_to(s, &la.x_mid, next_x, t * d))?;
-        self.timed("products: down", || self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, true))
+        self.timed("products: down", || self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, Some(la.x_mid.ptr)))
     }
 
     /// Logits in chunks of tokens, cross-entropy; with `grad_scale`, ∂hidden into `d_hidden` and
@@ -431,12 +430,12 @@ impl GpuEngine {
             // All `vp` (padded) logits are computed: an odd output width (50,257) makes cuBLASLt fall back to
             // slow kernels (measured 95 TFLOP/s). The rows of the table past the vocabulary are the next
             // parameters or the zero padding of `params_bf16`: finite, and ignored by `xent`.
-            self.timed("products: lm head", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, vp, Out::F32, false))?;
+            self.timed("products: lm head", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, vp, Out::F32, None))?;
             let scale = grad_scale.unwrap_or(0.0);
             self.timed("cross-entropy", || self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), a.d_logits.ptr, n, v, scale, grad_scale.is_some()))?;
             if grad_scale.is_some() {
                 // Reduction over the padded width: `xent` wrote zeros into the padding columns.
-                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, vp, Out::F32, false))?;
+                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, vp, Out::F32))?;
                 self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.d_logits.ptr, vp, a.hidden.at(c0 * d), n, d, v))?;
             }
         }
@@ -448,9 +447,7 @@ impl GpuEngine {
         let d = c.dim;
         let s = self.stream();
         s.memset_zeros(&mut a.dx.data).map_err(|e| cuda_err("memset", e))?;
-        self.timed("norms", || self.k.rmsnorm_backward(a.d_hidden.ptr, a.x_final.ptr, self.params.at(self.final_norm), a.rstd_final.ptr, a.dx.ptr, d, t))?;
-        let plain = Rows::plain(d);
-        self.timed("norms", || self.k.gain_grad(a.d_hidden.ptr, plain, a.x_final.ptr, plain, a.rstd_final.ptr, t, a.partial.ptr, self.grads.at(self.final_norm)))?;
+        self.timed("norms", || self.k.rmsnorm_backward(a.d_hidden.ptr, a.x_final.ptr, self.params.at(self.final_norm), a.rstd_final.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, self.grads.at(self.final_norm), d, t))?;
         for l in (0..c.n_layers).rev() {
             self.layer_backward(l, a, t)?;
         }
@@ -466,21 +463,18 @@ impl GpuEngine {
         let w = qw + 2 * kvw;
         let (pf, pb, g) = (&self.params, &self.params_bf16, &self.grads);
         let s = self.stream().clone();
-        let plain = Rows::plain(d);
         let (batch, seq) = (a.batch, a.seq);
         let la = &mut a.layers[l];
-        // MLP block: out = x_mid + W_down · act
-        self.timed("casts, copies", || self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d))?;
-        self.timed("products: down dx", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::Bf16, false))?;
+        // MLP block: out = x_mid + W_down · act. dx_bf16 is the BF16 copy of dx that the last
+        // RMSNorm backward wrote.
+        self.timed("products: down dx", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::Bf16))?;
         self.timed("products: down dw", || self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d))?;
         self.timed("swiglu", || self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, t))?;
-        self.timed("products: gate|up dx", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32, false))?;
+        self.timed("products: gate|up dx", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32))?;
         self.timed("products: gate|up dw", || self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f))?;
-        self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, d, t))?;
-        self.timed("norms", || self.k.gain_grad(a.dh.ptr, plain, la.x_mid.ptr, plain, la.rstd_mlp.ptr, t, a.partial.ptr, g.at(p.mlp_norm)))?;
+        self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.mlp_norm), d, t))?;
         // attention block: out = x + W_o · attention(...)
-        self.timed("casts, copies", || self.k.cast_bf16(a.dx.ptr, a.dx_bf16.ptr, t * d))?;
-        self.timed("products: wo dx", || self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16, false))?;
+        self.timed("products: wo dx", || self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16))?;
         self.timed("products: wo dw", || self.blas.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d))?;
         self.timed("heads, rotary, permutes", || self.k.permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false))?;
         let (fwd, saved) = la.attn_out.take().ok_or_else(|| Error::Gpu("attention state missing in the backward".into()))?;
@@ -498,10 +492,9 @@ impl GpuEngine {
             let x_k = Rows { per_token: c.n_kv_heads as i32, ..x_q };
             self.timed("norms", || self.k.gain_grad(a.d_normed.at(qw), dn_k, la.qkv.at(qw), x_k, la.k_rstd.ptr, t * c.n_kv_heads, a.partial.ptr, g.at(p.k_norm)))?;
         }
-        self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32, false))?;
+        self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32))?;
         self.timed("products: qkv dw", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;
-        self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, d, t))?;
-        self.timed("norms", || self.k.gain_grad(a.dh.ptr, plain, la.x.ptr, plain, la.rstd_attn.ptr, t, a.partial.ptr, g.at(p.attn_norm)))
+        self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.attn_norm), d, t))
     }
 
     fn download_flat(&self, b: &Buf<f32>) -> Result<Weights> {
@@ -627,12 +620,4 @@ fn poisoned<T: DeviceRepr + ValidAsZeroBits>(k: &TrainKernels, s: &Arc<CudaStrea
         k.fill_u32(b.ptr, words, if std::mem::size_of::<T>() == 2 { 0x7fc0_7fc0 } else { POISON })?;
     }
     Ok(b)
-}
-
-/// Copies `n` floats of `from` to the address `to` (a buffer of at least `n` floats).
-fn copy_to(s: &Arc<CudaStream>, from: &Buf<f32>, to: u64, n: usize) -> Result<()> {
-    let r = unsafe {
-        cudarc::driver::result::memcpy_dtod_async(to, from.ptr, n * 4, s.cu_stream())
-    };
-    r.map_err(|e| cuda_err("copy", e))
 }

@@ -89,7 +89,9 @@ pub struct TrainKernels {
     qkv_heads_backward: CudaFunction,
     permute_heads: CudaFunction,
     swiglu_forward: CudaFunction,
+    swiglu_forward_x8: CudaFunction,
     swiglu_backward: CudaFunction,
+    swiglu_backward_x8: CudaFunction,
     cast_bf16: CudaFunction,
     xent: CudaFunction,
     adamw: CudaFunction,
@@ -100,6 +102,9 @@ pub struct TrainKernels {
 const BLOCK: u32 = 256;
 /// Rows per chunk of the gain-gradient column sums.
 pub const GAIN_CHUNK_ROWS: usize = 256;
+/// Rows per block of the fused RMSNorm backward (`NORM_BLOCK_ROWS` in layers.cu), and its warps.
+pub const NORM_BLOCK_ROWS: usize = 64;
+const NORM_WARPS: usize = 8;
 /// Blocks of the grid-stride kernels (sum_squares partials, AdamW).
 pub const STRIDE_BLOCKS: usize = 1024;
 
@@ -151,7 +156,9 @@ impl TrainKernels {
             qkv_heads_backward: f(0, "qkv_heads_backward")?,
             permute_heads: f(0, "permute_heads")?,
             swiglu_forward: f(0, "swiglu_forward")?,
+            swiglu_forward_x8: f(0, "swiglu_forward_x8")?,
             swiglu_backward: f(0, "swiglu_backward")?,
+            swiglu_backward_x8: f(0, "swiglu_backward_x8")?,
             cast_bf16: f(0, "cast_bf16")?,
             xent: f(1, "xent")?,
             adamw: f(2, "adamw")?,
@@ -177,10 +184,27 @@ impl TrainKernels {
         launch!(self, rmsnorm_forward, warps(rows), x, gain, y, rstd, n as i32, rows as i64, eps)
     }
 
-    /// `dx += ∂/∂x` of the RMSNorm (FP32 throughout).
+    /// The RMSNorm backward: `dx += ∂/∂x` (FP32), `dx_bf16` = BF16 copy of the new dx, and
+    /// `d_gain += Σ_rows dy ∘ x · rstd` through `partial` (≥ ⌈rows / NORM_BLOCK_ROWS⌉ × n floats).
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_backward(&self, dy: u64, x: u64, gain: u64, rstd: u64, dx: u64, n: usize, rows: usize) -> Result<()> {
-        launch!(self, rmsnorm_backward, warps(rows), dy, x, gain, rstd, dx, n as i32, rows as i64)
+    pub fn rmsnorm_backward(&self, dy: u64, x: u64, gain: u64, rstd: u64, dx: u64, dx_bf16: u64, partial: u64, d_gain: u64, n: usize, rows: usize) -> Result<()> {
+        let chunks = rows.div_ceil(NORM_BLOCK_ROWS);
+        let smem = NORM_WARPS * n * 4; // one row of gain sums per warp
+        if smem > 48 << 10 {
+            // Over the default limit (n > 1536): opt in; the launch fails with a clear error past the GPU's maximum.
+            let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            self.rmsnorm_backward.set_attribute(attr, smem as i32).map_err(|e| cuda_err(&format!("RMSNorm backward of width {n}: {smem} B of shared memory"), e))?;
+        }
+        let cfg = LaunchConfig { grid_dim: (chunks as u32, 1, 1), block_dim: ((NORM_WARPS * 32) as u32, 1, 1), shared_mem_bytes: smem as u32 };
+        launch!(self, rmsnorm_backward, cfg, dy, x, gain, rstd, dx, dx_bf16, partial, n as i32, rows as i64)?;
+        self.sum_partials(partial, d_gain, n, chunks)
+    }
+
+    /// `out[c] += Σ_k partial[k, c]` over `chunks` rows of partial sums.
+    fn sum_partials(&self, partial: u64, out: u64, n: usize, chunks: usize) -> Result<()> {
+        // COL_TILE × ROW_LANES threads (layers.cu).
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+        launch!(self, sum_partials, cfg, partial, out, n as i32, chunks as i32)
     }
 
     /// `d_gain += Σ_rows dy ∘ x · rstd` through `partial` (≥ chunks × n floats of scratch).
@@ -192,8 +216,7 @@ impl TrainKernels {
         let tiles = n.div_ceil(32) as u32;
         let cfg = LaunchConfig { grid_dim: (tiles, chunks as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
         launch!(self, gain_grad_partial, cfg, dy, dy_rows, x, x_rows, rstd, partial, rows as i64, GAIN_CHUNK_ROWS as i32)?;
-        let cfg = LaunchConfig { grid_dim: (tiles, 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
-        launch!(self, sum_partials, cfg, partial, d_gain, n as i32, chunks as i32)
+        self.sum_partials(partial, d_gain, n, chunks)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -213,14 +236,25 @@ impl TrainKernels {
         launch!(self, permute_heads, blocks(n), src, dst, batch as i32, seq as i32, heads as i32, head_dim as i32, to_tokens as i32)
     }
 
+    /// `act = silu(gate) ∘ up` from `gu = [gate | up]`, BF16 `[tokens, 2f]` → `[tokens, f]`.
     pub fn swiglu_forward(&self, gu: u64, act: u64, f: usize, tokens: usize) -> Result<()> {
-        launch!(self, swiglu_forward, blocks(tokens * f), gu, act, f as i32, tokens as i64)
+        if f % 8 == 0 {
+            launch!(self, swiglu_forward_x8, blocks(tokens * f / 8), gu, act, f as i32, tokens as i64)
+        } else {
+            launch!(self, swiglu_forward, blocks(tokens * f), gu, act, f as i32, tokens as i64)
+        }
     }
 
+    /// `d_gu = [∂gate | ∂up]` from `d_act`, BF16.
     pub fn swiglu_backward(&self, d_act: u64, gu: u64, d_gu: u64, f: usize, tokens: usize) -> Result<()> {
-        launch!(self, swiglu_backward, blocks(tokens * f), d_act, gu, d_gu, f as i32, tokens as i64)
+        if f % 8 == 0 {
+            launch!(self, swiglu_backward_x8, blocks(tokens * f / 8), d_act, gu, d_gu, f as i32, tokens as i64)
+        } else {
+            launch!(self, swiglu_backward, blocks(tokens * f), d_act, gu, d_gu, f as i32, tokens as i64)
+        }
     }
 
+    /// FP32 → BF16, `n` values.
     pub fn cast_bf16(&self, x: u64, y: u64, n: usize) -> Result<()> {
         launch!(self, cast_bf16, grid_stride(n), x, y, n as i64)
     }
