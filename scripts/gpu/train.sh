@@ -11,6 +11,8 @@
 #      bash scripts/gpu/train.sh perf             # base model, seq 1024 and 4096, fpa and sagebwd
 #      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd (SEED=n: another seed)
 #      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
+#      bash scripts/gpu/train.sh multi            # 2 GPUs (machine kind nvidia-h200-x2): data-parallel
+#                                                 # throughput, and 2 GPUs × 8 vs 1 GPU × 16 sequences
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
 #    $OUT (default /tmp/sagebwd-train-out); a summary is printed last.
 set -uo pipefail
@@ -84,6 +86,32 @@ while [ $# -gt 0 ]; do
         --eval-tokens 262144 --ckpt-every 100000 --preset fpa,sagebwd --seed "$seed" --name $name --runs-dir $RUNS
       cp $RUNS/$name-compare.png "$OUT/" 2>/dev/null
       for p in fpa sagebwd; do cp $RUNS/$name-$p/metrics.jsonl "$OUT/$name-$p-metrics.jsonl" 2>/dev/null; done ;;
+    multi)
+      # cudarc loads NCCL as libnccl.so; PyTorch's nvidia-nccl wheel ships libnccl.so.2 only.
+      nccl=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null)
+      mkdir -p /tmp/nccl-link && ln -sf "$nccl/libnccl.so.2" /tmp/nccl-link/libnccl.so
+      export LD_LIBRARY_PATH=/tmp/nccl-link:$LD_LIBRARY_PATH
+      nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
+      run_logged multi-base-1024 $BIN train --device cuda --gpus 2 --model base --seq 1024 --batch 16 --steps 30 \
+        --warmup 5 --eval-every 1000 --eval-tokens 32768 --ckpt-every 1000 --preset sagebwd,fpa --name multi --runs-dir $RUNS
+      for g in "2 8" "1 16"; do
+        gpus=${g% *} batch=${g#* }
+        run_logged "same-step-${gpus}gpu" $BIN train --device cuda --gpus "$gpus" --model small --seq 1024 --batch "$batch" \
+          --steps 40 --warmup 5 --eval-every 20 --eval-tokens 65536 --ckpt-every 1000 --preset sagebwd --name "same$gpus" --runs-dir $RUNS
+      done
+      python3 - "$RUNS/same2-sagebwd/metrics.jsonl" "$RUNS/same1-sagebwd/metrics.jsonl" <<'PY' | tee -a "$summary"
+import json, sys
+runs = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
+loss = [[r["loss"] for r in run if r["kind"] == "train"] for run in runs]
+val = [[r["val_loss"] for r in run if r["kind"] == "val"] for run in runs]
+diffs = [abs(a - b) for a, b in zip(*loss)]
+worst = max(range(len(diffs)), key=diffs.__getitem__)
+print(f"  2 GPUs x 8 vs 1 GPU x 16 sequences, {len(diffs)} steps: train loss diff at steps 1-3 "
+      + ", ".join(f"{d:.1e}" for d in diffs[:3]) + f"; largest {diffs[worst]:.2e} at step {worst + 1} "
+      f"({loss[0][worst]:.4f} / {loss[1][worst]:.4f}); final train {loss[0][-1]:.4f} / {loss[1][-1]:.4f}; "
+      f"val {[round(v, 5) for v in val[0]]} / {[round(v, 5) for v in val[1]]}")
+PY
+      ;;
     *) echo "unknown mode $1" | tee -a "$summary"; status=2 ;;
   esac
   shift

@@ -64,9 +64,13 @@ pub struct TrainArgs {
     /// Sequences per micro-batch.
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
-    /// Micro-batches accumulated per optimizer step (tokens per step = batch × seq × accum).
+    /// Micro-batches accumulated per optimizer step (tokens per step = batch × seq × accum × gpus).
     #[arg(long, default_value_t = 1)]
     pub accum: usize,
+    /// GPUs to train on, data parallel: each takes `--batch` sequences of every micro-step and the
+    /// gradients are summed with NCCL (needs `libnccl.so` on LD_LIBRARY_PATH when above 1).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: usize,
     /// Optimizer steps.
     #[arg(long, default_value_t = 200)]
     pub steps: u64,
@@ -157,7 +161,9 @@ fn summary_line(s: &RunSummary) -> String {
     };
     let model_flops = s.tokens_per_second * s.flops_per_token;
     let mfu = if s.device.contains("H100") || s.device.contains("H200") {
-        format!(", MFU {:.1} % of {:.0} TFLOP/s", 100.0 * model_flops / HOPPER_BF16_PEAK, HOPPER_BF16_PEAK / 1e12)
+        let peak = HOPPER_BF16_PEAK * s.gpus.max(1) as f64;
+        let per = if s.gpus > 1 { format!(" ({} GPUs × {:.0})", s.gpus, HOPPER_BF16_PEAK / 1e12) } else { String::new() };
+        format!(", MFU {:.1} % of {:.0} TFLOP/s{per}", 100.0 * model_flops / peak, peak / 1e12)
     } else {
         String::new()
     };
@@ -206,6 +212,7 @@ fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
         eval_tokens: a.eval_tokens,
         checkpoint_every: a.ckpt_every,
         seed: a.seed,
+        gpus: a.gpus,
     };
     cfg.validate()?;
     Ok(cfg)

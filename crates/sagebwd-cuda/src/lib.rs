@@ -82,7 +82,12 @@ pub struct Gpu {
 impl Gpu {
     /// Opens GPU 0. Errors (never panics) when the driver, a GPU or NVRTC is missing.
     pub fn new() -> Result<Gpu> {
-        let dev = Device::open(0)?;
+        Gpu::open(0)
+    }
+
+    /// Opens the GPU with this ordinal (as `Gpu::new` does GPU 0).
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        let dev = Device::open(ordinal)?;
         runtime::nvrtc_available()?;
         Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(true), poison: AtomicBool::new(true) })
     }

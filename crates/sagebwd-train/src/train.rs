@@ -11,6 +11,7 @@ use crate::loader::{validation_batches, Loader, LoaderState};
 use crate::metrics::{bits_per_byte, MetricsLog, Record};
 use crate::model::{Batch, Model, ParamLayout, Weights};
 use crate::optim::{AdamWConfig, Schedule};
+use crate::parallel::DataParallel;
 use crate::rng::Rng;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -38,18 +39,31 @@ pub struct TrainConfig {
     pub eval_tokens: usize,
     pub checkpoint_every: u64,
     pub seed: u64,
+    /// Data-parallel replicas, one per GPU (1: a single device). Older run directories have no
+    /// such field: one.
+    #[serde(default = "one")]
+    pub gpus: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl TrainConfig {
-    /// Tokens per optimizer step: micro-batch × sequence × accumulation (× GPUs, later).
+    /// Tokens per optimizer step: micro-batch × sequence × accumulation × GPUs.
     pub fn tokens_per_step(&self) -> usize {
-        self.micro_batch * self.seq_len * self.grad_accum
+        self.sequences_per_micro_step() * self.seq_len * self.grad_accum
+    }
+
+    /// Sequences of one micro-step over all replicas (what the loader hands out at a time).
+    pub fn sequences_per_micro_step(&self) -> usize {
+        self.micro_batch * self.gpus
     }
 
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
         Attention::parse(&self.attention)?;
-        let positive = [("sequence length", self.seq_len), ("micro-batch", self.micro_batch), ("gradient accumulation", self.grad_accum)];
+        let positive = [("sequence length", self.seq_len), ("micro-batch", self.micro_batch), ("gradient accumulation", self.grad_accum), ("GPUs", self.gpus)];
         for (name, v) in positive {
             if v == 0 {
                 return Err(Error::Config(format!("{name} must be at least 1")));
@@ -98,9 +112,13 @@ pub enum DeviceChoice {
     Cuda,
 }
 
-/// Builds the engine for `cfg` with initial `weights` on the chosen device.
+/// Builds the engine for `cfg` with initial `weights` on the chosen device: one engine, or with
+/// `cfg.gpus > 1` one GPU engine per GPU in a [`DataParallel`] group.
 pub fn make_engine(cfg: &TrainConfig, weights: Weights, device: DeviceChoice, verbose: bool) -> Result<Box<dyn Engine>> {
     let attention = Attention::parse(&cfg.attention)?;
+    if cfg.gpus > 1 {
+        return data_parallel_gpus(cfg, &weights, device, attention);
+    }
     let cpu = |weights: Weights, attention: Attention| -> Box<dyn Engine> {
         Box::new(CpuEngine::new(Model::new(cfg.model.clone(), weights), cfg.adamw.clone(), attention))
     };
@@ -132,6 +150,25 @@ pub fn make_engine(cfg: &TrainConfig, weights: Weights, device: DeviceChoice, ve
     }
 }
 
+/// `cfg.gpus` GPU engines (GPUs 0, 1, …) with the same initial weights. Several GPUs were asked
+/// for explicitly, so there is no CPU fallback: any failure is an error.
+fn data_parallel_gpus(cfg: &TrainConfig, weights: &Weights, device: DeviceChoice, attention: Attention) -> Result<Box<dyn Engine>> {
+    let n = cfg.gpus;
+    if device == DeviceChoice::Cpu {
+        return Err(Error::Config(format!("{n} GPUs were asked for with the CPU as the device; use --device cuda (or auto), or --gpus 1")));
+    }
+    if let Some(why) = crate::gpu::unsupported_reason(&cfg.model, &attention) {
+        return Err(Error::Gpu(why));
+    }
+    let replicas = (0..n)
+        .map(|i| {
+            GpuEngine::on(i, cfg.model.clone(), weights, cfg.adamw.clone(), attention.clone())
+                .map_err(|e| Error::Gpu(format!("replica {} of {n} (GPU {i}): {}", i + 1, e.to_string().trim_start_matches("GPU: "))))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Box::new(DataParallel::new(replicas)?))
+}
+
 /// What a finished run reports.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunSummary {
@@ -154,6 +191,9 @@ pub struct RunSummary {
     /// Training FLOPs per token ([`ModelConfig::flops_per_token`]).
     #[serde(default)]
     pub flops_per_token: f64,
+    /// Data-parallel GPUs (1 on the CPU); MFU divides by their combined peak.
+    #[serde(default = "one")]
+    pub gpus: usize,
 }
 
 /// Training state that a checkpoint restores.
@@ -170,7 +210,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let layout = ParamLayout::new(&cfg.model);
     let weights = Weights::init(&cfg.model, &mut Rng::new(cfg.seed));
     let mut engine = make_engine(cfg, weights, opts.device, opts.progress)?;
-    let mut loader = Loader::new(corpus.train.clone(), cfg.seq_len, cfg.micro_batch, cfg.seed)?;
+    let mut loader = Loader::new(corpus.train.clone(), cfg.seq_len, cfg.sequences_per_micro_step(), cfg.seed)?;
     let ckpt_path = opts.dir.join(checkpoint::FILE_NAME);
     let mut state = State { step: 0, tokens_seen: 0, elapsed: 0.0 };
     if opts.resume {
@@ -183,7 +223,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let kept = crate::metrics::read_records(&opts.dir)?;
     let mut last_loss = kept.iter().rev().find_map(|r| r.loss).unwrap_or(f64::NAN);
     let mut last_val = kept.iter().rev().find_map(|r| Some((r.val_loss?, r.val_bpb?)));
-    let val = validation_batches(&corpus.val, cfg.seq_len, cfg.micro_batch, cfg.eval_tokens);
+    let val = validation_batches(&corpus.val, cfg.seq_len, cfg.sequences_per_micro_step(), cfg.eval_tokens);
     if opts.progress {
         print_header(cfg, &layout, engine.as_ref(), corpus, loader.windows(), &state);
     }
@@ -248,6 +288,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         device: engine.describe(),
         peak_memory: engine.peak_memory(),
         flops_per_token: cfg.model.flops_per_token(cfg.seq_len),
+        gpus: cfg.gpus,
     })
 }
 
@@ -259,7 +300,7 @@ fn step(cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut Loader, lr: f32
     let mut loss = 0.0;
     for _ in 0..cfg.grad_accum {
         let (inputs, targets) = loader.next_batch();
-        let batch = Batch { inputs: &inputs, targets: &targets, batch: cfg.micro_batch, seq: cfg.seq_len };
+        let batch = Batch { inputs: &inputs, targets: &targets, batch: cfg.sequences_per_micro_step(), seq: cfg.seq_len };
         loss += engine.forward_backward(&batch, scale)? / cfg.grad_accum as f64;
     }
     let norm = engine.grad_norm()?;
@@ -351,11 +392,12 @@ fn print_header(cfg: &TrainConfig, layout: &ParamLayout, be: &dyn Engine, corpus
         layout.non_embedding as f64 / 1e6
     );
     eprintln!(
-        "tokens per step: {} = micro-batch {} × sequence {} × accumulation {}",
+        "tokens per step: {} = micro-batch {} × sequence {} × accumulation {} × GPUs {}",
         cfg.tokens_per_step(),
         cfg.micro_batch,
         cfg.seq_len,
-        cfg.grad_accum
+        cfg.grad_accum,
+        cfg.gpus
     );
     eprintln!(
         "data: {}: {} training tokens ({windows} windows), {} validation tokens",

@@ -48,6 +48,7 @@ fn auto_falls_back_to_the_cpu_for_a_model_the_gpu_cannot_run() {
         eval_tokens: 16,
         checkpoint_every: 1,
         seed: 1,
+        gpus: 1,
     };
     let w = Weights::init(&cfg.model, &mut Rng::new(1));
     let e = make_engine(&cfg, w.clone(), DeviceChoice::Auto, false).unwrap();

@@ -40,6 +40,7 @@ fn config(attention: &str, steps: u64) -> TrainConfig {
         eval_tokens: 256,
         checkpoint_every: 1000,
         seed: 1,
+        gpus: 1,
     }
 }
 

@@ -148,6 +148,11 @@ pub struct GpuEngine {
 impl GpuEngine {
     /// Opens GPU 0, compiles the kernels (or reads them from the cache) and uploads `weights`.
     pub fn new(cfg: ModelConfig, weights: &Weights, adamw: AdamWConfig, attention: Attention) -> Result<GpuEngine> {
+        GpuEngine::on(0, cfg, weights, adamw, attention)
+    }
+
+    /// As [`GpuEngine::new`], on the GPU with this ordinal.
+    pub fn on(ordinal: usize, cfg: ModelConfig, weights: &Weights, adamw: AdamWConfig, attention: Attention) -> Result<GpuEngine> {
         if let Some(why) = super::unsupported_reason(&cfg, &attention) {
             return Err(Error::Gpu(why));
         }
@@ -155,7 +160,7 @@ impl GpuEngine {
             Attention::Method { config, .. } => config.clone(),
             Attention::Exact => unreachable!("rejected by unsupported_reason"),
         };
-        let gpu = Gpu::new().map_err(|e| Error::Gpu(e.to_string()))?;
+        let gpu = Gpu::open(ordinal).map_err(|e| Error::Gpu(e.to_string()))?;
         gpu.set_poison(false); // see `set_checked`
         let pool = Pool::of(&gpu)?;
         let mut base_used = 0;
@@ -262,8 +267,13 @@ impl GpuEngine {
         self.gpu.set_poison(on);
     }
 
-    fn stream(&self) -> &Arc<CudaStream> {
+    pub(super) fn stream(&self) -> &Arc<CudaStream> {
         &self.gpu.dev.stream
+    }
+
+    /// The flat FP32 gradient buffer (for the data-parallel all-reduce).
+    pub(super) fn grads_mut(&mut self) -> &mut CudaSlice<f32> {
+        &mut self.grads.data
     }
 
     /// Casts the FP32 parameters into their BF16 copy (the zero padding after them stays).
@@ -360,6 +370,8 @@ impl GpuEngine {
     /// The forward pass; returns the summed loss (nats). With `grad_scale`, also the backward.
     fn run(&mut self, b: &Batch, grad_scale: Option<f32>) -> Result<f64> {
         crate::model::check_batch(&self.cfg, b)?;
+        // A data-parallel replica runs in its own thread; cuBLASLt uses the thread's current context.
+        self.gpu.dev.ctx.bind_to_thread().map_err(|e| cuda_err("bind context", e))?;
         self.ensure_acts(b.batch, b.seq)?;
         let mut a = self.acts.take().expect("allocated above");
         let result = self.run_with(&mut a, b, grad_scale);

@@ -14,6 +14,7 @@ pub mod blas;
 pub mod check;
 pub mod engine;
 pub mod kernels;
+pub mod parallel;
 
 pub use engine::GpuEngine;
 
