@@ -90,19 +90,18 @@ __device__ __forceinline__ float sum_row_lanes(float v, float (*s)[COL_TILE]) {
     return total;
 }
 
-// partial[chunk, c] = Σ_{rows r of the chunk} dy[r, c] · x[r, c] · rstd[r]: the gain gradient of an
-// RMSNorm, in fixed-order partial sums. Grid: x over column tiles, y over chunks of rows.
-extern "C" __global__ void gain_grad_partial(const float* dy, Rows dy_rows, const float* x, Rows x_rows,
-                                             const float* rstd, float* partial, long rows, int rows_per_chunk) {
+// partial[chunk, c] = Σ_{rows r of the chunk} a[r, c]: column sums in fixed-order partial sums (the
+// QK-norm gains' gradients, from the terms qkv_heads_backward writes). Grid: x over column tiles, y
+// over chunks of rows.
+extern "C" __global__ void column_sum_partial(const float* a, Rows a_rows, float* partial, long rows, int rows_per_chunk) {
     __shared__ float s[ROW_LANES][COL_TILE];
     const int c = blockIdx.x * COL_TILE + threadIdx.x;
-    const int n = x_rows.n;
+    const int n = a_rows.n;
     const long r0 = (long)blockIdx.y * rows_per_chunk;
     const long r1 = min(rows, r0 + rows_per_chunk);
     float acc = 0.0f;
     if (c < n)
-        for (long r = r0 + threadIdx.y; r < r1; r += ROW_LANES)
-            acc += dy[row_offset(dy_rows, r) + c] * x[row_offset(x_rows, r) + c] * rstd[r];
+        for (long r = r0 + threadIdx.y; r < r1; r += ROW_LANES) acc += a[row_offset(a_rows, r) + c];
     const float total = sum_row_lanes(acc, s);
     if (threadIdx.y == 0 && c < n) partial[(long)blockIdx.y * n + c] = total;
 }
@@ -140,10 +139,10 @@ __device__ __forceinline__ long head_offset(const HeadsDims& d, int heads, long 
     return ((b * heads + h) * d.seq + t) * d.head_dim;
 }
 
-// qkv: `[tokens, (heads_q + 2 heads_kv) · head_dim]` FP32 (the fused projection). Writes Q, K, V as
+// qkv: `[tokens, (heads_q + 2 heads_kv) · head_dim]` BF16 (the fused projection). Writes Q, K, V as
 // BF16 `[batch, heads, seq, head_dim]`: Q and K normalized (QK-norm, optional) then rotated (half-split
 // pairs, as src/layers/rotary.rs); V copied. One warp per (token, slot).
-extern "C" __global__ void qkv_heads_forward(HeadsDims d, const float* qkv, const float* q_gain, const float* k_gain,
+extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const float* q_gain, const float* k_gain,
                                              const float* cos_t, const float* sin_t, u16* q, u16* k, u16* v,
                                              float* q_rstd, float* k_rstd) {
     const int slots = d.heads_q + 2 * d.heads_kv;
@@ -154,17 +153,17 @@ extern "C" __global__ void qkv_heads_forward(HeadsDims d, const float* qkv, cons
     int kind, h;
     slot_of(d, (int)(gw % slots), kind, h);
     const int hd = d.head_dim, half = hd / 2;
-    const float* x = qkv + tok * slots * hd + (gw % slots) * hd;
+    const u16* x = qkv + tok * slots * hd + (gw % slots) * hd;
     if (kind == 2) {
         u16* dst = v + head_offset(d, d.heads_kv, tok, h);
-        for (int c = lane; c < hd; c += WARP) dst[c] = f32_to_bf16(x[c]);
+        for (int c = lane; c < hd; c += WARP) dst[c] = x[c];
         return;
     }
     const float* gain = kind == 0 ? q_gain : k_gain;
     float rs = 1.0f;
     if (d.qk_norm) {
         float ss = 0.0f;
-        for (int c = lane; c < hd; c += WARP) ss += x[c] * x[c];
+        for (int c = lane; c < hd; c += WARP) ss += bf16_to_f32(x[c]) * bf16_to_f32(x[c]);
         rs = 1.0f / sqrtf(warp_sum(ss) / hd + d.eps);
         float* rstd = kind == 0 ? q_rstd : k_rstd;
         if (lane == 0) rstd[tok * (kind == 0 ? d.heads_q : d.heads_kv) + h] = rs;
@@ -172,7 +171,7 @@ extern "C" __global__ void qkv_heads_forward(HeadsDims d, const float* qkv, cons
     u16* dst = kind == 0 ? q + head_offset(d, d.heads_q, tok, h) : k + head_offset(d, d.heads_kv, tok, h);
     const long t = tok % d.seq;
     for (int i = lane; i < half; i += WARP) {
-        float a = x[i], b = x[i + half];
+        float a = bf16_to_f32(x[i]), b = bf16_to_f32(x[i + half]);
         if (d.qk_norm) {
             a = a * rs * gain[i];
             b = b * rs * gain[i + half];
@@ -185,12 +184,12 @@ extern "C" __global__ void qkv_heads_forward(HeadsDims d, const float* qkv, cons
 
 // The backward of qkv_heads_forward: dQ, dK, dV (BF16, heads layout) → d_qkv (BF16, the fused
 // projection's layout). Inverse rotation (a rotation's Jacobian is the rotation), then the RMSNorm
-// backward with the saved rstd; the gradient w.r.t. the normalized vector goes to d_normed
-// (`[tokens, heads_q + heads_kv, head_dim]`) for the gains' column sums.
+// backward with the saved rstd; the gains' gradient terms ∂y_i · x_i · rstd go to gain_terms
+// (`[tokens, heads_q + heads_kv, head_dim]`, FP32), whose column sums are the gains' gradients.
 extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const u16* dk, const u16* dv,
-                                              const float* qkv, const float* q_gain, const float* k_gain,
+                                              const u16* qkv, const float* q_gain, const float* k_gain,
                                               const float* q_rstd, const float* k_rstd, const float* cos_t,
-                                              const float* sin_t, u16* d_qkv, float* d_normed) {
+                                              const float* sin_t, u16* d_qkv, float* gain_terms) {
     const int slots = d.heads_q + 2 * d.heads_kv;
     const long gw = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
     const int lane = threadIdx.x % WARP;
@@ -227,23 +226,28 @@ extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const 
         }
         return;
     }
-    const float* x = qkv + tok * slots * hd + (long)slot * hd;
+    const u16* x = qkv + tok * slots * hd + (long)slot * hd;
     const float* gain = kind == 0 ? q_gain : k_gain;
     const float rs = kind == 0 ? q_rstd[tok * d.heads_q + h] : k_rstd[tok * d.heads_kv + h];
+    float xa[MAX_PAIRS], xb[MAX_PAIRS];
     float ux = 0.0f;
     for (int p = 0; p < MAX_PAIRS; p++) {
         const int i = lane + p * WARP;
-        if (i < half) ux += da[p] * gain[i] * x[i] + db[p] * gain[i + half] * x[i + half];
+        xa[p] = xb[p] = 0.0f;
+        if (i >= half) continue;
+        xa[p] = bf16_to_f32(x[i]);
+        xb[p] = bf16_to_f32(x[i + half]);
+        ux += da[p] * gain[i] * xa[p] + db[p] * gain[i + half] * xb[p];
     }
     const float coef = rs * rs * rs * warp_sum(ux) / hd;
-    float* dn = d_normed + (tok * (d.heads_q + d.heads_kv) + slot) * hd;
+    float* terms = gain_terms + (tok * (d.heads_q + d.heads_kv) + slot) * hd;
     for (int p = 0; p < MAX_PAIRS; p++) {
         const int i = lane + p * WARP;
         if (i >= half) continue;
-        out[i] = f32_to_bf16(rs * gain[i] * da[p] - x[i] * coef);
-        out[i + half] = f32_to_bf16(rs * gain[i + half] * db[p] - x[i + half] * coef);
-        dn[i] = da[p];
-        dn[i + half] = db[p];
+        out[i] = f32_to_bf16(rs * gain[i] * da[p] - xa[p] * coef);
+        out[i + half] = f32_to_bf16(rs * gain[i + half] * db[p] - xb[p] * coef);
+        terms[i] = da[p] * xa[p] * rs;
+        terms[i + half] = db[p] * xb[p] * rs;
     }
 }
 

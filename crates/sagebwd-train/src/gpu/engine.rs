@@ -5,7 +5,7 @@
 //!   kernel computes the gradient norm; `wq|wk|wv` and `w_gate|w_up` are adjacent, so each pair is
 //!   one product), plus a BF16 copy of the parameters that AdamW refreshes;
 //! - per layer, saved for the backward: block input `x` (FP32), normalized `h` (BF16) and rstd, the
-//!   fused projection `qkv` (FP32, `[T, W]`), QK-norm rstd, attention inputs/outputs and
+//!   fused projection `qkv` (BF16, `[T, W]`), QK-norm rstd, attention inputs/outputs and
 //!   sagebwd-cuda's saved state, `o` in token layout (BF16), the MLP's input, normalized input,
 //!   `gate|up` (BF16, `[T, 2F]`: the largest activation, read twice more) and SwiGLU output (BF16);
 //! - backward scratch shared by the layers.
@@ -74,7 +74,7 @@ struct LayerActs {
     x: Buf<f32>,
     h_attn: Buf<u16>,
     rstd_attn: Buf<f32>,
-    qkv: Buf<f32>,
+    qkv: Buf<u16>,
     q_rstd: Buf<f32>,
     k_rstd: Buf<f32>,
     attn_in: DeviceInputs,
@@ -110,7 +110,7 @@ struct Acts {
     d_o_tok: Buf<u16>,
     d_o: CudaSlice<u16>,
     d_qkv: Buf<u16>,
-    d_normed: Buf<f32>,
+    gain_terms: Buf<f32>,
     partial: Buf<f32>,
 }
 
@@ -361,7 +361,7 @@ impl GpuEngine {
             d_o_tok: poisoned(&self.k, &s, t * qw)?,
             d_o: poisoned::<u16>(&self.k, &s, t * qw)?.data,
             d_qkv: poisoned(&self.k, &s, t * w)?,
-            d_normed: poisoned(&self.k, &s, t * (qw + kvw))?,
+            gain_terms: poisoned(&self.k, &s, t * (qw + kvw))?,
             partial: poisoned(&self.k, &s, (max_gain_rows.div_ceil(GAIN_CHUNK_ROWS) * max_gain_n).max(t.div_ceil(NORM_BLOCK_ROWS) * d))?,
         });
         Ok(())
@@ -391,7 +391,7 @@ impl GpuEngine {
             self.layer_forward(l, &mut a.layers[l], next_x, b, grad_scale.is_some())?;
         }
         let c = &self.cfg;
-        self.timed("norms", || self.k.rmsnorm_forward(a.x_final.ptr, self.params.at(self.final_norm), a.hidden.ptr, a.rstd_final.ptr, d, t, c.norm_eps))?;
+        self.timed("norms: forward", || self.k.rmsnorm_forward(a.x_final.ptr, self.params.at(self.final_norm), a.hidden.ptr, a.rstd_final.ptr, d, t, c.norm_eps))?;
         self.lm_head(a, t, grad_scale)?;
         let row_loss = s.clone_dtoh(&a.row_loss.data).map_err(|e| cuda_err("download losses", e))?;
         let total: f64 = row_loss.iter().map(|&x| x as f64).sum();
@@ -415,18 +415,18 @@ impl GpuEngine {
         let (pf, pb) = (&self.params, &self.params_bf16);
         let s = self.stream();
         // attention block
-        self.timed("norms", || self.k.rmsnorm_forward(la.x.ptr, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps))?;
-        self.timed("products: qkv", || self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::F32, None))?;
+        self.timed("norms: forward", || self.k.rmsnorm_forward(la.x.ptr, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps))?;
+        self.timed("products: qkv", || self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::Bf16, None))?;
         let (q, k, v) = (addr(&la.attn_in.q, s), addr(&la.attn_in.k, s), addr(&la.attn_in.v, s));
         let hdims = self.heads_dims(b.batch, b.seq);
-        self.timed("heads, rotary, permutes", || self.k.qkv_heads_forward(hdims, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), self.rope_cos.ptr, self.rope_sin.ptr, q, k, v, la.q_rstd.ptr, la.k_rstd.ptr))?;
+        self.timed("heads: QK-norm, rotary, layout", || self.k.qkv_heads_forward(hdims, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), self.rope_cos.ptr, self.rope_sin.ptr, q, k, v, la.q_rstd.ptr, la.k_rstd.ptr))?;
         let (fwd, saved) = self.timed("attention forward", || Ok(self.gpu.forward(&la.attn_in, &self.attn_cfg)?))?;
-        self.timed("heads, rotary, permutes", || self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true))?;
+        self.timed("heads: permutes", || self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true))?;
         la.attn_out = keep.then_some((fwd, saved));
         // x_mid = x + o · W_oᵀ: cuBLASLt reads the residual as C and writes D elsewhere (no copy).
         self.timed("products: wo", || self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, Some(la.x.ptr)))?;
         // MLP block
-        self.timed("norms", || self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
+        self.timed("norms: forward", || self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
         self.timed("products: gate|up", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::Bf16, None))?;
         self.timed("swiglu", || self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, t))?;
         self.timed("products: down", || self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, Some(la.x_mid.ptr)))
@@ -459,7 +459,7 @@ impl GpuEngine {
         let d = c.dim;
         let s = self.stream();
         s.memset_zeros(&mut a.dx.data).map_err(|e| cuda_err("memset", e))?;
-        self.timed("norms", || self.k.rmsnorm_backward(a.d_hidden.ptr, a.x_final.ptr, self.params.at(self.final_norm), a.rstd_final.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, self.grads.at(self.final_norm), d, t))?;
+        self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.d_hidden.ptr, a.x_final.ptr, self.params.at(self.final_norm), a.rstd_final.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, self.grads.at(self.final_norm), d, t))?;
         for l in (0..c.n_layers).rev() {
             self.layer_backward(l, a, t)?;
         }
@@ -484,29 +484,28 @@ impl GpuEngine {
         self.timed("swiglu", || self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, t))?;
         self.timed("products: gate|up dx", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32))?;
         self.timed("products: gate|up dw", || self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f))?;
-        self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.mlp_norm), d, t))?;
+        self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.mlp_norm), d, t))?;
         // attention block: out = x + W_o · attention(...)
         self.timed("products: wo dx", || self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16))?;
         self.timed("products: wo dw", || self.blas.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d))?;
-        self.timed("heads, rotary, permutes", || self.k.permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false))?;
+        self.timed("heads: permutes", || self.k.permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false))?;
         let (fwd, saved) = la.attn_out.take().ok_or_else(|| Error::Gpu("attention state missing in the backward".into()))?;
         let grads = self.timed("attention backward", || Ok(self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?))?;
         let hdims = self.heads_dims(batch, seq);
         let (dq, dk, dv) = (addr(&grads.dq, &s), addr(&grads.dk, &s), addr(&grads.dv, &s));
-        self.timed("heads, rotary, permutes", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.d_normed.ptr))?;
+        self.timed("heads: backward", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.gain_terms.ptr))?;
         drop(grads);
         if c.qk_norm {
+            // gain_terms is `[T, heads_q + heads_kv, hd]`: the query heads' rows, then the key heads'.
             let heads = c.n_heads + c.n_kv_heads;
-            let dn_q = Rows { n: hd as i32, per_token: c.n_heads as i32, token_stride: (heads * hd) as i64 };
-            let x_q = Rows { n: hd as i32, per_token: c.n_heads as i32, token_stride: w as i64 };
-            self.timed("norms", || self.k.gain_grad(a.d_normed.ptr, dn_q, la.qkv.ptr, x_q, la.q_rstd.ptr, t * c.n_heads, a.partial.ptr, g.at(p.q_norm)))?;
-            let dn_k = Rows { per_token: c.n_kv_heads as i32, ..dn_q };
-            let x_k = Rows { per_token: c.n_kv_heads as i32, ..x_q };
-            self.timed("norms", || self.k.gain_grad(a.d_normed.at(qw), dn_k, la.qkv.at(qw), x_k, la.k_rstd.ptr, t * c.n_kv_heads, a.partial.ptr, g.at(p.k_norm)))?;
+            let q_rows = Rows { n: hd as i32, per_token: c.n_heads as i32, token_stride: (heads * hd) as i64 };
+            self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.ptr, q_rows, t * c.n_heads, a.partial.ptr, g.at(p.q_norm)))?;
+            let k_rows = Rows { per_token: c.n_kv_heads as i32, ..q_rows };
+            self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.at(qw), k_rows, t * c.n_kv_heads, a.partial.ptr, g.at(p.k_norm)))?;
         }
         self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32))?;
         self.timed("products: qkv dw", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;
-        self.timed("norms", || self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.attn_norm), d, t))
+        self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.attn_norm), d, t))
     }
 
     fn download_flat(&self, b: &Buf<f32>) -> Result<Weights> {

@@ -83,7 +83,7 @@ pub struct TrainKernels {
     embed_backward: CudaFunction,
     rmsnorm_forward: CudaFunction,
     rmsnorm_backward: CudaFunction,
-    gain_grad_partial: CudaFunction,
+    column_sum_partial: CudaFunction,
     sum_partials: CudaFunction,
     qkv_heads_forward: CudaFunction,
     qkv_heads_backward: CudaFunction,
@@ -150,7 +150,7 @@ impl TrainKernels {
             embed_backward: f(0, "embed_backward")?,
             rmsnorm_forward: f(0, "rmsnorm_forward")?,
             rmsnorm_backward: f(0, "rmsnorm_backward")?,
-            gain_grad_partial: f(0, "gain_grad_partial")?,
+            column_sum_partial: f(0, "column_sum_partial")?,
             sum_partials: f(0, "sum_partials")?,
             qkv_heads_forward: f(0, "qkv_heads_forward")?,
             qkv_heads_backward: f(0, "qkv_heads_backward")?,
@@ -207,16 +207,14 @@ impl TrainKernels {
         launch!(self, sum_partials, cfg, partial, out, n as i32, chunks as i32)
     }
 
-    /// `d_gain += Σ_rows dy ∘ x · rstd` through `partial` (≥ chunks × n floats of scratch).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gain_grad(&self, dy: u64, dy_rows: Rows, x: u64, x_rows: Rows, rstd: u64, rows: usize, partial: u64, d_gain: u64) -> Result<()> {
-        let n = x_rows.n as usize;
+    /// `out[c] += Σ_rows a[row, c]` through `partial` (≥ ⌈rows / GAIN_CHUNK_ROWS⌉ × n floats of scratch).
+    pub fn column_sums(&self, a: u64, a_rows: Rows, rows: usize, partial: u64, out: u64) -> Result<()> {
+        let n = a_rows.n as usize;
         let chunks = rows.div_ceil(GAIN_CHUNK_ROWS);
         // COL_TILE × ROW_LANES threads (layers.cu).
-        let tiles = n.div_ceil(32) as u32;
-        let cfg = LaunchConfig { grid_dim: (tiles, chunks as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
-        launch!(self, gain_grad_partial, cfg, dy, dy_rows, x, x_rows, rstd, partial, rows as i64, GAIN_CHUNK_ROWS as i32)?;
-        self.sum_partials(partial, d_gain, n, chunks)
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, chunks as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+        launch!(self, column_sum_partial, cfg, a, a_rows, partial, rows as i64, GAIN_CHUNK_ROWS as i32)?;
+        self.sum_partials(partial, out, n, chunks)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -225,8 +223,8 @@ impl TrainKernels {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn qkv_heads_backward(&self, d: HeadsDims, dq: u64, dk: u64, dv: u64, qkv: u64, q_gain: u64, k_gain: u64, q_rstd: u64, k_rstd: u64, cos: u64, sin: u64, d_qkv: u64, d_normed: u64) -> Result<()> {
-        launch!(self, qkv_heads_backward, warps(d.tokens() * d.slots()), d, dq, dk, dv, qkv, q_gain, k_gain, q_rstd, k_rstd, cos, sin, d_qkv, d_normed)
+    pub fn qkv_heads_backward(&self, d: HeadsDims, dq: u64, dk: u64, dv: u64, qkv: u64, q_gain: u64, k_gain: u64, q_rstd: u64, k_rstd: u64, cos: u64, sin: u64, d_qkv: u64, gain_terms: u64) -> Result<()> {
+        launch!(self, qkv_heads_backward, warps(d.tokens() * d.slots()), d, dq, dk, dv, qkv, q_gain, k_gain, q_rstd, k_rstd, cos, sin, d_qkv, gain_terms)
     }
 
     /// BF16 `[batch, heads, seq, hd]` → `[batch·seq, heads·hd]` (`to_tokens`) or back.
