@@ -427,45 +427,62 @@ __device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const Ti
 }
 
 // ---------------------------------------------------------------------------------------------
-// The staged path for the sagebwd product mix (#3, #4, #6, #7 INT8, #5 BF16; no Q-smoothing, no dQ
-// correction): the same arithmetic as mma_tile_*, reorganised around the key block.
+// The staged paths: the same arithmetic as mma_tile_*, reorganised around the key block. Two
+// product mixes have one: `sage` (#3, #4, #6, #7 INT8, #5 BF16; no Q-smoothing, no dQ correction:
+// the sagebwd preset) and `bf16` (#3 to #7 all BF16: the fpa preset; the switches act on INT8
+// products only, so they do not matter). Both share the skeleton `staged_backward_main<Path>`:
 //
-// - Stationary for the whole query loop (loaded once by cp.async): the K̂ tile [128 keys][d] (A of
-//   Sᵀ), the K̂ᵀ tile [d][128 keys] (B of dQ) and the BF16 V tile [128 keys][d] (A of dPᵀ).
-// - Per query block, double-buffered by cp.async (block qb + 1 loads while qb computes): Q̂ [64][d]
-//   (B of Sᵀ), dO [64][d] BF16 (B of dPᵀ), dÔᵀ [d][64] (B of dV), Q̂ᵀ [d][64] (B of dK), and the
-//   rows' L = lse2 − b_r and D by plain loads.
-// - Warp w owns keys 16w..16w+15 and computes the transposed tile Sᵀ = K̂ Q̂ᵀ, dPᵀ = V dOᵀ (16 keys ×
-//   64 query rows) in registers; P and dS stay in registers and, once the block knows the tile's
-//   amax, become P̂ᵀ and dŜᵀ as the A fragments of dV = P̂ᵀ dÔ and dK = dŜᵀ Q̂ directly. The query
-//   rows are fed to ldmatrix in the forward's permuted order (accumulator column n of n-tile nt is
-//   row qrow_of(nt, n)), which makes the accumulator layout equal the m16n8k32 A layout.
-// - dŜ goes once through shared memory (bytes, [64 rows][128 keys], swizzled) for dQ = dŜ K̂: warp w
-//   then owns rows 16(w mod 4).. × half of d and adds its tile to the FP32 accumulator with 8-byte
-//   vector reductions.
-// Two barriers per tile: operands (and the previous dŜ) ready; the tile's amax.
-// All operand tiles use XOR-swizzled 16-byte chunks, chosen so that each ldmatrix phase (8 rows of
-// one chunk column) and each dŜ byte store hits 8 distinct bank groups.
+// - Stationary for the whole query loop (loaded once by cp.async): the key block's operand tiles
+//   (sage: K̂ [128 keys][d] (A of Sᵀ), K̂ᵀ [d][128 keys] (B of dQ), BF16 V [128 keys][d] (A of dPᵀ);
+//   bf16: K [128][d] (A of Sᵀ, B of dQ read transposed), V [128][d] (A of dPᵀ)).
+// - Per query block, double-buffered by cp.async (block qb + 1 loads while qb computes): the
+//   block's operand tiles (sage: Q̂ [64][d] (B of Sᵀ), dO [64][d] BF16 (B of dPᵀ), dÔᵀ [d][64] (B of
+//   dV), Q̂ᵀ [d][64] (B of dK); bf16: Q [64][d] (B of Sᵀ; of dK read transposed), dO [64][d] (B of
+//   dPᵀ; of dV read transposed)), and the rows' L and D by plain loads.
+// - Warp w owns keys 16w..16w+15 and computes the transposed tile Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (16 keys ×
+//   64 query rows) in registers; P and dS stay in registers and become the A fragments of dV = Pᵀ dO
+//   and dK = dSᵀ Q directly (sage: P̂ᵀ and dŜᵀ, once the block knows the tile's amax; the query
+//   rows are fed to ldmatrix in the forward's permuted order, accumulator column n of n-tile nt is
+//   row qrow_of(nt, n), which makes the accumulator layout equal the m16n8k32 A layout. bf16: the
+//   accumulators of n-tiles 2ks, 2ks + 1 packed to bf16x2 are the m16n8k16 A fragment of k-step ks,
+//   natural row order, as in the forward's P·V).
+// - dS goes once through shared memory, double-buffered by query-block parity (sage: dŜ bytes
+//   [64 rows][128 keys]; bf16: bf16(dS)ᵀ [128 keys][64 rows], which the A fragments of dQ = dS K
+//   read transposed) for dQ: warp w then owns rows 16(w mod 4).. × half of d and adds its tile to
+//   the FP32 accumulator with 8-byte vector reductions. dQ of block qb − 1 runs at the end of
+//   iteration qb, from the other dS buffer.
+// Barriers per tile: one (operands, row constants and the previous dS ready), plus the tile amax's
+// for sage. All operand tiles use XOR-swizzled 16-byte chunks, chosen so that each ldmatrix phase
+// (8 rows of one chunk column) and each dS store hits 8 distinct bank groups.
 
-#define BF_QT (BLOCK_Q * HEAD_DIM)           // bytes of the Q̂ (also dÔᵀ, Q̂ᵀ) stage tile
-#define BF_KT (BLOCK_KV * HEAD_DIM)          // bytes of the K̂ (also K̂ᵀ) tile
-#define BF_OFF_KT BF_KT
-#define BF_OFF_V (2 * BF_KT)
-#define BF_OFF_STAGE (4 * BF_KT)             // after K̂, K̂ᵀ and V (2·BF_KT bytes)
-#define BF_ST_DO BF_QT                       // offsets inside one stage
-#define BF_ST_DOT (3 * BF_QT)
-#define BF_ST_QT (4 * BF_QT)
-#define BF_ST_ROWS (5 * BF_QT)               // float L[64], D[64]
-#define BF_STAGE_BYTES (5 * BF_QT + 2 * BLOCK_Q * 4)
-#define BF_OFF_DS (BF_OFF_STAGE + 2 * BF_STAGE_BYTES)
-#define BF_OFF_RED (BF_OFF_DS + 2 * BLOCK_Q * BLOCK_KV)  // dŜ double-buffered by query-block parity
-#define BWD_FAST_SMEM_BYTES (BF_OFF_RED + 2 * (THREADS / 32) * 4)
-#define BWD_GATHER_SMEM_BYTES ((int)sizeof(BackwardShared))
+// Dynamic shared memory of a staged path: the key block's tiles (KEY bytes), two query-block stages
+// (STAGE bytes of operand tiles, then L[64] and D[64] floats), two dS tiles of DS bytes, the amax
+// scratch. Mirrored by `staged_backward_smem_bytes` in src/backward.rs.
+template <int KEY, int STAGE, int DS>
+struct StagedLayout {
+    static constexpr int stage0 = KEY;                        // stage 0; stage 1 follows
+    static constexpr int rows = STAGE;                        // L, D inside a stage
+    static constexpr int stage_bytes = STAGE + 2 * BLOCK_Q * 4;
+    static constexpr int ds0 = KEY + 2 * stage_bytes;         // dS tile 0; tile 1 follows
+    static constexpr int ds_bytes = DS;
+    static constexpr int red = ds0 + 2 * DS;
+    static constexpr int bytes = red + 2 * (THREADS / 32) * 4;
+};
 
-// Whether the staged path takes these flags (the host's `staged_backward` in src/backward.rs).
-__device__ __forceinline__ bool bwd_fast_path(int flags) {
-    const int mask = F_QK_BWD | F_DV | F_DP | F_DQ | F_DK | F_SMOOTH_Q | F_DQ_CORR;
-    return (flags & mask) == (F_QK_BWD | F_DV | F_DQ | F_DK);
+#define BF_QT (BLOCK_Q * HEAD_DIM)           // bytes of an INT8 [64][d] tile (a BF16 one is twice that)
+#define BF_KT (BLOCK_KV * HEAD_DIM)          // bytes of an INT8 [128][d] tile
+#define BF_ROW (2 * HEAD_DIM)                // bytes of one BF16 row of d values
+
+// Which path `sage_bwd_main_mma` takes (the host's `staged_backward` in src/backward.rs).
+#define BWD_GATHER 0
+#define BWD_STAGED_SAGE 1
+#define BWD_STAGED_BF16 2
+__device__ __forceinline__ int bwd_fast_path(int flags) {
+    const int products = F_QK_BWD | F_DV | F_DP | F_DQ | F_DK;
+    const int mask = products | F_SMOOTH_Q | F_DQ_CORR;
+    if ((flags & mask) == (F_QK_BWD | F_DV | F_DQ | F_DK)) return BWD_STAGED_SAGE;
+    if ((flags & products) == 0) return BWD_STAGED_BF16;
+    return BWD_GATHER;
 }
 
 // Swizzles (common.cuh): physical 16-byte chunk of logical chunk c in row `row` of each tile.
@@ -475,7 +492,7 @@ __device__ __forceinline__ int swz_key_bf16(int row, int c) { return swz_rows8(r
 // Q̂ / dO (B operands read in the permuted row order: rows base + {0, 1, 4, 5, 8, 9, 12, 13}).
 __device__ __forceinline__ int swz_qrow_i8(int row, int c) { return swz_i8_permuted(row, c); }
 __device__ __forceinline__ int swz_qrow_bf16(int row, int c) { return swz_permuted(row, c); }
-// dÔᵀ / Q̂ᵀ: [d][64] (64-byte rows); K̂ᵀ: [d][128] (128-byte rows).
+// dÔᵀ / Q̂ᵀ: [d][64] (64-byte rows); K̂ᵀ: [d][128] (128-byte rows); bf16(dS)ᵀ [128][64 BF16].
 __device__ __forceinline__ int swz_t64(int row, int c) { return swz_rows8_half(row, c); }
 __device__ __forceinline__ int swz_t128(int row, int c) { return swz_rows8(row, c); }
 // dŜ [64][128] bytes: conflict-free for ldmatrix (8 consecutive rows) and for the byte stores of
@@ -484,6 +501,9 @@ __device__ __forceinline__ int swz_ds(int row, int c) { return c ^ ((row & 7) ^ 
 
 // Query row (0..63) of accumulator column n of n-tile nt in the permuted order (as the forward's keys).
 __device__ __forceinline__ int qrow_of(int nt, int n) { return 16 * (nt >> 1) + 2 * (nt & 1) + 4 * (n >> 1) + (n & 1); }
+// ... in the permuted (sage) or natural (bf16) order.
+template <bool PERMUTED>
+__device__ __forceinline__ int tile_row(int nt, int n) { return PERMUTED ? qrow_of(nt, n) : 8 * nt + n; }
 
 struct SwzKeyI8 { __device__ int operator()(int r, int c) const { return swz_key_i8(r, c); } };
 struct SwzKeyBf16 { __device__ int operator()(int r, int c) const { return swz_key_bf16(r, c); } };
@@ -507,33 +527,24 @@ __device__ __forceinline__ void stage_rows(u32 dst, const void* src, long stride
     }
 }
 
-// The key block's stationary tiles: K̂, K̂ᵀ, V (rows past n_k zero; K̂ᵀ columns past n_k are read as
-// they are and meet dŜ = 0).
-__device__ void stage_key_block(const BackwardParams& p, u32 smem, int bh_kv, int kb) {
-    const Dims& d = p.dims;
-    const int key0 = kb * BLOCK_KV, valid = d.n_k - key0;
-    const long row0 = (long)bh_kv * d.n_k + key0;
-    stage_rows<BLOCK_KV, HEAD_DIM / 16>(smem, p.op.k_hat + row0 * HEAD_DIM, HEAD_DIM, valid, SwzKeyI8());
-    stage_rows<HEAD_DIM, BLOCK_KV / 16>(smem + BF_OFF_KT, p.tr.k_hat_t + (long)bh_kv * HEAD_DIM * d.n_kpad + key0,
-                                        d.n_kpad, HEAD_DIM, SwzT128());
-    stage_rows<BLOCK_KV, HEAD_DIM / 8>(smem + BF_OFF_V, p.v + row0 * HEAD_DIM, 2 * HEAD_DIM, valid, SwzKeyBf16());
+// [128][d] BF16 rows of the key block (rows past n_k zero) and [64][d] BF16 rows of query block qb
+// (rows past n_q zero), natural row order unless given another swizzle.
+template <class Swz = SwzKeyBf16>
+__device__ __forceinline__ void stage_key_rows_bf16(u32 dst, const u16* x, const Dims& d, int bh_kv, int kb,
+                                                    Swz swz = Swz()) {
+    const int key0 = kb * BLOCK_KV;
+    stage_rows<BLOCK_KV, HEAD_DIM / 8>(dst, x + ((long)bh_kv * d.n_k + key0) * HEAD_DIM, BF_ROW, d.n_k - key0, swz);
+}
+template <class Swz = SwzKeyBf16>
+__device__ __forceinline__ void stage_query_rows_bf16(u32 dst, const u16* x, const Dims& d, int bh, int qb,
+                                                      Swz swz = Swz()) {
+    const int row0 = qb * BLOCK_Q;
+    stage_rows<BLOCK_Q, HEAD_DIM / 8>(dst, x + ((long)bh * d.n_q + row0) * HEAD_DIM, BF_ROW, d.n_q - row0, swz);
 }
 
-// Query block qb's operand tiles into stage `st` (Q̂, dO rows past n_q zero; the transposed copies
-// are n_qpad long, entries past n_q meet P̂ = dŜ = 0).
-__device__ void stage_query_block(const BackwardParams& p, u32 st, int bh, int qb) {
-    const Dims& d = p.dims;
-    const int row0 = qb * BLOCK_Q, valid = d.n_q - row0;
-    const long q_off = ((long)bh * d.n_q + row0) * HEAD_DIM;
-    const long t_off = (long)bh * HEAD_DIM * d.n_qpad + row0;
-    stage_rows<BLOCK_Q, HEAD_DIM / 16>(st, p.op.q_hat + q_off, HEAD_DIM, valid, SwzQrowI8());
-    stage_rows<BLOCK_Q, HEAD_DIM / 8>(st + BF_ST_DO, p.d_o + q_off, 2 * HEAD_DIM, valid, SwzQrowBf16());
-    stage_rows<HEAD_DIM, BLOCK_Q / 16>(st + BF_ST_DOT, p.tr.do_hat_t + t_off, d.n_qpad, HEAD_DIM, SwzT64());
-    stage_rows<HEAD_DIM, BLOCK_Q / 16>(st + BF_ST_QT, p.tr.q_hat_t + t_off, d.n_qpad, HEAD_DIM, SwzT64());
-}
-
-// L = fl(lse2 − b_r) (INT8 #3) and D of row `rl` of query block qb (threads 0..63); L = +∞, D = 0
-// past n_q, so that P = exp2(t − L) = 0 and dS = 0 there without a mask.
+// L and D of row `rl` of query block qb (threads 0..63): L = fl(lse2 − b_r) after an INT8 #3 (its
+// scores are of the smoothed K, lower than the true ones by b_r, §5), lse2 after a BF16 #3;
+// L = +∞, D = 0 past n_q, so that P = exp2(t − L) = 0 and dS = 0 there without a mask.
 struct RowConsts {
     float L, D;
 };
@@ -544,14 +555,18 @@ __device__ __forceinline__ RowConsts load_row_consts(const BackwardParams& p, in
     const int r = qb * BLOCK_Q + rl;
     if (r < p.dims.n_q) {
         const long row = (long)bh * p.dims.n_q + r;
-        rc.L = __fsub_rn(p.lse2[row], p.op.row_offset[row]);
+        rc.L = (p.flags & F_QK_BWD) ? __fsub_rn(p.lse2[row], p.op.row_offset[row]) : p.lse2[row];
         rc.D = p.delta[row];
     }
     return rc;
 }
+__device__ __forceinline__ void store_row_consts(float* rows, const RowConsts& rc) {
+    rows[threadIdx.x] = rc.L;
+    rows[BLOCK_Q + threadIdx.x] = rc.D;
+}
 
 // Block-wide max of two non-negative values; `red` holds 2·(THREADS/32) floats. The caller's
-// barriers keep `red` from being rewritten before everyone has read it (see sage_bwd_main_fast).
+// barriers keep `red` from being rewritten before everyone has read it (see staged_backward_main).
 __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -571,182 +586,166 @@ __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
     }
 }
 
-// Sᵀ (INT32) and dPᵀ (FP32) of the warp's 16 keys × the 64 rows of the stage, permuted row order.
-// Every ldmatrix address is a per-lane base plus a compile-time offset: the swizzle term of a lane
-// does not depend on the n-tile (the rows qrow_of(nt, r) of one lane agree in the bits it uses).
-__device__ __forceinline__ void tile_st_dpt(u32 smem, u32 st, int (*s_acc)[4], float (*dp)[4]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
-    const int key_row = warp * 16 + (mi & 1) * 8 + r;  // A rows (ldmatrix matrices 0/1: keys 0-7 / 8-15)
-    const int q_row = qrow_of(0, r);                    // B rows of n-tile 0; n-tile nt adds qrow_of(nt, 0)
-#if HEAD_DIM == 128
-    const int key_x = r, q_x = r;  // swz_key_i8 / swz_qrow_i8 terms of this lane's rows
-#else
-    const int key_x = r >> 1, q_x = r >> 1;
-#endif
+__device__ __forceinline__ void mma_acc(int* c, const u32* a, const u32* b) { mma_s8(c, a, b); }
+__device__ __forceinline__ void mma_acc(float* c, const u32* a, const u32* b) { mma_bf16(c, a, b); }
+
+// acc[nt] = the warp's 16 keys (A: rows of a [key][CH chunks] tile) × the 64 query rows of n-tiles
+// nt = 0..7 (B: rows of a [row][CH chunks] stage tile, in the permuted or natural order), summed over
+// all CH chunks: INT8 m16n8k32 or BF16 m16n8k16 by the accumulator type; either way one k-step is 2
+// chunks, so one ldmatrix.x4 of B serves two k-steps. a_lane / b_lane: this lane's ldmatrix row
+// (keys 8·(mi mod 2) + r; n-tile 0's row r), a_x / b_x: its swizzle term, which the rows of later
+// n-tiles and k-steps share, so every address is a per-lane base plus a compile-time offset.
+template <int CH, int ROW_BYTES, bool PERMUTED, class Acc>
+__device__ __forceinline__ void keys_by_rows(Acc (*acc)[4], u32 a_lane, int a_x, u32 b_lane, int b_x) {
+    const int mi = (threadIdx.x & 31) >> 3;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0;
+#pragma unroll
+    for (int cg = 0; cg < CH / 4; ++cg) {
+        u32 a[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ldmatrix_x4(a[h], a_lane + (((4 * cg + 2 * h + (mi >> 1)) ^ a_x) << 4));
+        const u32 b_cg = b_lane + (((4 * cg + mi) ^ b_x) << 4);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            u32 b[4];
+            ldmatrix_x4(b, b_cg + tile_row<PERMUTED>(nt, 0) * ROW_BYTES);
+            mma_acc(acc[nt], a[0], b);
+            mma_acc(acc[nt], a[1], b + 2);
+        }
+    }
+}
+
+// P = exp2(fl(fl(S·scale) − L)) and dS = fl(P·fl(dP − D)) of the warp's transposed tile (s: the Sᵀ
+// accumulators, scale = fl(fl(s_Q·cλ)·s_K) for INT8, cλ for BF16; dp in, dS out), masked → 0; rows
+// past n_q need no mask (L = +∞, D = 0).
+template <bool PERMUTED, class Acc>
+__device__ __forceinline__ void tile_p_ds_regs(const Dims& d, const float* rows, int qb, const Acc (*s)[4],
+                                               float scale, float (*prob)[4], float (*ds)[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wkey0 = blockIdx.x * BLOCK_KV + (threadIdx.x >> 5) * 16;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int rl = tile_row<PERMUTED>(nt, 2 * t);  // rows rl, rl + 1 (even: one 8-byte load each)
+        const float2 L = *(const float2*)(rows + rl), D = *(const float2*)(rows + BLOCK_Q + rl);
+#pragma unroll
         for (int e = 0; e < 4; ++e) {
-            s_acc[nt][e] = 0;
-            dp[nt][e] = 0.0f;
-        }
-    // Sᵀ = K̂ Q̂ᵀ, two k-steps (64 of d) per ldmatrix of B.
-    const u32 ka_base = smem + key_row * HEAD_DIM, qb_base = st + q_row * HEAD_DIM;
-#pragma unroll
-    for (int cg = 0; cg < HEAD_DIM / 64; ++cg) {
-        u32 ka[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) ldmatrix_x4(ka[h], ka_base + (((4 * cg + 2 * h + (mi >> 1)) ^ key_x) << 4));
-        const u32 b_lane = qb_base + (((4 * cg + mi) ^ q_x) << 4);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            u32 b[4];
-            ldmatrix_x4(b, b_lane + qrow_of(nt, 0) * HEAD_DIM);
-            mma_s8(s_acc[nt], ka[0], b);
-            mma_s8(s_acc[nt], ka[1], b + 2);
+            const float t_score = __fmul_rn((float)s[nt][e], scale);
+            prob[nt][e] = exp2f(__fsub_rn(t_score, (e & 1) ? L.y : L.x));                    // exp2(t − L)
+            ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));  // fl(P·fl(dP − D))
         }
     }
-    // dPᵀ = V dOᵀ (BF16, FP32 sums in any order), two k-steps (32 of d) per ldmatrix of B.
-    const u32 va_base = smem + BF_OFF_V + key_row * 2 * HEAD_DIM, do_base = st + BF_ST_DO + q_row * 2 * HEAD_DIM;
+    const int last_key = wkey0 + 15;
+    const bool need_mask = last_key >= d.n_k || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q));
+    if (need_mask) {  // warp-uniform: only tiles on the diagonal or past n_k
 #pragma unroll
-    for (int cg = 0; cg < HEAD_DIM / 32; ++cg) {
-        u32 va[2][4];
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) ldmatrix_x4(va[h], va_base + (((4 * cg + 2 * h + (mi >> 1)) ^ r) << 4));
-        const u32 b_lane = do_base + (((4 * cg + mi) ^ r) << 4);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            u32 b[4];
-            ldmatrix_x4(b, b_lane + qrow_of(nt, 0) * 2 * HEAD_DIM);
-            mma_bf16(dp[nt], va[0], b);
-            mma_bf16(dp[nt], va[1], b + 2);
-        }
+            for (int e = 0; e < 4; ++e)
+                if (!visible(d, qb * BLOCK_Q + tile_row<PERMUTED>(nt, 2 * t + (e & 1)), wkey0 + g + 8 * (e >> 1)))
+                    prob[nt][e] = ds[nt][e] = 0.0f;
     }
 }
 
-// acc[nd] (16 keys × 8 columns per d-tile) = A (the warp's P̂ᵀ or dŜᵀ, 16 keys × 64 rows) · B, B
-// from a [d][64] stage tile (dÔᵀ or Q̂ᵀ); out[nd][e] = fl(out + fl(float(acc)·scale)).
-__device__ __forceinline__ void tile_key_product(u32 bt, const u32 (*a)[4], float scale, float (*out)[4]) {
-    const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+// Adds the 16 × 16 dQ columns c..c + 15 of the warp's rows (acc[0]: columns c.., acc[1]: c + 8..) to
+// the FP32 accumulator, rows past n_q skipped. dq_lo: this lane's first element (row r_lo).
+__device__ __forceinline__ void red_add_dq16(const Dims& d, float* dq_lo, int r_lo, const float (*v)[4]) {
 #pragma unroll
-    for (int nd = 0; nd < HEAD_DIM / 8; ++nd) {
-        const int row = nd * 8 + r;
-        u32 b[4];
-        ldmatrix_x4(b, bt + row * BLOCK_Q + (swz_t64(row, mi) << 4));
-        int acc[4] = {0, 0, 0, 0};
-        mma_s8(acc, a[0], b);
-        mma_s8(acc, a[1], b + 2);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) out[nd][e] = __fadd_rn(out[nd][e], __fmul_rn(i2f_exact(acc[e]), scale));
+    for (int j = 0; j < 2; ++j) {
+        if (r_lo < d.n_q) red_add_f32x2(dq_lo + 8 * j, v[j][0], v[j][1]);
+        if (r_lo + 8 < d.n_q) red_add_f32x2(dq_lo + 8 * HEAD_DIM + 8 * j, v[j][2], v[j][3]);
     }
 }
 
-// dQ += dŜ K̂ for rows 16(w mod 4).. and columns (w div 4)·d/2.. of the tile (dŜ at shared address
-// ds_tile), by vector reductions into the FP32 accumulator (rows past n_q skipped).
-__device__ __forceinline__ void tile_dq_fast(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh,
-                                             int qb) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
-    const int r_loc0 = (warp & 3) * 16, c0 = (warp >> 2) * (HEAD_DIM / 2);
-    const int a_row = r_loc0 + (mi & 1) * 8 + r;
-    u32 da[BLOCK_KV / 32][4];
+// This lane's first dQ row (r_lo; r_lo + 8 is its other) and element for the warp's dQ tile:
+// rows 16(w mod 4).. of block qb, columns (w div 4)·d/2 + 2t...
+__device__ __forceinline__ float* dq_lane_ptr(const BackwardParams& p, int bh, int qb, int& r_lo) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    r_lo = qb * BLOCK_Q + (warp & 3) * 16 + (lane >> 2);
+    return p.dq_acc + ((long)bh * p.dims.n_q + r_lo) * HEAD_DIM + (warp >> 2) * (HEAD_DIM / 2) + 2 * (lane & 3);
+}
+
+// One query block's tile, as the paths see it.
+struct StagedTile {
+    u32 smem;           // shared address of the dynamic allocation
+    u32 st;             // this block's stage
+    const float* rows;  // its L[64], D[64]
+    unsigned char* ds;  // its dS tile (generic pointer)
+    float* red;         // the amax scratch
+    int bh, bh_kv, qb;  // (batch, query head), its kv head, the query block
+};
+
+// ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
+struct StagedSage {
+    // Key block: K̂, K̂ᵀ (BF_KT bytes each), V (2·BF_KT); stage: Q̂, dO (2·BF_QT), dÔᵀ, Q̂ᵀ; dŜ bytes.
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV> Layout;
+    static constexpr int kt = BF_KT, v = 2 * BF_KT;                   // offsets in the key block
+    static constexpr int d_o = BF_QT, dot = 3 * BF_QT, qt = 4 * BF_QT;  // offsets in a stage
+
+    // K̂ᵀ columns past n_k are read as they are and meet dŜ = 0.
+    static __device__ __forceinline__ void stage_key_block(const BackwardParams& p, u32 smem, int bh_kv, int kb) {
+        const Dims& d = p.dims;
+        const int key0 = kb * BLOCK_KV;
+        stage_rows<BLOCK_KV, HEAD_DIM / 16>(smem, p.op.k_hat + ((long)bh_kv * d.n_k + key0) * HEAD_DIM, HEAD_DIM,
+                                            d.n_k - key0, SwzKeyI8());
+        stage_rows<HEAD_DIM, BLOCK_KV / 16>(smem + kt, p.tr.k_hat_t + (long)bh_kv * HEAD_DIM * d.n_kpad + key0,
+                                            d.n_kpad, HEAD_DIM, SwzT128());
+        stage_key_rows_bf16(smem + v, p.v, d, bh_kv, kb);
+    }
+
+    // The transposed copies are n_qpad long; entries past n_q meet P̂ = dŜ = 0.
+    static __device__ __forceinline__ void stage_query_block(const BackwardParams& p, u32 st, int bh, int qb) {
+        const Dims& d = p.dims;
+        const int row0 = qb * BLOCK_Q;
+        const long t_off = (long)bh * HEAD_DIM * d.n_qpad + row0;
+        stage_rows<BLOCK_Q, HEAD_DIM / 16>(st, p.op.q_hat + ((long)bh * d.n_q + row0) * HEAD_DIM, HEAD_DIM,
+                                           d.n_q - row0, SwzQrowI8());
+        stage_query_rows_bf16(st + d_o, p.d_o, d, bh, qb, SwzQrowBf16());
+        stage_rows<HEAD_DIM, BLOCK_Q / 16>(st + dot, p.tr.do_hat_t + t_off, d.n_qpad, HEAD_DIM, SwzT64());
+        stage_rows<HEAD_DIM, BLOCK_Q / 16>(st + qt, p.tr.q_hat_t + t_off, d.n_qpad, HEAD_DIM, SwzT64());
+    }
+
+    // acc[nd] (16 keys × 8 columns per d-tile) = A (the warp's P̂ᵀ or dŜᵀ, 16 keys × 64 rows) · B, B
+    // from a [d][64] stage tile (dÔᵀ or Q̂ᵀ); out[nd][e] = fl(out + fl(float(acc)·scale)).
+    static __device__ __forceinline__ void key_product(u32 bt, const u32 (*a)[4], float scale, float (*out)[4]) {
+        const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
 #pragma unroll
-    for (int ks = 0; ks < BLOCK_KV / 32; ++ks)
-        ldmatrix_x4(da[ks], ds_tile + a_row * BLOCK_KV + (swz_ds(a_row, 2 * ks + (mi >> 1)) << 4));
-    const int g = lane >> 2, t = lane & 3;
-    const int r_lo = qb * BLOCK_Q + r_loc0 + g, r_hi = r_lo + 8;
-    float* dq_lo = p.dq_acc + ((long)bh * p.dims.n_q + r_lo) * HEAD_DIM + c0 + 2 * t;
-    float* dq_hi = dq_lo + 8 * HEAD_DIM;
-#pragma unroll
-    for (int nd = 0; nd < HEAD_DIM / 16; ++nd) {
-        const int row = c0 + nd * 8 + r;  // K̂ᵀ row = column of dQ
-        int acc[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int cg = 0; cg < BLOCK_KV / 64; ++cg) {
+        for (int nd = 0; nd < HEAD_DIM / 8; ++nd) {
+            const int row = nd * 8 + r;
             u32 b[4];
-            ldmatrix_x4(b, smem + BF_OFF_KT + row * BLOCK_KV + (swz_t128(row, 4 * cg + mi) << 4));
-            mma_s8(acc, da[2 * cg], b);
-            mma_s8(acc, da[2 * cg + 1], b + 2);
+            ldmatrix_x4(b, bt + row * BLOCK_Q + (swz_t64(row, mi) << 4));
+            int acc[4] = {0, 0, 0, 0};
+            mma_s8(acc, a[0], b);
+            mma_s8(acc, a[1], b + 2);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) out[nd][e] = __fadd_rn(out[nd][e], __fmul_rn(i2f_exact(acc[e]), scale));
         }
-        if (r_lo < p.dims.n_q)
-            red_add_f32x2(dq_lo + nd * 8, __fmul_rn(i2f_exact(acc[0]), scale), __fmul_rn(i2f_exact(acc[1]), scale));
-        if (r_hi < p.dims.n_q)
-            red_add_f32x2(dq_hi + nd * 8, __fmul_rn(i2f_exact(acc[2]), scale), __fmul_rn(i2f_exact(acc[3]), scale));
-    }
-}
-
-__device__ void sage_bwd_main_fast(const BackwardParams& p, unsigned char* smem_ptr) {
-    const Dims& d = p.dims;
-    const int kb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int bh_kv = kv_head_of(d, bh);
-    const u32 smem = smem_addr(smem_ptr);
-    float* red = (float*)(smem_ptr + BF_OFF_RED);
-    const int key0 = kb * BLOCK_KV, wkey0 = key0 + warp * 16;
-    const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
-
-    float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
-#pragma unroll
-    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
-
-    const int qb0 = query_block_begin(d, kb);
-    if (qb0 < d.n_qblk) {
-        stage_key_block(p, smem, bh_kv, kb);
-        stage_query_block(p, smem + BF_OFF_STAGE, bh, qb0);
-    }
-    cp_async_commit();
-    if (threadIdx.x < BLOCK_Q && qb0 < d.n_qblk) {
-        const RowConsts rc = load_row_consts(p, bh, qb0, threadIdx.x);
-        float* rows = (float*)(smem_ptr + BF_OFF_STAGE + BF_ST_ROWS);
-        rows[threadIdx.x] = rc.L;
-        rows[BLOCK_Q + threadIdx.x] = rc.D;
     }
 
-    // Two barriers per tile. dŜ of block qb is complete at barrier (a) of block qb + 1, so dQ of block
-    // qb − 1 runs at the end of iteration qb (where few registers are live), from the other dŜ buffer.
-    // Block qb + 1 is staged after (a), when every warp is done with its buffer (read last by qb − 1).
-    float dq_scale = 0.0f;  // fl(s_dŜ·s_K) of the pending dQ tile
-    for (int qb = qb0; qb < d.n_qblk; ++qb) {
-        const int buf = (qb - qb0) & 1;
-        const u32 st = smem + BF_OFF_STAGE + buf * BF_STAGE_BYTES;
-        const bool has_next = qb + 1 < d.n_qblk;
-        const float s_q = p.op.q_scale[bh * d.n_qblk + qb], s_do = p.do_scale[bh * d.n_qblk + qb];
+    // Sᵀ, dPᵀ → P, dS → P̂ᵀ, dŜᵀ (A fragments; k-step s: rows 32s.., see qrow_of) once the block knows
+    // the tile amax; dŜ bytes to shared memory; dV += P̂ᵀ dÔ (#4), dK += dŜᵀ Q̂ (#7), per-tile scales
+    // (§2.3). Returns the dQ tile's scale fl(s_dŜ·s_K).
+    static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
+                                                 float (*dk)[4]) {
+        const Dims& d = p.dims;
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+        const int g = lane >> 2, t = lane & 3;
+        const float s_q = p.op.q_scale[x.bh * d.n_qblk + x.qb], s_do = p.do_scale[x.bh * d.n_qblk + x.qb];
+        const float s_k = p.op.k_scale[x.bh_kv * d.n_kblk + blockIdx.x];
         const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
-        cp_async_wait<0>();  // this thread's copies of block qb are done
-        __syncthreads();     // (a) everyone's copies, row constants and dŜ of block qb − 1 are visible
-        if (has_next) stage_query_block(p, smem + BF_OFF_STAGE + (buf ^ 1) * BF_STAGE_BYTES, bh, qb + 1);
-        cp_async_commit();
-        RowConsts next_rc = {pos_inf(), 0.0f};
-        if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
 
-        // Sᵀ, dPᵀ → P, dS in registers (permuted rows), with the tile's amax.
         int s_acc[8][4];
         float ds[8][4];
-        tile_st_dpt(smem, st, s_acc, ds);
-        const float* rows = (const float*)(smem_ptr + BF_OFF_STAGE + buf * BF_STAGE_BYTES + BF_ST_ROWS);
-        const int last_key = wkey0 + 15;
-        const bool need_mask = last_key >= d.n_k || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q));
+        {
+            const int key_row = warp * 16 + (mi & 1) * 8 + r, q_row = qrow_of(0, r);
+            const int x8 = HEAD_DIM == 128 ? r : r >> 1;  // swz_key_i8 / swz_qrow_i8 terms of this lane's rows
+            keys_by_rows<HEAD_DIM / 16, HEAD_DIM, true>(s_acc, x.smem + key_row * HEAD_DIM, x8, x.st + q_row * HEAD_DIM, x8);
+            keys_by_rows<HEAD_DIM / 8, BF_ROW, true>(ds, x.smem + v + key_row * BF_ROW, r, x.st + d_o + q_row * BF_ROW, r);
+        }
         float prob[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            const int rl = qrow_of(nt, 2 * t);  // rows rl, rl + 1 (even: one 8-byte load each)
-            const float2 L = *(const float2*)(rows + rl), D = *(const float2*)(rows + BLOCK_Q + rl);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float t_score = __fmul_rn((float)s_acc[nt][e], s_qk);
-                prob[nt][e] = exp2f(__fsub_rn(t_score, (e & 1) ? L.y : L.x));                       // exp2(t − L)
-                ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));  // fl(P·fl(dP − D))
-            }
-        }
-        if (need_mask) {  // warp-uniform: only tiles on the diagonal or past n_k
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (!visible(d, qb * BLOCK_Q + qrow_of(nt, 2 * t + (e & 1)), wkey0 + g + 8 * (e >> 1)))
-                        prob[nt][e] = ds[nt][e] = 0.0f;
-        }
+        tile_p_ds_regs<true>(d, x.rows, x.qb, s_acc, s_qk, prob, ds);
         float amax_p = 0.0f, amax_ds = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
@@ -755,22 +754,20 @@ __device__ void sage_bwd_main_fast(const BackwardParams& p, unsigned char* smem_
                 amax_p = fmaxf(amax_p, prob[nt][e]);
                 amax_ds = fmaxf(amax_ds, fabsf(ds[nt][e]));
             }
-        block_max2(amax_p, amax_ds, red);  // (b)
+        block_max2(amax_p, amax_ds, x.red);  // (b)
         const GroupScale sc_p = group_scale(amax_p), sc_ds = group_scale(amax_ds);
 
-        // P̂ᵀ, dŜᵀ as A fragments (k-step s: rows 32s.., see qrow_of); dŜ bytes to shared memory.
         u32 pa[2][4], da[2][4];
-        // dŜ byte addresses of this lane for rows 4t + 2b + x (b = n-tile parity, x = column parity)
+        // dŜ byte addresses of this lane for rows 4t + 2b + c (b = n-tile parity, c = column parity)
         // at key 16w + g; other n-tiles and keys g + 8 are compile-time offsets (16 rows keep the
         // swizzle term).
         unsigned char* ds_out[4];
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
-            for (int x = 0; x < 2; ++x) {
-                const int row = 4 * t + 2 * b + x;
-                ds_out[2 * b + x] = smem_ptr + BF_OFF_DS + buf * (BLOCK_Q * BLOCK_KV) + row * BLOCK_KV +
-                                    (swz_ds(row, warp) << 4) + g;
+            for (int c = 0; c < 2; ++c) {
+                const int row = 4 * t + 2 * b + c;
+                ds_out[2 * b + c] = x.ds + row * BLOCK_KV + (swz_ds(row, warp) << 4) + g;
             }
 #pragma unroll
         for (int s = 0; s < 2; ++s)
@@ -790,23 +787,202 @@ __device__ void sage_bwd_main_fast(const BackwardParams& p, unsigned char* smem_
                     for (int i = 0; i < 4; ++i)
                         ds_out[(i >> 1) * 2 + (i & 1)][16 * (n0 >> 1) * BLOCK_KV + 8 * h] = (unsigned char)qd[i];
                 }
+        key_product(x.st + dot, pa, __fmul_rn(sc_p.scale, s_do), dv);
+        key_product(x.st + qt, da, __fmul_rn(sc_ds.scale, s_q), dk);
+        return __fmul_rn(sc_ds.scale, s_k);
+    }
 
-        // dV += P̂ᵀ dÔ (#4), dK += dŜᵀ Q̂ (#7), per-tile scales (§2.3).
-        tile_key_product(st + BF_ST_DOT, pa, __fmul_rn(sc_p.scale, s_do), dv);
-        tile_key_product(st + BF_ST_QT, da, __fmul_rn(sc_ds.scale, s_q), dk);
-        if (has_next && threadIdx.x < BLOCK_Q) {
-            float* nrows = (float*)(smem_ptr + BF_OFF_STAGE + (buf ^ 1) * BF_STAGE_BYTES + BF_ST_ROWS);
-            nrows[threadIdx.x] = next_rc.L;
-            nrows[BLOCK_Q + threadIdx.x] = next_rc.D;
+    // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile).
+    static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+        const int c0 = (warp >> 2) * (HEAD_DIM / 2);
+        const int a_row = (warp & 3) * 16 + (mi & 1) * 8 + r;
+        u32 da[BLOCK_KV / 32][4];
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_KV / 32; ++ks)
+            ldmatrix_x4(da[ks], ds_tile + a_row * BLOCK_KV + (swz_ds(a_row, 2 * ks + (mi >> 1)) << 4));
+        int r_lo;
+        float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
+#pragma unroll
+        for (int np = 0; np < HEAD_DIM / 32; ++np) {
+            float val[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int row = c0 + (2 * np + j) * 8 + r;  // K̂ᵀ row = column of dQ
+                int acc[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int cg = 0; cg < BLOCK_KV / 64; ++cg) {
+                    u32 b[4];
+                    ldmatrix_x4(b, smem + kt + row * BLOCK_KV + (swz_t128(row, 4 * cg + mi) << 4));
+                    mma_s8(acc, da[2 * cg], b);
+                    mma_s8(acc, da[2 * cg + 1], b + 2);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) val[j][e] = __fmul_rn(i2f_exact(acc[e]), scale);
+            }
+            red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, val);
         }
-        if (qb > qb0) tile_dq_fast(p, smem, smem + BF_OFF_DS + (buf ^ 1) * (BLOCK_Q * BLOCK_KV), dq_scale, bh, qb - 1);
-        dq_scale = __fmul_rn(sc_ds.scale, s_k);
+    }
+};
+
+// ---- bf16: #3 to #7 all BF16 ---------------------------------------------------------------------
+// acc[n] (16 rows × 8 columns, n = 0..2·NP − 1) += a (KS k-steps of 16 in registers, A fragments) ·
+// B, B from a BF16 tile of BF_ROW-byte rows read transposed (k = tile row, n = tile column): tile
+// rows 16ks.. for k-step ks, columns 8·chunk0.. (swizzle swz_rows8). Lane (mi, r) addresses row
+// 16ks + 8·(mi mod 2) + r, chunk chunk0 + 2np + mi / 2: the x4 load gives the B fragments of
+// n-tiles 2np, 2np + 1.
+// k-steps outer: consecutive mma go to different accumulators.
+template <int KS, int NP>
+__device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[4], u32 tile, int chunk0) {
+    const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+    const u32 lane_row = tile + (8 * (mi & 1) + r) * BF_ROW;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int np = 0; np < NP; ++np) {
+            u32 b[4];
+            ldmatrix_x4_trans(b, lane_row + ks * 16 * BF_ROW + (((chunk0 + 2 * np + (mi >> 1)) ^ r) << 4));
+            mma_bf16(acc[2 * np], a[ks], b);
+            mma_bf16(acc[2 * np + 1], a[ks], b + 2);
+        }
+}
+
+struct StagedBf16 {
+    // Key block: K, V (2·BF_KT bytes each); stage: Q, dO (2·BF_QT each); bf16(dS)ᵀ [128][64].
+    typedef StagedLayout<4 * BF_KT, 4 * BF_QT, 2 * BLOCK_Q * BLOCK_KV> Layout;
+    static constexpr int v = 2 * BF_KT;   // offset in the key block
+    static constexpr int d_o = 2 * BF_QT; // offset in a stage
+    static constexpr int DST_ROW = 2 * BLOCK_Q;  // bytes of one bf16(dS)ᵀ row (a key's 64 rows)
+
+    // The original inputs: BF16 products never see the smoothed K (§1).
+    static __device__ __forceinline__ void stage_key_block(const BackwardParams& p, u32 smem, int bh_kv, int kb) {
+        stage_key_rows_bf16(smem, p.op.k, p.dims, bh_kv, kb);
+        stage_key_rows_bf16(smem + v, p.v, p.dims, bh_kv, kb);
+    }
+    static __device__ __forceinline__ void stage_query_block(const BackwardParams& p, u32 st, int bh, int qb) {
+        stage_query_rows_bf16(st, p.op.q, p.dims, bh, qb);
+        stage_query_rows_bf16(st + d_o, p.d_o, p.dims, bh, qb);
+    }
+
+    // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ → P, dS (t = fl(cλ·S), §4) → bf16(P)ᵀ, bf16(dS)ᵀ as the A fragments of
+    // dV += bf16(P)ᵀ dO (#4) and dK += bf16(dS)ᵀ Q (#7), summed straight into the accumulators (FP32
+    // sums in any order); bf16(dS)ᵀ to shared memory for dQ. Returns no scale (BF16 products have none).
+    static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
+                                                 float (*dk)[4]) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+        const int g = lane >> 2, t = lane & 3;
+        float s[8][4], ds[8][4];
+        {
+            const int key_row = warp * 16 + (mi & 1) * 8 + r;
+            keys_by_rows<HEAD_DIM / 8, BF_ROW, false>(s, x.smem + key_row * BF_ROW, r, x.st + r * BF_ROW, r);
+            keys_by_rows<HEAD_DIM / 8, BF_ROW, false>(ds, x.smem + v + key_row * BF_ROW, r, x.st + d_o + r * BF_ROW, r);
+        }
+        float prob[8][4];
+        tile_p_ds_regs<false>(p.dims, x.rows, x.qb, s, p.c_lambda, prob, ds);
+
+        // n-tiles 2ks, 2ks + 1 (rows 16ks..16ks + 15) → k-step ks; word (key g + 8h, rows 16ks + 8c + 2t,
+        // +1) of bf16(dS)ᵀ at row 16w + g + 8h, chunk 2ks + c (swizzled by the key's low bits, g).
+        u32 pa[BLOCK_Q / 16][4], da[BLOCK_Q / 16][4];
+        unsigned char* ds_lane = x.ds + (warp * 16 + g) * DST_ROW + 4 * t;
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int nt = 2 * ks + c, i = 2 * c + h;
+                    pa[ks][i] = pack_bf16x2(prob[nt][2 * h], prob[nt][2 * h + 1]);
+                    da[ks][i] = pack_bf16x2(ds[nt][2 * h], ds[nt][2 * h + 1]);
+                    *(u32*)(ds_lane + 8 * h * DST_ROW + (((2 * ks + c) ^ g) << 4)) = da[ks][i];
+                }
+        frags_by_tile_t<BLOCK_Q / 16, HEAD_DIM / 16>(dv, pa, x.st + d_o, 0);
+        frags_by_tile_t<BLOCK_Q / 16, HEAD_DIM / 16>(dk, da, x.st, 0);
+        return 0.0f;
+    }
+
+    // dQ += bf16(dS) K (#6) for the warp's rows and half of d: A from bf16(dS)ᵀ (at shared address
+    // dst_tile) read transposed (lane (mi, r): key 16ks + 8·(mi div 2) + r, row chunk 2(w mod 4) +
+    // mi mod 2), B from the K tile read transposed.
+    static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 dst_tile, float, int bh, int qb) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+        u32 da[BLOCK_KV / 16][4];
+        const u32 a_lane = dst_tile + (8 * (mi >> 1) + r) * DST_ROW + (((2 * (warp & 3) + (mi & 1)) ^ r) << 4);
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_KV / 16; ++ks) ldmatrix_x4_trans(da[ks], a_lane + ks * 16 * DST_ROW);
+        int r_lo;
+        float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
+        float acc[HEAD_DIM / 16][4];
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 16; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+        frags_by_tile_t<BLOCK_KV / 16, HEAD_DIM / 32>(acc, da, smem, (warp >> 2) * (HEAD_DIM / 16));
+#pragma unroll
+        for (int np = 0; np < HEAD_DIM / 32; ++np) red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, acc + 2 * np);
+    }
+};
+
+// The staged skeleton (see the top of this section). Two barriers per tile at most: (a) at the top
+// (block qb's operands, row constants and the dS of block qb − 1 visible), and the sage tile's amax.
+// dS of block qb is complete at (a) of block qb + 1, so dQ of block qb − 1 runs at the end of
+// iteration qb (where few registers are live), from the other dS buffer, which the next writes only
+// after the next (a). Block qb + 1 is staged after (a), when every warp is done with its buffer
+// (read last by qb − 1); its row constants are stored at the end of iteration qb, likewise.
+template <class Path>
+__device__ void staged_backward_main(const BackwardParams& p, unsigned char* smem_ptr) {
+    typedef typename Path::Layout Lay;
+    const Dims& d = p.dims;
+    const int kb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 smem = smem_addr(smem_ptr);
+    const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
+    const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::stage0 + buf * Lay::stage_bytes + Lay::rows); };
+
+    float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
+
+    const int bh_kv = kv_head_of(d, bh);
+    const int qb0 = query_block_begin(d, kb);
+    if (qb0 < d.n_qblk) {
+        Path::stage_key_block(p, smem, bh_kv, kb);
+        Path::stage_query_block(p, stage(0), bh, qb0);
+    }
+    cp_async_commit();
+    if (threadIdx.x < BLOCK_Q && qb0 < d.n_qblk) store_row_consts(rows_of(0), load_row_consts(p, bh, qb0, threadIdx.x));
+
+    float dq_scale = 0.0f;  // of the pending dQ tile
+    for (int qb = qb0; qb < d.n_qblk; ++qb) {
+        const int buf = (qb - qb0) & 1;
+        const bool has_next = qb + 1 < d.n_qblk;
+        cp_async_wait<0>();  // this thread's copies of block qb are done
+        __syncthreads();     // (a)
+        if (has_next) Path::stage_query_block(p, stage(buf ^ 1), bh, qb + 1);
+        cp_async_commit();
+        RowConsts next_rc = {pos_inf(), 0.0f};
+        if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
+
+        StagedTile x;
+        x.smem = smem;
+        x.st = stage(buf);
+        x.rows = rows_of(buf);
+        x.ds = smem_ptr + Lay::ds0 + buf * Lay::ds_bytes;
+        x.red = (float*)(smem_ptr + Lay::red);
+        x.bh = bh;
+        x.bh_kv = bh_kv;
+        x.qb = qb;
+        const float tile_dq_scale = Path::tile(p, x, dv, dk);
+        if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
+        if (qb > qb0) Path::dq(p, smem, smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes, dq_scale, bh, qb - 1);
+        dq_scale = tile_dq_scale;
     }
     cp_async_wait<0>();
-    __syncthreads();  // dŜ of the last block complete
+    __syncthreads();  // dS of the last block complete
     if (qb0 < d.n_qblk)
-        tile_dq_fast(p, smem, smem + BF_OFF_DS + ((d.n_qblk - 1 - qb0) & 1) * (BLOCK_Q * BLOCK_KV), dq_scale, bh, d.n_qblk - 1);
+        Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
 
+    const int g = lane >> 2, t = lane & 3, wkey0 = kb * BLOCK_KV + warp * 16;
 #pragma unroll
     for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
 #pragma unroll
@@ -819,13 +995,20 @@ __device__ void sage_bwd_main_fast(const BackwardParams& p, unsigned char* smem_
         }
 }
 
-// Both paths take their shared memory from the dynamic allocation (`backward_smem_bytes` in
-// src/backward.rs); a launch with less traps rather than corrupt memory.
+// Every path takes its shared memory from the dynamic allocation (`backward_smem_bytes` and
+// `staged_backward_smem_bytes` in src/backward.rs); a launch with less traps rather than corrupt
+// memory.
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
-    if (bwd_fast_path(p.flags)) {
-        require_dynamic_smem((u32)BWD_FAST_SMEM_BYTES);
-        sage_bwd_main_fast(p, smem_raw);
+    const int path = bwd_fast_path(p.flags);
+    if (path == BWD_STAGED_SAGE) {
+        require_dynamic_smem((u32)StagedSage::Layout::bytes);
+        staged_backward_main<StagedSage>(p, smem_raw);
+        return;
+    }
+    if (path == BWD_STAGED_BF16) {
+        require_dynamic_smem((u32)StagedBf16::Layout::bytes);
+        staged_backward_main<StagedBf16>(p, smem_raw);
         return;
     }
     require_dynamic_smem((u32)sizeof(BackwardShared));

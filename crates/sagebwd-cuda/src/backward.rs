@@ -39,22 +39,42 @@ pub fn backward_smem_bytes(head_dim: usize) -> usize {
     4 * (2 * BLOCK_Q * BLOCK_KV + 2 * BLOCK_Q + head_dim + 2 * BLOCK_KV + THREADS as usize / 32)
 }
 
-/// Whether `sage_bwd_main_mma` takes its staged path for these flags (`bwd_fast_path` in
-/// backward_main.cu): #3, #4, #6, #7 INT8 and #5 BF16 (the sagebwd preset), no Q-smoothing, no dQ
-/// correction.
-pub fn staged_backward(flags: i32) -> bool {
-    let bit = |p: Product| 1 << p.index();
-    let int8 = bit(Product::QkBwd) | bit(Product::Dv) | bit(Product::Dq) | bit(Product::Dk);
-    let mask = int8 | bit(Product::Dp) | crate::F_SMOOTH_Q | crate::F_DQ_CORR;
-    flags & mask == int8
+/// The staged paths of `sage_bwd_main_mma` (`bwd_fast_path` in backward_main.cu); other product
+/// mixes take the gathering path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StagedBackward {
+    /// #3, #4, #6, #7 INT8 and #5 BF16 (the sagebwd preset), no Q-smoothing, no dQ correction.
+    Sage,
+    /// #3 to #7 all BF16 (the fpa preset); the switches act on INT8 products only.
+    Bf16,
 }
 
-/// Dynamic shared memory of the staged path (`BWD_FAST_SMEM_BYTES`): the key block's K̂, K̂ᵀ (128 × d
-/// bytes each) and BF16 V; two query-block stages of Q̂, BF16 dO, dÔᵀ, Q̂ᵀ (64 × d bytes each, dO
-/// twice that) and 64 L and D values; two dŜ tiles (64 × 128 bytes); the amax scratch.
-pub fn staged_backward_smem_bytes(head_dim: usize) -> usize {
-    let stage = 5 * BLOCK_Q * head_dim + 2 * BLOCK_Q * 4;
-    4 * BLOCK_KV * head_dim + 2 * stage + 2 * BLOCK_Q * BLOCK_KV + 2 * (THREADS as usize / 32) * 4
+/// Which staged path `sage_bwd_main_mma` takes for these flags, if any.
+pub fn staged_backward(flags: i32) -> Option<StagedBackward> {
+    let bit = |p: Product| 1 << p.index();
+    let products = bit(Product::QkBwd) | bit(Product::Dv) | bit(Product::Dp) | bit(Product::Dq) | bit(Product::Dk);
+    let sage = bit(Product::QkBwd) | bit(Product::Dv) | bit(Product::Dq) | bit(Product::Dk);
+    if flags & (products | crate::F_SMOOTH_Q | crate::F_DQ_CORR) == sage {
+        Some(StagedBackward::Sage)
+    } else if flags & products == 0 {
+        Some(StagedBackward::Bf16)
+    } else {
+        None
+    }
+}
+
+/// Dynamic shared memory of a staged path (`StagedLayout<…>::bytes`): the key block's tiles (sage:
+/// K̂, K̂ᵀ of 128 × d bytes and BF16 V; bf16: BF16 K and V; 4 · 128 · d bytes either way); two
+/// query-block stages of operand tiles (sage: Q̂, BF16 dO, dÔᵀ, Q̂ᵀ, 5 · 64 · d bytes; bf16: BF16 Q
+/// and dO, 4 · 64 · d) and 64 L and D values; two dS tiles (sage: dŜ, 64 × 128 bytes; bf16:
+/// bf16(dS)ᵀ, twice that); the amax scratch.
+pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usize {
+    let (stage_operands, ds_tile) = match path {
+        StagedBackward::Sage => (5 * BLOCK_Q * head_dim, BLOCK_Q * BLOCK_KV),
+        StagedBackward::Bf16 => (4 * BLOCK_Q * head_dim, 2 * BLOCK_Q * BLOCK_KV),
+    };
+    let stage = stage_operands + 2 * BLOCK_Q * 4;
+    4 * BLOCK_KV * head_dim + 2 * stage + 2 * ds_tile + 2 * (THREADS as usize / 32) * 4
 }
 
 /// The gradients on the device, BF16 bits, plus the preprocess's D and dÔ.
@@ -136,8 +156,11 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         flags: flags(cfg),
         c_lambda,
     };
-    let staged = gpu.tensor_cores() && staged_backward(flags(cfg));
-    let smem = if staged { staged_backward_smem_bytes(s.head_dim) } else { backward_smem_bytes(s.head_dim) };
+    let staged = if gpu.tensor_cores() { staged_backward(flags(cfg)) } else { None };
+    let smem = match staged {
+        Some(path) => staged_backward_smem_bytes(s.head_dim, path),
+        None => backward_smem_bytes(s.head_dim),
+    };
     let optin = drv("smem attribute", gpu.dev.ctx.attribute(
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))? as usize;
     if smem > optin {
@@ -176,4 +199,35 @@ pub fn backward_bytes(s: &sagebwd::Shape) -> usize {
     let do_t = 3 * s.batch * s.heads_q * s.head_dim * crate::runtime::padded_q(s.n_q);
     s.q_len() * (1 + 4 + 2) + rows * 4 * 2 + s.q_len().div_ceil(BLOCK_Q) * 4 + per_q_head_kv * 8 + s.kv_len() * 4
         + s.q_len() * 2 /* dO upload */ + do_t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sagebwd::Config;
+
+    #[test]
+    fn staged_paths_of_the_presets_and_isolations() {
+        let path = |c: &Config| staged_backward(crate::flags(c));
+        assert_eq!(path(&Config::fpa()), Some(StagedBackward::Bf16));
+        assert_eq!(path(&Config::sagebwd()), Some(StagedBackward::Sage));
+        assert_eq!(path(&Config::int8_all()), None);
+        // The forward products' isolations have fpa's backward (smoothing on does not matter).
+        assert_eq!(path(&Config::isolate(Product::QkFwd)), Some(StagedBackward::Bf16));
+        assert_eq!(path(&Config::isolate(Product::Pv)), Some(StagedBackward::Bf16));
+        for p in [Product::QkBwd, Product::Dv, Product::Dp, Product::Dq, Product::Dk] {
+            assert_eq!(path(&Config::isolate(p)), None, "{p:?}");
+        }
+        let mut sage_q = Config::sagebwd();
+        sage_q.smooth_q = true;
+        assert_eq!(path(&sage_q), None);
+    }
+
+    #[test]
+    fn staged_smem_fits_one_block_on_ampere_and_hopper() {
+        for path in [StagedBackward::Sage, StagedBackward::Bf16] {
+            assert_eq!(staged_backward_smem_bytes(128, path), 164_928, "{path:?}");
+            assert!(staged_backward_smem_bytes(64, path) < 100 * 1024, "{path:?}");
+        }
+    }
 }
