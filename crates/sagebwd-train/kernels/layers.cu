@@ -119,8 +119,6 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, int n,
 
 // ---- Q/K/V heads: QK-norm, rotary, layout --------------------------------------------------
 
-#define MAX_PAIRS 4 // head dimension ≤ 256: at most 4 rotary pairs per lane
-
 struct HeadsDims {
     int batch, seq, heads_q, heads_kv, head_dim, qk_norm;
     float eps;
@@ -139,47 +137,109 @@ __device__ __forceinline__ long head_offset(const HeadsDims& d, int heads, long 
     return ((b * heads + h) * d.seq + t) * d.head_dim;
 }
 
+// Each head vector (one (token, slot)) is handled by a group of head_dim / 8 consecutive lanes (8 at
+// d = 64, 16 at d = 128; the host checks head_dim / 8 divides 32). Lane j of the group holds the PAIRS
+// rotary pairs (i, i + half), i = PAIRS·j … PAIRS·j + PAIRS − 1: two 8-byte loads or stores per
+// tensor, and the QK-norm sums reduce within the group by shuffles.
+#define PAIRS 4
+
+struct HeadLane {
+    long tok;
+    int slot, kind, h, i0;  // i0: the lane's first pair
+    bool valid;             // false for the lanes past the last head vector (they still shuffle)
+};
+
+__device__ __forceinline__ HeadLane head_lane(const HeadsDims& d) {
+    const int lanes = d.head_dim / (2 * PAIRS), slots = d.heads_q + 2 * d.heads_kv;
+    const long gid = (long)blockIdx.x * blockDim.x + threadIdx.x, vec = gid / lanes;
+    HeadLane l;
+    l.valid = vec < (long)d.batch * d.seq * slots;
+    const long v = l.valid ? vec : 0;
+    l.tok = v / slots;
+    l.slot = (int)(v % slots);
+    slot_of(d, l.slot, l.kind, l.h);
+    l.i0 = PAIRS * (int)(gid % lanes);
+    return l;
+}
+
+// Sum over the lane's group (aligned groups of `lanes` lanes; every lane of the warp must call it).
+__device__ __forceinline__ float group_sum(float v, int lanes) {
+    for (int o = lanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Elements i0 … i0 + 3 (a) and half + i0 … (b) of a head vector.
+struct Pairs {
+    float a[PAIRS], b[PAIRS];
+};
+
+__device__ __forceinline__ void unpack4(uint2 w, float* out) {
+    out[0] = bf16_to_f32((u16)(w.x & 0xffffu));
+    out[1] = bf16_to_f32((u16)(w.x >> 16));
+    out[2] = bf16_to_f32((u16)(w.y & 0xffffu));
+    out[3] = bf16_to_f32((u16)(w.y >> 16));
+}
+
+__device__ __forceinline__ uint2 pack4(const float* v) {
+    return make_uint2(f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16), f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16));
+}
+
+__device__ __forceinline__ Pairs load_pairs(const u16* vec, int i0, int half) {
+    Pairs p;
+    unpack4(*(const uint2*)(vec + i0), p.a);
+    unpack4(*(const uint2*)(vec + half + i0), p.b);
+    return p;
+}
+
+__device__ __forceinline__ void store_pairs(u16* vec, int i0, int half, const Pairs& p) {
+    *(uint2*)(vec + i0) = pack4(p.a);
+    *(uint2*)(vec + half + i0) = pack4(p.b);
+}
+
+__device__ __forceinline__ Pairs load_gain_pairs(const float* gain, int i0, int half) {
+    const float4 a = *(const float4*)(gain + i0), b = *(const float4*)(gain + half + i0);
+    return Pairs{{a.x, a.y, a.z, a.w}, {b.x, b.y, b.z, b.w}};
+}
+
 // qkv: `[tokens, (heads_q + 2 heads_kv) · head_dim]` BF16 (the fused projection). Writes Q, K, V as
 // BF16 `[batch, heads, seq, head_dim]`: Q and K normalized (QK-norm, optional) then rotated (half-split
-// pairs, as src/layers/rotary.rs); V copied. One warp per (token, slot).
+// pairs, as src/layers/rotary.rs); V copied.
 extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const float* q_gain, const float* k_gain,
                                              const float* cos_t, const float* sin_t, u16* q, u16* k, u16* v,
                                              float* q_rstd, float* k_rstd) {
-    const int slots = d.heads_q + 2 * d.heads_kv;
-    const long gw = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-    const int lane = threadIdx.x % WARP;
-    if (gw >= (long)d.batch * d.seq * slots) return;
-    const long tok = gw / slots;
-    int kind, h;
-    slot_of(d, (int)(gw % slots), kind, h);
-    const int hd = d.head_dim, half = hd / 2;
-    const u16* x = qkv + tok * slots * hd + (gw % slots) * hd;
-    if (kind == 2) {
-        u16* dst = v + head_offset(d, d.heads_kv, tok, h);
-        for (int c = lane; c < hd; c += WARP) dst[c] = x[c];
+    const HeadLane l = head_lane(d);
+    const int hd = d.head_dim, half = hd / 2, slots = d.heads_q + 2 * d.heads_kv;
+    Pairs x = {};
+    if (l.valid) x = load_pairs(qkv + (l.tok * slots + l.slot) * hd, l.i0, half);
+    float ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) ss += x.a[p] * x.a[p] + x.b[p] * x.b[p];
+    const float rs = 1.0f / sqrtf(group_sum(ss, hd / (2 * PAIRS)) / hd + d.eps);
+    if (!l.valid) return;
+    if (l.kind == 2) {  // V: the same BF16 values, moved into the heads layout
+        store_pairs(v + head_offset(d, d.heads_kv, l.tok, l.h), l.i0, half, x);
         return;
     }
-    const float* gain = kind == 0 ? q_gain : k_gain;
-    float rs = 1.0f;
     if (d.qk_norm) {
-        float ss = 0.0f;
-        for (int c = lane; c < hd; c += WARP) ss += bf16_to_f32(x[c]) * bf16_to_f32(x[c]);
-        rs = 1.0f / sqrtf(warp_sum(ss) / hd + d.eps);
-        float* rstd = kind == 0 ? q_rstd : k_rstd;
-        if (lane == 0) rstd[tok * (kind == 0 ? d.heads_q : d.heads_kv) + h] = rs;
-    }
-    u16* dst = kind == 0 ? q + head_offset(d, d.heads_q, tok, h) : k + head_offset(d, d.heads_kv, tok, h);
-    const long t = tok % d.seq;
-    for (int i = lane; i < half; i += WARP) {
-        float a = bf16_to_f32(x[i]), b = bf16_to_f32(x[i + half]);
-        if (d.qk_norm) {
-            a = a * rs * gain[i];
-            b = b * rs * gain[i + half];
+        const Pairs g = load_gain_pairs(l.kind == 0 ? q_gain : k_gain, l.i0, half);
+#pragma unroll
+        for (int p = 0; p < PAIRS; p++) {
+            x.a[p] = x.a[p] * rs * g.a[p];
+            x.b[p] = x.b[p] * rs * g.b[p];
         }
-        const float c = cos_t[t * half + i], s = sin_t[t * half + i];
-        dst[i] = f32_to_bf16(a * c - b * s);
-        dst[i + half] = f32_to_bf16(a * s + b * c);
+        if (l.i0 == 0) (l.kind == 0 ? q_rstd : k_rstd)[l.tok * (l.kind == 0 ? d.heads_q : d.heads_kv) + l.h] = rs;
     }
+    const long t = l.tok % d.seq;
+    const float4 c4 = *(const float4*)(cos_t + t * half + l.i0), s4 = *(const float4*)(sin_t + t * half + l.i0);
+    const float c[PAIRS] = {c4.x, c4.y, c4.z, c4.w}, s[PAIRS] = {s4.x, s4.y, s4.z, s4.w};
+    Pairs y;
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) {
+        y.a[p] = x.a[p] * c[p] - x.b[p] * s[p];
+        y.b[p] = x.a[p] * s[p] + x.b[p] * c[p];
+    }
+    u16* dst = l.kind == 0 ? q + head_offset(d, d.heads_q, l.tok, l.h) : k + head_offset(d, d.heads_kv, l.tok, l.h);
+    store_pairs(dst, l.i0, half, y);
 }
 
 // The backward of qkv_heads_forward: dQ, dK, dV (BF16, heads layout) → d_qkv (BF16, the fused
@@ -190,65 +250,56 @@ extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const 
                                               const u16* qkv, const float* q_gain, const float* k_gain,
                                               const float* q_rstd, const float* k_rstd, const float* cos_t,
                                               const float* sin_t, u16* d_qkv, float* gain_terms) {
-    const int slots = d.heads_q + 2 * d.heads_kv;
-    const long gw = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-    const int lane = threadIdx.x % WARP;
-    if (gw >= (long)d.batch * d.seq * slots) return;
-    const long tok = gw / slots;
-    const int slot = (int)(gw % slots);
-    int kind, h;
-    slot_of(d, slot, kind, h);
-    const int hd = d.head_dim, half = hd / 2;
-    u16* out = d_qkv + tok * slots * hd + (long)slot * hd;
-    if (kind == 2) {
-        const u16* src = dv + head_offset(d, d.heads_kv, tok, h);
-        for (int c = lane; c < hd; c += WARP) out[c] = src[c];
-        return;
-    }
-    const u16* src = kind == 0 ? dq + head_offset(d, d.heads_q, tok, h) : dk + head_offset(d, d.heads_kv, tok, h);
-    const long t = tok % d.seq;
-    float da[MAX_PAIRS], db[MAX_PAIRS];
-    for (int p = 0; p < MAX_PAIRS; p++) {
-        const int i = lane + p * WARP;
-        da[p] = db[p] = 0.0f;
-        if (i >= half) continue;
-        const float a = bf16_to_f32(src[i]), b = bf16_to_f32(src[i + half]);
-        const float c = cos_t[t * half + i], s = sin_t[t * half + i];
-        da[p] = a * c + b * s;
-        db[p] = b * c - a * s;
-    }
-    if (!d.qk_norm) {
-        for (int p = 0; p < MAX_PAIRS; p++) {
-            const int i = lane + p * WARP;
-            if (i >= half) continue;
-            out[i] = f32_to_bf16(da[p]);
-            out[i + half] = f32_to_bf16(db[p]);
+    const HeadLane l = head_lane(d);
+    const int hd = d.head_dim, half = hd / 2, slots = d.heads_q + 2 * d.heads_kv;
+    const bool rotated = l.valid && l.kind != 2;
+    const u16* src = l.kind == 0 ? dq + head_offset(d, d.heads_q, l.tok, l.h)
+                   : l.kind == 1 ? dk + head_offset(d, d.heads_kv, l.tok, l.h)
+                                 : dv + head_offset(d, d.heads_kv, l.tok, l.h);
+    Pairs dy = {};
+    if (l.valid) dy = load_pairs(src, l.i0, half);
+    Pairs dn = dy;  // ∂ of the normalized vector: inverse rotation (V: unchanged)
+    if (rotated) {
+        const long t = l.tok % d.seq;
+        const float4 c4 = *(const float4*)(cos_t + t * half + l.i0), s4 = *(const float4*)(sin_t + t * half + l.i0);
+        const float c[PAIRS] = {c4.x, c4.y, c4.z, c4.w}, s[PAIRS] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+        for (int p = 0; p < PAIRS; p++) {
+            dn.a[p] = dy.a[p] * c[p] + dy.b[p] * s[p];
+            dn.b[p] = dy.b[p] * c[p] - dy.a[p] * s[p];
         }
+    }
+    u16* out = d_qkv + (l.tok * slots + l.slot) * hd;
+    if (!d.qk_norm) {  // uniform: no shuffle below
+        if (l.valid) store_pairs(out, l.i0, half, dn);
         return;
     }
-    const u16* x = qkv + tok * slots * hd + (long)slot * hd;
-    const float* gain = kind == 0 ? q_gain : k_gain;
-    const float rs = kind == 0 ? q_rstd[tok * d.heads_q + h] : k_rstd[tok * d.heads_kv + h];
-    float xa[MAX_PAIRS], xb[MAX_PAIRS];
+    Pairs x = {}, g = {};
+    if (rotated) {
+        x = load_pairs(qkv + (l.tok * slots + l.slot) * hd, l.i0, half);
+        g = load_gain_pairs(l.kind == 0 ? q_gain : k_gain, l.i0, half);
+    }
     float ux = 0.0f;
-    for (int p = 0; p < MAX_PAIRS; p++) {
-        const int i = lane + p * WARP;
-        xa[p] = xb[p] = 0.0f;
-        if (i >= half) continue;
-        xa[p] = bf16_to_f32(x[i]);
-        xb[p] = bf16_to_f32(x[i + half]);
-        ux += da[p] * gain[i] * xa[p] + db[p] * gain[i + half] * xb[p];
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) ux += dn.a[p] * g.a[p] * x.a[p] + dn.b[p] * g.b[p] * x.b[p];
+    ux = group_sum(ux, hd / (2 * PAIRS));
+    if (!l.valid) return;
+    if (l.kind == 2) {
+        store_pairs(out, l.i0, half, dn);
+        return;
     }
-    const float coef = rs * rs * rs * warp_sum(ux) / hd;
-    float* terms = gain_terms + (tok * (d.heads_q + d.heads_kv) + slot) * hd;
-    for (int p = 0; p < MAX_PAIRS; p++) {
-        const int i = lane + p * WARP;
-        if (i >= half) continue;
-        out[i] = f32_to_bf16(rs * gain[i] * da[p] - xa[p] * coef);
-        out[i + half] = f32_to_bf16(rs * gain[i + half] * db[p] - xb[p] * coef);
-        terms[i] = da[p] * xa[p] * rs;
-        terms[i + half] = db[p] * xb[p] * rs;
+    const float rs = l.kind == 0 ? q_rstd[l.tok * d.heads_q + l.h] : k_rstd[l.tok * d.heads_kv + l.h];
+    const float coef = rs * rs * rs * ux / hd;
+    Pairs dx;
+    float* terms = gain_terms + (l.tok * (d.heads_q + d.heads_kv) + l.slot) * hd;
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) {
+        dx.a[p] = rs * g.a[p] * dn.a[p] - x.a[p] * coef;
+        dx.b[p] = rs * g.b[p] * dn.b[p] - x.b[p] * coef;
     }
+    store_pairs(out, l.i0, half, dx);
+    *(float4*)(terms + l.i0) = make_float4(dn.a[0] * x.a[0] * rs, dn.a[1] * x.a[1] * rs, dn.a[2] * x.a[2] * rs, dn.a[3] * x.a[3] * rs);
+    *(float4*)(terms + half + l.i0) = make_float4(dn.b[0] * x.b[0] * rs, dn.b[1] * x.b[1] * rs, dn.b[2] * x.b[2] * rs, dn.b[3] * x.b[3] * rs);
 }
 
 // `[batch, heads, seq, hd]` ↔ `[batch·seq, heads·hd]` (BF16), 8 elements (16 bytes) per thread.

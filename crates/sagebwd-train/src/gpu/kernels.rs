@@ -75,6 +75,15 @@ impl HeadsDims {
     fn tokens(&self) -> usize {
         self.batch as usize * self.seq as usize
     }
+    /// The heads kernels' grid: head_dim / 8 lanes per head vector (layers.cu, `head_lane`), which
+    /// must tile a warp.
+    fn launch(&self) -> Result<LaunchConfig> {
+        let lanes = self.head_dim as usize / 8;
+        if self.head_dim % 8 != 0 || lanes == 0 || 32 % lanes != 0 {
+            return Err(super::Error::Gpu(format!("the heads kernels need a head dimension of 8, 16, …, 256; got {}", self.head_dim)));
+        }
+        Ok(blocks(self.tokens() * self.slots() * lanes))
+    }
 }
 
 pub struct TrainKernels {
@@ -219,12 +228,14 @@ impl TrainKernels {
 
     #[allow(clippy::too_many_arguments)]
     pub fn qkv_heads_forward(&self, d: HeadsDims, qkv: u64, q_gain: u64, k_gain: u64, cos: u64, sin: u64, q: u64, k: u64, v: u64, q_rstd: u64, k_rstd: u64) -> Result<()> {
-        launch!(self, qkv_heads_forward, warps(d.tokens() * d.slots()), d, qkv, q_gain, k_gain, cos, sin, q, k, v, q_rstd, k_rstd)
+        let cfg = d.launch()?;
+        launch!(self, qkv_heads_forward, cfg, d, qkv, q_gain, k_gain, cos, sin, q, k, v, q_rstd, k_rstd)
     }
 
     #[allow(clippy::too_many_arguments)]
     pub fn qkv_heads_backward(&self, d: HeadsDims, dq: u64, dk: u64, dv: u64, qkv: u64, q_gain: u64, k_gain: u64, q_rstd: u64, k_rstd: u64, cos: u64, sin: u64, d_qkv: u64, gain_terms: u64) -> Result<()> {
-        launch!(self, qkv_heads_backward, warps(d.tokens() * d.slots()), d, dq, dk, dv, qkv, q_gain, k_gain, q_rstd, k_rstd, cos, sin, d_qkv, gain_terms)
+        let cfg = d.launch()?;
+        launch!(self, qkv_heads_backward, cfg, d, dq, dk, dv, qkv, q_gain, k_gain, q_rstd, k_rstd, cos, sin, d_qkv, gain_terms)
     }
 
     /// BF16 `[batch, heads, seq, hd]` → `[batch·seq, heads·hd]` (`to_tokens`) or back.
