@@ -9,7 +9,9 @@ use sagebwd_train::gpu::unsupported_reason;
 use sagebwd_train::model::{Batch, Model, ParamLayout, Weights};
 use sagebwd_train::optim::AdamWConfig;
 use sagebwd_train::rng::Rng;
-use sagebwd_train::train::{make_engine, DeviceChoice, TrainConfig};
+use sagebwd_train::train::{make_engine, DeviceChoice};
+
+mod common;
 
 fn model(dim: usize, heads: usize) -> ModelConfig {
     ModelConfig { vocab_size: 100, dim, n_layers: 2, n_heads: heads, n_kv_heads: heads, ffn_hidden: 64, max_seq_len: 64, ..ModelConfig::preset("tiny").unwrap() }
@@ -32,24 +34,7 @@ fn the_gpu_path_names_what_it_cannot_run() {
 
 #[test]
 fn auto_falls_back_to_the_cpu_for_a_model_the_gpu_cannot_run() {
-    let mut cfg = TrainConfig {
-        model: model(32, 4),
-        attention: "sagebwd".into(),
-        seq_len: 16,
-        micro_batch: 1,
-        grad_accum: 1,
-        steps: 1,
-        lr: 1e-3,
-        min_lr: 1e-4,
-        warmup: 1,
-        adamw: AdamWConfig::default(),
-        grad_clip: 1.0,
-        eval_every: 1,
-        eval_tokens: 16,
-        checkpoint_every: 1,
-        seed: 1,
-        gpus: 1,
-    };
+    let mut cfg = common::one_step_config(model(32, 4), "sagebwd");
     let w = Weights::init(&cfg.model, &mut Rng::new(1));
     let e = make_engine(&cfg, w.clone(), DeviceChoice::Auto, false).unwrap();
     assert!(e.describe().starts_with("cpu"), "{}", e.describe());

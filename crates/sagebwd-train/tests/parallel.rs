@@ -11,6 +11,8 @@ use sagebwd_train::parallel::{shares, DataParallel};
 use sagebwd_train::rng::Rng;
 use sagebwd_train::train::{make_engine, DeviceChoice, TrainConfig};
 
+mod common;
+
 const SEQ: usize = 16;
 
 fn model() -> ModelConfig {
@@ -95,24 +97,8 @@ fn replicas_compute_the_single_engine_step_and_stay_identical() {
 
 #[test]
 fn several_gpus_on_the_cpu_is_an_error_that_says_what_to_do() {
-    let cfg = TrainConfig {
-        model: ModelConfig { n_heads: 1, n_kv_heads: 1, dim: 64, ..model() },
-        attention: "sagebwd".into(),
-        seq_len: SEQ,
-        micro_batch: 1,
-        grad_accum: 1,
-        steps: 1,
-        lr: 1e-3,
-        min_lr: 1e-4,
-        warmup: 1,
-        adamw: AdamWConfig::default(),
-        grad_clip: 1.0,
-        eval_every: 1,
-        eval_tokens: 16,
-        checkpoint_every: 1,
-        seed: 1,
-        gpus: 2,
-    };
+    let model = ModelConfig { n_heads: 1, n_kv_heads: 1, dim: 64, ..model() };
+    let cfg = TrainConfig { gpus: 2, ..common::one_step_config(model, "sagebwd") };
     assert_eq!(cfg.tokens_per_step(), 2 * SEQ);
     let w = Weights::init(&cfg.model, &mut Rng::new(1));
     let err = make_engine(&cfg, w, DeviceChoice::Cpu, false).err().expect("must fail").to_string();
