@@ -474,15 +474,27 @@ __device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs
     }
 }
 
+// ex2.approx.ftz: the bare MUFU.EX2 (exp2f's own instruction for arguments ≥ −126 and −∞).
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Online softmax of the staged paths (as mma_softmax), on the warp's S accumulators t[S_TILES][4]
 // (base-2 scores, −∞ where masked), any key order: the thread's two rows (h = 0: row g, elements
 // 0, 1; h = 1: row g + 8, elements 2, 3) together, so that their dependent chains interleave; the row
 // max by a tree (exact in any order); the row sum in 4 partial sums per thread (the order of this
 // FP32 sum is not fixed by §4). Leaves p = exp2(t − m_new) in t and updates m, α, l in st. With AMAX
 // also gives each row's max p = exp2(rowmax − m_new), the §4 group amax of P̂.
-template <bool AMAX>
+//
+// FAST_EXP (wgmma path): exp2f with --ftz=false is 4 instructions (a compare and two predicated
+// multiplies around MUFU.EX2, for arguments below −126 whose result is subnormal); when every
+// argument of the warp is ≥ −125, the bare MUFU.EX2 (ex2.approx.ftz) gives the same bits.
+// The test costs a per-thread min of t (exact, order-free) and one warp vote per key block.
+template <bool AMAX, bool FAST_EXP = false>
 __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax) {
-    float mx[2], mq[4][2];
+    float mx[2], mq[4][2], mn[2], nq[4][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -493,6 +505,13 @@ __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, floa
             mq[k][h] = fmaxf(mq[k][h], fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]),
                                              fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
         mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
+        if (FAST_EXP) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                nq[k][h] = fminf(fminf(fminf(t[k][2 * h], t[k][2 * h + 1]), fminf(t[k + 4][2 * h], t[k + 4][2 * h + 1])),
+                                 fminf(fminf(t[k + 8][2 * h], t[k + 8][2 * h + 1]), fminf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
+            mn[h] = fminf(fminf(nq[0][h], nq[1][h]), fminf(nq[2][h], nq[3][h]));
+        }
     }
 #pragma unroll
     for (int o2 = 1; o2 <= 2; o2 <<= 1) {
@@ -513,6 +532,24 @@ __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, floa
     for (int k = 0; k < 4; ++k)
 #pragma unroll
         for (int h = 0; h < 2; ++h) ps[k][h] = pm[k][h] = 0.0f;
+    // fl(t − m_use) ≥ fl(mn − m_use) for every t (rounding is monotone); mn = −∞ (a masked entry)
+    // takes the general path.
+    // (−125 rather than −126: results then stay clear of the subnormal range whatever the rounding
+    // of the approximation.)
+    const bool fast = FAST_EXP && __all_sync(0xffffffffu, __fsub_rn(mn[0], m_use[0]) >= -125.0f &&
+                                                              __fsub_rn(mn[1], m_use[1]) >= -125.0f);
+    if (fast) {
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1, k = nt & 3;
+                const float pj = ex2_ftz(__fsub_rn(t[nt][e], m_use[h]));
+                t[nt][e] = pj;
+                ps[k][h] = __fadd_rn(ps[k][h], pj);
+                if (AMAX) pm[k][h] = fmaxf(pm[k][h], pj);
+            }
+    } else {
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
@@ -524,6 +561,7 @@ __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, floa
             ps[k][h] = __fadd_rn(ps[k][h], pj);
             if (AMAX) pm[k][h] = fmaxf(pm[k][h], pj);
         }
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
@@ -542,6 +580,57 @@ __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, floa
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
+}
+
+// Key (within the block) of S column e of n-tile nt for this thread, in the permuted order kmap.
+__device__ __forceinline__ int permuted_key(int nt, int e) {
+    return (nt >> 1) * 16 + 2 * (nt & 1) + 4 * (threadIdx.x & 3) + (e & 1);
+}
+
+// −∞ on the masked entries of the warp's 16 rows (from row0) × 128 permuted keys (from key0);
+// only boundary tiles (sequence ends, causal diagonal) pay for the test.
+__device__ __forceinline__ void mask_permuted(const Dims& d, float (*t)[4], int row0, int key0) {
+    const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
+    const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
+    if (!need_mask) return;
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (!visible(d, row0 + c_row(e), key0 + permuted_key(nt, e))) t[nt][e] = neg_inf();
+}
+
+// Online softmax (staged_softmax) of the permuted scores t, then P̂ of §4 (per row and key block,
+// its scale in st.p_scale) packed straight into the m16n8k32 A fragments of P·V in natural key order.
+template <bool FAST_EXP = false>
+__device__ __forceinline__ void softmax_p_hat(float (*t)[4], RowState& st, u32 (*pa)[4]) {
+    float amax[2], inv[2];
+    staged_softmax<true, FAST_EXP>(t, st, amax);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const GroupScale g = group_scale(amax[h]);
+        st.p_scale[h] = g.scale;
+        inv[h] = g.inv;
+    }
+#pragma unroll
+    for (int s = 0; s < BLOCK_KV / 32; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n0 = 4 * s + 2 * half;
+                pa[s][2 * half + h] = pack_lo_bytes(
+                    quant_pos_bits(t[n0][2 * h], inv[h]), quant_pos_bits(t[n0][2 * h + 1], inv[h]),
+                    quant_pos_bits(t[n0 + 1][2 * h], inv[h]), quant_pos_bits(t[n0 + 1][2 * h + 1], inv[h]));
+            }
+}
+
+// O = fl(fl(O·α) + fl(float(acc)·fl(s_P·s_V))) for one 16 × 8 d-tile (dq0, dq1: fl(s_P·s_V) of the
+// thread's rows g, g + 8); float(acc) by the exact two-instruction trick.
+__device__ __forceinline__ void o_update(float* o4, const int* acc4, const RowState& st, float dq0, float dq1) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+        o4[e] = __fadd_rn(__fmul_rn(o4[e], st.alpha[e >> 1]), __fmul_rn(i2f_exact(acc4[e]), e < 2 ? dq0 : dq1));
 }
 
 // SMOOTH_Q is a template parameter: as a run-time flag the compiler predicated its per-score
@@ -625,41 +714,10 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
                 t[nt][e] = v;
             }
         }
-        const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
-        const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
-        if (need_mask) {
-#pragma unroll
-            for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = (nt >> 1) * 16 + 2 * (nt & 1) + 4 * tq + (e & 1);
-                    if (!visible(d, row0 + c_row(e), key0 + key)) t[nt][e] = neg_inf();
-                }
-        }
-
+        mask_permuted(d, t, row0, key0);
         // Online softmax (staged_softmax), P̂ packed into A fragments.
         u32 pa[BLOCK_KV / 32][4];
-        {
-            float amax[2], inv[2];
-            staged_softmax<true>(t, st, amax);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const GroupScale g = group_scale(amax[h]);
-                st.p_scale[h] = g.scale;
-                inv[h] = g.inv;
-            }
-#pragma unroll
-            for (int s = 0; s < BLOCK_KV / 32; ++s)
-#pragma unroll
-                for (int half = 0; half < 2; ++half)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int n0 = 4 * s + 2 * half;
-                        pa[s][2 * half + h] = pack_lo_bytes(
-                            quant_pos_bits(t[n0][2 * h], inv[h]), quant_pos_bits(t[n0][2 * h + 1], inv[h]),
-                            quant_pos_bits(t[n0 + 1][2 * h], inv[h]), quant_pos_bits(t[n0 + 1][2 * h + 1], inv[h]));
-                    }
-        }
+        softmax_p_hat(t, st, pa);
         // O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) per d-tile.
         const float s_v = p.v_scale[bh_kv * d.n_kblk + kb];
         const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
@@ -675,15 +733,216 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
                 mma_s8(acc, pa[2 * cg], b);
                 mma_s8(acc, pa[2 * cg + 1], b + 2);
             }
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                o[nd][e] = __fadd_rn(__fmul_rn(o[nd][e], st.alpha[e >> 1]), __fmul_rn(i2f_exact(acc[e]), e < 2 ? dq0 : dq1));
+            o_update(o[nd], acc, st, dq0, dq1);
         }
         __syncthreads();  // buffer `buf` and β are rewritten next iteration
     }
     cp_async_wait<0>();
     mma_store(p, st, o, bh, row0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The wgmma INT8 path (sm_90a; #1 and #2 INT8 without Q-smoothing): the staged INT8 path's
+// arithmetic on Hopper's warpgroup tensor-core instruction. A block of 2 warpgroups (256 threads)
+// owns 2 query blocks (128 rows); warpgroup w takes query block 2·blockIdx.x + w, its warp i rows
+// 16i..16i+15 of it, so each thread holds exactly the fragments of the mma.sync path: the S
+// accumulator of wgmma m64n128k32 is the 16 n-tiles × 4 values t[nt][e] of a warp, and its A operand
+// (from registers) is the m16n8k32 A layout. Hence:
+// - S = Q̂ K̂ᵀ: A = the warpgroup's Q̂ tile [64 rows][d] and B = the K̂ tile [128 keys][d], both in
+//   shared memory, K-major (d contiguous), through descriptors (Q̂ staged once: 16 registers fewer
+//   than Q̂ fragments held in registers, which the pipelined schedule needs to stay spill-free). The K̂ rows are stored in the permuted key order
+//   kmap (row 8nt + n holds key kmap(nt, n)), so the accumulator comes out permuted exactly as in the
+//   staged path and P̂ packs into A fragments with no shuffle (softmax_p_hat).
+// - O += P̂ V̂: A = P̂ (registers), B = the V̂ᵀ tile [d][128 keys], K-major (keys contiguous).
+// Tiles are 1024-byte aligned in the hardware's swizzled layout (128-byte rows: 128-byte swizzle;
+// the 64-byte K̂ rows at d = 64: 64-byte swizzle), filled by cp.async, double-buffered.
+//
+// Schedule per key block kb (PIPE): softmax(kb) → issue P̂V(kb) → barrier (K(kb + 1) visible) → issue
+// S(kb + 1) → wait P̂V(kb), O update (CUDA cores, while S(kb + 1) runs) → wait S(kb + 1) → barrier
+// (buffers of kb free) → cp.async of block kb + 2. Without PIPE: S, wait, softmax, P̂V, wait, O.
+
+#define WG_THREADS 128                     // one warpgroup
+#define WG_MAX_THREADS 256                 // a block of 2 warpgroups (F_WGMMA_2WG)
+#define WG_TILE (BLOCK_KV * HEAD_DIM)       // bytes of one K̂ or V̂ᵀ tile (a multiple of 1024)
+#define WG_Q_TILE (BLOCK_Q * HEAD_DIM)      // bytes of one warpgroup's Q̂ tile
+// K̂ ×2, V̂ᵀ ×2, one Q̂ tile per warpgroup, 1024-byte alignment slack.
+#define WGMMA_SMEM_BYTES(wgs) (4 * WG_TILE + (wgs) * WG_Q_TILE + 1024)
+#define F_WGMMA (1 << 16)                  // set by the host: launched as the wgmma path
+#define F_WGMMA_SIMPLE (1 << 17)           // ... its unpipelined schedule (for comparison)
+#define F_WGMMA_2WG (1 << 18)              // ... 2 warpgroups (128 query rows) per block, sharing K̂, V̂ᵀ
+#define F_WGMMA_FAST_EXP (1 << 19)         // ... exp2 without the subnormal fix-up when no argument needs it
+
+#ifdef SAGE_WGMMA
+// Row of the permuted K̂ tile that holds key `key` (inverse of kmap: key = 16a + 4b + 2c + e is
+// column n = 2b + e of n-tile nt = 2a + c, i.e. row 8nt + n).
+__device__ __forceinline__ int permuted_row(int key) {
+    return (key & ~15) | (((key >> 1) & 1) << 3) | (((key >> 2) & 3) << 1) | (key & 1);
+}
+
+// Issues (all WGS·128 threads) the copies of key block kb: K̂ rows permuted into the K̂ tile at `kt`,
+// V̂ᵀ rows into the tile at `vt`, both swizzled. K̂ rows past n_k are zero-filled; V̂ᵀ rows are n_kpad
+// long (keys past n_k read as garbage meet P̂ = 0).
+template <int WGS>
+__device__ __forceinline__ void wg_load(const ForwardParams& p, u32 kt, u32 vt, int bh_kv, int kb) {
+    const Dims& d = p.dims;
+    const int key0 = kb * BLOCK_KV;
+    const i8* kg = p.op.k_hat + ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
+#pragma unroll
+    for (int i = threadIdx.x; i < BLOCK_KV * FK_CH; i += WGS * WG_THREADS) {
+        const int key = i / FK_CH, c = i % FK_CH;
+        const bool valid = key0 + key < d.n_k;
+        const u32 off = permuted_row(key) * HEAD_DIM + c * 16;
+        cp_async16(kt + swizzled_offset(off, HEAD_DIM), valid ? kg + key * HEAD_DIM + c * 16 : p.op.k_hat, valid);
+    }
+    const i8* vg = p.tr.v_hat_t + (long)bh_kv * HEAD_DIM * d.n_kpad + key0;
+#pragma unroll
+    for (int i = threadIdx.x; i < HEAD_DIM * (BLOCK_KV / 16); i += WGS * WG_THREADS) {
+        const int dd = i / (BLOCK_KV / 16), c = i % (BLOCK_KV / 16);
+        cp_async16(vt + swizzled_offset(dd * BLOCK_KV + c * 16, BLOCK_KV), vg + (long)dd * d.n_kpad + c * 16, true);
+    }
+}
+
+// Copies (all WGS·128 threads) the Q̂ rows of the WGS query blocks of this thread block into the
+// Q̂ tiles at qt (swizzled like K̂, natural row order; rows past n_q zero-filled).
+template <int WGS>
+__device__ __forceinline__ void wg_load_q(const ForwardParams& p, u32 qt, int bh) {
+    const Dims& d = p.dims;
+    const int r0 = WGS * blockIdx.x * BLOCK_Q;
+    const i8* qg = p.op.q_hat + ((long)bh * d.n_q + r0) * HEAD_DIM;
+#pragma unroll
+    for (int i = threadIdx.x; i < WGS * BLOCK_Q * FK_CH; i += WGS * WG_THREADS) {
+        const int row = i / FK_CH, c = i % FK_CH;
+        const bool valid = r0 + row < d.n_q;
+        cp_async16(qt + swizzled_offset(row * HEAD_DIM + c * 16, HEAD_DIM), valid ? qg + row * HEAD_DIM + c * 16 : p.op.q_hat,
+                   valid);
+    }
+}
+
+// Issues S = Q̂ K̂ᵀ (the warpgroup's 64 rows × 128 permuted keys) into acc, one commit group.
+__device__ __forceinline__ void wg_issue_scores(int (&acc)[64], u32 qt, u32 kt) {
+    const u64 qdesc = kmajor_desc(qt, HEAD_DIM), kdesc = kmajor_desc(kt, HEAD_DIM);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < HEAD_DIM / 32; ++s) wgmma_s8_ss_n128(acc, qdesc + 2 * s, kdesc + 2 * s, s);
+    wgmma_commit();
+}
+
+// Issues acc = P̂ V̂ (64 rows × d) from the P̂ fragments pa and the V̂ᵀ tile at vt, one commit group.
+__device__ __forceinline__ void wg_issue_pv(int (&acc)[HEAD_DIM / 2], const u32 (*pa)[4], u32 vt) {
+    const u64 desc = kmajor_desc(vt, BLOCK_KV);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < BLOCK_KV / 32; ++s) {
+#if HEAD_DIM == 128
+        wgmma_s8_rs_n128(acc, pa[s], desc + 2 * s, s);
+#else
+        wgmma_s8_rs_n64(acc, pa[s], desc + 2 * s, s);
+#endif
+    }
+    wgmma_commit();
+}
+
+// Base-2 scores t = fl(float(acc)·sc) of the finished S accumulators, masked where needed.
+__device__ __forceinline__ void wg_scores(const Dims& d, float (*t)[4], const int (&acc)[64], float sc, int row0, int key0) {
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn((float)acc[4 * nt + e], sc);
+    mask_permuted(d, t, row0, key0);
+}
+
+// O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) from the finished P̂V accumulators of block kb.
+__device__ __forceinline__ void wg_o_update(const ForwardParams& p, float (*o)[4], const int (&acc)[HEAD_DIM / 2],
+                                            const RowState& st, int bh_kv, int kb) {
+    const float s_v = p.v_scale[bh_kv * p.dims.n_kblk + kb];
+    const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
+#pragma unroll
+    for (int nd = 0; nd < O_TILES; ++nd) o_update(o[nd], &acc[4 * nd], st, dq0, dq1);
+}
+
+template <bool PIPE, int WGS, bool FAST_EXP>
+__device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
+    const Dims& d = p.dims;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3;
+    const int qb = WGS * blockIdx.x + wg, bh = blockIdx.y, bh_kv = kv_head_of(d, bh);
+    const int row0 = qb * BLOCK_Q + warp * 16;
+    const u32 kt = (smem_addr(smem) + 1023u) & ~1023u, vt = kt + 2 * WG_TILE;  // buffer b at + b·WG_TILE
+    const u32 qt_all = vt + 2 * WG_TILE, qt = qt_all + wg * WG_Q_TILE;
+    // Both warpgroups walk the key blocks of the later query block (key_block_end is monotone in
+    // qb), so that every wgmma sits on a block-uniform path (ptxas serializes wgmma in divergent
+    // code). A key block past a warpgroup's own end is fully masked, and a fully masked block leaves
+    // m, l and O bit-identical (p = 0, α = 1, P̂ = 0; or α = 0 on a row still at m = −∞, l = O = 0);
+    // a warpgroup past the last query block (odd n_qblk) computes masked rows and stores nothing.
+    const bool has_rows = qb < d.n_qblk;
+    const int cta_end = key_block_end(d, min(WGS * (int)blockIdx.x + WGS - 1, d.n_qblk - 1));
+
+    wg_load_q<WGS>(p, qt_all, bh);
+    if (cta_end > 0) wg_load<WGS>(p, kt, vt, bh_kv, 0);
+    cp_async_commit();
+    if (PIPE && cta_end > 1) wg_load<WGS>(p, kt + WG_TILE, vt + WG_TILE, bh_kv, 1);
+    cp_async_commit();
+
+    const float sq = has_rows ? __fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda) : 0.0f;
+    RowState st;
+    float o[O_TILES][4];
+    start_rows(st, o);
+    int sacc[64], pacc[HEAD_DIM / 2];
+
+    if (PIPE) {
+        cp_async_wait<1>();  // block 0
+        fence_proxy_async();
+        __syncthreads();
+        if (cta_end > 0) {
+            wg_issue_scores(sacc, qt, kt);
+            wgmma_wait<0>();
+        }
+    }
+    for (int kb = 0; kb < cta_end; ++kb) {
+        const int buf = kb & 1, key0 = kb * BLOCK_KV;
+        if (!PIPE) {
+            if (kb + 1 < cta_end) wg_load<WGS>(p, kt + (buf ^ 1) * WG_TILE, vt + (buf ^ 1) * WG_TILE, bh_kv, kb + 1);
+            cp_async_commit();
+            cp_async_wait<1>();  // this thread's copies of block kb
+            fence_proxy_async();
+            __syncthreads();     // everyone's
+            wg_issue_scores(sacc, qt, kt + buf * WG_TILE);
+            wgmma_wait<0>();
+        }
+        u32 pa[BLOCK_KV / 32][4];
+        {
+            float t[S_TILES][4];
+            wg_scores(d, t, sacc, __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]), row0, key0);
+            softmax_p_hat<FAST_EXP>(t, st, pa);
+            wg_issue_pv(pacc, pa, vt + buf * WG_TILE);
+        }
+        if (PIPE) {
+            const bool next = kb + 1 < cta_end;
+            if (next) {
+                cp_async_wait<0>();  // this thread's copies of block kb + 1
+                fence_proxy_async();
+            }
+            __syncthreads();  // everyone's
+            if (next) {
+                wg_issue_scores(sacc, qt, kt + (buf ^ 1) * WG_TILE);
+                wgmma_wait<1>();  // P̂V(kb) done; S(kb + 1) may still run
+            } else {
+                wgmma_wait<0>();
+            }
+            wg_o_update(p, o, pacc, st, bh_kv, kb);
+            wgmma_wait<0>();
+            __syncthreads();  // buffers of kb no longer read by either warpgroup
+            if (kb + 2 < cta_end) wg_load<WGS>(p, kt + buf * WG_TILE, vt + buf * WG_TILE, bh_kv, kb + 2);
+            cp_async_commit();
+        } else {
+            wgmma_wait<0>();
+            wg_o_update(p, o, pacc, st, bh_kv, kb);
+            __syncthreads();  // buffer `buf` is rewritten next iteration
+        }
+    }
+    cp_async_wait<0>();
+    if (has_rows) mma_store(p, st, o, bh, row0);
+}
+#endif  // SAGE_WGMMA
 
 // ---------------------------------------------------------------------------------------------
 // The staged BF16 path (#1 and #2 both BF16: the fpa preset, and the isolations of the backward
@@ -831,10 +1090,23 @@ __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
 // launch with less traps rather than corrupt memory.
-extern "C" __global__ void __launch_bounds__(MMA_THREADS) sage_forward_mma(ForwardParams p) {
+// The wgmma path (flag F_WGMMA, set by the host on sm_90a only) runs 128 or 256 threads; the others 128.
+extern "C" __global__ void __launch_bounds__(WG_MAX_THREADS) sage_forward_mma(ForwardParams p) {
     extern __shared__ __align__(128) unsigned char fwd_smem[];
     const int fwd_products = p.flags & (F_QK | F_PV);
-    if (fwd_products == (F_QK | F_PV)) {
+    if (p.flags & F_WGMMA) {
+#ifdef SAGE_WGMMA
+        const int wgs = p.flags & F_WGMMA_2WG ? 2 : 1;
+        require_dynamic_smem((u32)WGMMA_SMEM_BYTES(wgs));
+        if (blockDim.x != wgs * WG_THREADS) __trap();
+        if (wgs == 2) forward_wgmma<true, 2, false>(p, fwd_smem);
+        else if (p.flags & F_WGMMA_SIMPLE) forward_wgmma<false, 1, false>(p, fwd_smem);
+        else if (p.flags & F_WGMMA_FAST_EXP) forward_wgmma<true, 1, true>(p, fwd_smem);
+        else forward_wgmma<true, 1, false>(p, fwd_smem);
+#else
+        __trap();  // not compiled for sm_90a
+#endif
+    } else if (fwd_products == (F_QK | F_PV)) {
         require_dynamic_smem((u32)FAST_SMEM_BYTES);
         if (p.flags & F_SMOOTH_Q) forward_mma_fast<true>(p, fwd_smem);
         else forward_mma_fast<false>(p, fwd_smem);

@@ -135,6 +135,46 @@ pub(crate) fn forward_path(flags: i32) -> ForwardPath {
     }
 }
 
+/// Flag bits of `sage_forward_mma` private to the forward (`F_WGMMA*` in forward.cu), above the
+/// precision flags and switches of common.cuh.
+const F_WGMMA: i32 = 1 << 16;
+const F_WGMMA_SIMPLE: i32 = 1 << 17;
+const F_WGMMA_2WG: i32 = 1 << 18;
+const F_WGMMA_FAST_EXP: i32 = 1 << 19;
+
+/// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons): `pipe` (default: one
+/// warpgroup of 64 query rows per block, the next block's Q̂K̂ᵀ overlapping this block's O update),
+/// `fast` (the same with exp2 short of its subnormal fix-up when no argument needs it), `pipe2` (2
+/// warpgroups per block sharing the K̂/V̂ᵀ tiles), `simple` (no overlap), `off` (mma.sync path).
+fn wgmma_mode() -> Option<i32> {
+    match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
+        Ok("off") => None,
+        Ok("simple") => Some(F_WGMMA | F_WGMMA_SIMPLE),
+        Ok("pipe2") => Some(F_WGMMA | F_WGMMA_2WG),
+        Ok("fast") => Some(F_WGMMA | F_WGMMA_FAST_EXP),
+        _ => Some(F_WGMMA),
+    }
+}
+
+/// The wgmma flag bits when the forward takes the sm_90a wgmma path: staged INT8 products without
+/// Q-smoothing (that variant keeps the mma.sync path), on a device compiled for sm_90a.
+fn wgmma_flags(gpu: &Gpu, flags: i32) -> i32 {
+    let eligible = gpu.dev.arch == "sm_90a" && forward_path(flags) == ForwardPath::StagedInt8 && flags & crate::F_SMOOTH_Q == 0;
+    if eligible { wgmma_mode().unwrap_or(0) } else { 0 }
+}
+
+/// Warpgroups (of 64 query rows) per block of the wgmma path.
+fn wgmma_groups(flags: i32) -> u32 {
+    if flags & F_WGMMA_2WG != 0 { 2 } else { 1 }
+}
+
+/// Dynamic shared memory of the wgmma path (`WGMMA_SMEM_BYTES`): two K̂ and two V̂ᵀ tiles of 128 × d
+/// bytes, one Q̂ tile of 64 × d per warpgroup, plus 1 KiB to align them to the 1024 bytes the
+/// swizzled descriptors need.
+fn wgmma_smem_bytes(head_dim: usize, groups: u32) -> u32 {
+    (4 * 128 * head_dim + groups as usize * 64 * head_dim + 1024) as u32
+}
+
 /// Dynamic shared memory of `sage_forward_mma` on each path (`FAST_SMEM_BYTES`, `BF16_SMEM_BYTES`,
 /// `GATHER_SMEM_BYTES` in forward.cu; the kernel traps when launched with less): staged INT8: two
 /// K̂ and two V̂ᵀ tiles of 128 × d bytes, β and Q_m as FP32; staged BF16: two K and one V tile of
@@ -158,7 +198,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
         lse: gpu.alloc_poisoned_f32(rows)?,
     };
     let (_, c_lambda) = scales(s.head_dim);
-    let p = ForwardParams {
+    let mut p = ForwardParams {
         op: ScoreOperands::of(gpu, x, &quant),
         tr: Transposed::of(gpu, &quant, None),
         v_hat: gpu.ptr(&quant.v_hat),
@@ -176,7 +216,21 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     // path the flags select (the staged paths double-buffer tiles: more than the 48 KiB of a
     // static allocation);
     // scalar: 256 threads over the 64 × 128 tile, static shared memory.
-    let (func, threads, smem) = if gpu.tensor_cores() {
+    // wgmma (sm_90a): one warpgroup (64 query rows) per block, or two (F_WGMMA_2WG).
+    let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags) } else { 0 };
+    p.flags |= wgmma;
+    let groups = wgmma_groups(wgmma);
+    let (func, threads, smem) = if wgmma != 0 {
+        let smem = wgmma_smem_bytes(s.head_dim, groups);
+        drv(
+            "set forward shared memory",
+            k.forward_mma.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            ),
+        )?;
+        (&k.forward_mma, 128 * groups, smem)
+    } else if gpu.tensor_cores() {
         let smem = forward_mma_smem_bytes(s.head_dim, forward_path(p.flags));
         drv(
             "set forward shared memory",
@@ -190,7 +244,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
         (&k.forward, THREADS, 0)
     };
     let launch = LaunchConfig {
-        grid_dim: (dims.n_qblk as u32, (s.batch * s.heads_q) as u32, 1),
+        grid_dim: ((dims.n_qblk as u32).div_ceil(groups), (s.batch * s.heads_q) as u32, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: smem,
     };

@@ -15,6 +15,8 @@ use std::sync::Arc;
 /// The kernel sources, embedded in the library. Each stage is compiled as `common.cuh` followed by
 /// the stage's file, so NVRTC needs no include path and no CUDA header.
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
+/// Hopper-only helpers (wgmma, descriptors), after `common.cuh`; empty unless compiled for sm_90a.
+pub const HOPPER: &str = include_str!("../kernels/hopper.cuh");
 pub const SOURCES: [(&str, &str); 6] = [
     ("quantize.cu", include_str!("../kernels/quantize.cu")),
     ("forward.cu", include_str!("../kernels/forward.cu")),
@@ -90,10 +92,10 @@ pub fn nvrtc_options(arch: &str, head_dim: usize) -> Vec<String> {
     ]
 }
 
-/// `common.cuh` + the stage's source, with `#line` directives so that NVRTC's messages name the
-/// right file and line.
+/// `common.cuh` + `hopper.cuh` + the stage's source, with `#line` directives so that NVRTC's
+/// messages name the right file and line.
 pub fn full_source(name: &str, body: &str) -> String {
-    format!("#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{name}\"\n{body}\n")
+    format!("#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"hopper.cuh\"\n{HOPPER}\n#line 1 \"{name}\"\n{body}\n")
 }
 
 /// Checks that NVRTC can be loaded (cudarc would panic on first use otherwise).

@@ -1,0 +1,75 @@
+// Hopper (sm_90a) helpers: warpgroup matrix multiply (wgmma) wrappers, shared-memory matrix
+// descriptors and the 128/64-byte swizzles they read, proxy fences. Everything here exists only
+// when compiling for sm_90a (`__CUDA_ARCH_FEAT_SM90_ALL`); sm_80 compiles see an empty header.
+//
+// Descriptor layout (PTX ISA, "Matrix Descriptor Format"): bits 0–13 start address >> 4, 16–29
+// leading-dimension byte offset >> 4 (unused by the K-major swizzled layouts here, set to 1),
+// 32–45 stride byte offset >> 4 (distance between 8-row groups), 62–63 swizzle mode (1 = 128 B,
+// 2 = 64 B). The swizzle is applied by the hardware to address bits: 16-byte chunk bits [4, 7) (or
+// [4, 6)) XOR-ed with bits [7, 10) (or [7, 9)), so a tile must start on a 1024-byte boundary and the
+// k-step of 32 bytes inside a row is an advance of the start address by 32 (2 in descriptor units).
+#pragma once
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SAGE_WGMMA 1
+
+#define SWIZZLE_128B 1
+#define SWIZZLE_64B 2
+
+// Byte offset (from a 1024-aligned tile start) where logical offset `off` of a K-major tile with
+// rows of `row_bytes` (128 or 64) lives under the matching swizzle mode.
+__device__ __forceinline__ u32 swizzled_offset(u32 off, int row_bytes) {
+    const u32 mask = row_bytes == 128 ? 7u : 3u;
+    return off ^ (((off >> 7) & mask) << 4);
+}
+
+// Descriptor of a K-major tile at shared address `addr` (1024-aligned) with rows of `row_bytes`
+// bytes (128 → 128-byte swizzle, 64 → 64-byte swizzle); 8-row groups are 8·row_bytes apart.
+__device__ __forceinline__ u64 kmajor_desc(u32 addr, int row_bytes) {
+    const u64 mode = row_bytes == 128 ? SWIZZLE_128B : SWIZZLE_64B;
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)((8 * row_bytes) >> 4) << 32) | (mode << 62);
+}
+
+// Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed wgmma groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Shared memory written through the generic proxy (st.shared, cp.async) becomes visible to the
+// async proxy (wgmma operand reads) only after this fence in each writing thread (then a barrier).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// d (+)= a·B, m64n128k32, s8 × s8 → s32 (exact); A from registers (the m16n8k32 A layout per warp),
+// B = 128 rows × 32 bytes, K-major, through the descriptor; accumulate = 0 starts a fresh sum.
+__device__ __forceinline__ void wgmma_s8_rs_n128(int (&d)[64], const u32 (&a)[4], u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// d (+)= a·B, m64n64k32, s8 × s8 → s32 (exact); A from registers (the m16n8k32 A layout per warp),
+// B = 64 rows × 32 bytes, K-major, through the descriptor; accumulate = 0 starts a fresh sum.
+__device__ __forceinline__ void wgmma_s8_rs_n64(int (&d)[32], const u32 (&a)[4], u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// d (+)= A·B, m64n128k32, s8 × s8 → s32 (exact); A = 64 rows × 32 bytes and B = 128 rows × 32 bytes,
+// both K-major in shared memory, through descriptors; accumulate = 0 starts a fresh sum.
+__device__ __forceinline__ void wgmma_s8_ss_n128(int (&d)[64], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
