@@ -263,13 +263,14 @@ fn fwd_bwd(gpu: &Gpu, x: &DeviceInputs, cfg: &Config) -> Result<[CudaEvent; 3]> 
 }
 
 /// The Q/K/V quantization (first stage of `Gpu::forward`) and the dO quantization (part of the
-/// backward preprocess), timed alone through the crate's public quantize module.
+/// backward preprocess), timed alone through the crate's public quantize module: what the kernel
+/// paths of `cfg` need of them (nothing for all-BF16 presets on the tensor-core paths).
 fn quant_only(gpu: &Gpu, x: &DeviceInputs, cfg: &Config) -> Result<[CudaEvent; 3]> {
     let k = gpu.kernels(x.shape.head_dim)?;
     let e0 = mark(gpu)?;
-    let _q = quantize_inputs(gpu, &k, x, cfg)?;
+    let q = quantize_inputs(gpu, &k, x, cfg)?;
     let e1 = mark(gpu)?;
-    let _qdo = quantize_do(gpu, &k, x, d_o(x)?)?;
+    let _qdo = quantize_do(gpu, &k, x, d_o(x)?, q.needs)?;
     let e2 = mark(gpu)?;
     Ok([e0, e1, e2])
 }

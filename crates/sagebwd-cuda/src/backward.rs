@@ -1,7 +1,7 @@
 //! Host side of `kernels/backward_{pre,main,post}.cu` (ALGORITHM.md §5, §7).
 
 use crate::forward::{scales, DeviceForward, SavedForBackward, ScoreOperands, Transposed};
-use crate::quantize::{quantize_do, QuantizedDo};
+use crate::quantize::{quantize_do, QuantNeeds, QuantizedDo};
 use crate::runtime::{drv, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
@@ -103,10 +103,10 @@ struct Preprocessed {
 }
 
 /// Preprocess: dO quantization, D = rowsum(dO ∘ O), zeroed FP32 accumulators.
-fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>) -> Result<Preprocessed> {
+fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>, needs: QuantNeeds) -> Result<Preprocessed> {
     let s = &x.shape;
     let rows = s.batch * s.heads_q * s.n_q;
-    let do_quant = quantize_do(gpu, k, x, d_o)?;
+    let do_quant = quantize_do(gpu, k, x, d_o, needs)?;
     let delta = gpu.alloc_poisoned_f32(rows)?;
     let warps_per_block = THREADS as usize / 32;
     let launch = LaunchConfig {
@@ -131,7 +131,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let dims = Dims::of(s, x.causal);
     let (c, c_lambda) = scales(s.head_dim);
     let cfg = &saved.cfg;
-    let Preprocessed { do_quant, delta, dq_acc, ds_rowsum } = preprocess(gpu, k, x, &fwd.o, d_o)?;
+    let Preprocessed { do_quant, delta, dq_acc, ds_rowsum } = preprocess(gpu, k, x, &fwd.o, d_o, saved.quant.needs)?;
     let per_q_head_kv = s.batch * s.heads_q * s.n_k * s.head_dim;
     let dk_acc = gpu.alloc_poisoned_f32(per_q_head_kv)?;
     let dv_acc = gpu.alloc_poisoned_f32(per_q_head_kv)?;

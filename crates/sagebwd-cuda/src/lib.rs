@@ -79,6 +79,24 @@ pub struct Gpu {
     poison: AtomicBool,
 }
 
+/// What [`Gpu::ptr`] takes: a device buffer, or an optional one.
+pub(crate) trait DeviceAddress {
+    fn address(&self, stream: &Arc<cudarc::driver::CudaStream>) -> u64;
+}
+
+impl<T> DeviceAddress for CudaSlice<T> {
+    fn address(&self, stream: &Arc<cudarc::driver::CudaStream>) -> u64 {
+        let (p, _sync) = self.device_ptr(stream);
+        p
+    }
+}
+
+impl<T> DeviceAddress for Option<CudaSlice<T>> {
+    fn address(&self, stream: &Arc<cudarc::driver::CudaStream>) -> u64 {
+        self.as_ref().map_or(0, |s| s.address(stream))
+    }
+}
+
 impl Gpu {
     /// Opens GPU 0. Errors (never panics) when the driver, a GPU or NVRTC is missing.
     pub fn new() -> Result<Gpu> {
@@ -177,9 +195,10 @@ impl Gpu {
 
     // ----- small device helpers -----
 
-    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
-        let (p, _sync) = s.device_ptr(&self.dev.stream);
-        p
+    /// The buffer's device address; 0 for a buffer that was not allocated (`None`: an output the
+    /// selected kernel paths do not read), so that a kernel reading it faults instead of reading garbage.
+    pub(crate) fn ptr(&self, s: &impl DeviceAddress) -> u64 {
+        s.address(&self.dev.stream)
     }
 
     fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
@@ -234,6 +253,11 @@ impl Gpu {
         let mut v = drv("download", self.dev.stream.clone_dtoh(s))?;
         v.truncate(n);
         Ok(v)
+    }
+
+    /// `download` of a buffer that may not exist (an empty vector then).
+    fn download_some<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, s: &Option<CudaSlice<T>>, n: usize) -> Result<Vec<T>> {
+        s.as_ref().map_or(Ok(Vec::new()), |s| self.download(s, n))
     }
 
     // ----- public API -----
@@ -319,16 +343,18 @@ impl Gpu {
         let (nqb, nkb) = (s.n_q.div_ceil(BLOCK_Q), s.n_k.div_ceil(BLOCK_KV));
         let rows = bh_q * s.n_q;
         let qd = &saved.quant;
+        // Outputs the kernel paths did not need were not computed (`QuantNeeds`): empty here, and
+        // `sagebwd-gpu-check` compares only what exists.
         let mut quant = Quantized {
-            q_hat: self.download(&qd.q_hat, s.q_len())?,
-            q_scale: self.download(&qd.q_scale, bh_q * nqb)?,
-            k_hat: self.download(&qd.k_hat, s.kv_len())?,
-            k_scale: self.download(&qd.k_scale, bh_kv * nkb)?,
-            v_hat: self.download(&qd.v_hat, s.kv_len())?,
-            v_scale: self.download(&qd.v_scale, bh_kv * nkb)?,
-            k_mean: self.download(&qd.k_mean, bh_kv * s.head_dim)?,
-            row_offset: self.download(&qd.row_offset, rows)?,
-            q_mean: if cfg.smooth_q { self.download(&qd.q_mean, bh_q * nqb * s.head_dim)? } else { Vec::new() },
+            q_hat: self.download_some(&qd.q_hat, s.q_len())?,
+            q_scale: self.download_some(&qd.q_scale, bh_q * nqb)?,
+            k_hat: self.download_some(&qd.k_hat, s.kv_len())?,
+            k_scale: self.download_some(&qd.k_scale, bh_kv * nkb)?,
+            v_hat: self.download_some(&qd.v_hat, s.kv_len())?,
+            v_scale: self.download_some(&qd.v_scale, bh_kv * nkb)?,
+            k_mean: if qd.needs.quantized { self.download(&qd.k_mean, bh_kv * s.head_dim)? } else { Vec::new() },
+            row_offset: self.download_some(&qd.row_offset, rows)?,
+            q_mean: if cfg.smooth_q { self.download_some(&qd.q_mean, bh_q * nqb * s.head_dim)? } else { Vec::new() },
             do_hat: Vec::new(),
             do_scale: Vec::new(),
         };
@@ -339,8 +365,8 @@ impl Gpu {
         };
         let grads_host = match grads {
             Some(g) => {
-                quant.do_hat = self.download(&g.do_quant.do_hat, s.q_len())?;
-                quant.do_scale = self.download(&g.do_quant.do_scale, bh_q * nqb)?;
+                quant.do_hat = self.download_some(&g.do_quant.do_hat, s.q_len())?;
+                quant.do_scale = self.download_some(&g.do_quant.do_scale, bh_q * nqb)?;
                 Some(Gradients {
                     dq: bf(self.download(&g.dq, s.q_len())?),
                     dk: bf(self.download(&g.dk, s.kv_len())?),

@@ -32,37 +32,70 @@ unsafe impl cudarc::driver::DeviceRepr for QuantRowsParams {}
 // Layout contract with quantize.cu, which static_asserts the same size.
 const _: () = assert!(std::mem::size_of::<QuantRowsParams>() == 104);
 
-/// The quantized operands on the device (layouts of `sagebwd::sim::Quantized`). BF16 products
-/// read the original inputs, so no smoothed BF16 copies exist.
-pub struct QuantizedDev {
-    pub q_hat: CudaSlice<i8>,
-    pub q_scale: CudaSlice<f32>,
-    /// `[B, H_q, ⌈N_q/B_q⌉, d]`, written only with Q-smoothing.
-    pub q_mean: CudaSlice<f32>,
-    pub k_hat: CudaSlice<i8>,
-    pub k_scale: CudaSlice<f32>,
-    pub k_mean: CudaSlice<f32>,
-    /// `[B, H_q, N_q]` b_r = fl(cλ·q_r·K_m), the base-2 score offset K-smoothing removes (§3.5).
-    pub row_offset: CudaSlice<f32>,
-    /// Transposed copies `[B, H, d, N_pad]` (Q̂ᵀ, Qᵀ, K̂ᵀ, Kᵀ, V̂ᵀ, Vᵀ) for the tensor-core products
-    /// that reduce over tokens.
-    pub q_hat_t: CudaSlice<i8>,
-    pub q_t: CudaSlice<u16>,
-    pub k_hat_t: CudaSlice<i8>,
-    pub k_t: CudaSlice<u16>,
-    pub v_hat_t: CudaSlice<i8>,
-    pub v_t: CudaSlice<u16>,
-    pub v_hat: CudaSlice<i8>,
-    pub v_scale: CudaSlice<f32>,
+/// Which outputs of the quantization the selected kernel paths read. The staged (tensor-core)
+/// paths read the operands in their own layouts, so the others are neither allocated nor computed:
+/// less memory and fewer bytes written. An output left out has a null device address, so a kernel
+/// that read it anyway would fault rather than read stale data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantNeeds {
+    /// Q̂, K̂, V̂, dÔ with their scales, the K mean and the row offsets: not when every product of
+    /// both passes is BF16 on the staged paths (they read the BF16 inputs only).
+    pub quantized: bool,
+    /// The transposed BF16 copies Qᵀ, Kᵀ, Vᵀ, dOᵀ: only the gathering and scalar paths read them.
+    pub bf16_transposed: bool,
 }
 
-/// dO quantized per B_q block.
+impl QuantNeeds {
+    /// What the forward and backward paths for `cfg` on `gpu` read (`forward::forward_path`,
+    /// `backward::staged_backward`; the scalar kernels and the gathering paths read everything).
+    pub fn of(gpu: &Gpu, cfg: &Config) -> QuantNeeds {
+        use crate::backward::{staged_backward, StagedBackward};
+        use crate::forward::{forward_path, ForwardPath};
+        let f = flags(cfg);
+        if !gpu.tensor_cores() {
+            return QuantNeeds { quantized: true, bf16_transposed: true };
+        }
+        let (fwd, bwd) = (forward_path(f), staged_backward(f));
+        let staged = fwd != ForwardPath::Gather && bwd.is_some();
+        let all_bf16 = fwd == ForwardPath::StagedBf16 && bwd == Some(StagedBackward::Bf16);
+        QuantNeeds { quantized: !all_bf16, bf16_transposed: !staged }
+    }
+}
+
+/// The quantized operands on the device (layouts of `sagebwd::sim::Quantized`). BF16 products
+/// read the original inputs, so no smoothed BF16 copies exist. `None`: not needed by the kernel
+/// paths in use ([`QuantNeeds`]).
+pub struct QuantizedDev {
+    pub needs: QuantNeeds,
+    pub q_hat: Option<CudaSlice<i8>>,
+    pub q_scale: Option<CudaSlice<f32>>,
+    /// `[B, H_q, ⌈N_q/B_q⌉, d]`, written only with Q-smoothing.
+    pub q_mean: Option<CudaSlice<f32>>,
+    pub k_hat: Option<CudaSlice<i8>>,
+    pub k_scale: Option<CudaSlice<f32>>,
+    /// `[B, H_kv, d]`; always allocated (the dQ postprocess takes it), computed when `needs.quantized`.
+    pub k_mean: CudaSlice<f32>,
+    /// `[B, H_q, N_q]` b_r = fl(cλ·q_r·K_m), the base-2 score offset K-smoothing removes (§3.5).
+    pub row_offset: Option<CudaSlice<f32>>,
+    /// Transposed copies `[B, H, d, N_pad]` (Q̂ᵀ, Qᵀ, K̂ᵀ, Kᵀ, V̂ᵀ, Vᵀ) for the tensor-core products
+    /// that reduce over tokens.
+    pub q_hat_t: Option<CudaSlice<i8>>,
+    pub q_t: Option<CudaSlice<u16>>,
+    pub k_hat_t: Option<CudaSlice<i8>>,
+    pub k_t: Option<CudaSlice<u16>>,
+    pub v_hat_t: Option<CudaSlice<i8>>,
+    pub v_t: Option<CudaSlice<u16>>,
+    pub v_hat: Option<CudaSlice<i8>>,
+    pub v_scale: Option<CudaSlice<f32>>,
+}
+
+/// dO quantized per B_q block (`None` as in [`QuantizedDev`]).
 pub struct QuantizedDo {
-    pub do_hat: CudaSlice<i8>,
-    pub do_scale: CudaSlice<f32>,
+    pub do_hat: Option<CudaSlice<i8>>,
+    pub do_scale: Option<CudaSlice<f32>>,
     /// `[B, H_q, d, N_q,pad]` dÔᵀ and dOᵀ.
-    pub do_hat_t: CudaSlice<i8>,
-    pub do_t: CudaSlice<u16>,
+    pub do_hat_t: Option<CudaSlice<i8>>,
+    pub do_t: Option<CudaSlice<u16>>,
 }
 
 /// One call of `sage_quantize_rows` over a `[bh, n, d]` tensor.
@@ -75,8 +108,8 @@ struct RowsJob<'a> {
     block_mean: Option<&'a CudaSlice<f32>>,
     x_hat: &'a CudaSlice<i8>,
     scale: &'a CudaSlice<f32>,
-    /// Transposed x̂ and x, rows of `n_pad`.
-    transposed: Option<(&'a CudaSlice<i8>, &'a CudaSlice<u16>, usize)>,
+    /// Transposed x̂ and x (either may be absent), rows of `n_pad`.
+    transposed: (&'a Option<CudaSlice<i8>>, &'a Option<CudaSlice<u16>>, usize),
     /// The row offsets b_r of x = Q: (K_m, b_r, H_q, H_kv, cλ).
     row_offset: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>, usize, usize, f32)>,
 }
@@ -89,15 +122,15 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         block_mean: job.block_mean.map_or(0, |m| gpu.ptr(m)),
         x_hat: gpu.ptr(job.x_hat),
         scale: gpu.ptr(job.scale),
-        x_hat_t: job.transposed.map_or(0, |(t, _, _)| gpu.ptr(t)),
-        x_t: job.transposed.map_or(0, |(_, t, _)| gpu.ptr(t)),
+        x_hat_t: gpu.ptr(job.transposed.0),
+        x_t: gpu.ptr(job.transposed.1),
         k_mean: job.row_offset.map_or(0, |(m, ..)| gpu.ptr(m)),
         row_offset: job.row_offset.map_or(0, |(_, b, ..)| gpu.ptr(b)),
         n: job.n as i32,
         rows_per_block: job.rows_per_block as i32,
         n_blk: n_blk as i32,
         mean_group: job.head_mean.map_or(1, |(_, g)| g as i32),
-        n_pad: job.transposed.map_or(0, |(_, _, n)| n as i32),
+        n_pad: job.transposed.2 as i32,
         heads_q: job.row_offset.map_or(1, |(_, _, h, _, _)| h as i32),
         heads_kv: job.row_offset.map_or(1, |(_, _, _, h, _)| h as i32),
         c_lambda: job.row_offset.map_or(0.0, |(.., c)| c),
@@ -110,29 +143,33 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
 /// Rows per partial sum of the K mean (`K_MEAN_CHUNK` in quantize.cu).
 const K_MEAN_CHUNK: usize = 512;
 
-/// K_m, then K̂ (from K_s), V̂, Q̂ (from Q_s) and the BF16 smoothed copies (ALGORITHM.md §3).
+/// K_m, then K̂ (from K_s), V̂, Q̂ (from Q_s) and their transposed copies (ALGORITHM.md §3), as far
+/// as the kernel paths for `cfg` read them ([`QuantNeeds`]).
 pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<QuantizedDev> {
     let s = &x.shape;
     let dims = Dims::of(s, x.causal);
     let (bh_q, bh_kv) = (s.batch * s.heads_q, s.batch * s.heads_kv);
     let d = s.head_dim;
-    let qd = QuantizedDev {
-        q_hat: gpu.alloc_poisoned_i8(s.q_len())?,
-        q_scale: gpu.alloc_poisoned_f32(bh_q * dims.n_qblk as usize)?,
-        q_mean: gpu.alloc_poisoned_f32(if cfg.smooth_q { bh_q * dims.n_qblk as usize * d } else { 1 })?,
-        k_hat: gpu.alloc_poisoned_i8(s.kv_len())?,
-        k_scale: gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?,
-        k_mean: gpu.alloc_poisoned_f32(bh_kv * d)?,
-        row_offset: gpu.alloc_poisoned_f32(bh_q * s.n_q)?,
-        v_hat: gpu.alloc_poisoned_i8(s.kv_len())?,
-        v_scale: gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?,
-        q_hat_t: gpu.alloc_poisoned_i8(bh_q * d * padded_q(s.n_q))?,
-        q_t: gpu.alloc_poisoned_u16(bh_q * d * padded_q(s.n_q))?,
-        k_hat_t: gpu.alloc_poisoned_i8(bh_kv * d * padded_k(s.n_k))?,
-        k_t: gpu.alloc_poisoned_u16(bh_kv * d * padded_k(s.n_k))?,
-        v_hat_t: gpu.alloc_poisoned_i8(bh_kv * d * padded_k(s.n_k))?,
-        v_t: gpu.alloc_poisoned_u16(bh_kv * d * padded_k(s.n_k))?,
+    let needs = QuantNeeds::of(gpu, cfg);
+    let k_mean = gpu.alloc_poisoned_f32(bh_kv * d)?;
+    if !needs.quantized {
+        return Ok(QuantizedDev {
+            needs, q_hat: None, q_scale: None, q_mean: None, k_hat: None, k_scale: None, k_mean, row_offset: None,
+            q_hat_t: None, q_t: None, k_hat_t: None, k_t: None, v_hat_t: None, v_t: None, v_hat: None, v_scale: None,
+        });
+    }
+    let bf16_t = |n: usize| -> Result<Option<CudaSlice<u16>>> {
+        if needs.bf16_transposed { Ok(Some(gpu.alloc_poisoned_u16(n)?)) } else { Ok(None) }
     };
+    let (q_t_len, kv_t_len) = (bh_q * d * padded_q(s.n_q), bh_kv * d * padded_k(s.n_k));
+    let (q_hat, q_scale) = (gpu.alloc_poisoned_i8(s.q_len())?, gpu.alloc_poisoned_f32(bh_q * dims.n_qblk as usize)?);
+    let (k_hat, k_scale) = (gpu.alloc_poisoned_i8(s.kv_len())?, gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?);
+    let (v_hat, v_scale) = (gpu.alloc_poisoned_i8(s.kv_len())?, gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?);
+    let q_mean = gpu.alloc_poisoned_f32(if cfg.smooth_q { bh_q * dims.n_qblk as usize * d } else { 1 })?;
+    let row_offset = gpu.alloc_poisoned_f32(bh_q * s.n_q)?;
+    let (q_hat_t, q_t) = (Some(gpu.alloc_poisoned_i8(q_t_len)?), bf16_t(q_t_len)?);
+    let (k_hat_t, k_t) = (Some(gpu.alloc_poisoned_i8(kv_t_len)?), bf16_t(kv_t_len)?);
+    let (v_hat_t, v_t) = (Some(gpu.alloc_poisoned_i8(kv_t_len)?), bf16_t(kv_t_len)?);
     let stream = &gpu.dev.stream;
     let smooth_k = flags(cfg) & crate::F_SMOOTH_K != 0;
     // K_m: FP64 partial sums over chunks of K_MEAN_CHUNK rows (in parallel), then their sum.
@@ -148,51 +185,57 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let smooth_k = smooth_k as i32;
     let mean_cfg = LaunchConfig { grid_dim: (bh_kv as u32, 1, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
     drv("launch sage_k_mean", unsafe {
-        stream.launch_builder(&k.k_mean).arg(&partial).arg(&qd.k_mean).arg(&n_k).arg(&n_chunks_i).arg(&smooth_k)
+        stream.launch_builder(&k.k_mean).arg(&partial).arg(&k_mean).arg(&n_k).arg(&n_chunks_i).arg(&smooth_k)
             .launch(mean_cfg)
     })?;
     let (_, c_lambda) = crate::forward::scales(d);
     quantize_rows(gpu, k, RowsJob {
         x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
-        head_mean: Some((&qd.k_mean, 1)), block_mean: None,
-        x_hat: &qd.k_hat, scale: &qd.k_scale,
-        transposed: Some((&qd.k_hat_t, &qd.k_t, padded_k(s.n_k))),
+        head_mean: Some((&k_mean, 1)), block_mean: None,
+        x_hat: &k_hat, scale: &k_scale,
+        transposed: (&k_hat_t, &k_t, padded_k(s.n_k)),
         row_offset: None,
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
         head_mean: None, block_mean: None,
-        x_hat: &qd.v_hat, scale: &qd.v_scale,
-        transposed: Some((&qd.v_hat_t, &qd.v_t, padded_k(s.n_k))),
+        x_hat: &v_hat, scale: &v_scale,
+        transposed: (&v_hat_t, &v_t, padded_k(s.n_k)),
         row_offset: None,
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
-        head_mean: None, block_mean: cfg.smooth_q.then_some(&qd.q_mean),
-        x_hat: &qd.q_hat, scale: &qd.q_scale,
-        transposed: Some((&qd.q_hat_t, &qd.q_t, padded_q(s.n_q))),
+        head_mean: None, block_mean: cfg.smooth_q.then_some(&q_mean),
+        x_hat: &q_hat, scale: &q_scale,
+        transposed: (&q_hat_t, &q_t, padded_q(s.n_q)),
         // b_r = fl(cλ·q_r·K_m) (§3.5) from the staged Q tile
-        row_offset: Some((&qd.k_mean, &qd.row_offset, s.heads_q, s.heads_kv, c_lambda)),
+        row_offset: Some((&k_mean, &row_offset, s.heads_q, s.heads_kv, c_lambda)),
     })?;
-    Ok(qd)
+    Ok(QuantizedDev {
+        needs, q_hat: Some(q_hat), q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat: Some(k_hat), k_scale: Some(k_scale),
+        k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat: Some(v_hat), v_scale: Some(v_scale),
+    })
 }
 
-/// dÔ and s_dO per B_q block (backward preprocess).
-pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16>) -> Result<QuantizedDo> {
+/// dÔ and s_dO per B_q block (backward preprocess), and the transposed copies, as far as `needs`
+/// (the forward's) asks.
+pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16>, needs: QuantNeeds) -> Result<QuantizedDo> {
+    if !needs.quantized {
+        return Ok(QuantizedDo { do_hat: None, do_scale: None, do_hat_t: None, do_t: None });
+    }
     let s = &x.shape;
     let bh_q = s.batch * s.heads_q;
-    let out = QuantizedDo {
-        do_hat: gpu.alloc_poisoned_i8(s.q_len())?,
-        do_scale: gpu.alloc_poisoned_f32(bh_q * s.n_q.div_ceil(BLOCK_Q))?,
-        do_hat_t: gpu.alloc_poisoned_i8(bh_q * s.head_dim * padded_q(s.n_q))?,
-        do_t: gpu.alloc_poisoned_u16(bh_q * s.head_dim * padded_q(s.n_q))?,
-    };
+    let t_len = bh_q * s.head_dim * padded_q(s.n_q);
+    let do_hat = gpu.alloc_poisoned_i8(s.q_len())?;
+    let do_scale = gpu.alloc_poisoned_f32(bh_q * s.n_q.div_ceil(BLOCK_Q))?;
+    let do_hat_t = Some(gpu.alloc_poisoned_i8(t_len)?);
+    let do_t = if needs.bf16_transposed { Some(gpu.alloc_poisoned_u16(t_len)?) } else { None };
     quantize_rows(gpu, k, RowsJob {
         x: d_o, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
         head_mean: None, block_mean: None,
-        x_hat: &out.do_hat, scale: &out.do_scale,
-        transposed: Some((&out.do_hat_t, &out.do_t, padded_q(s.n_q))),
+        x_hat: &do_hat, scale: &do_scale,
+        transposed: (&do_hat_t, &do_t, padded_q(s.n_q)),
         row_offset: None,
     })?;
-    Ok(out)
+    Ok(QuantizedDo { do_hat: Some(do_hat), do_scale: Some(do_scale), do_hat_t, do_t })
 }
