@@ -856,6 +856,16 @@ __device__ __forceinline__ void wg_o_update(const ForwardParams& p, float (*o)[4
                                             const RowState& st, int bh_kv, int kb) {
     const float s_v = p.v_scale[bh_kv * p.dims.n_kblk + kb];
     const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
+    // When no row of the warp changed its max, α = 1 and fl(O·1) = O exactly: skip the multiply
+    // (most key blocks after the first few).
+    if (__all_sync(0xffffffffu, st.alpha[0] == 1.0f && st.alpha[1] == 1.0f)) {
+#pragma unroll
+        for (int nd = 0; nd < O_TILES; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                o[nd][e] = __fadd_rn(o[nd][e], __fmul_rn(i2f_exact(acc[4 * nd + e]), e < 2 ? dq0 : dq1));
+        return;
+    }
 #pragma unroll
     for (int nd = 0; nd < O_TILES; ++nd) o_update(o[nd], &acc[4 * nd], st, dq0, dq1);
 }

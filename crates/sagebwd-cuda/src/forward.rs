@@ -142,25 +142,27 @@ const F_WGMMA_SIMPLE: i32 = 1 << 17;
 const F_WGMMA_2WG: i32 = 1 << 18;
 const F_WGMMA_FAST_EXP: i32 = 1 << 19;
 
-/// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons): `pipe` (default: one
-/// warpgroup of 64 query rows per block, the next block's Q̂K̂ᵀ overlapping this block's O update),
-/// `fast` (the same with exp2 short of its subnormal fix-up when no argument needs it), `pipe2` (2
-/// warpgroups per block sharing the K̂/V̂ᵀ tiles), `simple` (no overlap), `off` (mma.sync path).
-fn wgmma_mode() -> Option<i32> {
+/// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). Default: at d = 128 two
+/// warpgroups of 64 query rows per block sharing the K̂/V̂ᵀ tiles (`pipe2`), at d = 64 one (`pipe`);
+/// both overlap the next block's Q̂K̂ᵀ with this block's O update. `fast`: `pipe` with exp2 short of
+/// its subnormal fix-up when no argument needs it; `simple`: no overlap; `off`: mma.sync path.
+fn wgmma_mode(head_dim: usize) -> Option<i32> {
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("off") => None,
+        Ok("pipe") => Some(F_WGMMA),
         Ok("simple") => Some(F_WGMMA | F_WGMMA_SIMPLE),
         Ok("pipe2") => Some(F_WGMMA | F_WGMMA_2WG),
         Ok("fast") => Some(F_WGMMA | F_WGMMA_FAST_EXP),
-        _ => Some(F_WGMMA),
+        // Measured best (RESULTS-gpu.md, wgmmafwd): 2 warpgroups sharing the tiles at d = 128, 1 at d = 64.
+        _ => Some(if head_dim == 128 { F_WGMMA | F_WGMMA_2WG } else { F_WGMMA }),
     }
 }
 
 /// The wgmma flag bits when the forward takes the sm_90a wgmma path: staged INT8 products without
 /// Q-smoothing (that variant keeps the mma.sync path), on a device compiled for sm_90a.
-fn wgmma_flags(gpu: &Gpu, flags: i32) -> i32 {
+fn wgmma_flags(gpu: &Gpu, flags: i32, head_dim: usize) -> i32 {
     let eligible = gpu.dev.arch == "sm_90a" && forward_path(flags) == ForwardPath::StagedInt8 && flags & crate::F_SMOOTH_Q == 0;
-    if eligible { wgmma_mode().unwrap_or(0) } else { 0 }
+    if eligible { wgmma_mode(head_dim).unwrap_or(0) } else { 0 }
 }
 
 /// Warpgroups (of 64 query rows) per block of the wgmma path.
@@ -217,7 +219,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     // static allocation);
     // scalar: 256 threads over the 64 × 128 tile, static shared memory.
     // wgmma (sm_90a): one warpgroup (64 query rows) per block, or two (F_WGMMA_2WG).
-    let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags) } else { 0 };
+    let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags, s.head_dim) } else { 0 };
     p.flags |= wgmma;
     let groups = wgmma_groups(wgmma);
     let (func, threads, smem) = if wgmma != 0 {
