@@ -44,7 +44,7 @@ extern "C" __global__ void rmsnorm_forward(const float* x, const float* gain, u1
 // gain terms into its own shared-memory row (n floats, dynamic), and the warps' rows are added in a
 // fixed order at the end, so the result does not depend on scheduling.
 #define NORM_WARPS 8
-#define NORM_BLOCK_ROWS 64
+#define NORM_BLOCK_ROWS 16
 extern "C" __global__ void __launch_bounds__(NORM_WARPS * WARP)
 rmsnorm_backward(const float* dy, const float* x, const float* gain, const float* rstd, float* dx, u16* dx_bf16,
                  float* partial, int n, long rows) {

@@ -112,7 +112,7 @@ const BLOCK: u32 = 256;
 /// Rows per chunk of the gain-gradient column sums.
 pub const GAIN_CHUNK_ROWS: usize = 256;
 /// Rows per block of the fused RMSNorm backward (`NORM_BLOCK_ROWS` in layers.cu), and its warps.
-pub const NORM_BLOCK_ROWS: usize = 64;
+pub const NORM_BLOCK_ROWS: usize = 16;
 const NORM_WARPS: usize = 8;
 /// Blocks of the grid-stride kernels (sum_squares partials, AdamW).
 pub const STRIDE_BLOCKS: usize = 1024;
