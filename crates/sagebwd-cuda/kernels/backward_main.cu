@@ -20,14 +20,19 @@ struct BackwardParams {
     const float* delta;     // [B, Hq, Nq]
     float* dq_acc;          // [B, Hq, Nq, d], zeroed by the preprocess
     float* ds_rowsum;       // [B, Hq, Nq], zeroed; Σ_j dS (only with the dQ correction)
-    float* dk_acc;          // [B, Hq, Nk, d], written whole
-    float* dv_acc;          // [B, Hq, Nk, d], written whole
+    float* dk_acc;          // [B, Hq, Nk, d], written whole (null with dk_out)
+    float* dv_acc;          // [B, Hq, Nk, d], written whole (null with dv_out)
+    // [B, Hkv, Nk, d] BF16: set only for a staged path without GQA (H_q = H_kv), where one block
+    // holds the whole dK, dV of its keys; the block then writes the postprocess's result itself.
+    u16* dk_out;
+    u16* dv_out;
     Dims dims;
     int flags;
     float c_lambda;
+    float c;                // softmax scale 1/sqrt(d) (dK = fl(c·Σ dK))
 };
 // Layout contract with src/backward.rs (which asserts the same size).
-static_assert(sizeof(BackwardParams) == 280, "BackwardParams layout changed: update src/backward.rs");
+static_assert(sizeof(BackwardParams) == 304, "BackwardParams layout changed: update src/backward.rs");
 
 #define KV_PER_THREAD (BLOCK_KV * HEAD_DIM / THREADS)
 #define Q_PER_THREAD (BLOCK_Q * HEAD_DIM / THREADS)
@@ -990,8 +995,17 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
             const int j = wkey0 + g + 8 * h;
             if (j >= d.n_k) continue;
             const long idx = ((long)bh * d.n_k + j) * HEAD_DIM + nd * 8 + 2 * t;
-            *(float2*)(p.dk_acc + idx) = make_float2(dk[nd][2 * h], dk[nd][2 * h + 1]);
-            *(float2*)(p.dv_acc + idx) = make_float2(dv[nd][2 * h], dv[nd][2 * h + 1]);
+            if (p.dk_out) {
+                // sage_bwd_post_dkdv's arithmetic for a group of one: fl(c·fl(0 + dK)), fl(0 + dV) (the
+                // 0 + turns −0 into +0 as the postprocess's sum does), rounded to BF16.
+                const float k0 = __fmul_rn(p.c, __fadd_rn(0.0f, dk[nd][2 * h])), k1 = __fmul_rn(p.c, __fadd_rn(0.0f, dk[nd][2 * h + 1]));
+                const float v0 = __fadd_rn(0.0f, dv[nd][2 * h]), v1 = __fadd_rn(0.0f, dv[nd][2 * h + 1]);
+                *(u32*)(p.dk_out + idx) = (u32)f32_to_bf16(k0) | ((u32)f32_to_bf16(k1) << 16);
+                *(u32*)(p.dv_out + idx) = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
+            } else {
+                *(float2*)(p.dk_acc + idx) = make_float2(dk[nd][2 * h], dk[nd][2 * h + 1]);
+                *(float2*)(p.dv_acc + idx) = make_float2(dv[nd][2 * h], dv[nd][2 * h + 1]);
+            }
         }
 }
 

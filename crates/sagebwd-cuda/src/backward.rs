@@ -25,13 +25,16 @@ struct BackwardParams {
     ds_rowsum: u64,
     dk_acc: u64,
     dv_acc: u64,
+    dk_out: u64,
+    dv_out: u64,
     dims: Dims,
     flags: i32,
     c_lambda: f32,
+    c: f32,
 }
 unsafe impl cudarc::driver::DeviceRepr for BackwardParams {}
 // Layout contract with backward_main.cu, which static_asserts the same size.
-const _: () = assert!(std::mem::size_of::<BackwardParams>() == 280);
+const _: () = assert!(std::mem::size_of::<BackwardParams>() == 304);
 
 /// Bytes of `BackwardShared` (backward_main.cu): the P and dS tiles, per-row lse2 and D, Q_m, β,
 /// the dS column sums and the reduction scratch. The kernel traps if it is given less.
@@ -132,9 +135,15 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let (c, c_lambda) = scales(s.head_dim);
     let cfg = &saved.cfg;
     let Preprocessed { do_quant, delta, dq_acc, ds_rowsum } = preprocess(gpu, k, x, &fwd.o, d_o, saved.quant.needs)?;
+    let staged = if gpu.tensor_cores() { staged_backward(flags(cfg)) } else { None };
+    // Without GQA a staged block holds the whole dK, dV of its keys and writes them in BF16 itself;
+    // otherwise per-query-head FP32 partials are summed over each group by the postprocess.
+    let direct = staged.is_some() && s.heads_q == s.heads_kv;
     let per_q_head_kv = s.batch * s.heads_q * s.n_k * s.head_dim;
-    let dk_acc = gpu.alloc_poisoned_f32(per_q_head_kv)?;
-    let dv_acc = gpu.alloc_poisoned_f32(per_q_head_kv)?;
+    let partials = |direct: bool| if direct { Ok(None) } else { gpu.alloc_poisoned_f32(per_q_head_kv).map(Some) };
+    let (dk_acc, dv_acc) = (partials(direct)?, partials(direct)?);
+    let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
+    let dv = gpu.alloc_poisoned_u16(s.kv_len())?;
 
     let qd = &saved.quant;
     let p = BackwardParams {
@@ -152,11 +161,13 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         ds_rowsum: gpu.ptr(&ds_rowsum),
         dk_acc: gpu.ptr(&dk_acc),
         dv_acc: gpu.ptr(&dv_acc),
+        dk_out: if direct { gpu.ptr(&dk) } else { 0 },
+        dv_out: if direct { gpu.ptr(&dv) } else { 0 },
         dims,
         flags: flags(cfg),
         c_lambda,
+        c,
     };
-    let staged = if gpu.tensor_cores() { staged_backward(flags(cfg)) } else { None };
     let smem = match staged {
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
         None => backward_smem_bytes(s.head_dim),
@@ -177,18 +188,18 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     drv("launch backward main", unsafe { gpu.dev.stream.launch_builder(func).arg(&p).launch(launch) })?;
 
     let dq = gpu.alloc_poisoned_u16(s.q_len())?;
-    let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
-    let dv = gpu.alloc_poisoned_u16(s.kv_len())?;
     let fl = flags(cfg);
     let stream = &gpu.dev.stream;
     drv("launch sage_bwd_post_dq", unsafe {
         stream.launch_builder(&k.post_dq).arg(&dq_acc).arg(&ds_rowsum).arg(&qd.k_mean).arg(&dq)
             .arg(&dims).arg(&c).arg(&fl).launch(grid_stride(s.q_len()))
     })?;
-    drv("launch sage_bwd_post_dkdv", unsafe {
-        stream.launch_builder(&k.post_dkdv).arg(&dk_acc).arg(&dv_acc).arg(&dk).arg(&dv)
-            .arg(&dims).arg(&c).launch(grid_stride(s.kv_len()))
-    })?;
+    if let (Some(dk_acc), Some(dv_acc)) = (&dk_acc, &dv_acc) {
+        drv("launch sage_bwd_post_dkdv", unsafe {
+            stream.launch_builder(&k.post_dkdv).arg(dk_acc).arg(dv_acc).arg(&dk).arg(&dv)
+                .arg(&dims).arg(&c).launch(grid_stride(s.kv_len()))
+        })?;
+    }
     Ok(DeviceGradients { dq, dk, dv, delta, do_quant })
 }
 
