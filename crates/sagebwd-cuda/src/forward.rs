@@ -222,8 +222,12 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags, s.head_dim) } else { 0 };
     p.flags |= wgmma;
     let groups = wgmma_groups(wgmma);
-    let (func, threads, smem) = if wgmma != 0 {
-        let smem = wgmma_smem_bytes(s.head_dim, groups);
+    let (func, threads, smem) = if gpu.tensor_cores() {
+        let (threads, smem) = if wgmma != 0 {
+            (128 * groups, wgmma_smem_bytes(s.head_dim, groups))
+        } else {
+            (128, forward_mma_smem_bytes(s.head_dim, forward_path(p.flags)))
+        };
         drv(
             "set forward shared memory",
             k.forward_mma.set_attribute(
@@ -231,17 +235,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
                 smem as i32,
             ),
         )?;
-        (&k.forward_mma, 128 * groups, smem)
-    } else if gpu.tensor_cores() {
-        let smem = forward_mma_smem_bytes(s.head_dim, forward_path(p.flags));
-        drv(
-            "set forward shared memory",
-            k.forward_mma.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            ),
-        )?;
-        (&k.forward_mma, 128, smem)
+        (&k.forward_mma, threads, smem)
     } else {
         (&k.forward, THREADS, 0)
     };
