@@ -49,10 +49,14 @@ impl QuantNeeds {
     /// What the forward and backward paths for `cfg` on `gpu` read (`forward::forward_path`,
     /// `backward::staged_backward`; the scalar kernels and the gathering paths read everything).
     pub fn of(gpu: &Gpu, cfg: &Config) -> QuantNeeds {
+        QuantNeeds::for_paths(gpu.tensor_cores(), flags(cfg))
+    }
+
+    /// The same from the kernel flags, for the tensor-core or the scalar kernels.
+    pub(crate) fn for_paths(tensor_cores: bool, f: i32) -> QuantNeeds {
         use crate::backward::{staged_backward, StagedBackward};
         use crate::forward::{forward_path, ForwardPath};
-        let f = flags(cfg);
-        if !gpu.tensor_cores() {
+        if !tensor_cores {
             return QuantNeeds { quantized: true, bf16_transposed: true };
         }
         let (fwd, bwd) = (forward_path(f), staged_backward(f));
@@ -238,4 +242,31 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
         row_offset: None,
     })?;
     Ok(QuantizedDo { do_hat: Some(do_hat), do_scale: Some(do_scale), do_hat_t, do_t })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sagebwd::Product;
+
+    fn needs(tensor_cores: bool, cfg: &Config) -> QuantNeeds {
+        QuantNeeds::for_paths(tensor_cores, flags(cfg))
+    }
+
+    #[test]
+    fn only_the_outputs_the_selected_paths_read() {
+        let all = QuantNeeds { quantized: true, bf16_transposed: true };
+        // Staged all-BF16 passes read no quantized operand; staged INT8 ones no BF16 transposes.
+        assert_eq!(needs(true, &Config::fpa()), QuantNeeds { quantized: false, bf16_transposed: false });
+        assert_eq!(needs(true, &Config::sagebwd()), QuantNeeds { quantized: true, bf16_transposed: false });
+        // A gathering pass (int8-all's backward, one INT8 forward product) reads everything.
+        assert_eq!(needs(true, &Config::int8_all()), all);
+        assert_eq!(needs(true, &Config::isolate(Product::QkFwd)), all);
+        // INT8 in one backward product: staged BF16 forward, gathering backward.
+        assert_eq!(needs(true, &Config::isolate(Product::Dq)), all);
+        // The scalar kernels read everything, whatever the preset.
+        for cfg in [Config::fpa(), Config::sagebwd(), Config::int8_all()] {
+            assert_eq!(needs(false, &cfg), all);
+        }
+    }
 }
