@@ -781,9 +781,7 @@ struct StagedSage {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int n0 = 4 * s + 2 * half;
-                    pa[s][2 * half + h] = pack_lo_bytes(
-                        quant_bits(prob[n0][2 * h], sc_p.inv), quant_bits(prob[n0][2 * h + 1], sc_p.inv),
-                        quant_bits(prob[n0 + 1][2 * h], sc_p.inv), quant_bits(prob[n0 + 1][2 * h + 1], sc_p.inv));
+                    pa[s][2 * half + h] = quant_quad(prob, n0, h, sc_p.inv, QuantBits());
                     u32 qd[4] = {quant_bits(ds[n0][2 * h], sc_ds.inv), quant_bits(ds[n0][2 * h + 1], sc_ds.inv),
                                  quant_bits(ds[n0 + 1][2 * h], sc_ds.inv), quant_bits(ds[n0 + 1][2 * h + 1], sc_ds.inv)};
                     da[s][2 * half + h] = pack_lo_bytes(qd[0], qd[1], qd[2], qd[3]);

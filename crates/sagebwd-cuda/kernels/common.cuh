@@ -464,6 +464,19 @@ __device__ __forceinline__ u32 quant_bits(float x, float inv) {
     return __float_as_uint(__fadd_rn(__fmul_rn(x, inv), 12582912.0f));
 }
 
+// quant(x, inv) of the four accumulator values (n0, 2h), (n0, 2h + 1), (n0 + 1, 2h), (n0 + 1, 2h + 1),
+// packed as bytes: with n0 = 4s + 2·half, the m16n8k32 A-fragment register [s][2·half + h] of the
+// staged paths' permuted key (or query) order. Quant returns its result in the low byte (QuantBits;
+// the forward's P̂ uses its non-negative variant).
+struct QuantBits {
+    __device__ __forceinline__ u32 operator()(float x, float inv) const { return quant_bits(x, inv); }
+};
+template <class Quant>
+__device__ __forceinline__ u32 quant_quad(float (*t)[4], int n0, int h, float inv, Quant quant) {
+    return pack_lo_bytes(quant(t[n0][2 * h], inv), quant(t[n0][2 * h + 1], inv),
+                         quant(t[n0 + 1][2 * h], inv), quant(t[n0 + 1][2 * h + 1], inv));
+}
+
 // *addr += {x, y} (FP32, relaxed, device scope), one 8-byte vector reduction on sm_90, two scalar
 // ones before; addr 8-byte aligned. The order of additions into one address is not fixed.
 __device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {

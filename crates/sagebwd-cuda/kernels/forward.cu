@@ -451,6 +451,9 @@ __device__ __forceinline__ int v_swz(int dd, int c) { return swz_rows8(dd, c); }
 __device__ __forceinline__ u32 quant_pos_bits(float x, float inv) {
     return __float_as_uint(__fadd_rn(__fmul_rn(x, inv), 8388608.0f));
 }
+struct QuantPosBits {
+    __device__ __forceinline__ u32 operator()(float x, float inv) const { return quant_pos_bits(x, inv); }
+};
 
 // Issues the copies of key block kb into buffer `buf` (all MMA_THREADS threads).
 __device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs, int bh_kv, int kb, int buf) {
@@ -618,10 +621,7 @@ __device__ __forceinline__ void softmax_p_hat(float (*t)[4], RowState& st, u32 (
         for (int half = 0; half < 2; ++half)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int n0 = 4 * s + 2 * half;
-                pa[s][2 * half + h] = pack_lo_bytes(
-                    quant_pos_bits(t[n0][2 * h], inv[h]), quant_pos_bits(t[n0][2 * h + 1], inv[h]),
-                    quant_pos_bits(t[n0 + 1][2 * h], inv[h]), quant_pos_bits(t[n0 + 1][2 * h + 1], inv[h]));
+                pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
             }
 }
 
