@@ -53,19 +53,6 @@ summary=$OUT/summary.txt
 { date -u; cat dev/train/BUILD.txt 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > "$summary"
 status=0
 
-steady() { # run directories...: steady-state tokens/s (median step time after the first 3 steps)
-  python3 - "$@" <<'PY' | tee -a "$summary"
-import json, statistics, sys
-for d in sys.argv[1:]:
-    rec = [json.loads(l) for l in open(d + "/metrics.jsonl")]
-    tr = [r for r in rec if r["kind"] == "train"]
-    dt = [b["time"] - a["time"] for a, b in zip(tr, tr[1:])][3:]
-    tokens = tr[1]["tokens_seen"] - tr[0]["tokens_seen"]
-    print(f"  steady state {d.split('/')[-1]}: {tokens / statistics.median(dt):,.0f} tokens/s "
-          f"(median step {1e3 * statistics.median(dt):.1f} ms over {len(dt)} steps)")
-PY
-}
-
 run_logged() { # name, command...: runs, keeps the log, copies summary lines
   local name=$1; shift
   echo "== $name: $*" | tee -a "$summary"
@@ -89,7 +76,6 @@ while [ $# -gt 0 ]; do
         run_logged "perf-$seq" $BIN train --device cuda --model base --seq "$seq" --batch "$batch" --steps 30 \
           --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd \
           --name "perf$seq" --runs-dir $RUNS
-        steady $RUNS/perf$seq-fpa $RUNS/perf$seq-sagebwd
       done ;;
     corpus)
       steps=$2; shift
@@ -108,7 +94,6 @@ while [ $# -gt 0 ]; do
       nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
       run_logged multi-base-1024 $BIN train --device cuda --gpus 2 --model base --seq 1024 --batch 16 --steps 30 \
         --warmup 5 --eval-every 1000 --eval-tokens 32768 --ckpt-every 1000 --preset fpa,sagebwd --name multi --runs-dir $RUNS
-      steady $RUNS/multi-fpa $RUNS/multi-sagebwd
       for g in "2 8" "1 16"; do
         gpus=${g% *} batch=${g#* }
         run_logged "same-step-${gpus}gpu" $BIN train --device cuda --gpus "$gpus" --model small --seq 1024 --batch "$batch" \

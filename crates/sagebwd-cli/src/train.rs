@@ -163,13 +163,16 @@ fn summary_line(s: &RunSummary) -> String {
     let mfu = if s.device.contains("H100") || s.device.contains("H200") {
         let peak = HOPPER_BF16_PEAK * s.gpus.max(1) as f64;
         let per = if s.gpus > 1 { format!(" ({} GPUs × {:.0})", s.gpus, HOPPER_BF16_PEAK / 1e12) } else { String::new() };
-        format!(", MFU {:.1} % of {:.0} TFLOP/s{per}", 100.0 * model_flops / peak, peak / 1e12)
+        let steady = s.steady_tokens_per_second.map_or(String::new(), |r| format!(" (steady {:.1} %)", 100.0 * r * s.flops_per_token / peak));
+        format!(", MFU {:.1} %{steady} of {:.0} TFLOP/s{per}", 100.0 * model_flops / peak, peak / 1e12)
     } else {
         String::new()
     };
     let memory = s.peak_memory.map_or(String::new(), |m| format!(", peak memory {:.2} GiB", m as f64 / (1u64 << 30) as f64));
+    // Steady state: the median step after the first 3 (warm-up: kernel loading, product planning).
+    let steady = s.steady_tokens_per_second.map_or(String::new(), |r| format!(", steady {r:.0}"));
     format!(
-        "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s, {:.1} model TFLOP/s{mfu}{memory}), final train loss {:.4}{val}",
+        "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s{steady}, {:.1} model TFLOP/s{mfu}{memory}), final train loss {:.4}{val}",
         s.attention,
         s.steps,
         s.tokens_seen,

@@ -181,6 +181,11 @@ pub struct RunSummary {
     pub final_val_bpb: Option<f64>,
     pub seconds: f64,
     pub tokens_per_second: f64,
+    /// Tokens per step / the median step time after this session's first 3 steps (None with fewer
+    /// than 5 steps): the throughput without the first steps' warm-up (kernel loading, product
+    /// planning, memory-pool growth).
+    #[serde(default)]
+    pub steady_tokens_per_second: Option<f64>,
     /// The engine's description (device, products, attention).
     #[serde(default)]
     pub device: String,
@@ -231,6 +236,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let bar = progress_bar(opts.progress, cfg.steps, state.step);
     let session_start = (state.elapsed, state.tokens_seen);
     let end = opts.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
+    let mut step_secs = Vec::new();
     while state.step < end {
         let t0 = Instant::now();
         let lr = schedule.lr(state.step);
@@ -238,7 +244,8 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
             .map_err(|e| diverged(e, state.step + 1, &ckpt_path))?;
         state.step += 1;
         state.tokens_seen += cfg.tokens_per_step() as u64;
-        state.elapsed += t0.elapsed().as_secs_f64();
+        step_secs.push(t0.elapsed().as_secs_f64());
+        state.elapsed += step_secs.last().copied().unwrap_or(0.0);
         last_loss = loss;
         log.append(&Record {
             kind: "train".into(),
@@ -285,11 +292,23 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         final_val_bpb: last_val.map(|v| v.1),
         seconds: state.elapsed,
         tokens_per_second: session_tokens as f64 / session_secs.max(1e-9),
+        steady_tokens_per_second: steady_rate(&step_secs, cfg.tokens_per_step()),
         device: engine.describe(),
         peak_memory: engine.peak_memory(),
         flops_per_token: cfg.model.flops_per_token(cfg.seq_len),
         gpus: cfg.gpus,
     })
+}
+
+/// Tokens per step over the median of the step times after the first 3 (None with fewer than 5 steps).
+pub fn steady_rate(step_secs: &[f64], tokens_per_step: usize) -> Option<f64> {
+    if step_secs.len() < 5 {
+        return None;
+    }
+    let mut t = step_secs[3..].to_vec();
+    t.sort_by(f64::total_cmp);
+    let median = if t.len() % 2 == 1 { t[t.len() / 2] } else { 0.5 * (t[t.len() / 2 - 1] + t[t.len() / 2]) };
+    Some(tokens_per_step as f64 / median.max(1e-12))
 }
 
 /// One optimizer step: accumulated gradients over `grad_accum` micro-batches, clipping, AdamW.

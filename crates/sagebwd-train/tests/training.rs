@@ -6,7 +6,7 @@ use sagebwd_train::config::ModelConfig;
 use sagebwd_train::metrics::{read_records, Record};
 use sagebwd_train::optim::AdamWConfig;
 use sagebwd_train::plot::{plot_losses, Curve};
-use sagebwd_train::train::{train, Corpus, DeviceChoice, RunOptions, TrainConfig};
+use sagebwd_train::train::{steady_rate, train, Corpus, DeviceChoice, RunOptions, TrainConfig};
 use std::path::Path;
 
 const VOCAB: usize = 64;
@@ -70,6 +70,9 @@ fn loss_falls_when_overfitting_a_repeated_phrase_with_fpa_and_sagebwd() {
         assert!((first - (VOCAB as f64).ln()).abs() < 0.3, "{attention}: initial loss {first} should be near ln {VOCAB}");
         let last = summary.final_train_loss;
         assert!(last < 0.5 * first, "{attention}: loss {first} → {last} did not halve");
+        // 40 steps: a steady-state rate exists, from the same steps as the whole-run rate.
+        let steady = summary.steady_tokens_per_second.expect("40 steps give a steady-state rate");
+        assert!(steady > 0.0 && steady.is_finite() && steady > 0.2 * summary.tokens_per_second, "{steady} vs {}", summary.tokens_per_second);
         let val = summary.final_val_loss.unwrap();
         // bits per byte with 1 byte per token is loss / ln 2
         assert!((summary.final_val_bpb.unwrap() - val / std::f64::consts::LN_2).abs() < 1e-9);
@@ -160,4 +163,13 @@ fn accumulation_matches_a_larger_micro_batch() {
         assert!((x - y).abs() < 1e-4, "losses {a:?} vs {b:?}");
     }
     assert!((a[3] - a[0]).abs() > 1e-2, "the steps must change the loss for the comparison to mean anything");
+}
+
+#[test]
+fn steady_rate_is_the_median_after_the_first_three_steps() {
+    assert_eq!(steady_rate(&[1.0, 1.0, 1.0, 1.0], 100), None, "fewer than 5 steps");
+    // Warm-up steps (5 s) are ignored; the median of [0.5, 0.1, 0.2] is 0.2 s.
+    assert_eq!(steady_rate(&[5.0, 5.0, 5.0, 0.5, 0.1, 0.2], 100), Some(500.0));
+    // Even count: the mean of the two middle values (0.2, 0.4).
+    assert!((steady_rate(&[9.0, 9.0, 9.0, 0.1, 0.2, 0.4, 0.8], 30).unwrap() - 100.0).abs() < 1e-9);
 }
