@@ -114,8 +114,17 @@ struct RowsJob<'a> {
     scale: &'a CudaSlice<f32>,
     /// Transposed x̂ and x (either may be absent), rows of `n_pad`.
     transposed: (&'a Option<CudaSlice<i8>>, &'a Option<CudaSlice<u16>>, usize),
-    /// The row offsets b_r of x = Q: (K_m, b_r, H_q, H_kv, cλ).
-    row_offset: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>, usize, usize, f32)>,
+    /// The row offsets b_r of x = Q.
+    row_offset: Option<RowOffsets<'a>>,
+}
+
+/// b_r = fl(cλ·q_r·K_m) for the rows of Q (§3.5), written by the Q quantization.
+struct RowOffsets<'a> {
+    k_mean: &'a CudaSlice<f32>,
+    out: &'a CudaSlice<f32>,
+    heads_q: usize,
+    heads_kv: usize,
+    c_lambda: f32,
 }
 
 fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
@@ -128,16 +137,16 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         scale: gpu.ptr(job.scale),
         x_hat_t: gpu.ptr(job.transposed.0),
         x_t: gpu.ptr(job.transposed.1),
-        k_mean: job.row_offset.map_or(0, |(m, ..)| gpu.ptr(m)),
-        row_offset: job.row_offset.map_or(0, |(_, b, ..)| gpu.ptr(b)),
+        k_mean: job.row_offset.as_ref().map_or(0, |r| gpu.ptr(r.k_mean)),
+        row_offset: job.row_offset.as_ref().map_or(0, |r| gpu.ptr(r.out)),
         n: job.n as i32,
         rows_per_block: job.rows_per_block as i32,
         n_blk: n_blk as i32,
         mean_group: job.head_mean.map_or(1, |(_, g)| g as i32),
         n_pad: job.transposed.2 as i32,
-        heads_q: job.row_offset.map_or(1, |(_, _, h, _, _)| h as i32),
-        heads_kv: job.row_offset.map_or(1, |(_, _, _, h, _)| h as i32),
-        c_lambda: job.row_offset.map_or(0.0, |(.., c)| c),
+        heads_q: job.row_offset.as_ref().map_or(1, |r| r.heads_q as i32),
+        heads_kv: job.row_offset.as_ref().map_or(1, |r| r.heads_kv as i32),
+        c_lambda: job.row_offset.as_ref().map_or(0.0, |r| r.c_lambda),
     };
     let cfg = LaunchConfig { grid_dim: (n_blk as u32, job.bh as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     let stream = &gpu.dev.stream;
@@ -213,7 +222,7 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
         x_hat: &q_hat, scale: &q_scale,
         transposed: (&q_hat_t, &q_t, padded_q(s.n_q)),
         // b_r = fl(cλ·q_r·K_m) (§3.5) from the staged Q tile
-        row_offset: Some((&k_mean, &row_offset, s.heads_q, s.heads_kv, c_lambda)),
+        row_offset: Some(RowOffsets { k_mean: &k_mean, out: &row_offset, heads_q: s.heads_q, heads_kv: s.heads_kv, c_lambda }),
     })?;
     Ok(QuantizedDev {
         needs, q_hat: Some(q_hat), q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat: Some(k_hat), k_scale: Some(k_scale),

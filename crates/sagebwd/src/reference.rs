@@ -58,11 +58,14 @@ fn axpy(y: &mut [f64], a: f64, x: &[f64]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
 }
 
+/// One query head's gradients: dQ, dK, dV, D.
+type HeadGrads = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+
 /// One query head's results.
 struct Head {
     o: Vec<f64>,
     lse: Vec<f64>,
-    grads: Option<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)>, // dq, dk, dv, delta
+    grads: Option<HeadGrads>,
     inter: Option<(Vec<f64>, Vec<f64>, Vec<f64>)>,
 }
 

@@ -557,9 +557,9 @@ impl<'a> HeadCtx<'a> {
             }
         }
         if cfg.dq_smooth_k_correction && cfg.is_int8(Product::Dq) {
-            for i in 0..rows {
-                for (x, &km) in out.dq[i * d..(i + 1) * d].iter_mut().zip(self.k_mean) {
-                    *x += rowsum_ds[i] * km;
+            for (dq_row, &rs) in out.dq.chunks_mut(d).zip(&rowsum_ds).take(rows) {
+                for (x, &km) in dq_row.iter_mut().zip(self.k_mean) {
+                    *x += rs * km;
                 }
             }
         }
