@@ -134,14 +134,15 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let dims = Dims::of(s, x.causal);
     let (c, c_lambda) = scales(s.head_dim);
     let cfg = &saved.cfg;
+    let fl = flags(cfg);
     let Preprocessed { do_quant, delta, dq_acc, ds_rowsum } = preprocess(gpu, k, x, &fwd.o, d_o, saved.quant.needs)?;
-    let staged = if gpu.tensor_cores() { staged_backward(flags(cfg)) } else { None };
+    let staged = if gpu.tensor_cores() { staged_backward(fl) } else { None };
     // Without GQA a staged block holds the whole dK, dV of its keys and writes them in BF16 itself;
     // otherwise per-query-head FP32 partials are summed over each group by the postprocess.
     let direct = staged.is_some() && s.heads_q == s.heads_kv;
     let per_q_head_kv = s.batch * s.heads_q * s.n_k * s.head_dim;
-    let partials = |direct: bool| if direct { Ok(None) } else { gpu.alloc_poisoned_f32(per_q_head_kv).map(Some) };
-    let (dk_acc, dv_acc) = (partials(direct)?, partials(direct)?);
+    let partials = || if direct { Ok(None) } else { gpu.alloc_poisoned_f32(per_q_head_kv).map(Some) };
+    let (dk_acc, dv_acc) = (partials()?, partials()?);
     let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
     let dv = gpu.alloc_poisoned_u16(s.kv_len())?;
 
@@ -164,7 +165,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         dk_out: if direct { gpu.ptr(&dk) } else { 0 },
         dv_out: if direct { gpu.ptr(&dv) } else { 0 },
         dims,
-        flags: flags(cfg),
+        flags: fl,
         c_lambda,
         c,
     };
@@ -172,8 +173,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
         None => backward_smem_bytes(s.head_dim),
     };
-    let optin = drv("smem attribute", gpu.dev.ctx.attribute(
-        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))? as usize;
+    let optin = gpu.dev.smem_optin;
     if smem > optin {
         return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
     }
@@ -188,7 +188,6 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     drv("launch backward main", unsafe { gpu.dev.stream.launch_builder(func).arg(&p).launch(launch) })?;
 
     let dq = gpu.alloc_poisoned_u16(s.q_len())?;
-    let fl = flags(cfg);
     let stream = &gpu.dev.stream;
     drv("launch sage_bwd_post_dq", unsafe {
         stream.launch_builder(&k.post_dq).arg(&dq_acc).arg(&ds_rowsum).arg(&qd.k_mean).arg(&dq)

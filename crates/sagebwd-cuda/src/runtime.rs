@@ -273,6 +273,9 @@ pub struct Device {
     pub stream: Arc<CudaStream>,
     pub arch: String,
     pub name: String,
+    /// The most dynamic shared memory one block may opt into (bytes), read once here rather than
+    /// before every launch.
+    pub smem_optin: usize,
 }
 
 pub(crate) fn drv<T>(what: &str, r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<T> {
@@ -298,7 +301,9 @@ impl Device {
         let arch = arch_for(major, minor)?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let stream = ctx.default_stream();
-        Ok(Device { ctx, stream, arch, name })
+        let optin = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
+        let smem_optin = drv("shared memory limit", ctx.attribute(optin))? as usize;
+        Ok(Device { ctx, stream, arch, name, smem_optin })
     }
 
     /// Free device memory in bytes (cuMemGetInfo).

@@ -137,16 +137,20 @@ pub fn make_engine(cfg: &TrainConfig, weights: Weights, device: DeviceChoice, ve
                 Ok(e) => Ok(Box::new(e)),
                 Err(why) => {
                     if verbose {
-                        let why = match why {
-                            Error::Gpu(msg) => msg,
-                            other => other.to_string(),
-                        };
-                        eprintln!("note: training on the CPU ({threads} threads): no usable GPU: {why}");
+                        eprintln!("note: training on the CPU ({threads} threads): no usable GPU: {}", gpu_reason(why));
                     }
                     Ok(cpu(weights, attention))
                 }
             }
         }
+    }
+}
+
+/// Why a GPU engine could not start, without the "GPU: " prefix its errors display with.
+fn gpu_reason(e: Error) -> String {
+    match e {
+        Error::Gpu(msg) => msg,
+        other => other.to_string(),
     }
 }
 
@@ -163,7 +167,7 @@ fn data_parallel_gpus(cfg: &TrainConfig, weights: &Weights, device: DeviceChoice
     let replicas = (0..n)
         .map(|i| {
             GpuEngine::on(i, cfg.model.clone(), weights, cfg.adamw.clone(), attention.clone())
-                .map_err(|e| Error::Gpu(format!("replica {} of {n} (GPU {i}): {}", i + 1, e.to_string().trim_start_matches("GPU: "))))
+                .map_err(|e| Error::Gpu(format!("replica {} of {n} (GPU {i}): {}", i + 1, gpu_reason(e))))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Box::new(DataParallel::new(replicas)?))
