@@ -11,6 +11,7 @@
 #      bash scripts/gpu/train.sh perf             # base model, seq 1024 and 4096, fpa and sagebwd
 #      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd (SEED=n: another seed)
 #      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
+#      bash scripts/gpu/train.sh profile          # base, 1024: time per phase (SAGEBWD_PROFILE=1, synchronized)
 #      bash scripts/gpu/train.sh multi            # 2 GPUs (machine kind nvidia-h200-x2): data-parallel
 #                                                 # throughput, and 2 GPUs × 8 vs 1 GPU × 16 sequences
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
@@ -41,16 +42,17 @@ prepare() {
 }
 
 if [ "${1:-}" = --prepare ]; then shift; prepare "$@"; exit $?; fi
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,15p' "$0"; exit 0; fi
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,16p' "$0"; exit 0; fi
 
 OUT=${OUT:-/tmp/sagebwd-train-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export SAGEBWD_CACHE_DIR=$PWD/dev/train/cache
-BIN=dev/train/bin/sagebwd
+# TRAIN_BIN / TRAIN_CACHE: another build (a baseline) in the same call.
+export SAGEBWD_CACHE_DIR=${TRAIN_CACHE:-$PWD/dev/train/cache}
+BIN=${TRAIN_BIN:-dev/train/bin/sagebwd}
 RUNS=/tmp/sagebwd-runs
 summary=$OUT/summary.txt
-{ date -u; cat dev/train/BUILD.txt 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > "$summary"
+{ date -u; echo "binary $BIN"; cat "$(dirname "$(dirname "$BIN")")/BUILD.txt" 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > "$summary"
 status=0
 
 run_logged() { # name, command...: runs, keeps the log, copies summary lines
@@ -77,6 +79,10 @@ while [ $# -gt 0 ]; do
           --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd \
           --name "perf$seq" --runs-dir $RUNS
       done ;;
+    profile)
+      SAGEBWD_PROFILE=1 run_logged profile $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 20 \
+        --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd --name prof --runs-dir $RUNS
+      grep -E "^profile|^  [a-z]" "$OUT/profile.log" >> "$summary" ;;
     corpus)
       steps=$2; shift
       seed=${SEED:-1}

@@ -11,7 +11,7 @@
 //! - backward scratch shared by the layers.
 
 use super::blas::{Blas, Out};
-use super::kernels::{HeadsDims, Rows, TrainKernels, GAIN_CHUNK_ROWS, NORM_BLOCK_ROWS, STRIDE_BLOCKS};
+use super::kernels::{adam_chunks, AdamChunk, HeadsDims, Rows, TrainKernels, GAIN_CHUNK_ROWS, NORM_BLOCK_ROWS, STRIDE_BLOCKS};
 use super::{cuda_err, Error, Result};
 use crate::backend::Attention;
 use crate::config::ModelConfig;
@@ -24,8 +24,8 @@ use sagebwd_cuda::pool::Pool;
 use sagebwd_cuda::{DeviceForward, DeviceInputs, Gpu, SavedForBackward};
 use std::sync::Arc;
 
-/// Tokens per chunk of the LM head: the FP32 logits of a chunk are `chunk × vocab` (1.6 GB at 8192).
-const HEAD_CHUNK: usize = 8192;
+/// Tokens per chunk of the LM head: the BF16 logits of a chunk are `chunk × vocab` (1.6 GB at 16384).
+const HEAD_CHUNK: usize = 16384;
 /// NaN, the poison of freshly allocated activation buffers.
 const POISON: u32 = 0x7fc0_0000;
 
@@ -97,8 +97,8 @@ struct Acts {
     x_final: Buf<f32>,
     hidden: Buf<u16>,
     rstd_final: Buf<f32>,
-    logits: Buf<f32>,
-    d_logits: Buf<u16>,
+    /// BF16 logits of one chunk of tokens, overwritten by their gradient (`xent`).
+    logits: Buf<u16>,
     row_loss: Buf<f32>,
     // backward scratch
     dx: Buf<f32>,
@@ -133,6 +133,8 @@ pub struct GpuEngine {
     adam_m: Buf<f32>,
     adam_v: Buf<f32>,
     adam_t: u64,
+    /// The AdamW launch's work list: the flat buffers in chunks of one weight decay each.
+    adam_chunks: Buf<AdamChunk>,
     norm_partial: Buf<f64>,
     rope_cos: Buf<f32>,
     rope_sin: Buf<f32>,
@@ -216,7 +218,10 @@ impl GpuEngine {
             Ok(Buf { data, ptr })
         };
         let flat: Vec<f32> = weights.tensors().into_iter().flat_map(|t| t.iter().copied()).collect();
+        let chunks = adam_chunks(slots.iter().map(|s| (s.offset, s.len, s.decay)));
+        let chunks = stream.clone_htod(&chunks).map_err(|e| cuda_err("upload", e))?;
         let e = GpuEngine {
+            adam_chunks: Buf { ptr: addr(&chunks, &stream), data: chunks },
             params: upload_f32(&flat)?,
             // Zero padding after the last tensor: the padded LM-head product reads up to
             // `padded_vocab − vocab` rows past an untied head (see `lm_head`).
@@ -350,7 +355,6 @@ impl GpuEngine {
             hidden: poisoned(&self.k, &s, t * d)?,
             rstd_final: poisoned(&self.k, &s, t)?,
             logits: poisoned(&self.k, &s, chunk * vp)?,
-            d_logits: poisoned(&self.k, &s, chunk * vp)?,
             row_loss: poisoned(&self.k, &s, t)?,
             dx: poisoned(&self.k, &s, t * d)?,
             dx_bf16: poisoned(&self.k, &s, t * d)?,
@@ -442,13 +446,16 @@ impl GpuEngine {
             // All `vp` (padded) logits are computed: an odd output width (50,257) makes cuBLASLt fall back to
             // slow kernels (measured 95 TFLOP/s). The rows of the table past the vocabulary are the next
             // parameters or the zero padding of `params_bf16`: finite, and ignored by `xent`.
-            self.timed("products: lm head", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, vp, Out::F32, None))?;
+            // BF16 logits, as under PyTorch's autocast: half the bytes of FP32 for the product to write and
+            // the cross-entropy to read, and the gradient overwrites them (no second buffer). The loss and
+            // the softmax are computed in FP32 from them (train-check's tolerances count this rounding).
+            self.timed("products: lm head", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, vp, Out::Bf16, None))?;
             let scale = grad_scale.unwrap_or(0.0);
-            self.timed("cross-entropy", || self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), a.d_logits.ptr, n, v, scale, grad_scale.is_some()))?;
+            self.timed("cross-entropy", || self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), n, v, scale, grad_scale.is_some()))?;
             if grad_scale.is_some() {
-                // Reduction over the padded width: `xent` wrote zeros into the padding columns.
-                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.d_logits.ptr, vp, head, n, d, vp, Out::F32))?;
-                self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.d_logits.ptr, vp, a.hidden.at(c0 * d), n, d, v))?;
+                // `logits` now holds ∂logits. Reduction over the padded width: `xent` wrote zeros into the padding columns.
+                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.logits.ptr, vp, head, n, d, vp, Out::F32))?;
+                self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.logits.ptr, vp, a.hidden.at(c0 * d), n, d, v))?;
             }
         }
         Ok(())
@@ -564,14 +571,9 @@ impl Engine for GpuEngine {
         let c = &self.adamw;
         let bc1 = 1.0 - c.beta1.powi(self.adam_t as i32);
         let bc2 = 1.0 - c.beta2.powi(self.adam_t as i32);
-        self.timed("optimizer", || {
-            for slot in &self.slots {
-                let wd = if slot.decay { c.weight_decay } else { 0.0 };
-                let o = slot.offset;
-                self.k.adamw(self.params.at(o), self.params_bf16.at(o), self.grads.at(o), self.adam_m.at(o), self.adam_v.at(o), slot.len, lr, c, wd, bc1, bc2, grad_scale)?;
-            }
-            Ok(())
-        })
+        let (chunks, n_chunks) = (self.adam_chunks.ptr, self.adam_chunks.data.len());
+        let (p, pb, g, m, v) = (self.params.ptr, self.params_bf16.ptr, self.grads.ptr, self.adam_m.ptr, self.adam_v.ptr);
+        self.timed("optimizer", || self.k.adamw(p, pb, g, m, v, chunks, n_chunks, lr, c, bc1, bc2, grad_scale))
     }
 
     fn gradients(&self) -> Result<Weights> {

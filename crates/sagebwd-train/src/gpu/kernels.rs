@@ -114,8 +114,34 @@ pub const GAIN_CHUNK_ROWS: usize = 256;
 /// Rows per block of the fused RMSNorm backward (`NORM_BLOCK_ROWS` in layers.cu), and its warps.
 pub const NORM_BLOCK_ROWS: usize = 16;
 const NORM_WARPS: usize = 8;
-/// Blocks of the grid-stride kernels (sum_squares partials, AdamW).
+/// Blocks of the grid-stride kernels (sum_squares partials, casts, fills).
 pub const STRIDE_BLOCKS: usize = 1024;
+
+/// Elements per block of the AdamW launch.
+const ADAM_CHUNK: usize = 32 * 1024;
+
+/// A piece of the flat parameter buffers with one weight-decay setting (`AdamChunk` in optimizer.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdamChunk {
+    pub start: i64,
+    pub len: i32,
+    pub decay: i32,
+}
+unsafe impl cudarc::driver::DeviceRepr for AdamChunk {}
+unsafe impl cudarc::driver::ValidAsZeroBits for AdamChunk {}
+
+/// Splits tensors `(offset, len, decay)` into chunks of at most `ADAM_CHUNK` elements, in order.
+pub fn adam_chunks(tensors: impl IntoIterator<Item = (usize, usize, bool)>) -> Vec<AdamChunk> {
+    let mut chunks = Vec::new();
+    for (offset, len, decay) in tensors {
+        for start in (0..len).step_by(ADAM_CHUNK) {
+            let n = ADAM_CHUNK.min(len - start);
+            chunks.push(AdamChunk { start: (offset + start) as i64, len: n as i32, decay: decay as i32 });
+        }
+    }
+    chunks
+}
 
 fn blocks(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.div_ceil(BLOCK as usize).max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
@@ -268,17 +294,23 @@ impl TrainKernels {
         launch!(self, cast_bf16, grid_stride(n), x, y, n as i64)
     }
 
-    /// Per-row cross-entropy of FP32 logits `[rows, ld]` (first `vocab` columns); BF16 gradient
-    /// with the same layout when `want_grad`.
+    /// Per-row cross-entropy of BF16 logits `[rows, ld]` (first `vocab` columns; `ld` a multiple
+    /// of 8, 16-byte aligned rows); with `want_grad` the BF16 gradient overwrites the logits.
     #[allow(clippy::too_many_arguments)]
-    pub fn xent(&self, logits: u64, ld: usize, targets: u64, row_loss: u64, d_logits: u64, rows: usize, vocab: usize, scale: f32, want_grad: bool) -> Result<()> {
+    pub fn xent(&self, logits: u64, ld: usize, targets: u64, row_loss: u64, rows: usize, vocab: usize, scale: f32, want_grad: bool) -> Result<()> {
+        if ld % 8 != 0 || logits % 16 != 0 || vocab > ld {
+            return Err(super::Error::Gpu(format!("xent: row width {ld} (vocabulary {vocab}) must be a multiple of 8 ≥ the vocabulary, rows 16-byte aligned")));
+        }
         let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-        launch!(self, xent, cfg, logits, ld as i64, targets, row_loss, d_logits, vocab as i32, scale, want_grad as i32)
+        launch!(self, xent, cfg, logits, ld as i64, targets, row_loss, vocab as i32, scale, want_grad as i32)
     }
 
+    /// AdamW over the flat buffers in one launch: one block per [`AdamChunk`] of `chunks`
+    /// (`n_chunks` of them, on the device; see [`adam_chunks`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn adamw(&self, p: u64, p_bf16: u64, g: u64, m: u64, v: u64, n: usize, lr: f32, c: &crate::optim::AdamWConfig, wd: f32, bc1: f32, bc2: f32, grad_scale: f32) -> Result<()> {
-        launch!(self, adamw, grid_stride(n), p, p_bf16, g, m, v, n as i64, lr, c.beta1, c.beta2, c.eps, wd, bc1, bc2, grad_scale)
+    pub fn adamw(&self, p: u64, p_bf16: u64, g: u64, m: u64, v: u64, chunks: u64, n_chunks: usize, lr: f32, c: &crate::optim::AdamWConfig, bc1: f32, bc2: f32, grad_scale: f32) -> Result<()> {
+        let cfg = LaunchConfig { grid_dim: (n_chunks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        launch!(self, adamw, cfg, p, p_bf16, g, m, v, chunks, lr, c.beta1, c.beta2, c.eps, c.weight_decay, bc1, bc2, grad_scale)
     }
 
     /// Writes `STRIDE_BLOCKS`-at-most partial sums of squares (FP64) to `partial`; returns how many.
@@ -290,5 +322,28 @@ impl TrainKernels {
 
     pub fn fill_u32(&self, x: u64, n_words: usize, value: u32) -> Result<()> {
         launch!(self, fill_u32, grid_stride(n_words), x, n_words as i64, value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{adam_chunks, ADAM_CHUNK};
+
+    #[test]
+    fn adam_chunks_cover_every_element_once_with_its_tensors_decay() {
+        // A small tensor, one of exactly two chunks, one with a remainder, and an empty one.
+        let tensors = [(0, 768, false), (768, 2 * ADAM_CHUNK, true), (768 + 2 * ADAM_CHUNK, ADAM_CHUNK + 5, true), (768 + 3 * ADAM_CHUNK + 5, 0, false)];
+        let chunks = adam_chunks(tensors);
+        assert_eq!(chunks.len(), 1 + 2 + 2);
+        let mut next = 0i64;
+        for c in &chunks {
+            assert_eq!(c.start, next, "chunks are contiguous and in order");
+            assert!(c.len > 0 && c.len as usize <= ADAM_CHUNK);
+            let owner = tensors.iter().find(|t| (t.0 as i64) <= c.start && c.start < (t.0 + t.1) as i64).unwrap();
+            assert!(c.start + c.len as i64 <= (owner.0 + owner.1) as i64, "a chunk stays inside its tensor");
+            assert_eq!(c.decay, owner.2 as i32);
+            next += c.len as i64;
+        }
+        assert_eq!(next as usize, 768 + 3 * ADAM_CHUNK + 5);
     }
 }
