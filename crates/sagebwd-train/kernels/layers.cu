@@ -22,17 +22,34 @@ extern "C" __global__ void embed_backward(const u32* tokens, const float* dx, fl
 
 // ---- RMSNorm -------------------------------------------------------------------------------
 
-// y = x · rstd · g (BF16, the next product's operand), rstd = 1/sqrt(mean(x²) + eps). One warp per row.
+// y = x · rstd · g (BF16, the next product's operand), rstd = 1/sqrt(mean(x²) + eps). One warp per row;
+// with n % 4 == 0 (vec = 1) every lane moves 16-byte pieces of x and 8-byte pieces of y.
 extern "C" __global__ void rmsnorm_forward(const float* x, const float* gain, u16* y, float* rstd, int n, long rows,
-                                           float eps) {
+                                           float eps, int vec) {
     const long row = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
     const int lane = threadIdx.x % WARP;
     if (row >= rows) return;
     const float* xr = x + row * n;
     float ss = 0.0f;
-    for (int c = lane; c < n; c += WARP) ss += xr[c] * xr[c];
+    if (vec) {
+        for (int c = 4 * lane; c < n; c += 4 * WARP) {
+            const float4 v = *reinterpret_cast<const float4*>(xr + c);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else {
+        for (int c = lane; c < n; c += WARP) ss += xr[c] * xr[c];
+    }
     const float rs = 1.0f / sqrtf(warp_sum(ss) / n + eps);
-    for (int c = lane; c < n; c += WARP) y[row * n + c] = f32_to_bf16(xr[c] * rs * gain[c]);
+    if (vec) {
+        for (int c = 4 * lane; c < n; c += 4 * WARP) {
+            const float4 v = *reinterpret_cast<const float4*>(xr + c), g = *reinterpret_cast<const float4*>(gain + c);
+            const uint2 out = make_uint2(f32_to_bf16(v.x * rs * g.x) | ((u32)f32_to_bf16(v.y * rs * g.y) << 16),
+                                         f32_to_bf16(v.z * rs * g.z) | ((u32)f32_to_bf16(v.w * rs * g.w) << 16));
+            *reinterpret_cast<uint2*>(y + row * n + c) = out;
+        }
+    } else {
+        for (int c = lane; c < n; c += WARP) y[row * n + c] = f32_to_bf16(xr[c] * rs * gain[c]);
+    }
     if (lane == 0) rstd[row] = rs;
 }
 
@@ -40,20 +57,19 @@ extern "C" __global__ void rmsnorm_forward(const float* x, const float* gain, u1
 // FP32 rows): dx += rstd · g ∘ dy − x · rstd³ · (Σ g ∘ dy ∘ x) / n, its BF16 copy dx_bf16 (the operand
 // of the preceding layer's dx product), and the gain gradient's partial column sums
 // partial[block, c] = Σ_{rows of the block} dy · x · rstd (finished by sum_partials). Block: NORM_WARPS
-// warps over NORM_BLOCK_ROWS consecutive rows, one warp per row at a time; each warp sums its rows'
+// warps over rows_per_block consecutive rows, one warp per row at a time; each warp sums its rows'
 // gain terms into its own shared-memory row (n floats, dynamic), and the warps' rows are added in a
 // fixed order at the end, so the result does not depend on scheduling.
 #define NORM_WARPS 8
-#define NORM_BLOCK_ROWS 16
 extern "C" __global__ void __launch_bounds__(NORM_WARPS * WARP)
 rmsnorm_backward(const float* dy, const float* x, const float* gain, const float* rstd, float* dx, u16* dx_bf16,
-                 float* partial, int n, long rows) {
+                 float* partial, int n, long rows, int rows_per_block) {
     extern __shared__ float s_gain[];  // [NORM_WARPS][n]
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     float* my_gain = s_gain + warp * n;
     for (int c = lane; c < n; c += WARP) my_gain[c] = 0.0f;
-    const long r0 = (long)blockIdx.x * NORM_BLOCK_ROWS;
-    for (long row = r0 + warp; row < min(rows, r0 + NORM_BLOCK_ROWS); row += NORM_WARPS) {
+    const long r0 = (long)blockIdx.x * rows_per_block;
+    for (long row = r0 + warp; row < min(rows, r0 + rows_per_block); row += NORM_WARPS) {
         const float *dyr = dy + row * n, *xr = x + row * n;
         float ux = 0.0f;
         for (int c = lane; c < n; c += WARP) ux += dyr[c] * gain[c] * xr[c];
@@ -81,12 +97,15 @@ rmsnorm_backward(const float* dy, const float* x, const float* gain, const float
 // memory in a fixed order, so the result does not depend on scheduling.
 #define COL_TILE 32
 #define ROW_LANES 8
+// sum_partials' row lanes: its few blocks (one per 32 columns) each need many loads in flight.
+#define PARTIAL_LANES 32
 
+template <int LANES>
 __device__ __forceinline__ float sum_row_lanes(float v, float (*s)[COL_TILE]) {
     s[threadIdx.y][threadIdx.x] = v;
     __syncthreads();
     float total = 0.0f;
-    for (int k = 0; k < ROW_LANES; k++) total += s[k][threadIdx.x];
+    for (int k = 0; k < LANES; k++) total += s[k][threadIdx.x];
     return total;
 }
 
@@ -101,19 +120,21 @@ extern "C" __global__ void column_sum_partial(const float* a, Rows a_rows, float
     const long r1 = min(rows, r0 + rows_per_chunk);
     float acc = 0.0f;
     if (c < n)
+#pragma unroll 4
         for (long r = r0 + threadIdx.y; r < r1; r += ROW_LANES) acc += a[row_offset(a_rows, r) + c];
-    const float total = sum_row_lanes(acc, s);
+    const float total = sum_row_lanes<ROW_LANES>(acc, s);
     if (threadIdx.y == 0 && c < n) partial[(long)blockIdx.y * n + c] = total;
 }
 
-// out[c] += Σ_k partial[k, c] (row lanes take every ROW_LANES-th chunk; fixed order).
+// out[c] += Σ_k partial[k, c] (row lanes take every PARTIAL_LANES-th chunk; fixed order).
 extern "C" __global__ void sum_partials(const float* partial, float* out, int n, int chunks) {
-    __shared__ float s[ROW_LANES][COL_TILE];
+    __shared__ float s[PARTIAL_LANES][COL_TILE];
     const int c = blockIdx.x * COL_TILE + threadIdx.x;
     float acc = 0.0f;
     if (c < n)
-        for (int k = threadIdx.y; k < chunks; k += ROW_LANES) acc += partial[(long)k * n + c];
-    const float total = sum_row_lanes(acc, s);
+#pragma unroll 4
+        for (int k = threadIdx.y; k < chunks; k += PARTIAL_LANES) acc += partial[(long)k * n + c];
+    const float total = sum_row_lanes<PARTIAL_LANES>(acc, s);
     if (threadIdx.y == 0 && c < n) out[c] += total;
 }
 

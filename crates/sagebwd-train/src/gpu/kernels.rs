@@ -111,7 +111,7 @@ pub struct TrainKernels {
 const BLOCK: u32 = 256;
 /// Rows per chunk of the gain-gradient column sums.
 pub const GAIN_CHUNK_ROWS: usize = 256;
-/// Rows per block of the fused RMSNorm backward (`NORM_BLOCK_ROWS` in layers.cu), and its warps.
+/// Rows per block of the fused RMSNorm backward (its `rows_per_block`), and its warps (`NORM_WARPS`).
 pub const NORM_BLOCK_ROWS: usize = 16;
 const NORM_WARPS: usize = 8;
 /// Blocks of the grid-stride kernels (sum_squares partials, casts, fills).
@@ -216,7 +216,9 @@ impl TrainKernels {
     /// FP32 `x [rows, n]` → BF16 `y`, FP32 `rstd [rows]`.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_forward(&self, x: u64, gain: u64, y: u64, rstd: u64, n: usize, rows: usize, eps: f32) -> Result<()> {
-        launch!(self, rmsnorm_forward, warps(rows), x, gain, y, rstd, n as i32, rows as i64, eps)
+        // 16-byte accesses need n % 4 == 0 and 16-byte aligned rows (x, gain) and 8-byte aligned y rows.
+        let vec = n % 4 == 0 && x % 16 == 0 && gain % 16 == 0 && y % 8 == 0;
+        launch!(self, rmsnorm_forward, warps(rows), x, gain, y, rstd, n as i32, rows as i64, eps, vec as i32)
     }
 
     /// The RMSNorm backward: `dx += ∂/∂x` (FP32), `dx_bf16` = BF16 copy of the new dx, and
@@ -231,14 +233,14 @@ impl TrainKernels {
             self.rmsnorm_backward.set_attribute(attr, smem as i32).map_err(|e| cuda_err(&format!("RMSNorm backward of width {n}: {smem} B of shared memory"), e))?;
         }
         let cfg = LaunchConfig { grid_dim: (chunks as u32, 1, 1), block_dim: ((NORM_WARPS * 32) as u32, 1, 1), shared_mem_bytes: smem as u32 };
-        launch!(self, rmsnorm_backward, cfg, dy, x, gain, rstd, dx, dx_bf16, partial, n as i32, rows as i64)?;
+        launch!(self, rmsnorm_backward, cfg, dy, x, gain, rstd, dx, dx_bf16, partial, n as i32, rows as i64, NORM_BLOCK_ROWS as i32)?;
         self.sum_partials(partial, d_gain, n, chunks)
     }
 
     /// `out[c] += Σ_k partial[k, c]` over `chunks` rows of partial sums.
     fn sum_partials(&self, partial: u64, out: u64, n: usize, chunks: usize) -> Result<()> {
-        // COL_TILE × ROW_LANES threads (layers.cu).
-        let cfg = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+        // COL_TILE × PARTIAL_LANES threads (layers.cu).
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, 1, 1), block_dim: (32, 32, 1), shared_mem_bytes: 0 };
         launch!(self, sum_partials, cfg, partial, out, n as i32, chunks as i32)
     }
 
