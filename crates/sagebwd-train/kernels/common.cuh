@@ -64,6 +64,20 @@ struct Rows {
     long token_stride;
 };
 
-__device__ __forceinline__ long row_offset(const Rows& r, long row) {
-    return (row / r.per_token) * r.token_stride + (row % r.per_token) * (long)r.n;
-}
+// Rows row, row + stride, row + 2·stride, … of a Rows set: one division at the start, not a 64-bit
+// division per row (which made the column sums compute-bound).
+struct RowWalk {
+    long token;
+    int slot;
+    long token_step;
+    int slot_step;
+    __device__ RowWalk(const Rows& r, long row, int stride)
+        : token(row / r.per_token), slot((int)(row % r.per_token)), token_step(stride / r.per_token),
+          slot_step(stride % r.per_token) {}
+    __device__ long offset(const Rows& r) const { return token * r.token_stride + (long)slot * r.n; }
+    __device__ void next(const Rows& r) {
+        token += token_step;
+        slot += slot_step;
+        if (slot >= r.per_token) { slot -= r.per_token; token++; }
+    }
+};

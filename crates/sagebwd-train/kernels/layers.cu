@@ -22,35 +22,57 @@ extern "C" __global__ void embed_backward(const u32* tokens, const float* dx, fl
 
 // ---- RMSNorm -------------------------------------------------------------------------------
 
+// V consecutive floats (V = 4: one 16-byte access) and their BF16 rounding (V = 4: one 8-byte store).
+template <int V>
+__device__ __forceinline__ void load_floats(const float* p, float (&a)[V]) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+    } else {
+        for (int i = 0; i < V; i++) a[i] = p[i];
+    }
+}
+template <int V>
+__device__ __forceinline__ void store_floats(float* p, const float (&a)[V]) {
+    if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(a[0], a[1], a[2], a[3]);
+    else for (int i = 0; i < V; i++) p[i] = a[i];
+}
+template <int V>
+__device__ __forceinline__ void store_bf16(u16* p, const float (&a)[V]) {
+    if constexpr (V == 4)
+        *reinterpret_cast<uint2*>(p) = make_uint2(f32_to_bf16(a[0]) | ((u32)f32_to_bf16(a[1]) << 16),
+                                                  f32_to_bf16(a[2]) | ((u32)f32_to_bf16(a[3]) << 16));
+    else for (int i = 0; i < V; i++) p[i] = f32_to_bf16(a[i]);
+}
+
 // y = x · rstd · g (BF16, the next product's operand), rstd = 1/sqrt(mean(x²) + eps). One warp per row;
-// with n % 4 == 0 (vec = 1) every lane moves 16-byte pieces of x and 8-byte pieces of y.
+// lane `lane` takes columns V·lane + V·WARP·k, V at a time (V = 4 needs n % 4 == 0).
+template <int V>
+__device__ __forceinline__ void rmsnorm_forward_row(const float* xr, const float* gain, u16* yr, float* rstd, int n,
+                                                    float eps) {
+    const int lane = threadIdx.x % WARP;
+    float ss = 0.0f;
+    for (int c = V * lane; c < n; c += V * WARP) {
+        float v[V];
+        load_floats<V>(xr + c, v);
+        for (int i = 0; i < V; i++) ss += v[i] * v[i];
+    }
+    const float rs = 1.0f / sqrtf(warp_sum(ss) / n + eps);
+    for (int c = V * lane; c < n; c += V * WARP) {
+        float v[V], g[V];
+        load_floats<V>(xr + c, v), load_floats<V>(gain + c, g);
+        for (int i = 0; i < V; i++) v[i] = v[i] * rs * g[i];
+        store_bf16<V>(yr + c, v);
+    }
+    if (lane == 0) *rstd = rs;
+}
+
 extern "C" __global__ void rmsnorm_forward(const float* x, const float* gain, u16* y, float* rstd, int n, long rows,
                                            float eps, int vec) {
     const long row = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-    const int lane = threadIdx.x % WARP;
     if (row >= rows) return;
-    const float* xr = x + row * n;
-    float ss = 0.0f;
-    if (vec) {
-        for (int c = 4 * lane; c < n; c += 4 * WARP) {
-            const float4 v = *reinterpret_cast<const float4*>(xr + c);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-    } else {
-        for (int c = lane; c < n; c += WARP) ss += xr[c] * xr[c];
-    }
-    const float rs = 1.0f / sqrtf(warp_sum(ss) / n + eps);
-    if (vec) {
-        for (int c = 4 * lane; c < n; c += 4 * WARP) {
-            const float4 v = *reinterpret_cast<const float4*>(xr + c), g = *reinterpret_cast<const float4*>(gain + c);
-            const uint2 out = make_uint2(f32_to_bf16(v.x * rs * g.x) | ((u32)f32_to_bf16(v.y * rs * g.y) << 16),
-                                         f32_to_bf16(v.z * rs * g.z) | ((u32)f32_to_bf16(v.w * rs * g.w) << 16));
-            *reinterpret_cast<uint2*>(y + row * n + c) = out;
-        }
-    } else {
-        for (int c = lane; c < n; c += WARP) y[row * n + c] = f32_to_bf16(xr[c] * rs * gain[c]);
-    }
-    if (lane == 0) rstd[row] = rs;
+    if (vec) rmsnorm_forward_row<4>(x + row * n, gain, y + row * n, rstd + row, n, eps);
+    else rmsnorm_forward_row<1>(x + row * n, gain, y + row * n, rstd + row, n, eps);
 }
 
 // The RMSNorm backward, with what the next steps need fused in (each would otherwise re-read the
@@ -61,28 +83,48 @@ extern "C" __global__ void rmsnorm_forward(const float* x, const float* gain, u1
 // gain terms into its own shared-memory row (n floats, dynamic), and the warps' rows are added in a
 // fixed order at the end, so the result does not depend on scheduling.
 #define NORM_WARPS 8
+
+// Lane `lane` of a warp takes columns V·lane + V·WARP·k, V at a time (V = 4 needs n % 4 == 0).
+template <int V>
+__device__ __forceinline__ void rmsnorm_backward_rows(const float* dy, const float* x, const float* gain,
+                                                      const float* rstd, float* dx, u16* dx_bf16, float* my_gain,
+                                                      int n, long rows, long r0, int rows_per_block) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    for (long row = r0 + warp; row < min(rows, r0 + rows_per_block); row += NORM_WARPS) {
+        const float *dyr = dy + row * n, *xr = x + row * n;
+        float ux = 0.0f;
+        for (int c = V * lane; c < n; c += V * WARP) {
+            float g[V], xv[V], w[V];
+            load_floats<V>(dyr + c, g), load_floats<V>(xr + c, xv), load_floats<V>(gain + c, w);
+            for (int i = 0; i < V; i++) ux += g[i] * w[i] * xv[i];
+        }
+        const float rs = rstd[row];
+        const float coef = rs * rs * rs * warp_sum(ux) / n;
+        for (int c = V * lane; c < n; c += V * WARP) {
+            float g[V], xv[V], w[V], v[V];
+            load_floats<V>(dyr + c, g), load_floats<V>(xr + c, xv), load_floats<V>(gain + c, w);
+            load_floats<V>(dx + row * n + c, v);
+            for (int i = 0; i < V; i++) {
+                v[i] += rs * w[i] * g[i] - xv[i] * coef;
+                my_gain[c + i] += g[i] * xv[i] * rs;
+            }
+            store_floats<V>(dx + row * n + c, v);
+            store_bf16<V>(dx_bf16 + row * n + c, v);
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(NORM_WARPS * WARP)
 rmsnorm_backward(const float* dy, const float* x, const float* gain, const float* rstd, float* dx, u16* dx_bf16,
-                 float* partial, int n, long rows, int rows_per_block) {
+                 float* partial, int n, long rows, int rows_per_block, int vec) {
     extern __shared__ float s_gain[];  // [NORM_WARPS][n]
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     float* my_gain = s_gain + warp * n;
     for (int c = lane; c < n; c += WARP) my_gain[c] = 0.0f;
+    __syncwarp();
     const long r0 = (long)blockIdx.x * rows_per_block;
-    for (long row = r0 + warp; row < min(rows, r0 + rows_per_block); row += NORM_WARPS) {
-        const float *dyr = dy + row * n, *xr = x + row * n;
-        float ux = 0.0f;
-        for (int c = lane; c < n; c += WARP) ux += dyr[c] * gain[c] * xr[c];
-        const float rs = rstd[row];
-        const float coef = rs * rs * rs * warp_sum(ux) / n;
-        for (int c = lane; c < n; c += WARP) {
-            const float g = dyr[c], xv = xr[c];
-            const float v = dx[row * n + c] + (rs * gain[c] * g - xv * coef);
-            dx[row * n + c] = v;
-            dx_bf16[row * n + c] = f32_to_bf16(v);
-            my_gain[c] += g * xv * rs;
-        }
-    }
+    if (vec) rmsnorm_backward_rows<4>(dy, x, gain, rstd, dx, dx_bf16, my_gain, n, rows, r0, rows_per_block);
+    else rmsnorm_backward_rows<1>(dy, x, gain, rstd, dx, dx_bf16, my_gain, n, rows, r0, rows_per_block);
     __syncthreads();
     for (int c = threadIdx.x; c < n; c += blockDim.x) {
         float total = 0.0f;
@@ -119,9 +161,11 @@ extern "C" __global__ void column_sum_partial(const float* a, Rows a_rows, float
     const long r0 = (long)blockIdx.y * rows_per_chunk;
     const long r1 = min(rows, r0 + rows_per_chunk);
     float acc = 0.0f;
-    if (c < n)
+    if (c < n) {
+        RowWalk walk(a_rows, r0 + threadIdx.y, ROW_LANES);
 #pragma unroll 4
-        for (long r = r0 + threadIdx.y; r < r1; r += ROW_LANES) acc += a[row_offset(a_rows, r) + c];
+        for (long r = r0 + threadIdx.y; r < r1; r += ROW_LANES, walk.next(a_rows)) acc += a[walk.offset(a_rows) + c];
+    }
     const float total = sum_row_lanes<ROW_LANES>(acc, s);
     if (threadIdx.y == 0 && c < n) partial[(long)blockIdx.y * n + c] = total;
 }

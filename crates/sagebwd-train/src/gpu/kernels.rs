@@ -112,7 +112,7 @@ const BLOCK: u32 = 256;
 /// Rows per chunk of the gain-gradient column sums.
 pub const GAIN_CHUNK_ROWS: usize = 256;
 /// Rows per block of the fused RMSNorm backward (its `rows_per_block`), and its warps (`NORM_WARPS`).
-pub const NORM_BLOCK_ROWS: usize = 16;
+pub const NORM_BLOCK_ROWS: usize = 32;
 const NORM_WARPS: usize = 8;
 /// Blocks of the grid-stride kernels (sum_squares partials, casts, fills).
 pub const STRIDE_BLOCKS: usize = 1024;
@@ -233,7 +233,8 @@ impl TrainKernels {
             self.rmsnorm_backward.set_attribute(attr, smem as i32).map_err(|e| cuda_err(&format!("RMSNorm backward of width {n}: {smem} B of shared memory"), e))?;
         }
         let cfg = LaunchConfig { grid_dim: (chunks as u32, 1, 1), block_dim: ((NORM_WARPS * 32) as u32, 1, 1), shared_mem_bytes: smem as u32 };
-        launch!(self, rmsnorm_backward, cfg, dy, x, gain, rstd, dx, dx_bf16, partial, n as i32, rows as i64, NORM_BLOCK_ROWS as i32)?;
+        let vec = n % 4 == 0 && [dy, x, gain, dx].iter().all(|p| p % 16 == 0) && dx_bf16 % 8 == 0;
+        launch!(self, rmsnorm_backward, cfg, dy, x, gain, rstd, dx, dx_bf16, partial, n as i32, rows as i64, NORM_BLOCK_ROWS as i32, vec as i32)?;
         self.sum_partials(partial, d_gain, n, chunks)
     }
 
