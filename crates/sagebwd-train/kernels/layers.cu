@@ -197,9 +197,8 @@ __device__ __forceinline__ void slot_of(const HeadsDims& d, int s, int& kind, in
 }
 
 // Offset of (b, h, t) in a `[batch, heads, seq, head_dim]` tensor.
-__device__ __forceinline__ long head_offset(const HeadsDims& d, int heads, long tok, int h) {
-    const long b = tok / d.seq, t = tok % d.seq;
-    return ((b * heads + h) * d.seq + t) * d.head_dim;
+__device__ __forceinline__ long head_offset(const HeadsDims& d, int heads, int b, int t, int h) {
+    return (((long)b * heads + h) * d.seq + t) * d.head_dim;
 }
 
 // Each head vector (one (token, slot)) is handled by a group of head_dim / 8 consecutive lanes (8 at
@@ -209,21 +208,25 @@ __device__ __forceinline__ long head_offset(const HeadsDims& d, int heads, long 
 #define PAIRS 4
 
 struct HeadLane {
-    long tok;
+    long tok;               // b · seq + t
+    int b, t;
     int slot, kind, h, i0;  // i0: the lane's first pair
-    bool valid;             // false for the lanes past the last head vector (they still shuffle)
+    bool valid;             // false for the lanes past the token's last head vector (they still shuffle)
 };
 
+// Grid: x over one token's slots × lanes, y = position t, z = sequence b (HeadsDims::launch), so no
+// thread divides by the token count (64-bit divisions made these kernels instruction-bound).
 __device__ __forceinline__ HeadLane head_lane(const HeadsDims& d) {
     const int lanes = d.head_dim / (2 * PAIRS), slots = d.heads_q + 2 * d.heads_kv;
-    const long gid = (long)blockIdx.x * blockDim.x + threadIdx.x, vec = gid / lanes;
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     HeadLane l;
-    l.valid = vec < (long)d.batch * d.seq * slots;
-    const long v = l.valid ? vec : 0;
-    l.tok = v / slots;
-    l.slot = (int)(v % slots);
+    l.valid = idx < slots * lanes;
+    l.b = blockIdx.z;
+    l.t = blockIdx.y;
+    l.tok = (long)l.b * d.seq + l.t;
+    l.slot = l.valid ? idx / lanes : 0;
     slot_of(d, l.slot, l.kind, l.h);
-    l.i0 = PAIRS * (int)(gid % lanes);
+    l.i0 = PAIRS * (idx % lanes);
     return l;
 }
 
@@ -282,7 +285,7 @@ extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const 
     const float rs = 1.0f / sqrtf(group_sum(ss, hd / (2 * PAIRS)) / hd + d.eps);
     if (!l.valid) return;
     if (l.kind == 2) {  // V: the same BF16 values, moved into the heads layout
-        store_pairs(v + head_offset(d, d.heads_kv, l.tok, l.h), l.i0, half, x);
+        store_pairs(v + head_offset(d, d.heads_kv, l.b, l.t, l.h), l.i0, half, x);
         return;
     }
     if (d.qk_norm) {
@@ -294,7 +297,7 @@ extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const 
         }
         if (l.i0 == 0) (l.kind == 0 ? q_rstd : k_rstd)[l.tok * (l.kind == 0 ? d.heads_q : d.heads_kv) + l.h] = rs;
     }
-    const long t = l.tok % d.seq;
+    const long t = l.t;
     const float4 c4 = *(const float4*)(cos_t + t * half + l.i0), s4 = *(const float4*)(sin_t + t * half + l.i0);
     const float c[PAIRS] = {c4.x, c4.y, c4.z, c4.w}, s[PAIRS] = {s4.x, s4.y, s4.z, s4.w};
     Pairs y;
@@ -303,7 +306,7 @@ extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const 
         y.a[p] = x.a[p] * c[p] - x.b[p] * s[p];
         y.b[p] = x.a[p] * s[p] + x.b[p] * c[p];
     }
-    u16* dst = l.kind == 0 ? q + head_offset(d, d.heads_q, l.tok, l.h) : k + head_offset(d, d.heads_kv, l.tok, l.h);
+    u16* dst = l.kind == 0 ? q + head_offset(d, d.heads_q, l.b, l.t, l.h) : k + head_offset(d, d.heads_kv, l.b, l.t, l.h);
     store_pairs(dst, l.i0, half, y);
 }
 
@@ -318,14 +321,14 @@ extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const 
     const HeadLane l = head_lane(d);
     const int hd = d.head_dim, half = hd / 2, slots = d.heads_q + 2 * d.heads_kv;
     const bool rotated = l.valid && l.kind != 2;
-    const u16* src = l.kind == 0 ? dq + head_offset(d, d.heads_q, l.tok, l.h)
-                   : l.kind == 1 ? dk + head_offset(d, d.heads_kv, l.tok, l.h)
-                                 : dv + head_offset(d, d.heads_kv, l.tok, l.h);
+    const u16* src = l.kind == 0 ? dq + head_offset(d, d.heads_q, l.b, l.t, l.h)
+                   : l.kind == 1 ? dk + head_offset(d, d.heads_kv, l.b, l.t, l.h)
+                                 : dv + head_offset(d, d.heads_kv, l.b, l.t, l.h);
     Pairs dy = {};
     if (l.valid) dy = load_pairs(src, l.i0, half);
     Pairs dn = dy;  // ∂ of the normalized vector: inverse rotation (V: unchanged)
     if (rotated) {
-        const long t = l.tok % d.seq;
+        const long t = l.t;
         const float4 c4 = *(const float4*)(cos_t + t * half + l.i0), s4 = *(const float4*)(sin_t + t * half + l.i0);
         const float c[PAIRS] = {c4.x, c4.y, c4.z, c4.w}, s[PAIRS] = {s4.x, s4.y, s4.z, s4.w};
 #pragma unroll
@@ -368,14 +371,14 @@ extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const 
 }
 
 // `[batch, heads, seq, hd]` ↔ `[batch·seq, heads·hd]` (BF16), 8 elements (16 bytes) per thread.
+// Grid: x over one token's heads × 16-byte pieces, y = position t, z = sequence b.
 extern "C" __global__ void permute_heads(const u16* src, u16* dst, int batch, int seq, int heads, int head_dim,
                                          int to_tokens) {
     const int vecs = head_dim / 8;
-    const long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (long)batch * heads * seq * vecs) return;
-    const int c = (int)(e % vecs);
-    const long t = (e / vecs) % seq, bh = e / vecs / seq;
-    const long b = bh / heads, h = bh % heads;
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= heads * vecs) return;
+    const int c = idx % vecs, h = idx / vecs;
+    const long t = blockIdx.y, b = blockIdx.z, bh = b * heads + h;
     const long head_idx = (bh * seq + t) * head_dim + c * 8;
     const long tok_idx = ((b * seq + t) * heads + h) * head_dim + c * 8;
     const long from = to_tokens ? head_idx : tok_idx, to = to_tokens ? tok_idx : head_idx;
@@ -393,13 +396,14 @@ struct __align__(2 * VEC) Bf16s {
 };
 
 // The SwiGLU kernels handle VEC consecutive columns j of one token per thread (the host takes VEC = 8
-// when f is a multiple of 8, so that a thread's columns never straddle two tokens, else VEC = 1).
+// when f is a multiple of 8, else VEC = 1). Grid: x over a token's columns, y = position, z = sequence
+// (token_grid on the host), so the token index needs no division.
 // gu: `[tokens, gate (f) | up (f)]` BF16 (the product's output) → act = silu(gate) ∘ up, BF16 `[tokens, f]`.
 template <int VEC>
-__device__ __forceinline__ void swiglu_forward_vec(const u16* gu, u16* act, int f, long tokens) {
-    const long e = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-    if (e >= tokens * f) return;
-    const long t = e / f, j = e % f;
+__device__ __forceinline__ void swiglu_forward_vec(const u16* gu, u16* act, int f) {
+    const long t = (long)blockIdx.z * gridDim.y + blockIdx.y, j = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (j >= f) return;
+    const long e = t * f + j;
     const Bf16s<VEC> g = *(const Bf16s<VEC>*)(gu + t * 2 * f + j), u = *(const Bf16s<VEC>*)(gu + t * 2 * f + f + j);
     Bf16s<VEC> out;
 #pragma unroll
@@ -412,10 +416,10 @@ __device__ __forceinline__ void swiglu_forward_vec(const u16* gu, u16* act, int 
 
 // d_gu = [∂gate | ∂up] (BF16) from ∂act (BF16): silu'(g) = σ(g) · (1 + g · (1 − σ(g))).
 template <int VEC>
-__device__ __forceinline__ void swiglu_backward_vec(const u16* d_act, const u16* gu, u16* d_gu, int f, long tokens) {
-    const long e = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-    if (e >= tokens * f) return;
-    const long t = e / f, j = e % f;
+__device__ __forceinline__ void swiglu_backward_vec(const u16* d_act, const u16* gu, u16* d_gu, int f) {
+    const long t = (long)blockIdx.z * gridDim.y + blockIdx.y, j = ((long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (j >= f) return;
+    const long e = t * f + j;
     const Bf16s<VEC> g = *(const Bf16s<VEC>*)(gu + t * 2 * f + j), u = *(const Bf16s<VEC>*)(gu + t * 2 * f + f + j);
     const Bf16s<VEC> da = *(const Bf16s<VEC>*)(d_act + e);
     Bf16s<VEC> d_gate, d_up;
@@ -429,13 +433,13 @@ __device__ __forceinline__ void swiglu_backward_vec(const u16* d_act, const u16*
     *(Bf16s<VEC>*)(d_gu + t * 2 * f + f + j) = d_up;
 }
 
-extern "C" __global__ void swiglu_forward(const u16* gu, u16* act, int f, long tokens) { swiglu_forward_vec<1>(gu, act, f, tokens); }
-extern "C" __global__ void swiglu_forward_x8(const u16* gu, u16* act, int f, long tokens) { swiglu_forward_vec<8>(gu, act, f, tokens); }
-extern "C" __global__ void swiglu_backward(const u16* d_act, const u16* gu, u16* d_gu, int f, long tokens) {
-    swiglu_backward_vec<1>(d_act, gu, d_gu, f, tokens);
+extern "C" __global__ void swiglu_forward(const u16* gu, u16* act, int f) { swiglu_forward_vec<1>(gu, act, f); }
+extern "C" __global__ void swiglu_forward_x8(const u16* gu, u16* act, int f) { swiglu_forward_vec<8>(gu, act, f); }
+extern "C" __global__ void swiglu_backward(const u16* d_act, const u16* gu, u16* d_gu, int f) {
+    swiglu_backward_vec<1>(d_act, gu, d_gu, f);
 }
-extern "C" __global__ void swiglu_backward_x8(const u16* d_act, const u16* gu, u16* d_gu, int f, long tokens) {
-    swiglu_backward_vec<8>(d_act, gu, d_gu, f, tokens);
+extern "C" __global__ void swiglu_backward_x8(const u16* d_act, const u16* gu, u16* d_gu, int f) {
+    swiglu_backward_vec<8>(d_act, gu, d_gu, f);
 }
 
 // ---- casts ---------------------------------------------------------------------------------

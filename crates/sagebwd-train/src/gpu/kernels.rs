@@ -72,9 +72,6 @@ impl HeadsDims {
     fn slots(&self) -> usize {
         (self.heads_q + 2 * self.heads_kv) as usize
     }
-    fn tokens(&self) -> usize {
-        self.batch as usize * self.seq as usize
-    }
     /// The heads kernels' grid: head_dim / 8 lanes per head vector (layers.cu, `head_lane`), which
     /// must tile a warp.
     fn launch(&self) -> Result<LaunchConfig> {
@@ -82,7 +79,7 @@ impl HeadsDims {
         if self.head_dim % 8 != 0 || lanes == 0 || 32 % lanes != 0 {
             return Err(super::Error::Gpu(format!("the heads kernels need a head dimension of 8, 16, …, 256; got {}", self.head_dim)));
         }
-        Ok(blocks(self.tokens() * self.slots() * lanes))
+        token_grid(self.slots() * lanes, self.batch as usize, self.seq as usize)
     }
 }
 
@@ -145,6 +142,16 @@ pub fn adam_chunks(tensors: impl IntoIterator<Item = (usize, usize, bool)>) -> V
 
 fn blocks(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.div_ceil(BLOCK as usize).max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// A grid with `per_token` threads for every token: x over them (blocks of a whole number of warps),
+/// y = position, z = sequence, so that kernels find their token without dividing.
+fn token_grid(per_token: usize, batch: usize, seq: usize) -> Result<LaunchConfig> {
+    if seq > 65535 || batch > 65535 {
+        return Err(super::Error::Gpu(format!("the token kernels take at most 65,535 positions and sequences per micro-batch; got {batch} × {seq}")));
+    }
+    let block = per_token.div_ceil(32).clamp(1, 32) * 32;
+    Ok(LaunchConfig { grid_dim: (per_token.div_ceil(block) as u32, seq as u32, batch as u32), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 })
 }
 
 fn warps(rows: usize) -> LaunchConfig {
@@ -270,25 +277,25 @@ impl TrainKernels {
     /// BF16 `[batch, heads, seq, hd]` → `[batch·seq, heads·hd]` (`to_tokens`) or back.
     #[allow(clippy::too_many_arguments)]
     pub fn permute_heads(&self, src: u64, dst: u64, batch: usize, seq: usize, heads: usize, head_dim: usize, to_tokens: bool) -> Result<()> {
-        let n = batch * heads * seq * head_dim / 8;
-        launch!(self, permute_heads, blocks(n), src, dst, batch as i32, seq as i32, heads as i32, head_dim as i32, to_tokens as i32)
+        let cfg = token_grid(heads * head_dim / 8, batch, seq)?;
+        launch!(self, permute_heads, cfg, src, dst, batch as i32, seq as i32, heads as i32, head_dim as i32, to_tokens as i32)
     }
 
-    /// `act = silu(gate) ∘ up` from `gu = [gate | up]`, BF16 `[tokens, 2f]` → `[tokens, f]`.
-    pub fn swiglu_forward(&self, gu: u64, act: u64, f: usize, tokens: usize) -> Result<()> {
+    /// `act = silu(gate) ∘ up` from `gu = [gate | up]`, BF16 `[batch · seq, 2f]` → `[batch · seq, f]`.
+    pub fn swiglu_forward(&self, gu: u64, act: u64, f: usize, batch: usize, seq: usize) -> Result<()> {
         if f % 8 == 0 {
-            launch!(self, swiglu_forward_x8, blocks(tokens * f / 8), gu, act, f as i32, tokens as i64)
+            launch!(self, swiglu_forward_x8, token_grid(f / 8, batch, seq)?, gu, act, f as i32)
         } else {
-            launch!(self, swiglu_forward, blocks(tokens * f), gu, act, f as i32, tokens as i64)
+            launch!(self, swiglu_forward, token_grid(f, batch, seq)?, gu, act, f as i32)
         }
     }
 
     /// `d_gu = [∂gate | ∂up]` from `d_act`, BF16.
-    pub fn swiglu_backward(&self, d_act: u64, gu: u64, d_gu: u64, f: usize, tokens: usize) -> Result<()> {
+    pub fn swiglu_backward(&self, d_act: u64, gu: u64, d_gu: u64, f: usize, batch: usize, seq: usize) -> Result<()> {
         if f % 8 == 0 {
-            launch!(self, swiglu_backward_x8, blocks(tokens * f / 8), d_act, gu, d_gu, f as i32, tokens as i64)
+            launch!(self, swiglu_backward_x8, token_grid(f / 8, batch, seq)?, d_act, gu, d_gu, f as i32)
         } else {
-            launch!(self, swiglu_backward, blocks(tokens * f), d_act, gu, d_gu, f as i32, tokens as i64)
+            launch!(self, swiglu_backward, token_grid(f, batch, seq)?, d_act, gu, d_gu, f as i32)
         }
     }
 
@@ -330,7 +337,20 @@ impl TrainKernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{adam_chunks, ADAM_CHUNK};
+    use super::{adam_chunks, token_grid, ADAM_CHUNK};
+
+    #[test]
+    fn token_grid_gives_every_token_its_threads_in_whole_warps() {
+        // base model: 36 slots × 8 lanes per token; heads × d/8 for the permutes; a wide model.
+        for (per_token, block, blocks_x) in [(288, 288, 1), (96, 96, 1), (1600, 1024, 2), (5, 32, 1)] {
+            let cfg = token_grid(per_token, 16, 1024).unwrap();
+            assert_eq!(cfg.block_dim, (block, 1, 1), "{per_token} threads per token");
+            assert_eq!(cfg.grid_dim, (blocks_x, 1024, 16));
+            assert!(cfg.grid_dim.0 * cfg.block_dim.0 >= per_token as u32);
+        }
+        assert!(token_grid(288, 1, 70_000).is_err());
+        assert!(token_grid(288, 70_000, 1).is_err());
+    }
 
     #[test]
     fn adam_chunks_cover_every_element_once_with_its_tensors_decay() {
