@@ -3,9 +3,12 @@
 // `sagebwd::sim::Quantized`.
 //
 // Three launches for Q, K, V (plus the K mean: two small ones) and one for dO, each reading its
-// input once with 16-byte loads: a group (B_q or B_kv rows × d) is staged in registers and in a
-// padded shared tile, from which the transposed copies are written (64 contiguous bytes per column
-// and warp for the BF16 copy, 32 for the INT8 one).
+// input once with 16-byte loads. What the staged kernel paths read (x̂ and x̂ᵀ, no BF16 copy, no
+// Q-smoothing) comes from register tiles: a thread holds 8 rows × 8 columns of its group, quantizes
+// them once and writes the INT8 tile as it is and byte-transposed. Q-smoothing and the BF16
+// transposed copies of the gathering paths stage the group in a padded shared tile instead, from
+// which the transposed copies are written (64 contiguous bytes per column and warp for the BF16
+// copy, 32 for the INT8 one). Outputs with a null address are not written.
 
 #define VEC_PER_ROW (HEAD_DIM / 8)   // 16-byte vectors (8 BF16 values) per row
 #define TILE_STRIDE (HEAD_DIM + 2)   // u16 row stride of the shared tile: an odd number of 32-bit
@@ -114,123 +117,156 @@ __device__ __forceinline__ float row_offset_of(const u16* row, const float* km, 
     return __fmul_rn(c_lambda, __double2float_rn(acc));
 }
 
-// One group = `rows_per_block` consecutive rows × d of one (batch, head). Grid (n_blk, BH),
-// THREADS threads. x_s = fl(x − mean); scale from max |x_s| over the valid rows; x̂ = q(x_s).
-extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_rows(QuantRowsParams p) {
-    __shared__ float s_mean[HEAD_DIM];
-    __shared__ float s_km[HEAD_DIM];
-    __shared__ float s_scratch[THREADS / 32];
-    __shared__ __align__(16) u16 s_x[BLOCK_KV * TILE_STRIDE];
-    const int blk = blockIdx.x, bh = blockIdx.y;
-    const int row0 = blk * p.rows_per_block;
-    const int rows = min(p.rows_per_block, p.n - row0);
-    const long base = ((long)bh * p.n + row0) * HEAD_DIM;
-    const int count = rows * HEAD_DIM;
-    const int kv = p.k_mean ? (bh / p.heads_q) * p.heads_kv + (bh % p.heads_q) / (p.heads_q / p.heads_kv) : 0;
-
-    // Full groups with aligned buffers take the staged path (the tile fits s_x); the last, partial
-    // group of a sequence reads global memory element by element.
-    const bool staged = rows == p.rows_per_block && rows <= BLOCK_KV && rows % 32 == 0 && p.n_pad % 8 == 0 &&
-                        aligned16(p.x) && aligned16(p.x_t) && ((u64)p.x_hat & 7) == 0 && ((u64)p.x_hat_t & 7) == 0;
-
-    if (staged) {
-        constexpr int MAX_VEC = BLOCK_KV * VEC_PER_ROW / THREADS;
-        const int n_vec = rows * VEC_PER_ROW;  // a multiple of THREADS
-        uint4 v[MAX_VEC];
-        const uint4* src = (const uint4*)(p.x + base);
+// The same sum for the register-tile path: the row 16-byte aligned in shared memory, K_m already in
+// FP64. One fused multiply-add per column rounds exactly as the separate multiply and add above: the
+// product of a BF16 and an FP32 value has at most 32 significant bits, exact in FP64.
+__device__ __forceinline__ float row_offset_of_vec(const u16* row, const double* km, float c_lambda) {
+    double acc = 0.0;
+#pragma unroll 4
+    for (int c8 = 0; c8 < VEC_PER_ROW; ++c8) {
+        const uint4 v = *(const uint4*)(row + c8 * 8);
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < MAX_VEC; ++i) {
-            const int e = i * THREADS + threadIdx.x;
-            if (e < n_vec) {
-                v[i] = src[e];
-                u32* dst = (u32*)(s_x + (e / VEC_PER_ROW) * TILE_STRIDE + (e % VEC_PER_ROW) * 8);
-                dst[0] = v[i].x, dst[1] = v[i].y, dst[2] = v[i].z, dst[3] = v[i].w;
-            }
+        for (int j = 0; j < 4; ++j) {
+            acc = __fma_rn((double)lo_bf16(w[j]), km[c8 * 8 + 2 * j], acc);
+            acc = __fma_rn((double)hi_bf16(w[j]), km[c8 * 8 + 2 * j + 1], acc);
         }
-        __syncthreads();
-        if (threadIdx.x < HEAD_DIM) {
-            const int c = threadIdx.x;
-            float m = 0.0f;
-            if (p.block_mean) {  // Q-smoothing: mean of the block's rows
-                m = __double2float_rn(__ddiv_rn(column_sum(s_x + c, rows, TILE_STRIDE), (double)rows));
-                p.block_mean[((long)bh * p.n_blk + blk) * HEAD_DIM + c] = m;
-            } else if (p.head_mean) {  // K-smoothing: the per-(batch, kv head) token mean
-                m = p.head_mean[(bh / p.mean_group) * HEAD_DIM + c];
-            }
-            s_mean[c] = m;
-            if (p.k_mean) s_km[c] = p.k_mean[kv * HEAD_DIM + c];
-        }
-        __syncthreads();
-
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MAX_VEC; ++i) {
-            const int e = i * THREADS + threadIdx.x;
-            if (e < n_vec) {
-                const int c0 = (e % VEC_PER_ROW) * 8;
-                const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    amax = fmaxf(amax, fabsf(__fsub_rn(lo_bf16(w[j]), s_mean[c0 + 2 * j])));
-                    amax = fmaxf(amax, fabsf(__fsub_rn(hi_bf16(w[j]), s_mean[c0 + 2 * j + 1])));
-                }
-            }
-        }
-        amax = block_max(amax, s_scratch);
-        const GroupScale g = group_scale(amax);
-        if (threadIdx.x == 0) p.scale[(long)bh * p.n_blk + blk] = g.scale;
-
-        uint2* hat = (uint2*)(p.x_hat + base);
-#pragma unroll
-        for (int i = 0; i < MAX_VEC; ++i) {
-            const int e = i * THREADS + threadIdx.x;
-            if (e < n_vec) {
-                const int c0 = (e % VEC_PER_ROW) * 8;
-                const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-                u32 b[2] = {0u, 0u};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const u32 lo = (u32)(unsigned char)(i8)quantize(__fsub_rn(lo_bf16(w[j]), s_mean[c0 + 2 * j]), g.inv);
-                    const u32 hi = (u32)(unsigned char)(i8)quantize(__fsub_rn(hi_bf16(w[j]), s_mean[c0 + 2 * j + 1]), g.inv);
-                    b[j >> 1] |= (lo | (hi << 8)) << ((j & 1) * 16);
-                }
-                hat[e] = make_uint2(b[0], b[1]);
-            }
-        }
-
-        if (p.x_hat_t || p.x_t) {
-            // Item = (column, 8-row chunk); a warp takes 8 columns × 4 consecutive chunks, so each
-            // column's 32 rows go out as 64 contiguous bytes (x_t) and 32 (x̂ᵀ).
-            const int items = rows / 8 * HEAD_DIM;
-            for (int it = threadIdx.x; it < items; it += THREADS) {
-                const int lane = it & 31, w = it >> 5;
-                const int c = (w % (HEAD_DIM / 8)) * 8 + (lane >> 2);
-                const int r0 = ((w / (HEAD_DIM / 8)) * 4 + (lane & 3)) * 8;
-                u32 h[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) h[j] = s_x[(r0 + j) * TILE_STRIDE + c];
-                const long t_idx = ((long)bh * HEAD_DIM + c) * p.n_pad + row0 + r0;
-                if (p.x_t)
-                    *(uint4*)(p.x_t + t_idx) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16),
-                                                          h[4] | (h[5] << 16), h[6] | (h[7] << 16));
-                if (p.x_hat_t) {
-                    const float m = s_mean[c];
-                    u32 b[2] = {0u, 0u};
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-                        b[j >> 2] |= (u32)(unsigned char)(i8)quantize(__fsub_rn(bf16_to_f32((u16)h[j]), m), g.inv)
-                                     << ((j & 3) * 8);
-                    *(uint2*)(p.x_hat_t + t_idx) = make_uint2(b[0], b[1]);
-                }
-            }
-        }
-        if (p.row_offset && threadIdx.x < rows)
-            p.row_offset[(long)bh * p.n + row0 + threadIdx.x] =
-                row_offset_of(s_x + threadIdx.x * TILE_STRIDE, s_km, p.c_lambda);
-        return;
     }
+    return __fmul_rn(c_lambda, __double2float_rn(acc));
+}
 
-    // Element-wise path (partial groups, unaligned buffers).
+// Block-wide max of non-negative values over the block's blockDim.x threads (a multiple of 32; all
+// must call it). `scratch` holds one float per warp. Max is exact and order-independent.
+__device__ __forceinline__ float block_max_any(float v, float* scratch) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();  // scratch may still be read by a previous call
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = scratch[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, scratch[w]);
+    return m;
+}
+
+// The BF16 halves of a word as FP32, by instructions the compiler may not merge with earlier
+// identical ones: the register-tile path unpacks its 64 values twice (for amax, then to quantize)
+// rather than keep 64 FP32 values live across the block reduction (twice the registers).
+__device__ __forceinline__ float lo_bf16_again(u32 w) {
+    u32 r;
+    asm volatile("shl.b32 %0, %1, 16;" : "=r"(r) : "r"(w));
+    return __uint_as_float(r);
+}
+__device__ __forceinline__ float hi_bf16_again(u32 w) {
+    u32 r;
+    asm volatile("and.b32 %0, %1, 0xffff0000;" : "=r"(r) : "r"(w));
+    return __uint_as_float(r);
+}
+
+// x_s = fl(x − m), or x itself without smoothing (fl(x − 0) = x, −0 included: the same bits).
+template <bool MEAN>
+__device__ __forceinline__ float smoothed(float x, float m) { return MEAN ? __fsub_rn(x, m) : x; }
+
+// Byte transpose of a 4 × 4 block: a[r] holds row r's 4 bytes (byte k = column k); b[k] gets
+// column k's 4 bytes (byte r = row r). Eight byte permutes.
+__device__ __forceinline__ void transpose4x4_bytes(const u32 a[4], u32 b[4]) {
+    u32 t0, t1, t2, t3;
+    asm("prmt.b32 %0, %1, %2, 0x5140;" : "=r"(t0) : "r"(a[0]), "r"(a[1]));  // a0.0 a1.0 a0.1 a1.1
+    asm("prmt.b32 %0, %1, %2, 0x5140;" : "=r"(t1) : "r"(a[2]), "r"(a[3]));  // a2.0 a3.0 a2.1 a3.1
+    asm("prmt.b32 %0, %1, %2, 0x7362;" : "=r"(t2) : "r"(a[0]), "r"(a[1]));  // a0.2 a1.2 a0.3 a1.3
+    asm("prmt.b32 %0, %1, %2, 0x7362;" : "=r"(t3) : "r"(a[2]), "r"(a[3]));  // a2.2 a3.2 a2.3 a3.3
+    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(b[0]) : "r"(t0), "r"(t1));
+    asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(b[1]) : "r"(t0), "r"(t1));
+    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(b[2]) : "r"(t2), "r"(t3));
+    asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(b[3]) : "r"(t2), "r"(t3));
+}
+
+// u16 row stride of the Q rows staged for b_r on the register-tile path: 16-byte rows, and both the
+// 16-byte stores of a quarter warp (8 column chunks of one row) and the 16-byte loads of 8
+// consecutive rows (one per thread) fall on 8 distinct 4-bank groups.
+#define ROW_TILE_STRIDE (HEAD_DIM + 8)
+
+// Register-tile path for a full group (the launch has rows_per_block/8 · HEAD_DIM/8 threads): each
+// thread owns 8 consecutive rows × 8 consecutive columns, read once with eight 16-byte loads and
+// kept in registers until the group's amax is known (one block reduction), then quantized once;
+// the 8 × 8 INT8 tile is written as it is (x̂) and byte-transposed in registers (x̂ᵀ). Lane =
+// column chunk (8 per warp) + 8 · row chunk (4 per warp): a warp covers 32 rows × 64 columns (two
+// warps per band of 32 rows at d = 128), so per warp instruction the loads read 4 rows × 128
+// contiguous bytes, the x̂ stores write 4 rows × 64 bytes and the x̂ᵀ stores 8 columns × 32 bytes:
+// whole sectors. No shared-memory tile except the Q rows for b_r.
+template <bool MEAN>
+__device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, int blk, int bh, int row0, long base,
+                                                     int kv, float* s_scratch, double* s_kmd, u16* s_rows) {
+    constexpr int WARPS_PER_BAND = HEAD_DIM / 64;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r_first = (warp / WARPS_PER_BAND) * 32 + (lane >> 3) * 8;
+    const int c0 = ((warp % WARPS_PER_BAND) * 8 + (lane & 7)) * 8;
+    uint4 v[8];
+    const u16* src = p.x + base + (long)r_first * HEAD_DIM + c0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = *(const uint4*)(src + i * HEAD_DIM);
+    float m[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m[j] = MEAN ? p.head_mean[(bh / p.mean_group) * HEAD_DIM + c0 + j] : 0.0f;
+
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            amax = fmaxf(amax, fabsf(smoothed<MEAN>(lo_bf16(w[j]), m[2 * j])));
+            amax = fmaxf(amax, fabsf(smoothed<MEAN>(hi_bf16(w[j]), m[2 * j + 1])));
+        }
+    }
+    if (p.row_offset) {  // x = Q: stage the rows for b_r (read after the reduction's barrier)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) *(uint4*)(s_rows + (r_first + i) * ROW_TILE_STRIDE + c0) = v[i];
+        if (threadIdx.x < HEAD_DIM) s_kmd[threadIdx.x] = (double)p.k_mean[kv * HEAD_DIM + threadIdx.x];
+    }
+    const GroupScale g = group_scale(block_max_any(amax, s_scratch));
+    if (threadIdx.x == 0) p.scale[(long)bh * p.n_blk + blk] = g.scale;
+
+    // x̂ (quant_bits = the §2.2 quantizer for |x_s| ≤ amax, the INT8 value in the low byte).
+    u32 nat[8][2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+        u32 qb[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            qb[2 * j] = quant_bits(smoothed<MEAN>(lo_bf16_again(w[j]), m[2 * j]), g.inv);
+            qb[2 * j + 1] = quant_bits(smoothed<MEAN>(hi_bf16_again(w[j]), m[2 * j + 1]), g.inv);
+        }
+        nat[i][0] = pack_lo_bytes(qb[0], qb[1], qb[2], qb[3]);
+        nat[i][1] = pack_lo_bytes(qb[4], qb[5], qb[6], qb[7]);
+    }
+    if (p.x_hat) {
+        i8* dst = p.x_hat + base + (long)r_first * HEAD_DIM + c0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) *(uint2*)(dst + i * HEAD_DIM) = make_uint2(nat[i][0], nat[i][1]);
+    }
+    if (p.x_hat_t) {
+        i8* dst = p.x_hat_t + ((long)bh * HEAD_DIM + c0) * p.n_pad + row0 + r_first;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 top[4] = {nat[0][h], nat[1][h], nat[2][h], nat[3][h]};
+            const u32 bottom[4] = {nat[4][h], nat[5][h], nat[6][h], nat[7][h]};
+            u32 t_top[4], t_bottom[4];
+            transpose4x4_bytes(top, t_top);
+            transpose4x4_bytes(bottom, t_bottom);
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                *(uint2*)(dst + (long)(4 * h + k) * p.n_pad) = make_uint2(t_top[k], t_bottom[k]);
+        }
+    }
+    if (p.row_offset && threadIdx.x < p.rows_per_block)
+        p.row_offset[(long)bh * p.n + row0 + threadIdx.x] =
+            row_offset_of_vec(s_rows + threadIdx.x * ROW_TILE_STRIDE, s_kmd, p.c_lambda);
+}
+
+// Element-wise path (partial groups, unaligned buffers), any block size of whole warps ≥ HEAD_DIM.
+__device__ void quantize_group_elementwise(const QuantRowsParams& p, int blk, int bh, int row0, int rows, long base,
+                                           int kv, float* s_mean, float* s_scratch) {
+    const int count = rows * HEAD_DIM, nt = blockDim.x;
     if (threadIdx.x < HEAD_DIM) {
         const int c = threadIdx.x;
         float m = 0.0f;
@@ -245,20 +281,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_rows(QuantRo
     __syncthreads();
 
     float amax = 0.0f;
-    for (int e = threadIdx.x; e < count; e += THREADS)
+    for (int e = threadIdx.x; e < count; e += nt)
         amax = fmaxf(amax, fabsf(__fsub_rn(bf16_to_f32(p.x[base + e]), s_mean[e % HEAD_DIM])));
-    amax = block_max(amax, s_scratch);
+    amax = block_max_any(amax, s_scratch);
     const GroupScale g = group_scale(amax);
     if (threadIdx.x == 0) p.scale[(long)bh * p.n_blk + blk] = g.scale;
 
-    for (int e = threadIdx.x; e < count; e += THREADS) {
-        const float xs = __fsub_rn(bf16_to_f32(p.x[base + e]), s_mean[e % HEAD_DIM]);
-        p.x_hat[base + e] = (i8)quantize(xs, g.inv);
+    if (p.x_hat) {
+        for (int e = threadIdx.x; e < count; e += nt) {
+            const float xs = __fsub_rn(bf16_to_f32(p.x[base + e]), s_mean[e % HEAD_DIM]);
+            p.x_hat[base + e] = (i8)quantize(xs, g.inv);
+        }
     }
     if (p.x_hat_t || p.x_t) {
         // Transposed copies: consecutive threads take consecutive rows of one column, so the writes
         // are coalesced (the strided reads hit the cache lines the passes above just loaded).
-        for (int e = threadIdx.x; e < count; e += THREADS) {
+        for (int e = threadIdx.x; e < count; e += nt) {
             const int r = e % rows, c = e / rows;
             const u16 x = p.x[base + (long)r * HEAD_DIM + c];
             const long t_idx = ((long)bh * HEAD_DIM + c) * p.n_pad + row0 + r;
@@ -267,9 +305,151 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_rows(QuantRo
         }
     }
     if (p.row_offset)
-        for (int r = threadIdx.x; r < rows; r += THREADS)
+        for (int r = threadIdx.x; r < rows; r += nt)
             p.row_offset[(long)bh * p.n + row0 + r] =
                 row_offset_of(p.x + base + (long)r * HEAD_DIM, p.k_mean + (long)kv * HEAD_DIM, p.c_lambda);
+}
+
+// One group = `rows_per_block` consecutive rows × d of one (batch, head). Grid (n_blk, BH).
+// x_s = fl(x − mean); scale from max |x_s| over the valid rows; x̂ = q(x_s). Two layouts of the
+// launch (src/quantize.rs picks them):
+// - register tiles (no Q-smoothing, no BF16 transposed copy: what the staged kernel paths need):
+//   rows_per_block/8 · HEAD_DIM/8 threads, dynamic shared memory for b_r's Q rows only;
+// - shared tile (Q-smoothing or x_t): THREADS threads, BLOCK_KV · TILE_STRIDE u16 of dynamic
+//   shared memory.
+// Partial groups and unaligned buffers take the element-wise path in both.
+extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(QuantRowsParams p) {
+    extern __shared__ __align__(16) unsigned char s_dyn[];
+    __shared__ float s_mean[HEAD_DIM];
+    __shared__ float s_km[HEAD_DIM];
+    __shared__ double s_kmd[HEAD_DIM];
+    __shared__ float s_scratch[THREADS / 32];
+    // K (smoothed) runs right after the K mean read all of K: walking its groups in reverse order
+    // meets first the heads whose rows are still in L2.
+    const bool reverse = p.head_mean != nullptr;
+    const int blk = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int bh = reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+    const int row0 = blk * p.rows_per_block;
+    const int rows = min(p.rows_per_block, p.n - row0);
+    const long base = ((long)bh * p.n + row0) * HEAD_DIM;
+    const int kv = p.k_mean ? (bh / p.heads_q) * p.heads_kv + (bh % p.heads_q) / (p.heads_q / p.heads_kv) : 0;
+
+    if (!p.block_mean && !p.x_t) {
+        const bool full = rows == p.rows_per_block && rows % 32 == 0 &&
+                          (int)blockDim.x == rows / 8 * (HEAD_DIM / 8) && p.n_pad % 8 == 0 && aligned16(p.x) &&
+                          ((u64)p.x_hat & 7) == 0 && ((u64)p.x_hat_t & 7) == 0;
+        if (!full) {
+            quantize_group_elementwise(p, blk, bh, row0, rows, base, kv, s_mean, s_scratch);
+        } else if (p.head_mean) {
+            quantize_group_tiles<true>(p, blk, bh, row0, base, kv, s_scratch, s_kmd, (u16*)s_dyn);
+        } else {
+            quantize_group_tiles<false>(p, blk, bh, row0, base, kv, s_scratch, s_kmd, (u16*)s_dyn);
+        }
+        return;
+    }
+
+    u16* s_x = (u16*)s_dyn;  // BLOCK_KV × TILE_STRIDE
+    // Full groups with aligned buffers take the staged path (the tile fits s_x); the last, partial
+    // group of a sequence reads global memory element by element.
+    const bool staged = rows == p.rows_per_block && rows <= BLOCK_KV && rows % 32 == 0 && p.n_pad % 8 == 0 &&
+                        aligned16(p.x) && aligned16(p.x_t) && ((u64)p.x_hat & 7) == 0 && ((u64)p.x_hat_t & 7) == 0;
+    if (!staged) {
+        quantize_group_elementwise(p, blk, bh, row0, rows, base, kv, s_mean, s_scratch);
+        return;
+    }
+    constexpr int MAX_VEC = BLOCK_KV * VEC_PER_ROW / THREADS;
+    const int n_vec = rows * VEC_PER_ROW;  // a multiple of THREADS
+    uint4 v[MAX_VEC];
+    const uint4* src = (const uint4*)(p.x + base);
+#pragma unroll
+    for (int i = 0; i < MAX_VEC; ++i) {
+        const int e = i * THREADS + threadIdx.x;
+        if (e < n_vec) {
+            v[i] = src[e];
+            u32* dst = (u32*)(s_x + (e / VEC_PER_ROW) * TILE_STRIDE + (e % VEC_PER_ROW) * 8);
+            dst[0] = v[i].x, dst[1] = v[i].y, dst[2] = v[i].z, dst[3] = v[i].w;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < HEAD_DIM) {
+        const int c = threadIdx.x;
+        float m = 0.0f;
+        if (p.block_mean) {  // Q-smoothing: mean of the block's rows
+            m = __double2float_rn(__ddiv_rn(column_sum(s_x + c, rows, TILE_STRIDE), (double)rows));
+            p.block_mean[((long)bh * p.n_blk + blk) * HEAD_DIM + c] = m;
+        } else if (p.head_mean) {  // K-smoothing: the per-(batch, kv head) token mean
+            m = p.head_mean[(bh / p.mean_group) * HEAD_DIM + c];
+        }
+        s_mean[c] = m;
+        if (p.k_mean) s_km[c] = p.k_mean[kv * HEAD_DIM + c];
+    }
+    __syncthreads();
+
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MAX_VEC; ++i) {
+        const int e = i * THREADS + threadIdx.x;
+        if (e < n_vec) {
+            const int c0 = (e % VEC_PER_ROW) * 8;
+            const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                amax = fmaxf(amax, fabsf(__fsub_rn(lo_bf16(w[j]), s_mean[c0 + 2 * j])));
+                amax = fmaxf(amax, fabsf(__fsub_rn(hi_bf16(w[j]), s_mean[c0 + 2 * j + 1])));
+            }
+        }
+    }
+    amax = block_max(amax, s_scratch);
+    const GroupScale g = group_scale(amax);
+    if (threadIdx.x == 0) p.scale[(long)bh * p.n_blk + blk] = g.scale;
+
+    uint2* hat = (uint2*)(p.x_hat + base);
+#pragma unroll
+    for (int i = 0; i < MAX_VEC; ++i) {
+        const int e = i * THREADS + threadIdx.x;
+        if (e < n_vec && p.x_hat) {
+            const int c0 = (e % VEC_PER_ROW) * 8;
+            const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+            u32 b[2] = {0u, 0u};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 lo = (u32)(unsigned char)(i8)quantize(__fsub_rn(lo_bf16(w[j]), s_mean[c0 + 2 * j]), g.inv);
+                const u32 hi = (u32)(unsigned char)(i8)quantize(__fsub_rn(hi_bf16(w[j]), s_mean[c0 + 2 * j + 1]), g.inv);
+                b[j >> 1] |= (lo | (hi << 8)) << ((j & 1) * 16);
+            }
+            hat[e] = make_uint2(b[0], b[1]);
+        }
+    }
+
+    if (p.x_hat_t || p.x_t) {
+        // Item = (column, 8-row chunk); a warp takes 8 columns × 4 consecutive chunks, so each
+        // column's 32 rows go out as 64 contiguous bytes (x_t) and 32 (x̂ᵀ).
+        const int items = rows / 8 * HEAD_DIM;
+        for (int it = threadIdx.x; it < items; it += THREADS) {
+            const int lane = it & 31, w = it >> 5;
+            const int c = (w % (HEAD_DIM / 8)) * 8 + (lane >> 2);
+            const int r0 = ((w / (HEAD_DIM / 8)) * 4 + (lane & 3)) * 8;
+            u32 h[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) h[j] = s_x[(r0 + j) * TILE_STRIDE + c];
+            const long t_idx = ((long)bh * HEAD_DIM + c) * p.n_pad + row0 + r0;
+            if (p.x_t)
+                *(uint4*)(p.x_t + t_idx) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16),
+                                                      h[4] | (h[5] << 16), h[6] | (h[7] << 16));
+            if (p.x_hat_t) {
+                const float m = s_mean[c];
+                u32 b[2] = {0u, 0u};
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    b[j >> 2] |= (u32)(unsigned char)(i8)quantize(__fsub_rn(bf16_to_f32((u16)h[j]), m), g.inv)
+                                 << ((j & 3) * 8);
+                *(uint2*)(p.x_hat_t + t_idx) = make_uint2(b[0], b[1]);
+            }
+        }
+    }
+    if (p.row_offset && threadIdx.x < rows)
+        p.row_offset[(long)bh * p.n + row0 + threadIdx.x] =
+            row_offset_of(s_x + threadIdx.x * TILE_STRIDE, s_km, p.c_lambda);
 }
 
 // Fills n values of a buffer with one 32-bit pattern: NaN poison before kernels write outputs,

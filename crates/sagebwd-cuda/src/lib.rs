@@ -304,8 +304,16 @@ impl Gpu {
         })
     }
 
-    /// Quantization + forward kernel.
+    /// Quantization + forward kernel. What only the forward reads (V̂ᵀ) is freed once the kernel is
+    /// queued, so the state kept for the backward holds only what the backward reads.
     pub fn forward(&self, x: &DeviceInputs, cfg: &Config) -> Result<(DeviceForward, SavedForBackward)> {
+        let (fwd, mut saved) = self.forward_keep_all(x, cfg)?;
+        saved.quant.release_forward_only();
+        Ok((fwd, saved))
+    }
+
+    /// The forward, every quantized output still allocated (for the check in [`Gpu::run`]).
+    fn forward_keep_all(&self, x: &DeviceInputs, cfg: &Config) -> Result<(DeviceForward, SavedForBackward)> {
         check_supported(&x.shape, cfg)?;
         let k = self.kernels(x.shape.head_dim)?;
         forward::forward(self, &k, x, cfg)
@@ -323,21 +331,46 @@ impl Gpu {
     }
 
     /// The whole method on host inputs: upload (BF16), forward, backward when dO is present,
-    /// download into the simulator's structure (`inter` is None).
+    /// download into the simulator's structure (`inter` is None). V̂ is read before the forward-only
+    /// tensors are released (from V̂ᵀ when the kernel paths need no natural V̂), so the check
+    /// compares it whichever layouts were computed.
     pub fn run(&self, inp: &Inputs, cfg: &Config) -> Result<SimOutput> {
         self.check(inp, cfg)?;
         let x = self.upload(inp)?;
-        let (fwd, saved) = self.forward(&x, cfg)?;
+        let (fwd, mut saved) = self.forward_keep_all(&x, cfg)?;
+        let v_hat = self.v_hat_host(&x.shape, &saved.quant)?;
+        saved.quant.release_forward_only();
         let grads = match &x.d_o {
             Some(d_o) => Some(self.backward(&x, &fwd, &saved, d_o)?),
             None => None,
         };
         drv("synchronize", self.dev.stream.synchronize())?;
-        self.collect(&x.shape, cfg, &fwd, &saved, grads.as_ref())
+        self.collect(&x.shape, cfg, &fwd, &saved, grads.as_ref(), v_hat)
+    }
+
+    /// V̂ `[B, H_kv, N_k, d]` on the host: the natural copy if it was computed, else V̂ᵀ
+    /// `[B, H_kv, d, N_k,pad]` transposed back; empty if neither exists.
+    fn v_hat_host(&self, s: &Shape, qd: &QuantizedDev) -> Result<Vec<i8>> {
+        if qd.v_hat.is_some() {
+            return self.download_some(&qd.v_hat, s.kv_len());
+        }
+        let bh = s.batch * s.heads_kv;
+        let t = self.download_some(&qd.v_hat_t, bh * s.head_dim * runtime::padded_k(s.n_k))?;
+        Ok(untranspose(&t, bh, s.n_k, runtime::padded_k(s.n_k), s.head_dim))
+    }
+
+    /// dÔ `[B, H_q, N_q, d]` on the host, from the natural copy or from dÔᵀ (as [`Gpu::v_hat_host`]).
+    fn do_hat_host(&self, s: &Shape, dq: &QuantizedDo) -> Result<Vec<i8>> {
+        if dq.do_hat.is_some() {
+            return self.download_some(&dq.do_hat, s.q_len());
+        }
+        let bh = s.batch * s.heads_q;
+        let t = self.download_some(&dq.do_hat_t, bh * s.head_dim * runtime::padded_q(s.n_q))?;
+        Ok(untranspose(&t, bh, s.n_q, runtime::padded_q(s.n_q), s.head_dim))
     }
 
     fn collect(&self, s: &Shape, cfg: &Config, fwd: &DeviceForward, saved: &SavedForBackward,
-               grads: Option<&DeviceGradients>) -> Result<SimOutput> {
+               grads: Option<&DeviceGradients>, v_hat: Vec<i8>) -> Result<SimOutput> {
         let bf = |v: Vec<u16>| -> Vec<f32> { v.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect() };
         let (bh_q, bh_kv) = (s.batch * s.heads_q, s.batch * s.heads_kv);
         let (nqb, nkb) = (s.n_q.div_ceil(BLOCK_Q), s.n_k.div_ceil(BLOCK_KV));
@@ -350,7 +383,7 @@ impl Gpu {
             q_scale: self.download_some(&qd.q_scale, bh_q * nqb)?,
             k_hat: self.download_some(&qd.k_hat, s.kv_len())?,
             k_scale: self.download_some(&qd.k_scale, bh_kv * nkb)?,
-            v_hat: self.download_some(&qd.v_hat, s.kv_len())?,
+            v_hat,
             v_scale: self.download_some(&qd.v_scale, bh_kv * nkb)?,
             k_mean: if qd.needs.quantized { self.download(&qd.k_mean, bh_kv * s.head_dim)? } else { Vec::new() },
             row_offset: self.download_some(&qd.row_offset, rows)?,
@@ -365,7 +398,7 @@ impl Gpu {
         };
         let grads_host = match grads {
             Some(g) => {
-                quant.do_hat = self.download_some(&g.do_quant.do_hat, s.q_len())?;
+                quant.do_hat = self.do_hat_host(s, &g.do_quant)?;
                 quant.do_scale = self.download_some(&g.do_quant.do_scale, bh_q * nqb)?;
                 Some(Gradients {
                     dq: bf(self.download(&g.dq, s.q_len())?),
@@ -378,6 +411,22 @@ impl Gpu {
         };
         Ok(SimOutput { quant, fwd: fwd_host, grads: grads_host, inter: None })
     }
+}
+
+/// `[bh, n, d]` from its transposed copy `[bh, d, n_pad]` (an empty input gives an empty output).
+fn untranspose(t: &[i8], bh: usize, n: usize, n_pad: usize, d: usize) -> Vec<i8> {
+    if t.is_empty() {
+        return Vec::new();
+    }
+    let mut out = vec![0i8; bh * n * d];
+    for (h, head) in out.chunks_exact_mut(n * d).enumerate() {
+        for (r, row) in head.chunks_exact_mut(d).enumerate() {
+            for (c, v) in row.iter_mut().enumerate() {
+                *v = t[(h * d + c) * n_pad + r];
+            }
+        }
+    }
+    out
 }
 
 /// Shape and configuration limits of the GPU kernels.

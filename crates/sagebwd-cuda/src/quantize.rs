@@ -43,6 +43,10 @@ pub struct QuantNeeds {
     pub quantized: bool,
     /// The transposed BF16 copies Qᵀ, Kᵀ, Vᵀ, dOᵀ: only the gathering and scalar paths read them.
     pub bf16_transposed: bool,
+    /// V̂ and dÔ in their natural layout: only the gathering and scalar backward (and the scalar
+    /// forward) read them; the staged INT8 forward reads V̂ᵀ, the staged sagebwd backward dÔᵀ and
+    /// the BF16 V and dO.
+    pub natural_v_do: bool,
 }
 
 impl QuantNeeds {
@@ -57,12 +61,12 @@ impl QuantNeeds {
         use crate::backward::{staged_backward, StagedBackward};
         use crate::forward::{forward_path, ForwardPath};
         if !tensor_cores {
-            return QuantNeeds { quantized: true, bf16_transposed: true };
+            return QuantNeeds { quantized: true, bf16_transposed: true, natural_v_do: true };
         }
         let (fwd, bwd) = (forward_path(f), staged_backward(f));
         let staged = fwd != ForwardPath::Gather && bwd.is_some();
         let all_bf16 = fwd == ForwardPath::StagedBf16 && bwd == Some(StagedBackward::Bf16);
-        QuantNeeds { quantized: !all_bf16, bf16_transposed: !staged }
+        QuantNeeds { quantized: !all_bf16, bf16_transposed: !staged, natural_v_do: bwd.is_none() }
     }
 }
 
@@ -89,12 +93,25 @@ pub struct QuantizedDev {
     pub k_t: Option<CudaSlice<u16>>,
     pub v_hat_t: Option<CudaSlice<i8>>,
     pub v_t: Option<CudaSlice<u16>>,
+    /// `[B, H_kv, N_k, d]`, computed when `needs.natural_v_do`.
     pub v_hat: Option<CudaSlice<i8>>,
     pub v_scale: Option<CudaSlice<f32>>,
 }
 
+impl QuantizedDev {
+    /// Frees what only the forward reads, once the forward kernel is queued (stream-ordered: the
+    /// memory returns to the pool after the kernel has run): V̂ᵀ, the B operand of P̂·V̂, a product
+    /// that reduces over keys. No backward product does (#5, dO·Vᵀ, reduces over d and reads V̂ in
+    /// its natural layout), so no backward kernel reads V̂ᵀ; its address becomes null, and a kernel
+    /// that read it would fault rather than read stale data.
+    pub fn release_forward_only(&mut self) {
+        self.v_hat_t = None;
+    }
+}
+
 /// dO quantized per B_q block (`None` as in [`QuantizedDev`]).
 pub struct QuantizedDo {
+    /// `[B, H_q, N_q, d]`, computed when `needs.natural_v_do`.
     pub do_hat: Option<CudaSlice<i8>>,
     pub do_scale: Option<CudaSlice<f32>>,
     /// `[B, H_q, d, N_q,pad]` dÔᵀ and dOᵀ.
@@ -110,7 +127,8 @@ struct RowsJob<'a> {
     rows_per_block: usize,
     head_mean: Option<(&'a CudaSlice<f32>, usize)>,
     block_mean: Option<&'a CudaSlice<f32>>,
-    x_hat: &'a CudaSlice<i8>,
+    /// x̂ in the natural layout, if needed.
+    x_hat: &'a Option<CudaSlice<i8>>,
     scale: &'a CudaSlice<f32>,
     /// Transposed x̂ and x (either may be absent), rows of `n_pad`.
     transposed: (&'a Option<CudaSlice<i8>>, &'a Option<CudaSlice<u16>>, usize),
@@ -127,8 +145,23 @@ struct RowOffsets<'a> {
     c_lambda: f32,
 }
 
+/// Block size and dynamic shared memory of `sage_quantize_rows` for a job (the kernel takes the
+/// layout from the job's outputs): without Q-smoothing and BF16 transposed copy, register tiles of
+/// 8 rows × 8 columns per thread, shared memory only for the Q rows of b_r (`ROW_TILE_STRIDE`);
+/// otherwise THREADS threads and the padded shared tile of a B_kv group (`TILE_STRIDE`).
+fn rows_launch(job: &RowsJob, head_dim: usize) -> (u32, u32) {
+    let tiles = job.block_mean.is_none() && job.transposed.1.is_none();
+    if tiles {
+        let row_tile = if job.row_offset.is_some() { job.rows_per_block * (head_dim + 8) * 2 } else { 0 };
+        ((job.rows_per_block / 8 * head_dim / 8) as u32, row_tile as u32)
+    } else {
+        (THREADS, (BLOCK_KV * (head_dim + 2) * 2) as u32)
+    }
+}
+
 fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
     let n_blk = job.n.div_ceil(job.rows_per_block);
+    let (threads, smem) = rows_launch(&job, k.head_dim);
     let p = QuantRowsParams {
         x: gpu.ptr(job.x),
         head_mean: job.head_mean.map_or(0, |(m, _)| gpu.ptr(m)),
@@ -148,7 +181,7 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         heads_kv: job.row_offset.as_ref().map_or(1, |r| r.heads_kv as i32),
         c_lambda: job.row_offset.as_ref().map_or(0.0, |r| r.c_lambda),
     };
-    let cfg = LaunchConfig { grid_dim: (n_blk as u32, job.bh as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (n_blk as u32, job.bh as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
     let stream = &gpu.dev.stream;
     drv("launch sage_quantize_rows", unsafe { stream.launch_builder(&k.quantize_rows).arg(&p).launch(cfg) }).map(drop)
 }
@@ -177,7 +210,9 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let (q_t_len, kv_t_len) = (bh_q * d * padded_q(s.n_q), bh_kv * d * padded_k(s.n_k));
     let (q_hat, q_scale) = (gpu.alloc_poisoned_i8(s.q_len())?, gpu.alloc_poisoned_f32(bh_q * dims.n_qblk as usize)?);
     let (k_hat, k_scale) = (gpu.alloc_poisoned_i8(s.kv_len())?, gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?);
-    let (v_hat, v_scale) = (gpu.alloc_poisoned_i8(s.kv_len())?, gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?);
+    let v_hat = if needs.natural_v_do { Some(gpu.alloc_poisoned_i8(s.kv_len())?) } else { None };
+    let v_scale = gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?;
+    let (q_hat, k_hat) = (Some(q_hat), Some(k_hat));
     let q_mean = gpu.alloc_poisoned_f32(if cfg.smooth_q { bh_q * dims.n_qblk as usize * d } else { 1 })?;
     let row_offset = gpu.alloc_poisoned_f32(bh_q * s.n_q)?;
     let (q_hat_t, q_t) = (Some(gpu.alloc_poisoned_i8(q_t_len)?), bf16_t(q_t_len)?);
@@ -225,8 +260,8 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
         row_offset: Some(RowOffsets { k_mean: &k_mean, out: &row_offset, heads_q: s.heads_q, heads_kv: s.heads_kv, c_lambda }),
     })?;
     Ok(QuantizedDev {
-        needs, q_hat: Some(q_hat), q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat: Some(k_hat), k_scale: Some(k_scale),
-        k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat: Some(v_hat), v_scale: Some(v_scale),
+        needs, q_hat, q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat, k_scale: Some(k_scale),
+        k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat, v_scale: Some(v_scale),
     })
 }
 
@@ -239,7 +274,7 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
     let s = &x.shape;
     let bh_q = s.batch * s.heads_q;
     let t_len = bh_q * s.head_dim * padded_q(s.n_q);
-    let do_hat = gpu.alloc_poisoned_i8(s.q_len())?;
+    let do_hat = if needs.natural_v_do { Some(gpu.alloc_poisoned_i8(s.q_len())?) } else { None };
     let do_scale = gpu.alloc_poisoned_f32(bh_q * s.n_q.div_ceil(BLOCK_Q))?;
     let do_hat_t = Some(gpu.alloc_poisoned_i8(t_len)?);
     let do_t = if needs.bf16_transposed { Some(gpu.alloc_poisoned_u16(t_len)?) } else { None };
@@ -250,27 +285,91 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
         transposed: (&do_hat_t, &do_t, padded_q(s.n_q)),
         row_offset: None,
     })?;
-    Ok(QuantizedDo { do_hat: Some(do_hat), do_scale: Some(do_scale), do_hat_t, do_t })
+    Ok(QuantizedDo { do_hat, do_scale: Some(do_scale), do_hat_t, do_t })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backward::{staged_backward, StagedBackward};
+    use crate::forward::{forward_path, ForwardPath};
     use sagebwd::Product;
 
     fn needs(tensor_cores: bool, cfg: &Config) -> QuantNeeds {
         QuantNeeds::for_paths(tensor_cores, flags(cfg))
     }
 
+    /// The quantization outputs the kernels dereference.
+    #[derive(Clone, Copy, Debug)]
+    enum Read {
+        /// Q̂, K̂, their transposes, V̂ᵀ, dÔᵀ, the scales, K_m, b_r.
+        Quantized,
+        /// V̂ and dÔ in the natural layout.
+        NaturalVDo,
+        /// Qᵀ, Kᵀ, Vᵀ, dOᵀ in BF16.
+        Bf16Transposed,
+    }
+    const ALL: [Read; 3] = [Read::Quantized, Read::NaturalVDo, Read::Bf16Transposed];
+
+    /// What each kernel path reads, written down from the kernels (forward.cu, backward_main.cu),
+    /// not from `for_paths`: the staged INT8 forward reads Q̂, K̂, V̂ᵀ; the staged sagebwd backward
+    /// Q̂, Q̂ᵀ, K̂, K̂ᵀ, dÔᵀ (and the BF16 V, dO inputs); the staged BF16 paths the BF16 inputs only;
+    /// the gathering forward all but the natural V̂; the gathering backward and the scalar kernels
+    /// everything.
+    fn reads(tensor_cores: bool, f: i32) -> Vec<Read> {
+        if !tensor_cores {
+            return ALL.to_vec();
+        }
+        let mut r = match forward_path(f) {
+            ForwardPath::StagedInt8 => vec![Read::Quantized],
+            ForwardPath::StagedBf16 => vec![],
+            // mma_pv reads V̂ᵀ and Vᵀ; only the scalar forward reads the natural V̂
+            ForwardPath::Gather => vec![Read::Quantized, Read::Bf16Transposed],
+        };
+        r.extend(match staged_backward(f) {
+            Some(StagedBackward::Sage) => vec![Read::Quantized],
+            Some(StagedBackward::Bf16) => vec![],
+            None => ALL.to_vec(),
+        });
+        r
+    }
+
+    fn provides(n: QuantNeeds, r: Read) -> bool {
+        match r {
+            Read::Quantized => n.quantized,
+            Read::NaturalVDo => n.quantized && n.natural_v_do,
+            Read::Bf16Transposed => n.quantized && n.bf16_transposed,
+        }
+    }
+
+    #[test]
+    fn every_tensor_a_selected_path_reads_is_computed() {
+        // Every product mix with every switch, on the tensor-core and the scalar kernels.
+        for bits in 0..(1 << 7) {
+            for switches in 0..8 {
+                let f = bits | (switches & 1) * crate::F_SMOOTH_K | (switches >> 1 & 1) * crate::F_SMOOTH_Q
+                    | (switches >> 2) * crate::F_DQ_CORR;
+                for tc in [true, false] {
+                    let n = QuantNeeds::for_paths(tc, f);
+                    for r in reads(tc, f) {
+                        assert!(provides(n, r), "flags {f:#x}, tensor cores {tc}: {r:?} is read but {n:?}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn only_the_outputs_the_selected_paths_read() {
-        let all = QuantNeeds { quantized: true, bf16_transposed: true };
-        // Staged all-BF16 passes read no quantized operand; staged INT8 ones no BF16 transposes.
-        assert_eq!(needs(true, &Config::fpa()), QuantNeeds { quantized: false, bf16_transposed: false });
-        assert_eq!(needs(true, &Config::sagebwd()), QuantNeeds { quantized: true, bf16_transposed: false });
-        // A gathering pass (int8-all's backward, one INT8 forward product) reads everything.
+        let all = QuantNeeds { quantized: true, bf16_transposed: true, natural_v_do: true };
+        // Staged all-BF16 passes read no quantized operand; staged INT8 ones no BF16 transposes and
+        // (sagebwd's staged backward) no natural V̂ or dÔ.
+        assert!(!needs(true, &Config::fpa()).quantized);
+        assert_eq!(needs(true, &Config::sagebwd()), QuantNeeds { quantized: true, bf16_transposed: false, natural_v_do: false });
+        // A gathering backward (int8-all's) reads everything, a gathering forward (one INT8
+        // forward product) all but the natural V̂ (and its backward, fpa's, no dÔ).
         assert_eq!(needs(true, &Config::int8_all()), all);
-        assert_eq!(needs(true, &Config::isolate(Product::QkFwd)), all);
+        assert_eq!(needs(true, &Config::isolate(Product::QkFwd)), QuantNeeds { natural_v_do: false, ..all });
         // INT8 in one backward product: staged BF16 forward, gathering backward.
         assert_eq!(needs(true, &Config::isolate(Product::Dq)), all);
         // The scalar kernels read everything, whatever the preset.
