@@ -955,6 +955,282 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
 #endif  // SAGE_WGMMA
 
 // ---------------------------------------------------------------------------------------------
+// Warp-specialized wgmma INT8 path (sm_90a; fwd3), kernel `sage_forward_ws`: the wgmma path's
+// arithmetic (same helpers, same bits) with the copies moved out of the consumers' issue slots.
+// A block of 3 warpgroups (384 threads) owns 2 query blocks (128 rows):
+// - warpgroup 0, the producer (setmaxnreg 24): K̂ tiles by cp.async in the permuted key order
+//   (a TMA box cannot express that order for a key count that is not a multiple of 16 without
+//   reading past the end of K̂; cp.async zero-fills keys ≥ n_k), V̂ᵀ tiles by TMA (one thread, a
+//   2-D tensor map over [B·H_kv·d rows][n_kpad keys], 128-byte swizzle = the wgmma layout), Q̂ of
+//   both query blocks once, into a ring of WS_STAGES stages. Stage s is "full" (mbarrier, 128
+//   producer arrivals + the TMA's byte count) once this thread's cp.async group has landed and
+//   been fenced for the async proxy, "empty" (8 arrivals: each consumer warp) once both consumer
+//   warpgroups' wgmmas have read it. The producer completes stage kb after issuing stage kb + 1,
+//   so two stages are in flight; the consumers are never blocked by a barrier of the whole block.
+// - warpgroups 1, 2, the consumers (setmaxnreg 240): query block 2·blockIdx.x + w, the `pipe`
+//   schedule of forward_wgmma. With PINGPONG (FA3), named barriers make the two warpgroups issue
+//   their wgmmas in turn, so one warpgroup's softmax runs while the other's products run.
+// - EARLY_AMAX: the P̂ group amax as exp2(rowmax − m_new) (§4) before the exponentials, so the
+//   two IEEE divisions of its scale run beside them instead of after a max over 64 values and two
+//   shuffles; the quantizer keeps the §2.2 clamp to 127 (a non-monotone ex2.approx could give a p
+//   above that amax).
+
+#define WS_THREADS 384
+#define WS_STAGES 4
+#define WS_BARS 2                   // named barriers 1, 2: the consumers' ping-pong
+// Q̂ of 2 query blocks, the K̂ and V̂ᵀ rings, the full/empty mbarriers, 1024-byte alignment slack.
+#define WS_SMEM_BYTES (2 * WG_Q_TILE + 2 * WS_STAGES * WG_TILE + 16 * WS_STAGES + 1024)
+#define F_WS_PINGPONG (1 << 20)
+#define F_WS_EARLY_AMAX (1 << 21)
+// A CUtensorMap (128 bytes, 64-byte aligned) as the kernel receives it: src/tma.rs encodes it.
+struct __align__(64) TmaMapParam {
+    unsigned long long words[16];
+};
+
+#ifdef SAGE_WGMMA
+// Shared-memory addresses of the warp-specialized layout.
+struct WsSmem {
+    u32 q, k, v, full, empty;  // q: 2 Q̂ tiles; k, v: rings (stage s at + s·WG_TILE); mbarriers (8 B each)
+    __device__ __forceinline__ WsSmem(unsigned char* smem) {
+        q = (smem_addr(smem) + 1023u) & ~1023u;
+        k = q + 2 * WG_Q_TILE;
+        v = k + WS_STAGES * WG_TILE;
+        full = v + WS_STAGES * WG_TILE;
+        empty = full + 8 * WS_STAGES;
+    }
+};
+
+// K̂ rows of key block kb, permuted and swizzled into the stage at kt (128 producer threads, tid).
+__device__ __forceinline__ void ws_load_k(const ForwardParams& p, u32 kt, int bh_kv, int kb, int tid) {
+    const Dims& d = p.dims;
+    const int key0 = kb * BLOCK_KV;
+    const i8* kg = p.op.k_hat + ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
+#pragma unroll
+    for (int i = tid; i < BLOCK_KV * FK_CH; i += WG_THREADS) {
+        const int key = i / FK_CH, c = i % FK_CH;
+        const bool valid = key0 + key < d.n_k;
+        const u32 off = permuted_row(key) * HEAD_DIM + c * 16;
+        cp_async16(kt + swizzled_offset(off, HEAD_DIM), valid ? kg + key * HEAD_DIM + c * 16 : p.op.k_hat, valid);
+    }
+}
+
+// Q̂ rows of both query blocks of this thread block (rows past n_q zero-filled).
+__device__ __forceinline__ void ws_load_q(const ForwardParams& p, u32 qt, int bh, int tid) {
+    const Dims& d = p.dims;
+    const int r0 = 2 * blockIdx.x * BLOCK_Q;
+    const i8* qg = p.op.q_hat + ((long)bh * d.n_q + r0) * HEAD_DIM;
+#pragma unroll
+    for (int i = tid; i < 2 * BLOCK_Q * FK_CH; i += WG_THREADS) {
+        const int row = i / FK_CH, c = i % FK_CH;
+        const bool valid = r0 + row < d.n_q;
+        cp_async16(qt + swizzled_offset(row * HEAD_DIM + c * 16, HEAD_DIM), valid ? qg + row * HEAD_DIM + c * 16 : p.op.q_hat,
+                   valid);
+    }
+}
+
+// This thread's cp.async group of a stage has landed: fence it for the wgmma (async proxy) and arrive.
+__device__ __forceinline__ void ws_complete_stage(u32 full_bar) {
+    fence_proxy_async();
+    mbar_arrive(full_bar);
+}
+
+__device__ void ws_producer(const void* vmap, const ForwardParams& p, const WsSmem& sm, int bh, int bh_kv, int cta_end) {
+    const int tid = threadIdx.x;  // 0..127
+    for (int kb = 0; kb < cta_end; ++kb) {
+        const int s = kb % WS_STAGES;
+        if (kb >= WS_STAGES) mbar_wait(sm.empty + 8 * s, ((kb / WS_STAGES) - 1) & 1);
+        if (tid == 0) {
+            mbar_arrive_expect_tx(sm.full + 8 * s, WG_TILE);
+            tma_load_2d(sm.v + s * WG_TILE, vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full + 8 * s);
+        }
+        if (kb == 0) ws_load_q(p, sm.q, bh, tid);
+        ws_load_k(p, sm.k + s * WG_TILE, bh_kv, kb, tid);
+        cp_async_commit();
+        if (kb > 0) {
+            cp_async_wait<1>();  // stage kb − 1 (kb may still be in flight)
+            ws_complete_stage(sm.full + 8 * ((kb - 1) % WS_STAGES));
+        }
+    }
+    if (cta_end > 0) {
+        cp_async_wait<0>();
+        ws_complete_stage(sm.full + 8 * ((cta_end - 1) % WS_STAGES));
+    }
+}
+
+// P̂ with the group amax known before the exponentials (EARLY_AMAX above); otherwise softmax_p_hat.
+struct QuantPosClampBits {
+    __device__ __forceinline__ u32 operator()(float x, float inv) const {
+        return __float_as_uint(__fadd_rn(fminf(__fmul_rn(x, inv), 127.0f), 8388608.0f));
+    }
+};
+__device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4]) {
+    float mx[2], mq[4][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            mq[k][h] = fmaxf(fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1])),
+                             fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]), fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
+        mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
+    }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
+        mx[0] = fmaxf(mx[0], a0);
+        mx[1] = fmaxf(mx[1], a1);
+    }
+    float m_use[2], inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(st.m[h], mx[h]);
+        m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
+        st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use[h]));
+        st.m[h] = m_new;
+        // max_j exp2(fl(t_j − m_use)) = exp2(fl(rowmax − m_use)): fl(· − m_use) and exp2 are
+        // monotone (a masked row gives exp2(−∞) = 0, as the max over its zeros).
+        const GroupScale g = group_scale(exp2f(__fsub_rn(mx[h], m_use[h])));
+        st.p_scale[h] = g.scale;
+        inv[h] = g.inv;
+    }
+    float ps[4][2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ps[k][h] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1, k = nt & 3;
+            const float pj = exp2f(__fsub_rn(t[nt][e], m_use[h]));
+            t[nt][e] = pj;
+            ps[k][h] = __fadd_rn(ps[k][h], pj);
+        }
+    float sum[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        const float s0 = __shfl_xor_sync(0xffffffffu, sum[0], o2), s1 = __shfl_xor_sync(0xffffffffu, sum[1], o2);
+        sum[0] = __fadd_rn(sum[0], s0);
+        sum[1] = __fadd_rn(sum[1], s1);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
+#pragma unroll
+    for (int s = 0; s < BLOCK_KV / 32; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosClampBits());
+}
+
+// Keeps the P̂ fragments' computation before this point: without it ptxas sank the quantization
+// past the ping-pong barrier, between the wgmma issues, and serialized every wgmma (C7514).
+__device__ __forceinline__ void pin_fragments(u32 (*pa)[4]) {
+#pragma unroll
+    for (int s = 0; s < BLOCK_KV / 32; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[s][i]));
+}
+
+// Ping-pong turn of consumer warpgroup w: wait for it (named barrier 1 + w, completed by the
+// other warpgroup's pass_turn), then hand it over.
+__device__ __forceinline__ void take_turn(int w) { named_sync(1 + w, 2 * WG_THREADS); }
+__device__ __forceinline__ void pass_turn(int w) { named_arrive(1 + (w ^ 1), 2 * WG_THREADS); }
+
+template <bool PINGPONG, bool EARLY_AMAX>
+__device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int bh, int bh_kv, int cta_end) {
+    const Dims& d = p.dims;
+    const int warp = (threadIdx.x >> 5) & 3, qb = 2 * blockIdx.x + w;
+    const int row0 = qb * BLOCK_Q + warp * 16;
+    const u32 qt = sm.q + w * WG_Q_TILE;
+    const bool has_rows = qb < d.n_qblk;
+    const float sq = has_rows ? __fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda) : 0.0f;
+    RowState st;
+    float o[O_TILES][4];
+    start_rows(st, o);
+    int sacc[64], pacc[HEAD_DIM / 2];
+    // Ping-pong: warpgroup 0 issues first (warpgroup 1 passes it the first turn); each passes the
+    // turn after every issue, and warpgroup 0 takes the last turn warpgroup 1 passes after the
+    // loop, so that no barrier phase is left pending at exit. (A conditional pass between the
+    // wgmma issue and its wait made ptxas serialize every wgmma, C7514.)
+    if (PINGPONG && w == 1 && cta_end > 0) pass_turn(1);
+    if (cta_end > 0) {
+        mbar_wait(sm.full, 0);
+        if (PINGPONG) take_turn(w);
+        wg_issue_scores(sacc, qt, sm.k);
+        if (PINGPONG) pass_turn(w);
+        wgmma_wait<0>();
+    }
+    for (int kb = 0; kb < cta_end; ++kb) {
+        const int s = kb % WS_STAGES, key0 = kb * BLOCK_KV;
+        const bool next = kb + 1 < cta_end;
+        u32 pa[BLOCK_KV / 32][4];
+        {
+            float t[S_TILES][4];
+            wg_scores(d, t, sacc, __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]), row0, key0);
+            if (EARLY_AMAX) softmax_p_hat_early(t, st, pa);
+            else softmax_p_hat<false>(t, st, pa);
+        }
+        const int s1 = (kb + 1) % WS_STAGES;
+        if (next) mbar_wait(sm.full + 8 * s1, ((kb + 1) / WS_STAGES) & 1);
+        pin_fragments(pa);
+        if (PINGPONG) take_turn(w);
+        wg_issue_pv(pacc, pa, sm.v + s * WG_TILE);
+        if (next) wg_issue_scores(sacc, qt, sm.k + s1 * WG_TILE);
+        if (next) wgmma_wait<1>();  // P̂V(kb) done; S(kb + 1) may still run
+        else wgmma_wait<0>();
+        // The turn passes once P̂V(kb) is done (FA3 passes it right after the issue; a bar.arrive
+        // with two wgmma groups in flight made ptxas serialize every wgmma, C7514).
+        if (PINGPONG) pass_turn(w);
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty + 8 * s);  // K̂(kb), V̂ᵀ(kb) read by this warp
+        wg_o_update(p, o, pacc, st, bh_kv, kb);
+        wgmma_wait<0>();
+    }
+    if (PINGPONG && w == 0 && cta_end > 0) take_turn(0);
+    if (has_rows) mma_store(p, st, o, bh, row0);
+}
+#endif  // SAGE_WGMMA
+
+// The warp-specialized path's entry (flag F_WGMMA set; F_WS_* select the variant). Launched by
+// src/forward.rs with 384 threads, WS_SMEM_BYTES of dynamic shared memory and the V̂ᵀ tensor map.
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+    sage_forward_ws(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {
+    extern __shared__ __align__(128) unsigned char ws_smem[];
+#ifdef SAGE_WGMMA
+    require_dynamic_smem((u32)WS_SMEM_BYTES);
+    if (blockDim.x != WS_THREADS) __trap();
+    const Dims& d = p.dims;
+    const int bh = blockIdx.y, bh_kv = kv_head_of(d, bh), wg = threadIdx.x >> 7;
+    const int cta_end = key_block_end(d, min(2 * (int)blockIdx.x + 1, d.n_qblk - 1));
+    const WsSmem sm(ws_smem);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WS_STAGES; ++s) {
+            mbar_init(sm.full + 8 * s, WG_THREADS + 1);
+            mbar_init(sm.empty + 8 * s, 8);
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+    if (wg == 0) {
+        setmaxnreg_dec<24>();
+        ws_producer(&vmap, p, sm, bh, bh_kv, cta_end);
+    } else {
+        setmaxnreg_inc<240>();
+        const bool pp = p.flags & F_WS_PINGPONG, early = p.flags & F_WS_EARLY_AMAX;
+        if (pp && early) ws_consumer<true, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else if (pp) ws_consumer<true, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else if (early) ws_consumer<false, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else ws_consumer<false, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
+    }
+#else
+    __trap();  // not compiled for sm_90a
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // The staged BF16 path (#1 and #2 both BF16: the fpa preset, and the isolations of the backward
 // products, whose forward is fpa's): FlashAttention-2's forward with the arithmetic of §4. The
 // K tile [128 keys][d] (double-buffered) and the V tile [128 keys][d] of each key block are staged

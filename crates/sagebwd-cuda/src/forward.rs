@@ -142,19 +142,32 @@ const F_WGMMA_SIMPLE: i32 = 1 << 17;
 const F_WGMMA_2WG: i32 = 1 << 18;
 const F_WGMMA_FAST_EXP: i32 = 1 << 19;
 
-/// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). Default: at d = 128 two
-/// warpgroups of 64 query rows per block sharing the K̂/V̂ᵀ tiles (`pipe2`), at d = 64 one (`pipe`);
-/// both overlap the next block's Q̂K̂ᵀ with this block's O update. `fast`: `pipe` with exp2 short of
-/// its subnormal fix-up when no argument needs it; `simple`: no overlap; `off`: mma.sync path.
+/// Flag bits of the warp-specialized kernel `sage_forward_ws` (forward.cu): `F_WS` (host only)
+/// selects that kernel; the others its variant.
+const F_WS: i32 = 1 << 22;
+const F_WS_PINGPONG: i32 = 1 << 20;
+const F_WS_EARLY_AMAX: i32 = 1 << 21;
+
+/// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). Default (`ws3`): the
+/// warp-specialized kernel (a producer warpgroup, two consumer warpgroups) with the ping-pong
+/// schedule and the P̂ amax before the exponentials; `ws1`: neither, `ws2`: ping-pong only,
+/// `ws13`: early amax only. The one-kernel-per-path variants of `sage_forward_mma`: `pipe2` (two
+/// warpgroups of 64 query rows per block sharing the K̂/V̂ᵀ tiles), `pipe` (one), both overlapping
+/// the next block's Q̂K̂ᵀ with this block's O update; `fast`: `pipe` with exp2 short of its
+/// subnormal fix-up when no argument needs it; `simple`: no overlap; `off`: mma.sync path.
 fn wgmma_mode(head_dim: usize) -> Option<i32> {
+    let ws = F_WGMMA | F_WS;
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("off") => None,
         Ok("pipe") => Some(F_WGMMA),
         Ok("simple") => Some(F_WGMMA | F_WGMMA_SIMPLE),
         Ok("pipe2") => Some(F_WGMMA | F_WGMMA_2WG),
         Ok("fast") => Some(F_WGMMA | F_WGMMA_FAST_EXP),
-        // Measured best (RESULTS-gpu.md, wgmmafwd): 2 warpgroups sharing the tiles at d = 128, 1 at d = 64.
-        _ => Some(if head_dim == 128 { F_WGMMA | F_WGMMA_2WG } else { F_WGMMA }),
+        Ok("mma-default") => Some(if head_dim == 128 { F_WGMMA | F_WGMMA_2WG } else { F_WGMMA }),
+        Ok("ws1") => Some(ws),
+        Ok("ws2") => Some(ws | F_WS_PINGPONG),
+        Ok("ws13") => Some(ws | F_WS_EARLY_AMAX),
+        _ => Some(ws | F_WS_PINGPONG | F_WS_EARLY_AMAX),
     }
 }
 
@@ -220,7 +233,11 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     // scalar: 256 threads over the 64 × 128 tile, static shared memory.
     // wgmma (sm_90a): one warpgroup (64 query rows) per block, or two (F_WGMMA_2WG).
     let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags, s.head_dim) } else { 0 };
-    p.flags |= wgmma;
+    p.flags |= wgmma & !F_WS;
+    if wgmma & F_WS != 0 {
+        launch_ws(gpu, k, &p, &quant, s.head_dim)?;
+        return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
+    }
     let groups = wgmma_groups(wgmma);
     let (func, threads, smem) = if gpu.tensor_cores() {
         let (threads, smem) = if wgmma != 0 {
@@ -246,4 +263,50 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     };
     drv("launch forward", unsafe { gpu.dev.stream.launch_builder(func).arg(&p).launch(launch) })?;
     Ok((out, SavedForBackward { quant, cfg: cfg.clone() }))
+}
+
+/// Dynamic shared memory of `sage_forward_ws` (`WS_SMEM_BYTES`): Q̂ of two query blocks, rings of
+/// `WS_STAGES` = 4 K̂ and V̂ᵀ tiles, 4 full and 4 empty mbarriers, 1 KiB of alignment slack.
+fn ws_smem_bytes(head_dim: usize) -> u32 {
+    (2 * 64 * head_dim + 2 * 4 * 128 * head_dim + 16 * 4 + 1024) as u32
+}
+
+/// Launches the warp-specialized forward (`sage_forward_ws`, in the same module as
+/// `sage_forward_mma`): 384 threads per block of 128 query rows, the V̂ᵀ tensor map as its first
+/// parameter. V̂ᵀ is `[B·H_kv·d rows][n_kpad keys]` i8; the map's box is one key block × d rows,
+/// 128-byte swizzled (the layout the P̂V wgmma descriptor reads).
+fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
+    use cudarc::driver::sys;
+    let d = &p.dims;
+    let v_rows = (d.batch * d.heads_kv) as u64 * head_dim as u64;
+    let vmap = crate::tma::encode_tiled(
+        crate::tma::TmaElem::I8,
+        gpu.ptr(&quant.v_hat_t),
+        &[d.n_kpad as u64, v_rows],
+        &[d.n_kpad as u64],
+        &[128, head_dim as u32],
+        crate::tma::TmaSwizzle::B128,
+    )?;
+    let smem = ws_smem_bytes(head_dim);
+    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
+    let func = unsafe {
+        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
+        drv("forward module", sys::cuFuncGetModule(module.as_mut_ptr(), k.forward_mma.cu_function()).result())?;
+        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
+        let name = c"sage_forward_ws";
+        drv("load function sage_forward_ws", sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
+        f.assume_init()
+    };
+    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
+    let mut params = *p;
+    let mut map = vmap;
+    let mut args: [*mut std::ffi::c_void; 2] =
+        [(&mut map as *mut crate::tma::TensorMap).cast(), (&mut params as *mut ForwardParams).cast()];
+    let grid_x = (d.n_qblk as u32).div_ceil(2);
+    let grid_y = (d.batch * d.heads_q) as u32;
+    drv("launch forward (warp-specialized)", unsafe {
+        sys::cuLaunchKernel(func, grid_x, grid_y, 1, 384, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
+            .result()
+    })
 }

@@ -19,6 +19,7 @@ pub mod forward;
 pub mod pool;
 pub mod quantize;
 pub mod runtime;
+mod tma;
 
 pub use backward::DeviceGradients;
 pub use forward::{DeviceForward, SavedForBackward};

@@ -1,0 +1,76 @@
+//! Host side of the Hopper tensor memory accelerator (TMA): tensor maps (`CUtensorMap`) encoded
+//! with the driver's `cuTensorMapEncodeTiled`, passed to a kernel by value as a
+//! `__grid_constant__` parameter (128 bytes, 64-byte aligned; `TmaMapParam` in forward.cu).
+
+use crate::runtime::drv;
+use cudarc::driver::sys;
+use sagebwd::Result;
+
+/// Element type of the mapped device buffer (U16: BF16 operands, for the BF16 paths).
+#[derive(Clone, Copy, Debug)]
+#[allow(dead_code)]
+pub(crate) enum TmaElem {
+    I8,
+    U16,
+}
+
+/// Shared-memory swizzle the TMA writes (the same XOR pattern as the wgmma descriptors' modes;
+/// the box's innermost extent must be at most the swizzle span).
+#[derive(Clone, Copy, Debug)]
+#[allow(dead_code)]
+pub(crate) enum TmaSwizzle {
+    None,
+    B64,
+    B128,
+}
+
+/// An encoded tensor map, as the kernel parameter receives it.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct TensorMap(pub [u64; 16]);
+
+/// A tiled map of a 2-D to 5-D tensor of `elem` at device address `addr`: `dims` element counts,
+/// innermost first (dimension 0 contiguous); `strides` the byte distance between consecutive
+/// indices of dimensions 1.. (multiples of 16); `boxes` the tile extent per dimension (≤ 256
+/// each). Coordinates outside `dims` read as zero.
+pub(crate) fn encode_tiled(
+    elem: TmaElem,
+    addr: u64,
+    dims: &[u64],
+    strides: &[u64],
+    boxes: &[u32],
+    swizzle: TmaSwizzle,
+) -> Result<TensorMap> {
+    let rank = dims.len();
+    assert!((2..=5).contains(&rank) && strides.len() == rank - 1 && boxes.len() == rank);
+    let dtype = match elem {
+        TmaElem::I8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        TmaElem::U16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+    };
+    let swz = match swizzle {
+        TmaSwizzle::None => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        TmaSwizzle::B64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+        TmaSwizzle::B128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+    };
+    let unit_steps = [1u32; 5];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dtype,
+            rank as u32,
+            addr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            unit_steps.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swz,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    drv("encode tensor map", r.result())?;
+    let map = unsafe { map.assume_init() };
+    Ok(TensorMap(map.opaque))
+}
