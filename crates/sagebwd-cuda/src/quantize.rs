@@ -347,8 +347,10 @@ mod tests {
         // Every product mix with every switch, on the tensor-core and the scalar kernels.
         for bits in 0..(1 << 7) {
             for switches in 0..8 {
-                let f = bits | (switches & 1) * crate::F_SMOOTH_K | (switches >> 1 & 1) * crate::F_SMOOTH_Q
-                    | (switches >> 2) * crate::F_DQ_CORR;
+                let f = bits
+                    | ((switches & 1) * crate::F_SMOOTH_K)
+                    | (((switches >> 1) & 1) * crate::F_SMOOTH_Q)
+                    | ((switches >> 2) * crate::F_DQ_CORR);
                 for tc in [true, false] {
                     let n = QuantNeeds::for_paths(tc, f);
                     for r in reads(tc, f) {
