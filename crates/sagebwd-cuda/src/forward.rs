@@ -153,7 +153,7 @@ const F_WS_FAST_EXP: i32 = 1 << 23;
 /// kernel (a producer warpgroup, two consumer warpgroups): `ws1` plain, `ws13` with the P̂ amax
 /// before the exponentials, `ws13f` that + exp2 without its subnormal fix-up when no argument of
 /// the warp needs it (slower: RESULTS-gpu.md, fwd3), `ws3` = `ws13` + the ping-pong schedule.
-/// Default: `ws13` (verified at both head dims in fwd3's second call). The variants of `sage_forward_mma`:
+/// Default: `ws3`, the fastest at both head dims (verified in fwd3's third call). The variants of `sage_forward_mma`:
 /// `mma-default` (main's default before fwd3), `pipe2` (two warpgroups of 64 query rows per block
 /// sharing the K̂/V̂ᵀ tiles), `pipe` (one), both overlapping the next block's Q̂K̂ᵀ with this block's
 /// O update; `fast`: `pipe` with the fast exp2; `simple`: no overlap; `off`: mma.sync path.
@@ -170,7 +170,7 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
         Ok("ws3") => Some(ws | F_WS_PINGPONG | F_WS_EARLY_AMAX),
         Ok("ws13") => Some(ws | F_WS_EARLY_AMAX),
         Ok("ws13f") => Some(ws | F_WS_EARLY_AMAX | F_WS_FAST_EXP),
-        _ => Some(ws | F_WS_EARLY_AMAX),
+        _ => Some(ws | F_WS_PINGPONG | F_WS_EARLY_AMAX),
     }
 }
 
