@@ -974,6 +974,9 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
 //   two IEEE divisions of its scale run beside them instead of after a max over 64 values and two
 //   shuffles; the quantizer keeps the §2.2 clamp to 127 (a non-monotone ex2.approx could give a p
 //   above that amax).
+// - FAST_EXP: exp2 without exp2f's subnormal fix-up when no argument of the warp needs it.
+// - In every variant the K̂/V̂ᵀ scales of the next block are loaded a block ahead, and the P̂V
+//   accumulators convert to FP32 by one I2FP.
 
 #define WS_THREADS 384
 #define WS_STAGES 4
@@ -982,6 +985,7 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
 #define WS_SMEM_BYTES (2 * WG_Q_TILE + 2 * WS_STAGES * WG_TILE + 16 * WS_STAGES + 1024)
 #define F_WS_PINGPONG (1 << 20)
 #define F_WS_EARLY_AMAX (1 << 21)
+#define F_WS_FAST_EXP (1 << 23)
 // A CUtensorMap (128 bytes, 64-byte aligned) as the kernel receives it: src/tma.rs encodes it.
 struct __align__(64) TmaMapParam {
     unsigned long long words[16];
@@ -1063,8 +1067,12 @@ struct QuantPosClampBits {
         return __float_as_uint(__fadd_rn(fminf(__fmul_rn(x, inv), 127.0f), 8388608.0f));
     }
 };
+// FAST_EXP: exp2 as the bare MUFU.EX2 (ex2.approx.ftz, the same bits as exp2f for arguments
+// ≥ −126) when every argument of the warp is ≥ −125, decided from a per-thread min of t (exact,
+// order-free) and one vote: saves exp2f's compare and two predicated multiplies per score.
+template <bool FAST_EXP>
 __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4]) {
-    float mx[2], mq[4][2];
+    float mx[2], mq[4][2], mn[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -1072,6 +1080,14 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
             mq[k][h] = fmaxf(fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1])),
                              fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]), fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
         mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
+        if (FAST_EXP) {
+            float nq[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                nq[k] = fminf(fminf(fminf(t[k][2 * h], t[k][2 * h + 1]), fminf(t[k + 4][2 * h], t[k + 4][2 * h + 1])),
+                              fminf(fminf(t[k + 8][2 * h], t[k + 8][2 * h + 1]), fminf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
+            mn[h] = fminf(fminf(nq[0], nq[1]), fminf(nq[2], nq[3]));
+        }
     }
 #pragma unroll
     for (int o2 = 1; o2 <= 2; o2 <<= 1) {
@@ -1097,15 +1113,31 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
     for (int k = 0; k < 4; ++k)
 #pragma unroll
         for (int h = 0; h < 2; ++h) ps[k][h] = 0.0f;
+    // fl(t − m_use) ≥ fl(mn − m_use) (rounding is monotone); a masked entry (mn = −∞) takes the
+    // general path; −125 keeps the results clear of the subnormal range whatever the rounding.
+    const bool fast = FAST_EXP && __all_sync(0xffffffffu, __fsub_rn(mn[0], m_use[0]) >= -125.0f &&
+                                                              __fsub_rn(mn[1], m_use[1]) >= -125.0f);
+    if (fast) {
 #pragma unroll
-    for (int nt = 0; nt < S_TILES; ++nt)
+        for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int h = e >> 1, k = nt & 3;
-            const float pj = exp2f(__fsub_rn(t[nt][e], m_use[h]));
-            t[nt][e] = pj;
-            ps[k][h] = __fadd_rn(ps[k][h], pj);
-        }
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1, k = nt & 3;
+                const float pj = ex2_ftz(__fsub_rn(t[nt][e], m_use[h]));
+                t[nt][e] = pj;
+                ps[k][h] = __fadd_rn(ps[k][h], pj);
+            }
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1, k = nt & 3;
+                const float pj = exp2f(__fsub_rn(t[nt][e], m_use[h]));
+                t[nt][e] = pj;
+                ps[k][h] = __fadd_rn(ps[k][h], pj);
+            }
+    }
     float sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
@@ -1134,12 +1166,31 @@ __device__ __forceinline__ void pin_fragments(u32 (*pa)[4]) {
         for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[s][i]));
 }
 
+// O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) (wg_o_update's arithmetic) with s_V given (loaded a
+// block ahead) and float(acc) by a plain conversion: |acc| ≤ 127²·128 < 2²⁴ is exact, and on sm_90
+// it is one I2FP (the two-instruction trick of i2f_exact avoided sm_80's slow I2F).
+__device__ __forceinline__ void ws_o_update(float (*o)[4], const int (&acc)[HEAD_DIM / 2], const RowState& st, float s_v) {
+    const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
+    if (__all_sync(0xffffffffu, st.alpha[0] == 1.0f && st.alpha[1] == 1.0f)) {  // fl(O·1) = O: skip it
+#pragma unroll
+        for (int nd = 0; nd < O_TILES; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[nd][e] = __fadd_rn(o[nd][e], __fmul_rn((float)acc[4 * nd + e], e < 2 ? dq0 : dq1));
+        return;
+    }
+#pragma unroll
+    for (int nd = 0; nd < O_TILES; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            o[nd][e] = __fadd_rn(__fmul_rn(o[nd][e], st.alpha[e >> 1]), __fmul_rn((float)acc[4 * nd + e], e < 2 ? dq0 : dq1));
+}
+
 // Ping-pong turn of consumer warpgroup w: wait for it (named barrier 1 + w, completed by the
 // other warpgroup's pass_turn), then hand it over.
 __device__ __forceinline__ void take_turn(int w) { named_sync(1 + w, 2 * WG_THREADS); }
 __device__ __forceinline__ void pass_turn(int w) { named_arrive(1 + (w ^ 1), 2 * WG_THREADS); }
 
-template <bool PINGPONG, bool EARLY_AMAX>
+template <bool PINGPONG, bool EARLY_AMAX, bool FAST_EXP>
 __device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int bh, int bh_kv, int cta_end) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, qb = 2 * blockIdx.x + w;
@@ -1156,6 +1207,11 @@ __device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int
     // loop, so that no barrier phase is left pending at exit. (A conditional pass between the
     // wgmma issue and its wait made ptxas serialize every wgmma, C7514.)
     if (PINGPONG && w == 1 && cta_end > 0) pass_turn(1);
+    // The K̂ and V̂ᵀ scales of block kb + 1 are loaded during block kb: a load issued after a
+    // wgmma wait (a "memory" clobber) would put its L2 latency on every block's critical path.
+    const float* k_scales = p.op.k_scale + bh_kv * d.n_kblk;
+    const float* v_scales = p.v_scale + bh_kv * d.n_kblk;
+    float k_sc = cta_end > 0 ? k_scales[0] : 0.0f, v_sc = cta_end > 0 ? v_scales[0] : 0.0f;
     if (cta_end > 0) {
         mbar_wait(sm.full, 0);
         if (PINGPONG) take_turn(w);
@@ -1166,12 +1222,13 @@ __device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int
     for (int kb = 0; kb < cta_end; ++kb) {
         const int s = kb % WS_STAGES, key0 = kb * BLOCK_KV;
         const bool next = kb + 1 < cta_end;
+        const float k_sc_next = next ? k_scales[kb + 1] : 0.0f, v_sc_next = next ? v_scales[kb + 1] : 0.0f;
         u32 pa[BLOCK_KV / 32][4];
         {
             float t[S_TILES][4];
-            wg_scores(d, t, sacc, __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]), row0, key0);
-            if (EARLY_AMAX) softmax_p_hat_early(t, st, pa);
-            else softmax_p_hat<false>(t, st, pa);
+            wg_scores(d, t, sacc, __fmul_rn(sq, k_sc), row0, key0);
+            if (EARLY_AMAX) softmax_p_hat_early<FAST_EXP>(t, st, pa);
+            else softmax_p_hat<FAST_EXP>(t, st, pa);
         }
         const int s1 = (kb + 1) % WS_STAGES;
         if (next) mbar_wait(sm.full + 8 * s1, ((kb + 1) / WS_STAGES) & 1);
@@ -1186,8 +1243,10 @@ __device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int
         if (PINGPONG) pass_turn(w);
         __syncwarp();
         if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty + 8 * s);  // K̂(kb), V̂ᵀ(kb) read by this warp
-        wg_o_update(p, o, pacc, st, bh_kv, kb);
+        ws_o_update(o, pacc, st, v_sc);
         wgmma_wait<0>();
+        k_sc = k_sc_next;
+        v_sc = v_sc_next;
     }
     if (PINGPONG && w == 0 && cta_end > 0) take_turn(0);
     if (has_rows) mma_store(p, st, o, bh, row0);
@@ -1219,11 +1278,12 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
         ws_producer(&vmap, p, sm, bh, bh_kv, cta_end);
     } else {
         setmaxnreg_inc<240>();
-        const bool pp = p.flags & F_WS_PINGPONG, early = p.flags & F_WS_EARLY_AMAX;
-        if (pp && early) ws_consumer<true, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
-        else if (pp) ws_consumer<true, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
-        else if (early) ws_consumer<false, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
-        else ws_consumer<false, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        // The variants measured (RESULTS-gpu.md, fwd3); other flag mixes take the nearest.
+        const bool pp = p.flags & F_WS_PINGPONG, early = p.flags & F_WS_EARLY_AMAX, fast = p.flags & F_WS_FAST_EXP;
+        if (pp) ws_consumer<true, true, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else if (early && fast) ws_consumer<false, true, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else if (early) ws_consumer<false, true, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else ws_consumer<false, false, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
     }
 #else
     __trap();  // not compiled for sm_90a

@@ -147,14 +147,16 @@ const F_WGMMA_FAST_EXP: i32 = 1 << 19;
 const F_WS: i32 = 1 << 22;
 const F_WS_PINGPONG: i32 = 1 << 20;
 const F_WS_EARLY_AMAX: i32 = 1 << 21;
+const F_WS_FAST_EXP: i32 = 1 << 23;
 
-/// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). Default (`ws3`): the
-/// warp-specialized kernel (a producer warpgroup, two consumer warpgroups) with the ping-pong
-/// schedule and the P̂ amax before the exponentials; `ws1`: neither, `ws2`: ping-pong only,
-/// `ws13`: early amax only. The one-kernel-per-path variants of `sage_forward_mma`: `pipe2` (two
-/// warpgroups of 64 query rows per block sharing the K̂/V̂ᵀ tiles), `pipe` (one), both overlapping
-/// the next block's Q̂K̂ᵀ with this block's O update; `fast`: `pipe` with exp2 short of its
-/// subnormal fix-up when no argument needs it; `simple`: no overlap; `off`: mma.sync path.
+/// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). The warp-specialized
+/// kernel (a producer warpgroup, two consumer warpgroups): `ws1` plain, `ws13` with the P̂ amax
+/// before the exponentials, `ws13f` that + exp2 without its subnormal fix-up when no argument of
+/// the warp needs it (slower: RESULTS-gpu.md, fwd3), `ws3` = `ws13` + the ping-pong schedule.
+/// Default: `ws3`, the fastest at both head dims (verified in fwd3's third call). The variants of `sage_forward_mma`:
+/// `mma-default` (main's default before fwd3), `pipe2` (two warpgroups of 64 query rows per block
+/// sharing the K̂/V̂ᵀ tiles), `pipe` (one), both overlapping the next block's Q̂K̂ᵀ with this block's
+/// O update; `fast`: `pipe` with the fast exp2; `simple`: no overlap; `off`: mma.sync path.
 fn wgmma_mode(head_dim: usize) -> Option<i32> {
     let ws = F_WGMMA | F_WS;
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
@@ -165,8 +167,9 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
         Ok("fast") => Some(F_WGMMA | F_WGMMA_FAST_EXP),
         Ok("mma-default") => Some(if head_dim == 128 { F_WGMMA | F_WGMMA_2WG } else { F_WGMMA }),
         Ok("ws1") => Some(ws),
-        Ok("ws2") => Some(ws | F_WS_PINGPONG),
+        Ok("ws3") => Some(ws | F_WS_PINGPONG | F_WS_EARLY_AMAX),
         Ok("ws13") => Some(ws | F_WS_EARLY_AMAX),
+        Ok("ws13f") => Some(ws | F_WS_EARLY_AMAX | F_WS_FAST_EXP),
         _ => Some(ws | F_WS_PINGPONG | F_WS_EARLY_AMAX),
     }
 }
