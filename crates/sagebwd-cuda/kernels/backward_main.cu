@@ -723,6 +723,12 @@ struct StagedTile {
 // query row qrow_of(nt, n)), so the accumulator is the mma.sync path's, permuted rows included.
 #ifdef SAGE_WGMMA
 #define BWD_WGMMA 1
+// dQ = dŜ K̂ on wgmma too (A = the dŜ byte tile, B = K̂ᵀ, both in the 128-byte-swizzle layout). On
+// (1) because that is the variant verified on the device; it measured 1–2 % slower at d = 128 than
+// dQ on mma.sync (the dŜ byte stores become 2-way bank-conflicted, and each warpgroup waits for its
+// dQ product right after issuing it). 0 = dQ on mma.sync (K̂ᵀ and dŜ in their mma.sync layouts):
+// the faster variant, not yet verified on the device (docs/RESULTS-gpu.md, "Backward on wgmma").
+#define BWD_WGMMA_DQ 1
 
 // Tile row holding query row `row` (inverse of qrow_of: row = 16a + 4b + 2c + e sits at 8(2a + c) + 2b + e).
 __device__ __forceinline__ int permuted_qrow(int row) {
@@ -751,6 +757,7 @@ __device__ __forceinline__ u64 wg_kstep_desc(u32 tile, int row0, int ks) {
 }
 #else
 #define BWD_WGMMA 0
+#define BWD_WGMMA_DQ 0
 #endif
 
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
@@ -772,10 +779,13 @@ struct StagedSage {
         stage_rows_at<BLOCK_KV, HEAD_DIM / 16>(smem, k_hat, HEAD_DIM, d.n_k - key0, WgKmajor<BLOCK_KV, HEAD_DIM, false>());
         stage_rows_at<BLOCK_KV, HEAD_DIM / 8>(smem + v, p.v + ((long)bh_kv * d.n_k + key0) * HEAD_DIM, BF_ROW, d.n_k - key0,
                                               WgKmajor<BLOCK_KV, BF_ROW, false>());
-        stage_rows_at<HEAD_DIM, BLOCK_KV / 16>(smem + kt, k_hat_t, d.n_kpad, HEAD_DIM, WgKmajor<HEAD_DIM, BLOCK_KV, false>());
 #else
         stage_rows<BLOCK_KV, HEAD_DIM / 16>(smem, k_hat, HEAD_DIM, d.n_k - key0, SwzKeyI8());
         stage_key_rows_bf16(smem + v, p.v, d, bh_kv, kb);
+#endif
+#if BWD_WGMMA_DQ
+        stage_rows_at<HEAD_DIM, BLOCK_KV / 16>(smem + kt, k_hat_t, d.n_kpad, HEAD_DIM, WgKmajor<HEAD_DIM, BLOCK_KV, false>());
+#else
         stage_rows<HEAD_DIM, BLOCK_KV / 16>(smem + kt, k_hat_t, d.n_kpad, HEAD_DIM, SwzT128());
 #endif
     }
@@ -926,7 +936,7 @@ struct StagedSage {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int row = 4 * t + 2 * b + c;
-#if BWD_WGMMA
+#if BWD_WGMMA_DQ
                 // dŜ is the A operand of dQ's wgmma: a K-major [64][128] tile, 128-byte swizzle.
                 ds_out[2 * b + c] = x.ds + row * BLOCK_KV + ((warp ^ (row & 7)) << 4) + g;
 #else
@@ -960,7 +970,7 @@ struct StagedSage {
 
     // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile).
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
-#if BWD_WGMMA
+#if BWD_WGMMA_DQ
         // wgmma: M = the 64 rows, N = warpgroup wg's half of d (K̂ᵀ rows wg·d/2..), K = the 128 keys.
         const int wg = threadIdx.x >> 7;
         int acc[HEAD_DIM / 16][4];
@@ -1174,7 +1184,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         dq_scale = tile_dq_scale;
     }
     cp_async_wait<0>();
-#if BWD_WGMMA
+#if BWD_WGMMA_DQ
     if (Path::WGMMA) fence_proxy_async();  // the dŜ byte stores → dQ's wgmma reads
 #endif
     __syncthreads();  // dS of the last block complete
