@@ -461,17 +461,22 @@ __device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const Ti
 // (8 rows of one chunk column) and each dS store hits 8 distinct bank groups.
 
 // Dynamic shared memory of a staged path: the key block's tiles (KEY bytes), two query-block stages
-// (STAGE bytes of operand tiles, then L[64] and D[64] floats), two dS tiles of DS bytes, the amax
-// scratch. Mirrored by `staged_backward_smem_bytes` in src/backward.rs.
+// (STAGE bytes of operand tiles), two L[64], D[64] blocks, two dS tiles of DS bytes, the amax
+// scratch, and ALIGN_SLACK bytes so that the start can be rounded up to 1024 (wgmma's swizzled
+// tiles must start on a 1024-byte boundary; the operand tiles keep it, as KEY and STAGE are
+// multiples of 1024). Mirrored by `staged_backward_smem_bytes` in src/backward.rs.
+#define ALIGN_SLACK 1024
 template <int KEY, int STAGE, int DS>
 struct StagedLayout {
     static constexpr int stage0 = KEY;                        // stage 0; stage 1 follows
-    static constexpr int rows = STAGE;                        // L, D inside a stage
-    static constexpr int stage_bytes = STAGE + 2 * BLOCK_Q * 4;
-    static constexpr int ds0 = KEY + 2 * stage_bytes;         // dS tile 0; tile 1 follows
+    static constexpr int stage_bytes = STAGE;
+    static constexpr int rows0 = KEY + 2 * STAGE;             // L, D of stage 0; stage 1's follow
+    static constexpr int rows_bytes = 2 * BLOCK_Q * 4;
+    static constexpr int ds0 = rows0 + 2 * rows_bytes;        // dS tile 0; tile 1 follows
     static constexpr int ds_bytes = DS;
     static constexpr int red = ds0 + 2 * DS;
-    static constexpr int bytes = red + 2 * (THREADS / 32) * 4;
+    static constexpr int bytes = red + 2 * (THREADS / 32) * 4 + ALIGN_SLACK;
+    static_assert(KEY % 1024 == 0 && STAGE % 1024 == 0, "operand tiles must stay 1024-byte aligned");
 };
 
 #define BF_QT (BLOCK_Q * HEAD_DIM)           // bytes of an INT8 [64][d] tile (a BF16 one is twice that)
@@ -529,6 +534,20 @@ __device__ __forceinline__ void stage_rows(u32 dst, const void* src, long stride
         const int row = row0 + k * (THREADS / CH);
         const bool valid = row < valid_rows;
         cp_async16(dst + row * CH * 16 + swz(row, c) * 16, valid ? s + row * stride + c * 16 : s, valid);
+    }
+}
+
+// The same copy into any tile layout: chunk c of row `row` goes to byte dst + off(row, c).
+template <int ROWS, int CH, class Off>
+__device__ __forceinline__ void stage_rows_at(u32 dst, const void* src, long stride, int valid_rows, Off off) {
+    static_assert((ROWS * CH) % THREADS == 0 && THREADS % CH == 0, "stage_rows_at: tile does not split evenly");
+    const unsigned char* s = (const unsigned char*)src;
+    const int c = threadIdx.x % CH, row0 = threadIdx.x / CH;
+#pragma unroll
+    for (int k = 0; k < ROWS * CH / THREADS; ++k) {
+        const int row = row0 + k * (THREADS / CH);
+        const bool valid = row < valid_rows;
+        cp_async16(dst + off(row, c), valid ? s + row * stride + c * 16 : s, valid);
     }
 }
 
@@ -623,24 +642,31 @@ __device__ __forceinline__ void keys_by_rows(Acc (*acc)[4], u32 a_lane, int a_x,
     }
 }
 
-// P = exp2(fl(fl(S·scale) − L)) and dS = fl(P·fl(dP − D)) of the warp's transposed tile (s: the Sᵀ
-// accumulators, scale = fl(fl(s_Q·cλ)·s_K) for INT8, cλ for BF16; dp in, dS out), masked → 0; rows
-// past n_q need no mask (L = +∞, D = 0).
+// P = exp2(fl(fl(S·scale) − L)) of the warp's transposed tile (s: the Sᵀ accumulators, scale =
+// fl(fl(s_Q·cλ)·s_K) for INT8, cλ for BF16), not yet masked.
 template <bool PERMUTED, class Acc>
-__device__ __forceinline__ void tile_p_ds_regs(const Dims& d, const float* rows, int qb, const Acc (*s)[4],
-                                               float scale, float (*prob)[4], float (*ds)[4]) {
+__device__ __forceinline__ void tile_p_regs(const float* rows, const Acc (*s)[4], float scale, float (*prob)[4]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const float2 L = *(const float2*)(rows + tile_row<PERMUTED>(nt, 2 * t));  // rows rl, rl + 1 (even)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            prob[nt][e] = exp2f(__fsub_rn(__fmul_rn((float)s[nt][e], scale), (e & 1) ? L.y : L.x));  // exp2(t − L)
+    }
+}
+
+// dS = fl(P·fl(dP − D)) (dp in, dS out), then P and dS masked → 0; rows past n_q need no mask
+// (L = +∞, D = 0).
+template <bool PERMUTED>
+__device__ __forceinline__ void tile_ds_regs(const Dims& d, const float* rows, int qb, float (*prob)[4], float (*ds)[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wkey0 = blockIdx.x * BLOCK_KV + (threadIdx.x >> 5) * 16;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-        const int rl = tile_row<PERMUTED>(nt, 2 * t);  // rows rl, rl + 1 (even: one 8-byte load each)
-        const float2 L = *(const float2*)(rows + rl), D = *(const float2*)(rows + BLOCK_Q + rl);
+        const float2 D = *(const float2*)(rows + BLOCK_Q + tile_row<PERMUTED>(nt, 2 * t));
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float t_score = __fmul_rn((float)s[nt][e], scale);
-            prob[nt][e] = exp2f(__fsub_rn(t_score, (e & 1) ? L.y : L.x));                    // exp2(t − L)
-            ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));  // fl(P·fl(dP − D))
-        }
+        for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));
     }
     const int last_key = wkey0 + 15;
     const bool need_mask = last_key >= d.n_k || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q));
@@ -652,6 +678,14 @@ __device__ __forceinline__ void tile_p_ds_regs(const Dims& d, const float* rows,
                 if (!visible(d, qb * BLOCK_Q + tile_row<PERMUTED>(nt, 2 * t + (e & 1)), wkey0 + g + 8 * (e >> 1)))
                     prob[nt][e] = ds[nt][e] = 0.0f;
     }
+}
+
+// Both: P and dS of the warp's tile from the Sᵀ and dPᵀ accumulators (dp in, dS out), masked.
+template <bool PERMUTED, class Acc>
+__device__ __forceinline__ void tile_p_ds_regs(const Dims& d, const float* rows, int qb, const Acc (*s)[4],
+                                               float scale, float (*prob)[4], float (*ds)[4]) {
+    tile_p_regs<PERMUTED>(rows, s, scale, prob);
+    tile_ds_regs<PERMUTED>(d, rows, qb, prob, ds);
 }
 
 // Adds the 16 × 16 dQ columns c..c + 15 of the warp's rows (acc[0]: columns c.., acc[1]: c + 8..) to
@@ -682,6 +716,50 @@ struct StagedTile {
     int bh, bh_kv, qb;  // (batch, query head), its kv head, the query block
 };
 
+// ---- wgmma operand tiles (sm_90a) -----------------------------------------------------------------
+// On sm_90a the sage path computes Sᵀ and dPᵀ with wgmma (BWD_WGMMA): the warpgroup's 64 keys are
+// the M rows, the 64 query rows the N columns; K̂, V (A) and Q̂, dO (B) are K-major tiles in the
+// hardware's swizzled layout. The Q̂ and dO rows are stored in the permuted order (row 8nt + n holds
+// query row qrow_of(nt, n)), so the accumulator is the mma.sync path's, permuted rows included.
+#ifdef SAGE_WGMMA
+#define BWD_WGMMA 1
+// dQ = dŜ K̂ on wgmma too (A = the dŜ byte tile, B = K̂ᵀ, both in the 128-byte-swizzle layout). On
+// (1) because that is the variant verified on the device; it measured 1–2 % slower at d = 128 than
+// dQ on mma.sync (the dŜ byte stores become 2-way bank-conflicted, and each warpgroup waits for its
+// dQ product right after issuing it). 0 = dQ on mma.sync (K̂ᵀ and dŜ in their mma.sync layouts):
+// the faster variant, not yet verified on the device (docs/RESULTS-gpu.md, "Backward on wgmma").
+#define BWD_WGMMA_DQ 1
+
+// Tile row holding query row `row` (inverse of qrow_of: row = 16a + 4b + 2c + e sits at 8(2a + c) + 2b + e).
+__device__ __forceinline__ int permuted_qrow(int row) {
+    return (row & ~15) | (((row >> 1) & 1) << 3) | (((row >> 2) & 3) << 1) | (row & 1);
+}
+
+// Byte offset of 16-byte chunk c of row `row` in a K-major tile of ROWS rows of ROW_BYTES bytes.
+// Rows of up to 128 bytes are one swizzle atom column (64-byte rows: 64-byte swizzle); 256-byte
+// rows (BF16, d = 128) are two atom columns, each a [ROWS][128-byte] tile, the second after the first.
+template <int ROWS, int ROW_BYTES, bool PERMUTED>
+struct WgKmajor {
+    static constexpr int ATOM = ROW_BYTES < 128 ? ROW_BYTES : 128;
+    __device__ u32 operator()(int row, int c) const {
+        const int prow = PERMUTED ? permuted_qrow(row) : row;
+        const int byte = 16 * c;
+        return (byte / ATOM) * (ROWS * ATOM) + swizzled_offset(prow * ATOM + byte % ATOM, ATOM);
+    }
+};
+
+// Descriptor of k-step ks (32 bytes of every row) of a WgKmajor<ROWS, ROW_BYTES> tile at `tile`,
+// from row row0 (a multiple of 8, one swizzle period) on.
+template <int ROWS, int ROW_BYTES>
+__device__ __forceinline__ u64 wg_kstep_desc(u32 tile, int row0, int ks) {
+    constexpr int ATOM = ROW_BYTES < 128 ? ROW_BYTES : 128, STEPS = ATOM / 32;
+    return kmajor_desc(tile + (ks / STEPS) * (ROWS * ATOM) + row0 * ATOM + 32 * (ks % STEPS), ATOM);
+}
+#else
+#define BWD_WGMMA 0
+#define BWD_WGMMA_DQ 0
+#endif
+
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
     // Key block: K̂, K̂ᵀ (BF_KT bytes each), V (2·BF_KT); stage: Q̂, dO (2·BF_QT), dÔᵀ, Q̂ᵀ; dŜ bytes.
@@ -689,15 +767,27 @@ struct StagedSage {
     static constexpr int kt = BF_KT, v = 2 * BF_KT;                   // offsets in the key block
     static constexpr int d_o = BF_QT, dot = 3 * BF_QT, qt = 4 * BF_QT;  // offsets in a stage
 
+    static constexpr bool WGMMA = BWD_WGMMA;  // Sᵀ and dPᵀ by wgmma (K̂, V, Q̂, dO in its tile layout)
+
     // K̂ᵀ columns past n_k are read as they are and meet dŜ = 0.
     static __device__ __forceinline__ void stage_key_block(const BackwardParams& p, u32 smem, int bh_kv, int kb) {
         const Dims& d = p.dims;
         const int key0 = kb * BLOCK_KV;
-        stage_rows<BLOCK_KV, HEAD_DIM / 16>(smem, p.op.k_hat + ((long)bh_kv * d.n_k + key0) * HEAD_DIM, HEAD_DIM,
-                                            d.n_k - key0, SwzKeyI8());
-        stage_rows<HEAD_DIM, BLOCK_KV / 16>(smem + kt, p.tr.k_hat_t + (long)bh_kv * HEAD_DIM * d.n_kpad + key0,
-                                            d.n_kpad, HEAD_DIM, SwzT128());
+        const i8* k_hat = p.op.k_hat + ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
+        const i8* k_hat_t = p.tr.k_hat_t + (long)bh_kv * HEAD_DIM * d.n_kpad + key0;
+#if BWD_WGMMA
+        stage_rows_at<BLOCK_KV, HEAD_DIM / 16>(smem, k_hat, HEAD_DIM, d.n_k - key0, WgKmajor<BLOCK_KV, HEAD_DIM, false>());
+        stage_rows_at<BLOCK_KV, HEAD_DIM / 8>(smem + v, p.v + ((long)bh_kv * d.n_k + key0) * HEAD_DIM, BF_ROW, d.n_k - key0,
+                                              WgKmajor<BLOCK_KV, BF_ROW, false>());
+#else
+        stage_rows<BLOCK_KV, HEAD_DIM / 16>(smem, k_hat, HEAD_DIM, d.n_k - key0, SwzKeyI8());
         stage_key_rows_bf16(smem + v, p.v, d, bh_kv, kb);
+#endif
+#if BWD_WGMMA_DQ
+        stage_rows_at<HEAD_DIM, BLOCK_KV / 16>(smem + kt, k_hat_t, d.n_kpad, HEAD_DIM, WgKmajor<HEAD_DIM, BLOCK_KV, false>());
+#else
+        stage_rows<HEAD_DIM, BLOCK_KV / 16>(smem + kt, k_hat_t, d.n_kpad, HEAD_DIM, SwzT128());
+#endif
     }
 
     // The transposed copies are n_qpad long; entries past n_q meet P̂ = dŜ = 0.
@@ -705,12 +795,75 @@ struct StagedSage {
         const Dims& d = p.dims;
         const int row0 = qb * BLOCK_Q;
         const long t_off = (long)bh * HEAD_DIM * d.n_qpad + row0;
-        stage_rows<BLOCK_Q, HEAD_DIM / 16>(st, p.op.q_hat + ((long)bh * d.n_q + row0) * HEAD_DIM, HEAD_DIM,
-                                           d.n_q - row0, SwzQrowI8());
+        const i8* q_hat = p.op.q_hat + ((long)bh * d.n_q + row0) * HEAD_DIM;
+#if BWD_WGMMA
+        stage_rows_at<BLOCK_Q, HEAD_DIM / 16>(st, q_hat, HEAD_DIM, d.n_q - row0, WgKmajor<BLOCK_Q, HEAD_DIM, true>());
+        stage_rows_at<BLOCK_Q, HEAD_DIM / 8>(st + d_o, p.d_o + ((long)bh * d.n_q + row0) * HEAD_DIM, BF_ROW, d.n_q - row0,
+                                             WgKmajor<BLOCK_Q, BF_ROW, true>());
+        stage_rows_at<HEAD_DIM, BLOCK_Q / 16>(st + dot, p.tr.do_hat_t + t_off, d.n_qpad, HEAD_DIM,
+                                              WgKmajor<HEAD_DIM, BLOCK_Q, false>());
+        stage_rows_at<HEAD_DIM, BLOCK_Q / 16>(st + qt, p.tr.q_hat_t + t_off, d.n_qpad, HEAD_DIM,
+                                              WgKmajor<HEAD_DIM, BLOCK_Q, false>());
+#else
+        stage_rows<BLOCK_Q, HEAD_DIM / 16>(st, q_hat, HEAD_DIM, d.n_q - row0, SwzQrowI8());
         stage_query_rows_bf16(st + d_o, p.d_o, d, bh, qb, SwzQrowBf16());
         stage_rows<HEAD_DIM, BLOCK_Q / 16>(st + dot, p.tr.do_hat_t + t_off, d.n_qpad, HEAD_DIM, SwzT64());
         stage_rows<HEAD_DIM, BLOCK_Q / 16>(st + qt, p.tr.q_hat_t + t_off, d.n_qpad, HEAD_DIM, SwzT64());
+#endif
     }
+
+#if BWD_WGMMA
+    // Issues Sᵀ = K̂ Q̂ᵀ (#3, exact INT32) and then dPᵀ = V dOᵀ (#5, FP32) of warpgroup wg's 64 keys ×
+    // the 64 rows (permuted), as two commit groups: P can be computed while dPᵀ runs.
+    static __device__ __forceinline__ void wg_issue_scores_dp(int (&s)[8][4], float (&dp)[8][4], u32 smem, u32 st, int wg) {
+        wgmma_fence();  // the accumulators were last written by the previous tile's code
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 32; ++ks)
+            wgmma_s8_ss_n64(s, wg_kstep_desc<BLOCK_KV, HEAD_DIM>(smem, 64 * wg, ks), wg_kstep_desc<BLOCK_Q, HEAD_DIM>(st, 0, ks), ks);
+        wgmma_commit();
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
+            wgmma_bf16_ss_n64(dp, wg_kstep_desc<BLOCK_KV, BF_ROW>(smem + v, 64 * wg, ks),
+                              wg_kstep_desc<BLOCK_Q, BF_ROW>(st + d_o, 0, ks), ks);
+        wgmma_commit();
+    }
+
+    // Issues acc = a (the warp's 16 keys × 64 rows: 2 k-steps of A fragments) · columns 32c..32c + 31
+    // of the [d][64] tile at bt (K-major, rows contiguous), exact INT32, as one commit group.
+    static __device__ __forceinline__ void wg_issue_chunk(int (&acc)[4][4], const u32 (*a)[4], u32 bt, int c) {
+        wgmma_fence();  // acc was read, a written, by ordinary instructions since the last wgmma
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 32; ++ks) wgmma_s8_rs_n32(acc, a[ks], wg_kstep_desc<HEAD_DIM, BLOCK_Q>(bt, 32 * c, ks), ks);
+        wgmma_commit();
+    }
+
+    // dV += P̂ᵀ dÔ (#4) and dK += dŜᵀ Q̂ (#7) of the tile: out[nd][e] = fl(out + fl(float(acc)·scale)),
+    // acc exact over the tile's 64 rows (§2.3). 2·d/32 chunks of 32 columns (dV's, then dK's), two
+    // in flight, so that one chunk's dequantization overlaps the next chunk's product.
+    static __device__ __forceinline__ void wg_key_products(u32 st, const u32 (*pa)[4], const u32 (*da)[4], float scale_v,
+                                                           float scale_k, float (*dv)[4], float (*dk)[4]) {
+        constexpr int C = HEAD_DIM / 32, N = 2 * C;
+        int acc[2][4][4];
+        wg_issue_chunk(acc[0], pa, st + dot, 0);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const int j = i + 1;
+            if (j < N) {
+                wg_issue_chunk(acc[j & 1], j < C ? pa : da, st + (j < C ? dot : qt), j % C);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            wgmma_fence_regs(acc[i & 1]);
+            float(*out)[4] = (i < C ? dv : dk) + 4 * (i % C);
+            const float scale = i < C ? scale_v : scale_k;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) out[nt][e] = __fadd_rn(out[nt][e], __fmul_rn(i2f_exact(acc[i & 1][nt][e]), scale));
+        }
+    }
+#endif
 
     // acc[nd] (16 keys × 8 columns per d-tile) = A (the warp's P̂ᵀ or dŜᵀ, 16 keys × 64 rows) · B, B
     // from a [d][64] stage tile (dÔᵀ or Q̂ᵀ); out[nd][e] = fl(out + fl(float(acc)·scale)).
@@ -735,7 +888,7 @@ struct StagedSage {
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
         const Dims& d = p.dims;
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const int g = lane >> 2, t = lane & 3;
         const float s_q = p.op.q_scale[x.bh * d.n_qblk + x.qb], s_do = p.do_scale[x.bh * d.n_qblk + x.qb];
         const float s_k = p.op.k_scale[x.bh_kv * d.n_kblk + blockIdx.x];
@@ -743,14 +896,25 @@ struct StagedSage {
 
         int s_acc[8][4];
         float ds[8][4];
+        float prob[8][4];
+#if BWD_WGMMA
+        wg_issue_scores_dp(s_acc, ds, x.smem, x.st, warp >> 2);
+        wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
+        wgmma_fence_regs(s_acc);
+        tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
+        wgmma_wait<0>();
+        wgmma_fence_regs(ds);
+        tile_ds_regs<true>(d, x.rows, x.qb, prob, ds);
+#else
         {
+            const int mi = lane >> 3, r = lane & 7;
             const int key_row = warp * 16 + (mi & 1) * 8 + r, q_row = qrow_of(0, r);
             const int x8 = HEAD_DIM == 128 ? r : r >> 1;  // swz_key_i8 / swz_qrow_i8 terms of this lane's rows
             keys_by_rows<HEAD_DIM / 16, HEAD_DIM, true>(s_acc, x.smem + key_row * HEAD_DIM, x8, x.st + q_row * HEAD_DIM, x8);
             keys_by_rows<HEAD_DIM / 8, BF_ROW, true>(ds, x.smem + v + key_row * BF_ROW, r, x.st + d_o + q_row * BF_ROW, r);
         }
-        float prob[8][4];
         tile_p_ds_regs<true>(d, x.rows, x.qb, s_acc, s_qk, prob, ds);
+#endif
         float amax_p = 0.0f, amax_ds = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
@@ -772,7 +936,12 @@ struct StagedSage {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int row = 4 * t + 2 * b + c;
+#if BWD_WGMMA_DQ
+                // dŜ is the A operand of dQ's wgmma: a K-major [64][128] tile, 128-byte swizzle.
+                ds_out[2 * b + c] = x.ds + row * BLOCK_KV + ((warp ^ (row & 7)) << 4) + g;
+#else
                 ds_out[2 * b + c] = x.ds + row * BLOCK_KV + (swz_ds(row, warp) << 4) + g;
+#endif
             }
 #pragma unroll
         for (int s = 0; s < 2; ++s)
@@ -790,13 +959,41 @@ struct StagedSage {
                     for (int i = 0; i < 4; ++i)
                         ds_out[(i >> 1) * 2 + (i & 1)][16 * (n0 >> 1) * BLOCK_KV + 8 * h] = (unsigned char)qd[i];
                 }
+#if BWD_WGMMA
+        wg_key_products(x.st, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
+#else
         key_product(x.st + dot, pa, __fmul_rn(sc_p.scale, s_do), dv);
         key_product(x.st + qt, da, __fmul_rn(sc_ds.scale, s_q), dk);
+#endif
         return __fmul_rn(sc_ds.scale, s_k);
     }
 
     // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile).
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
+#if BWD_WGMMA_DQ
+        // wgmma: M = the 64 rows, N = warpgroup wg's half of d (K̂ᵀ rows wg·d/2..), K = the 128 keys.
+        const int wg = threadIdx.x >> 7;
+        int acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_KV / 32; ++ks)
+            wgmma_s8_ss(acc, wg_kstep_desc<BLOCK_Q, BLOCK_KV>(ds_tile, 0, ks),
+                        wg_kstep_desc<HEAD_DIM, BLOCK_KV>(smem + kt, wg * (HEAD_DIM / 2), ks), ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        int r_lo;
+        float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
+#pragma unroll
+        for (int np = 0; np < HEAD_DIM / 32; ++np) {
+            float val[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) val[j][e] = __fmul_rn(i2f_exact(acc[2 * np + j][e]), scale);
+            red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, val);
+        }
+#else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int c0 = (warp >> 2) * (HEAD_DIM / 2);
         const int a_row = (warp & 3) * 16 + (mi & 1) * 8 + r;
@@ -825,6 +1022,7 @@ struct StagedSage {
             }
             red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, val);
         }
+#endif
     }
 };
 
@@ -853,6 +1051,7 @@ __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[
 struct StagedBf16 {
     // Key block: K, V (2·BF_KT bytes each); stage: Q, dO (2·BF_QT each); bf16(dS)ᵀ [128][64].
     typedef StagedLayout<4 * BF_KT, 4 * BF_QT, 2 * BLOCK_Q * BLOCK_KV> Layout;
+    static constexpr bool WGMMA = false;
     static constexpr int v = 2 * BF_KT;   // offset in the key block
     static constexpr int d_o = 2 * BF_QT; // offset in a stage
     static constexpr int DST_ROW = 2 * BLOCK_Q;  // bytes of one bf16(dS)ᵀ row (a key's 64 rows)
@@ -936,9 +1135,10 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
     typedef typename Path::Layout Lay;
     const Dims& d = p.dims;
     const int kb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 smem = smem_addr(smem_ptr);
+    const u32 raw = smem_addr(smem_ptr), smem = (raw + (ALIGN_SLACK - 1)) & ~(u32)(ALIGN_SLACK - 1);
+    smem_ptr += smem - raw;  // the layout's offsets count from the 1024-byte aligned start
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
-    const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::stage0 + buf * Lay::stage_bytes + Lay::rows); };
+    const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
 
     float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
 #pragma unroll
@@ -960,6 +1160,9 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         const int buf = (qb - qb0) & 1;
         const bool has_next = qb + 1 < d.n_qblk;
         cp_async_wait<0>();  // this thread's copies of block qb are done
+#if BWD_WGMMA
+        if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
+#endif
         __syncthreads();     // (a)
         if (has_next) Path::stage_query_block(p, stage(buf ^ 1), bh, qb + 1);
         cp_async_commit();
@@ -981,6 +1184,9 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         dq_scale = tile_dq_scale;
     }
     cp_async_wait<0>();
+#if BWD_WGMMA_DQ
+    if (Path::WGMMA) fence_proxy_async();  // the dŜ byte stores → dQ's wgmma reads
+#endif
     __syncthreads();  // dS of the last block complete
     if (qb0 < d.n_qblk)
         Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);

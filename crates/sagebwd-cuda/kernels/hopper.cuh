@@ -131,3 +131,71 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// backward (wgbwd)
+// The backward's transposed tiles Sᵀ = K̂ Q̂ᵀ and dPᵀ = V dOᵀ: 64 keys (the warpgroup's) × 64 query
+// rows, both operands K-major in shared memory. The accumulator d[nt][e] is the m16n8 C fragment
+// of n-tile nt of the warp's 16 rows, exactly the layout of the mma.sync path's acc[nt][e].
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d (+)= A·B, m64n64k32, s8 × s8 → s32 (exact); accumulate = 0 starts a fresh sum.
+__device__ __forceinline__ void wgmma_s8_ss_n64(int (&d)[8][4], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p;\n}\n"
+        : "+r"(d[0][0]), "+r"(d[0][1]), "+r"(d[0][2]), "+r"(d[0][3]), "+r"(d[1][0]), "+r"(d[1][1]), "+r"(d[1][2]), "+r"(d[1][3]), "+r"(d[2][0]), "+r"(d[2][1]), "+r"(d[2][2]), "+r"(d[2][3]), "+r"(d[3][0]), "+r"(d[3][1]), "+r"(d[3][2]), "+r"(d[3][3]), "+r"(d[4][0]), "+r"(d[4][1]), "+r"(d[4][2]), "+r"(d[4][3]), "+r"(d[5][0]), "+r"(d[5][1]), "+r"(d[5][2]), "+r"(d[5][3]), "+r"(d[6][0]), "+r"(d[6][1]), "+r"(d[6][2]), "+r"(d[6][3]), "+r"(d[7][0]), "+r"(d[7][1]), "+r"(d[7][2]), "+r"(d[7][3])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Pins accumulator registers at this point (call it right after wgmma_wait): an empty volatile asm
+// that "rewrites" each register is ordered after the wait (volatile asm keeps its order), so no
+// read of the accumulators can be scheduled before the results have landed.
+template <int R, int C>
+__device__ __forceinline__ void wgmma_fence_regs(int (&d)[R][C]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < C; ++j) asm volatile("" : "+r"(d[i][j])::"memory");
+}
+template <int R, int C>
+__device__ __forceinline__ void wgmma_fence_regs(float (&d)[R][C]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < C; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+
+// d (+)= A·B, m64n64k16, bf16 × bf16 → f32 (FP32 sums in the hardware's order); both operands
+// K-major (transpose flags 0), no negation; accumulate = 0 starts a fresh sum.
+__device__ __forceinline__ void wgmma_bf16_ss_n64(float (&d)[8][4], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// d (+)= a·B, m64n32k32, s8 × s8 → s32 (exact); A from registers (the m16n8k32 A layout per warp),
+// B = 32 rows × 32 bytes, K-major, through the descriptor; accumulate = 0 starts a fresh sum.
+__device__ __forceinline__ void wgmma_s8_rs_n32(int (&d)[4][4], const u32 (&a)[4], u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p;\n}\n"
+        : "+r"(d[0][0]), "+r"(d[0][1]), "+r"(d[0][2]), "+r"(d[0][3]), "+r"(d[1][0]), "+r"(d[1][1]), "+r"(d[1][2]), "+r"(d[1][3]), "+r"(d[2][0]), "+r"(d[2][1]), "+r"(d[2][2]), "+r"(d[2][3]), "+r"(d[3][0]), "+r"(d[3][1]), "+r"(d[3][2]), "+r"(d[3][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// d (+)= A·B, m64n32k32, s8 × s8 → s32 (exact); A and B K-major in shared memory.
+__device__ __forceinline__ void wgmma_s8_ss_n32(int (&d)[4][4], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"
+        : "+r"(d[0][0]), "+r"(d[0][1]), "+r"(d[0][2]), "+r"(d[0][3]), "+r"(d[1][0]), "+r"(d[1][1]), "+r"(d[1][2]), "+r"(d[1][3]), "+r"(d[2][0]), "+r"(d[2][1]), "+r"(d[2][2]), "+r"(d[2][3]), "+r"(d[3][0]), "+r"(d[3][1]), "+r"(d[3][2]), "+r"(d[3][3])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_s8_ss(int (&d)[8][4], u64 a_desc, u64 b_desc, int accumulate) {
+    wgmma_s8_ss_n64(d, a_desc, b_desc, accumulate);
+}
+__device__ __forceinline__ void wgmma_s8_ss(int (&d)[4][4], u64 a_desc, u64 b_desc, int accumulate) {
+    wgmma_s8_ss_n32(d, a_desc, b_desc, accumulate);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
