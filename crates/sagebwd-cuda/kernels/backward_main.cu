@@ -723,12 +723,12 @@ struct StagedTile {
 // query row qrow_of(nt, n)), so the accumulator is the mma.sync path's, permuted rows included.
 #ifdef SAGE_WGMMA
 #define BWD_WGMMA 1
-// dQ = dŜ K̂ on wgmma too (A = the dŜ byte tile, B = K̂ᵀ, both in the 128-byte-swizzle layout). On
-// (1) because that is the variant verified on the device; it measured 1–2 % slower at d = 128 than
-// dQ on mma.sync (the dŜ byte stores become 2-way bank-conflicted, and each warpgroup waits for its
-// dQ product right after issuing it). 0 = dQ on mma.sync (K̂ᵀ and dŜ in their mma.sync layouts):
-// the faster variant, not yet verified on the device (docs/RESULTS-gpu.md, "Backward on wgmma").
-#define BWD_WGMMA_DQ 1
+// dQ = dŜ K̂ on wgmma too (1: A = the dŜ byte tile, B = K̂ᵀ, both in the 128-byte-swizzle layout) or
+// on mma.sync (0: K̂ᵀ and dŜ in their mma.sync layouts). Both verified on the H200. At d = 128 the
+// mma.sync dQ is 1–3 % faster (on wgmma the dŜ byte stores become 2-way bank-conflicted and each
+// warpgroup waits for its dQ product right after issuing it); at d = 64 the wgmma dQ is 0.3–1.4 %
+// faster (docs/RESULTS-gpu.md, "Backward on wgmma").
+#define BWD_WGMMA_DQ (HEAD_DIM == 128 ? 0 : 1)
 
 // Tile row holding query row `row` (inverse of qrow_of: row = 16a + 4b + 2c + e sits at 8(2a + c) + 2b + e).
 __device__ __forceinline__ int permuted_qrow(int row) {
