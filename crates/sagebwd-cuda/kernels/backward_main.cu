@@ -522,22 +522,9 @@ struct SwzQrowBf16 { __device__ int operator()(int r, int c) const { return swz_
 struct SwzT64 { __device__ int operator()(int r, int c) const { return swz_t64(r, c); } };
 struct SwzT128 { __device__ int operator()(int r, int c) const { return swz_t128(r, c); } };
 
-// Copies ROWS rows of CH 16-byte chunks (source stride `stride` bytes) into a swizzled tile; rows
-// ≥ valid_rows are zero-filled without reading. Unrolled: every thread copies ROWS·CH/THREADS chunks.
-template <int ROWS, int CH, class Swz>
-__device__ __forceinline__ void stage_rows(u32 dst, const void* src, long stride, int valid_rows, Swz swz) {
-    static_assert((ROWS * CH) % THREADS == 0 && THREADS % CH == 0, "stage_rows: tile does not split evenly");
-    const unsigned char* s = (const unsigned char*)src;
-    const int c = threadIdx.x % CH, row0 = threadIdx.x / CH;
-#pragma unroll
-    for (int k = 0; k < ROWS * CH / THREADS; ++k) {
-        const int row = row0 + k * (THREADS / CH);
-        const bool valid = row < valid_rows;
-        cp_async16(dst + row * CH * 16 + swz(row, c) * 16, valid ? s + row * stride + c * 16 : s, valid);
-    }
-}
-
-// The same copy into any tile layout: chunk c of row `row` goes to byte dst + off(row, c).
+// Copies ROWS rows of CH 16-byte chunks (source stride `stride` bytes) into a tile: chunk c of row
+// `row` goes to byte dst + off(row, c); rows ≥ valid_rows are zero-filled without reading.
+// Unrolled: every thread copies ROWS·CH/THREADS chunks.
 template <int ROWS, int CH, class Off>
 __device__ __forceinline__ void stage_rows_at(u32 dst, const void* src, long stride, int valid_rows, Off off) {
     static_assert((ROWS * CH) % THREADS == 0 && THREADS % CH == 0, "stage_rows_at: tile does not split evenly");
@@ -549,6 +536,19 @@ __device__ __forceinline__ void stage_rows_at(u32 dst, const void* src, long str
         const bool valid = row < valid_rows;
         cp_async16(dst + off(row, c), valid ? s + row * stride + c * 16 : s, valid);
     }
+}
+
+// Byte offset of chunk c of row `row` in a tile of CH-chunk rows whose chunks are permuted by Swz.
+template <int CH, class Swz>
+struct SwizzledRows {
+    Swz swz;
+    __device__ u32 operator()(int row, int c) const { return row * CH * 16 + swz(row, c) * 16; }
+};
+
+// stage_rows_at into a swizzled tile of CH-chunk rows.
+template <int ROWS, int CH, class Swz>
+__device__ __forceinline__ void stage_rows(u32 dst, const void* src, long stride, int valid_rows, Swz swz) {
+    stage_rows_at<ROWS, CH>(dst, src, stride, valid_rows, SwizzledRows<CH, Swz>{swz});
 }
 
 // [128][d] BF16 rows of the key block (rows past n_k zero) and [64][d] BF16 rows of query block qb

@@ -484,20 +484,13 @@ __device__ __forceinline__ float ex2_ftz(float x) {
     return y;
 }
 
-// Online softmax of the staged paths (as mma_softmax), on the warp's S accumulators t[S_TILES][4]
-// (base-2 scores, −∞ where masked), any key order: the thread's two rows (h = 0: row g, elements
-// 0, 1; h = 1: row g + 8, elements 2, 3) together, so that their dependent chains interleave; the row
-// max by a tree (exact in any order); the row sum in 4 partial sums per thread (the order of this
-// FP32 sum is not fixed by §4). Leaves p = exp2(t − m_new) in t and updates m, α, l in st. With AMAX
-// also gives each row's max p = exp2(rowmax − m_new), the §4 group amax of P̂.
-//
-// FAST_EXP (wgmma path): exp2f with --ftz=false is 4 instructions (a compare and two predicated
-// multiplies around MUFU.EX2, for arguments below −126 whose result is subnormal); when every
-// argument of the warp is ≥ −125, the bare MUFU.EX2 (ex2.approx.ftz) gives the same bits.
-// The test costs a per-thread min of t (exact, order-free) and one warp vote per key block.
-template <bool AMAX, bool FAST_EXP = false>
-__device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax) {
-    float mx[2], mq[4][2], mn[2], nq[4][2];
+// The thread's two rows of a key block (h = 0: elements 0, 1 of each tile; h = 1: elements 2, 3):
+// the row max over the quad into mx (a tree: exact in any order), with FAST_EXP the thread's own
+// minimum into mn, and the online-softmax update m = max(m, rowmax), α = exp2(fl(m_old − m_use)),
+// where m_use (0 for a row masked so far) is what the exponentials subtract.
+template <bool FAST_EXP>
+__device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, float* mx, float* mn, float* m_use) {
+    float mq[4][2], nq[4][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -522,7 +515,6 @@ __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, floa
         mx[0] = fmaxf(mx[0], a0);
         mx[1] = fmaxf(mx[1], a1);
     }
-    float m_use[2], sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(st.m[h], mx[h]);
@@ -530,6 +522,23 @@ __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, floa
         st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use[h]));
         st.m[h] = m_new;
     }
+}
+
+// Online softmax of the staged paths (as mma_softmax), on the warp's S accumulators t[S_TILES][4]
+// (base-2 scores, −∞ where masked), any key order: the thread's two rows (h = 0: row g, elements
+// 0, 1; h = 1: row g + 8, elements 2, 3) together, so that their dependent chains interleave; the row
+// max by a tree (exact in any order); the row sum in 4 partial sums per thread (the order of this
+// FP32 sum is not fixed by §4). Leaves p = exp2(t − m_new) in t and updates m, α, l in st. With AMAX
+// also gives each row's max p = exp2(rowmax − m_new), the §4 group amax of P̂.
+//
+// FAST_EXP (wgmma path): exp2f with --ftz=false is 4 instructions (a compare and two predicated
+// multiplies around MUFU.EX2, for arguments below −126 whose result is subnormal); when every
+// argument of the warp is ≥ −125, the bare MUFU.EX2 (ex2.approx.ftz) gives the same bits.
+// The test costs a per-thread min of t (exact, order-free) and one warp vote per key block.
+template <bool AMAX, bool FAST_EXP = false>
+__device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax) {
+    float mx[2], mn[2], m_use[2], sum[2];
+    row_max_update<FAST_EXP>(t, st, mx, mn, m_use);
     float ps[4][2], pm[4][2];
 #pragma unroll
     for (int k = 0; k < 4; ++k)
@@ -1072,36 +1081,10 @@ struct QuantPosClampBits {
 // order-free) and one vote: saves exp2f's compare and two predicated multiplies per score.
 template <bool FAST_EXP>
 __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4]) {
-    float mx[2], mq[4][2], mn[2];
+    float mx[2], mn[2], m_use[2], inv[2];
+    row_max_update<FAST_EXP>(t, st, mx, mn, m_use);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            mq[k][h] = fmaxf(fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1])),
-                             fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]), fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
-        mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
-        if (FAST_EXP) {
-            float nq[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                nq[k] = fminf(fminf(fminf(t[k][2 * h], t[k][2 * h + 1]), fminf(t[k + 4][2 * h], t[k + 4][2 * h + 1])),
-                              fminf(fminf(t[k + 8][2 * h], t[k + 8][2 * h + 1]), fminf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
-            mn[h] = fminf(fminf(nq[0], nq[1]), fminf(nq[2], nq[3]));
-        }
-    }
-#pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
-        mx[0] = fmaxf(mx[0], a0);
-        mx[1] = fmaxf(mx[1], a1);
-    }
-    float m_use[2], inv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(st.m[h], mx[h]);
-        m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
-        st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use[h]));
-        st.m[h] = m_new;
         // max_j exp2(fl(t_j − m_use)) = exp2(fl(rowmax − m_use)): fl(· − m_use) and exp2 are
         // monotone (a masked row gives exp2(−∞) = 0, as the max over its zeros).
         const GroupScale g = group_scale(exp2f(__fsub_rn(mx[h], m_use[h])));
