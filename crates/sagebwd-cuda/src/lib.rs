@@ -352,22 +352,23 @@ impl Gpu {
     /// V̂ `[B, H_kv, N_k, d]` on the host: the natural copy if it was computed, else V̂ᵀ
     /// `[B, H_kv, d, N_k,pad]` transposed back; empty if neither exists.
     fn v_hat_host(&self, s: &Shape, qd: &QuantizedDev) -> Result<Vec<i8>> {
-        if qd.v_hat.is_some() {
-            return self.download_some(&qd.v_hat, s.kv_len());
-        }
-        let bh = s.batch * s.heads_kv;
-        let t = self.download_some(&qd.v_hat_t, bh * s.head_dim * runtime::padded_k(s.n_k))?;
-        Ok(untranspose(&t, bh, s.n_k, runtime::padded_k(s.n_k), s.head_dim))
+        self.natural_host(&qd.v_hat, &qd.v_hat_t, s.batch * s.heads_kv, s.n_k, runtime::padded_k(s.n_k), s.head_dim)
     }
 
     /// dÔ `[B, H_q, N_q, d]` on the host, from the natural copy or from dÔᵀ (as [`Gpu::v_hat_host`]).
     fn do_hat_host(&self, s: &Shape, dq: &QuantizedDo) -> Result<Vec<i8>> {
-        if dq.do_hat.is_some() {
-            return self.download_some(&dq.do_hat, s.q_len());
+        self.natural_host(&dq.do_hat, &dq.do_hat_t, s.batch * s.heads_q, s.n_q, runtime::padded_q(s.n_q), s.head_dim)
+    }
+
+    /// An INT8 `[bh, n, d]` tensor on the host from its natural copy if computed, else from its
+    /// transposed copy `[bh, d, n_pad]`; empty if neither exists.
+    fn natural_host(&self, natural: &Option<CudaSlice<i8>>, transposed: &Option<CudaSlice<i8>>, bh: usize, n: usize,
+                    n_pad: usize, d: usize) -> Result<Vec<i8>> {
+        if natural.is_some() {
+            return self.download_some(natural, bh * n * d);
         }
-        let bh = s.batch * s.heads_q;
-        let t = self.download_some(&dq.do_hat_t, bh * s.head_dim * runtime::padded_q(s.n_q))?;
-        Ok(untranspose(&t, bh, s.n_q, runtime::padded_q(s.n_q), s.head_dim))
+        let t = self.download_some(transposed, bh * d * n_pad)?;
+        Ok(untranspose(&t, bh, n, n_pad, d))
     }
 
     fn collect(&self, s: &Shape, cfg: &Config, fwd: &DeviceForward, saved: &SavedForBackward,
