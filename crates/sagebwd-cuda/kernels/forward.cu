@@ -524,21 +524,12 @@ __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, floa
     }
 }
 
-// Online softmax of the staged paths (as mma_softmax), on the warp's S accumulators t[S_TILES][4]
-// (base-2 scores, −∞ where masked), any key order: the thread's two rows (h = 0: row g, elements
-// 0, 1; h = 1: row g + 8, elements 2, 3) together, so that their dependent chains interleave; the row
-// max by a tree (exact in any order); the row sum in 4 partial sums per thread (the order of this
-// FP32 sum is not fixed by §4). Leaves p = exp2(t − m_new) in t and updates m, α, l in st. With AMAX
-// also gives each row's max p = exp2(rowmax − m_new), the §4 group amax of P̂.
-//
-// FAST_EXP (wgmma path): exp2f with --ftz=false is 4 instructions (a compare and two predicated
-// multiplies around MUFU.EX2, for arguments below −126 whose result is subnormal); when every
-// argument of the warp is ≥ −125, the bare MUFU.EX2 (ex2.approx.ftz) gives the same bits.
-// The test costs a per-thread min of t (exact, order-free) and one warp vote per key block.
-template <bool AMAX, bool FAST_EXP = false>
-__device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax) {
-    float mx[2], mn[2], m_use[2], sum[2];
-    row_max_update<FAST_EXP>(t, st, mx, mn, m_use);
+// The exponentials of staged_softmax after row_max_update: p = exp2(fl(t − m_use)) into t, the row
+// sums (and with AMAX the row maxima of p into amax) over the quad, l = fl(fl(l·α) + sum).
+template <bool AMAX, bool FAST_EXP>
+__device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, const float* mn, const float* m_use,
+                                                float* amax) {
+    float sum[2];
     float ps[4][2], pm[4][2];
 #pragma unroll
     for (int k = 0; k < 4; ++k)
@@ -592,6 +583,24 @@ __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, floa
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
+}
+
+// Online softmax of the staged paths (as mma_softmax), on the warp's S accumulators t[S_TILES][4]
+// (base-2 scores, −∞ where masked), any key order: the thread's two rows (h = 0: row g, elements
+// 0, 1; h = 1: row g + 8, elements 2, 3) together, so that their dependent chains interleave; the row
+// max by a tree (exact in any order); the row sum in 4 partial sums per thread (the order of this
+// FP32 sum is not fixed by §4). Leaves p = exp2(t − m_new) in t and updates m, α, l in st. With AMAX
+// also gives each row's max p = exp2(rowmax − m_new), the §4 group amax of P̂.
+//
+// FAST_EXP (wgmma path): exp2f with --ftz=false is 4 instructions (a compare and two predicated
+// multiplies around MUFU.EX2, for arguments below −126 whose result is subnormal); when every
+// argument of the warp is ≥ −125, the bare MUFU.EX2 (ex2.approx.ftz) gives the same bits.
+// The test costs a per-thread min of t (exact, order-free) and one warp vote per key block.
+template <bool AMAX, bool FAST_EXP = false>
+__device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax) {
+    float mx[2], mn[2], m_use[2];
+    row_max_update<FAST_EXP>(t, st, mx, mn, m_use);
+    softmax_exp_sum<AMAX, FAST_EXP>(t, st, mn, m_use, amax);
 }
 
 // Key (within the block) of S column e of n-tile nt for this thread, in the permuted order kmap.
@@ -1091,47 +1100,7 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
         st.p_scale[h] = g.scale;
         inv[h] = g.inv;
     }
-    float ps[4][2];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) ps[k][h] = 0.0f;
-    // fl(t − m_use) ≥ fl(mn − m_use) (rounding is monotone); a masked entry (mn = −∞) takes the
-    // general path; −125 keeps the results clear of the subnormal range whatever the rounding.
-    const bool fast = FAST_EXP && __all_sync(0xffffffffu, __fsub_rn(mn[0], m_use[0]) >= -125.0f &&
-                                                              __fsub_rn(mn[1], m_use[1]) >= -125.0f);
-    if (fast) {
-#pragma unroll
-        for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = e >> 1, k = nt & 3;
-                const float pj = ex2_ftz(__fsub_rn(t[nt][e], m_use[h]));
-                t[nt][e] = pj;
-                ps[k][h] = __fadd_rn(ps[k][h], pj);
-            }
-    } else {
-#pragma unroll
-        for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = e >> 1, k = nt & 3;
-                const float pj = exp2f(__fsub_rn(t[nt][e], m_use[h]));
-                t[nt][e] = pj;
-                ps[k][h] = __fadd_rn(ps[k][h], pj);
-            }
-    }
-    float sum[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
-#pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        const float s0 = __shfl_xor_sync(0xffffffffu, sum[0], o2), s1 = __shfl_xor_sync(0xffffffffu, sum[1], o2);
-        sum[0] = __fadd_rn(sum[0], s0);
-        sum[1] = __fadd_rn(sum[1], s1);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
+    softmax_exp_sum<false, FAST_EXP>(t, st, mn, m_use, nullptr);
 #pragma unroll
     for (int s = 0; s < BLOCK_KV / 32; ++s)
 #pragma unroll
