@@ -45,34 +45,63 @@ __device__ __forceinline__ void store_bf16(u16* p, const float (&a)[V]) {
     else for (int i = 0; i < V; i++) p[i] = f32_to_bf16(a[i]);
 }
 
+template <int V>
+__device__ __forceinline__ void load_bf16(const u16* p, float (&a)[V]) {
+    if constexpr (V == 4) {
+        const uint2 w = *reinterpret_cast<const uint2*>(p);
+        a[0] = bf16_to_f32((u16)(w.x & 0xffffu)), a[1] = bf16_to_f32((u16)(w.x >> 16));
+        a[2] = bf16_to_f32((u16)(w.y & 0xffffu)), a[3] = bf16_to_f32((u16)(w.y >> 16));
+    } else {
+        for (int i = 0; i < V; i++) a[i] = bf16_to_f32(p[i]);
+    }
+}
+
 // y = x · rstd · g (BF16, the next product's operand), rstd = 1/sqrt(mean(x²) + eps). One warp per row;
 // lane `lane` takes columns V·lane + V·WARP·k, V at a time (V = 4 needs n % 4 == 0).
-template <int V>
-__device__ __forceinline__ void rmsnorm_forward_row(const float* xr, const float* gain, u16* yr, float* rstd, int n,
-                                                    float eps) {
+// ADD: the row is first the residual sum x = x_in + branch (the BF16 output of the block's last
+// product), written to x_out in FP32: the product writes BF16 (cuBLASLt's FP32-output-plus-C
+// products ran at ~200–400 TFLOP/s) and the sum costs this kernel one more BF16 read. The second
+// pass re-reads the thread's own x_out columns (written by this thread: no barrier needed).
+template <int V, bool ADD>
+__device__ __forceinline__ void rmsnorm_forward_row(const float* xr, const u16* br, float* sr, const float* gain, u16* yr,
+                                                    float* rstd, int n, float eps) {
     const int lane = threadIdx.x % WARP;
     float ss = 0.0f;
     for (int c = V * lane; c < n; c += V * WARP) {
         float v[V];
         load_floats<V>(xr + c, v);
+        if constexpr (ADD) {
+            float b[V];
+            load_bf16<V>(br + c, b);
+            for (int i = 0; i < V; i++) v[i] += b[i];
+            store_floats<V>(sr + c, v);
+        }
         for (int i = 0; i < V; i++) ss += v[i] * v[i];
     }
     const float rs = 1.0f / sqrtf(warp_sum(ss) / n + eps);
+    const float* xs = ADD ? sr : xr;
     for (int c = V * lane; c < n; c += V * WARP) {
         float v[V], g[V];
-        load_floats<V>(xr + c, v), load_floats<V>(gain + c, g);
+        load_floats<V>(xs + c, v), load_floats<V>(gain + c, g);
         for (int i = 0; i < V; i++) v[i] = v[i] * rs * g[i];
         store_bf16<V>(yr + c, v);
     }
     if (lane == 0) *rstd = rs;
 }
 
-extern "C" __global__ void rmsnorm_forward(const float* x, const float* gain, u16* y, float* rstd, int n, long rows,
-                                           float eps, int vec) {
+// `branch` null: normalize x. Otherwise normalize x_out = x + branch (BF16), written to x_out.
+extern "C" __global__ void rmsnorm_forward(const float* x, const u16* branch, float* x_out, const float* gain, u16* y,
+                                           float* rstd, int n, long rows, float eps, int vec) {
     const long row = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
     if (row >= rows) return;
-    if (vec) rmsnorm_forward_row<4>(x + row * n, gain, y + row * n, rstd + row, n, eps);
-    else rmsnorm_forward_row<1>(x + row * n, gain, y + row * n, rstd + row, n, eps);
+    const long o = row * n;
+    if (branch) {
+        if (vec) rmsnorm_forward_row<4, true>(x + o, branch + o, x_out + o, gain, y + o, rstd + row, n, eps);
+        else rmsnorm_forward_row<1, true>(x + o, branch + o, x_out + o, gain, y + o, rstd + row, n, eps);
+    } else {
+        if (vec) rmsnorm_forward_row<4, false>(x + o, nullptr, nullptr, gain, y + o, rstd + row, n, eps);
+        else rmsnorm_forward_row<1, false>(x + o, nullptr, nullptr, gain, y + o, rstd + row, n, eps);
+    }
 }
 
 // The RMSNorm backward, with what the next steps need fused in (each would otherwise re-read the
@@ -310,10 +339,37 @@ extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const 
     store_pairs(dst, l.i0, half, y);
 }
 
+// The block's token: out[(tok·2 + k)·hd + c] = Σ_h terms of head h (k = 0: the query heads, 1: the
+// key heads), summed in head order (deterministic) through shared memory (`[heads_q + heads_kv][hd]`
+// floats, dynamic). Every thread of the block must call it (one barrier).
+__device__ __forceinline__ void sum_gain_terms_over_heads(const HeadsDims& d, const HeadLane& l, bool has_terms,
+                                                          const Pairs& term, float* out) {
+    extern __shared__ float s_terms[];
+    const int hd = d.head_dim, half = hd / 2;
+    if (has_terms) {
+#pragma unroll
+        for (int p = 0; p < PAIRS; p++) {
+            s_terms[l.slot * hd + l.i0 + p] = term.a[p];
+            s_terms[l.slot * hd + half + l.i0 + p] = term.b[p];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * hd; i += blockDim.x) {
+        const int key = i >= hd, c = i - key * hd;
+        const int h0 = key ? d.heads_q : 0, heads = key ? d.heads_kv : d.heads_q;
+        float sum = 0.0f;
+        for (int h = 0; h < heads; h++) sum += s_terms[(h0 + h) * hd + c];
+        out[(l.tok * 2 + key) * hd + c] = sum;
+    }
+}
+
 // The backward of qkv_heads_forward: dQ, dK, dV (BF16, heads layout) → d_qkv (BF16, the fused
 // projection's layout). Inverse rotation (a rotation's Jacobian is the rotation), then the RMSNorm
-// backward with the saved rstd; the gains' gradient terms ∂y_i · x_i · rstd go to gain_terms
-// (`[tokens, heads_q + heads_kv, head_dim]`, FP32), whose column sums are the gains' gradients.
+// backward with the saved rstd; the gains' gradient terms ∂y_i · x_i · rstd go to gain_terms (FP32),
+// whose column sums are the gains' gradients. When one block holds a whole token (gridDim.x == 1,
+// the host's `gain_terms_per_token`), the block sums them over the heads first, in head order:
+// `[tokens, 2, head_dim]` (query gain, key gain) — 1/heads of the bytes to write and to sum later.
+// Otherwise `[tokens, heads_q + heads_kv, head_dim]`, one row per head.
 extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const u16* dk, const u16* dv,
                                               const u16* qkv, const float* q_gain, const float* k_gain,
                                               const float* q_rstd, const float* k_rstd, const float* cos_t,
@@ -351,23 +407,28 @@ extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const 
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) ux += dn.a[p] * g.a[p] * x.a[p] + dn.b[p] * g.b[p] * x.b[p];
     ux = group_sum(ux, hd / (2 * PAIRS));
-    if (!l.valid) return;
-    if (l.kind == 2) {
-        store_pairs(out, l.i0, half, dn);
-        return;
-    }
-    const float rs = l.kind == 0 ? q_rstd[l.tok * d.heads_q + l.h] : k_rstd[l.tok * d.heads_kv + l.h];
-    const float coef = rs * rs * rs * ux / hd;
-    Pairs dx;
-    float* terms = gain_terms + (l.tok * (d.heads_q + d.heads_kv) + l.slot) * hd;
+    if (l.valid && l.kind == 2) store_pairs(out, l.i0, half, dn);
+    Pairs term = {};
+    if (rotated) {
+        const float rs = l.kind == 0 ? q_rstd[l.tok * d.heads_q + l.h] : k_rstd[l.tok * d.heads_kv + l.h];
+        const float coef = rs * rs * rs * ux / hd;
+        Pairs dx;
 #pragma unroll
-    for (int p = 0; p < PAIRS; p++) {
-        dx.a[p] = rs * g.a[p] * dn.a[p] - x.a[p] * coef;
-        dx.b[p] = rs * g.b[p] * dn.b[p] - x.b[p] * coef;
+        for (int p = 0; p < PAIRS; p++) {
+            dx.a[p] = rs * g.a[p] * dn.a[p] - x.a[p] * coef;
+            dx.b[p] = rs * g.b[p] * dn.b[p] - x.b[p] * coef;
+            term.a[p] = dn.a[p] * x.a[p] * rs;
+            term.b[p] = dn.b[p] * x.b[p] * rs;
+        }
+        store_pairs(out, l.i0, half, dx);
     }
-    store_pairs(out, l.i0, half, dx);
-    *(float4*)(terms + l.i0) = make_float4(dn.a[0] * x.a[0] * rs, dn.a[1] * x.a[1] * rs, dn.a[2] * x.a[2] * rs, dn.a[3] * x.a[3] * rs);
-    *(float4*)(terms + half + l.i0) = make_float4(dn.b[0] * x.b[0] * rs, dn.b[1] * x.b[1] * rs, dn.b[2] * x.b[2] * rs, dn.b[3] * x.b[3] * rs);
+    if (gridDim.x == 1) {
+        sum_gain_terms_over_heads(d, l, rotated, term, gain_terms);
+    } else if (rotated) {
+        float* terms = gain_terms + (l.tok * (d.heads_q + d.heads_kv) + l.slot) * hd;
+        *(float4*)(terms + l.i0) = make_float4(term.a[0], term.a[1], term.a[2], term.a[3]);
+        *(float4*)(terms + half + l.i0) = make_float4(term.b[0], term.b[1], term.b[2], term.b[3]);
+    }
 }
 
 // `[batch, heads, seq, hd]` ↔ `[batch·seq, heads·hd]` (BF16), 8 elements (16 bytes) per thread.

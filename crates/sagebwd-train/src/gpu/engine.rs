@@ -95,6 +95,8 @@ struct Acts {
     targets: Buf<u32>,
     layers: Vec<LayerActs>,
     x_final: Buf<f32>,
+    /// The BF16 output of a block's last product (`wo`, `down`), added to the residual by the next norm.
+    branch: Buf<u16>,
     hidden: Buf<u16>,
     rstd_final: Buf<f32>,
     /// BF16 logits of one chunk of tokens, overwritten by their gradient (`xent`).
@@ -352,6 +354,7 @@ impl GpuEngine {
             targets: zeros(&s, t)?,
             layers,
             x_final: poisoned(&self.k, &s, t * d)?,
+            branch: poisoned(&self.k, &s, t * d)?,
             hidden: poisoned(&self.k, &s, t * d)?,
             rstd_final: poisoned(&self.k, &s, t)?,
             logits: poisoned(&self.k, &s, chunk * vp)?,
@@ -391,11 +394,16 @@ impl GpuEngine {
         let first_x = a.layers.first().map_or(a.x_final.ptr, |l| l.x.ptr);
         self.timed("embedding", || self.k.embed_forward(a.tokens.ptr, self.params.at(self.tok_emb), first_x, t, d))?;
         for l in 0..self.cfg.n_layers {
-            let next_x = if l + 1 < self.cfg.n_layers { a.layers[l + 1].x.ptr } else { a.x_final.ptr };
-            self.layer_forward(l, &mut a.layers[l], next_x, b, grad_scale.is_some())?;
+            let prev_x_mid = l.checked_sub(1).map(|p| a.layers[p].x_mid.ptr);
+            self.layer_forward(l, &mut a.layers[l], prev_x_mid, a.branch.ptr, b, grad_scale.is_some())?;
         }
         let c = &self.cfg;
-        self.timed("norms: forward", || self.k.rmsnorm_forward(a.x_final.ptr, self.params.at(self.final_norm), a.hidden.ptr, a.rstd_final.ptr, d, t, c.norm_eps))?;
+        // x_final = x_mid + down(...) of the last layer (the embedding itself without layers).
+        let (x_in, residual) = match a.layers.last() {
+            Some(last) => (last.x_mid.ptr, Some((a.branch.ptr, a.x_final.ptr))),
+            None => (a.x_final.ptr, None),
+        };
+        self.timed("norms: forward", || self.k.rmsnorm_forward(x_in, residual, self.params.at(self.final_norm), a.hidden.ptr, a.rstd_final.ptr, d, t, c.norm_eps))?;
         self.lm_head(a, t, grad_scale)?;
         let row_loss = s.clone_dtoh(&a.row_loss.data).map_err(|e| cuda_err("download losses", e))?;
         let total: f64 = row_loss.iter().map(|&x| x as f64).sum();
@@ -410,7 +418,11 @@ impl GpuEngine {
         Ok(total)
     }
 
-    fn layer_forward(&self, l: usize, la: &mut LayerActs, next_x: u64, b: &Batch, keep: bool) -> Result<()> {
+    /// Layer `l`. Its input `la.x` is the embedding (first layer) or, fused into its first norm,
+    /// the previous layer's `x_mid` plus the previous `down` product in `branch`. Leaves its own
+    /// `down` product in `branch` for the next norm.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward(&self, l: usize, la: &mut LayerActs, prev_x_mid: Option<u64>, branch: u64, b: &Batch, keep: bool) -> Result<()> {
         let c = &self.cfg;
         let p = self.layers[l];
         let (t, d, hd, f) = (b.batch * b.seq, c.dim, c.head_dim(), c.ffn_hidden);
@@ -419,7 +431,11 @@ impl GpuEngine {
         let (pf, pb) = (&self.params, &self.params_bf16);
         let s = self.stream();
         // attention block
-        self.timed("norms: forward", || self.k.rmsnorm_forward(la.x.ptr, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps))?;
+        let (x_in, residual) = match prev_x_mid {
+            Some(x_mid) => (x_mid, Some((branch, la.x.ptr))),
+            None => (la.x.ptr, None),
+        };
+        self.timed("norms: forward", || self.k.rmsnorm_forward(x_in, residual, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps))?;
         self.timed("products: qkv", || self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::Bf16, None))?;
         let (q, k, v) = (addr(&la.attn_in.q, s), addr(&la.attn_in.k, s), addr(&la.attn_in.v, s));
         let hdims = self.heads_dims(b.batch, b.seq);
@@ -427,13 +443,13 @@ impl GpuEngine {
         let (fwd, saved) = self.timed("attention forward", || Ok(self.gpu.forward(&la.attn_in, &self.attn_cfg)?))?;
         self.timed("heads: permutes", || self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true))?;
         la.attn_out = keep.then_some((fwd, saved));
-        // x_mid = x + o · W_oᵀ: cuBLASLt reads the residual as C and writes D elsewhere (no copy).
-        self.timed("products: wo", || self.blas.linear(la.x_mid.ptr, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::F32, Some(la.x.ptr)))?;
+        // x_mid = x + bf16(o · W_oᵀ), the sum in the MLP norm (a BF16 product output, as under autocast).
+        self.timed("products: wo", || self.blas.linear(branch, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::Bf16, None))?;
         // MLP block
-        self.timed("norms: forward", || self.k.rmsnorm_forward(la.x_mid.ptr, pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
+        self.timed("norms: forward", || self.k.rmsnorm_forward(la.x.ptr, Some((branch, la.x_mid.ptr)), pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
         self.timed("products: gate|up", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::Bf16, None))?;
         self.timed("swiglu", || self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, b.batch, b.seq))?;
-        self.timed("products: down", || self.blas.linear(next_x, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::F32, Some(la.x_mid.ptr)))
+        self.timed("products: down", || self.blas.linear(branch, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::Bf16, None))
     }
 
     /// Logits in chunks of tokens, cross-entropy; with `grad_scale`, ∂hidden into `d_hidden` and
@@ -503,12 +519,12 @@ impl GpuEngine {
         self.timed("heads: backward", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.gain_terms.ptr))?;
         drop(grads);
         if c.qk_norm {
-            // gain_terms is `[T, heads_q + heads_kv, hd]`: the query heads' rows, then the key heads'.
-            let heads = c.n_heads + c.n_kv_heads;
-            let q_rows = Rows { n: hd as i32, per_token: c.n_heads as i32, token_stride: (heads * hd) as i64 };
-            self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.ptr, q_rows, t * c.n_heads, a.partial.ptr, g.at(p.q_norm)))?;
-            let k_rows = Rows { per_token: c.n_kv_heads as i32, ..q_rows };
-            self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.at(qw), k_rows, t * c.n_kv_heads, a.partial.ptr, g.at(p.k_norm)))?;
+            // gain_terms is `[T, gq + gk, hd]`: the query gain's rows, then the key gain's.
+            let (gq, gk) = hdims.gain_terms_per_token()?;
+            let q_rows = Rows { n: hd as i32, per_token: gq as i32, token_stride: ((gq + gk) * hd) as i64 };
+            self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.ptr, q_rows, t * gq, a.partial.ptr, g.at(p.q_norm)))?;
+            let k_rows = Rows { per_token: gk as i32, ..q_rows };
+            self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.at(gq * hd), k_rows, t * gk, a.partial.ptr, g.at(p.k_norm)))?;
         }
         self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32))?;
         self.timed("products: qkv dw", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;

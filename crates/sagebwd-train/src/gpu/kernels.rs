@@ -81,6 +81,13 @@ impl HeadsDims {
         }
         token_grid(self.slots() * lanes, self.batch as usize, self.seq as usize)
     }
+
+    /// Rows of QK-norm gain terms per token that `qkv_heads_backward` writes for the query and the
+    /// key gain: one each when a block holds a whole token (it sums its heads first), else one per
+    /// head (layers.cu, `sum_gain_terms_over_heads`).
+    pub fn gain_terms_per_token(&self) -> Result<(usize, usize)> {
+        Ok(if self.launch()?.grid_dim.0 == 1 { (1, 1) } else { (self.heads_q as usize, self.heads_kv as usize) })
+    }
 }
 
 pub struct TrainKernels {
@@ -222,10 +229,14 @@ impl TrainKernels {
 
     /// FP32 `x [rows, n]` → BF16 `y`, FP32 `rstd [rows]`.
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_forward(&self, x: u64, gain: u64, y: u64, rstd: u64, n: usize, rows: usize, eps: f32) -> Result<()> {
-        // 16-byte accesses need n % 4 == 0 and 16-byte aligned rows (x, gain) and 8-byte aligned y rows.
-        let vec = n % 4 == 0 && x % 16 == 0 && gain % 16 == 0 && y % 8 == 0;
-        launch!(self, rmsnorm_forward, warps(rows), x, gain, y, rstd, n as i32, rows as i64, eps, vec as i32)
+    /// `residual`: `(branch, x_out)` — normalize `x_out = x + branch` (BF16 branch, FP32 sum written
+    /// to `x_out`) instead of `x`: the residual add of the block's last product, fused.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_forward(&self, x: u64, residual: Option<(u64, u64)>, gain: u64, y: u64, rstd: u64, n: usize, rows: usize, eps: f32) -> Result<()> {
+        let (branch, x_out) = residual.unwrap_or((0, 0));
+        // 16-byte accesses need n % 4 == 0 and 16-byte aligned rows (x, x_out, gain) and 8-byte aligned y and branch rows.
+        let vec = n % 4 == 0 && x % 16 == 0 && x_out % 16 == 0 && gain % 16 == 0 && y % 8 == 0 && branch % 8 == 0;
+        launch!(self, rmsnorm_forward, warps(rows), x, branch, x_out, gain, y, rstd, n as i32, rows as i64, eps, vec as i32)
     }
 
     /// The RMSNorm backward: `dx += ∂/∂x` (FP32), `dx_bf16` = BF16 copy of the new dx, and
@@ -270,7 +281,12 @@ impl TrainKernels {
 
     #[allow(clippy::too_many_arguments)]
     pub fn qkv_heads_backward(&self, d: HeadsDims, dq: u64, dk: u64, dv: u64, qkv: u64, q_gain: u64, k_gain: u64, q_rstd: u64, k_rstd: u64, cos: u64, sin: u64, d_qkv: u64, gain_terms: u64) -> Result<()> {
-        let cfg = d.launch()?;
+        let mut cfg = d.launch()?;
+        if cfg.grid_dim.0 == 1 {
+            // The per-head terms of one token, summed over heads in the block (at most 1024 threads
+            // of head_dim / 8 lanes per head vector: ≤ 8192 floats, 32 KB).
+            cfg.shared_mem_bytes = ((d.heads_q + d.heads_kv) * d.head_dim) as u32 * 4;
+        }
         launch!(self, qkv_heads_backward, cfg, d, dq, dk, dv, qkv, q_gain, k_gain, q_rstd, k_rstd, cos, sin, d_qkv, gain_terms)
     }
 
@@ -350,6 +366,21 @@ mod tests {
         }
         assert!(token_grid(288, 1, 70_000).is_err());
         assert!(token_grid(288, 70_000, 1).is_err());
+    }
+
+    #[test]
+    fn gain_terms_are_summed_over_heads_when_a_block_holds_a_token() {
+        let dims = |heads_q, heads_kv, head_dim| super::HeadsDims { batch: 2, seq: 8, heads_q, heads_kv, head_dim, qk_norm: 1, eps: 1e-6 };
+        // base (12 heads of 64: 36 slots × 8 lanes = 288 threads) and the train-check model (2 + 1 + 1 heads).
+        assert_eq!(dims(12, 12, 64).gain_terms_per_token().unwrap(), (1, 1));
+        assert_eq!(dims(2, 1, 64).gain_terms_per_token().unwrap(), (1, 1));
+        // 64 + 2·64 slots × 16 lanes = 3072 threads: three blocks per token, one row per head.
+        assert_eq!(dims(64, 64, 128).gain_terms_per_token().unwrap(), (64, 64));
+        // The reducing block's shared memory ([heads_q + heads_kv][hd] floats) stays under 48 KB:
+        // a block holds ≤ 1024 threads of head_dim / 8 lanes per slot, so (heads_q + heads_kv) · hd ≤ 8192.
+        let widest = dims(40, 44, 64);
+        assert_eq!(widest.launch().unwrap().grid_dim.0, 1);
+        assert!((widest.heads_q + widest.heads_kv) * widest.head_dim * 4 <= 48 << 10);
     }
 
     #[test]
