@@ -458,3 +458,49 @@ extern "C" __global__ void sage_fill_u32(u32* __restrict__ dst, u64 n, u32 value
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         dst[i] = value;
 }
+
+// Byte transpose of the saved Q̂ and K̂ of a group of (batch, head) rows, [rows, n, d] → [rows, d,
+// n_pad] (the quantizer's x̂ᵀ layout): the staged sagebwd backward makes Q̂ᵀ and K̂ᵀ per head group
+// from the saved Q̂, K̂ instead of keeping the forward's copies (less memory held between the passes
+// and at the backward's peak). Bytes are copied, so Q̂ᵀ, K̂ᵀ hold the very bits the quantizer's
+// x̂ᵀ held; the padding columns n..n_pad are not written (nor are they by the quantizer). Grid
+// (⌈max(n_q, n_k) / 64⌉, rows, 2): z = 0 transposes Q̂, z = 1 K̂. HEAD_DIM threads, each 8 rows × 8
+// columns in registers with the lane layout of quantize_group_tiles (whole sectors per warp).
+extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_transpose_qk_hat(const i8* __restrict__ q_hat,
+                                                                          i8* __restrict__ q_hat_t, int n_q, int n_qpad,
+                                                                          const i8* __restrict__ k_hat,
+                                                                          i8* __restrict__ k_hat_t, int n_k, int n_kpad) {
+    constexpr int WARPS_PER_BAND = HEAD_DIM / 64;
+    const bool is_k = blockIdx.z == 1;
+    const i8* x = is_k ? k_hat : q_hat;
+    i8* x_t = is_k ? k_hat_t : q_hat_t;
+    const int n = is_k ? n_k : n_q, n_pad = is_k ? n_kpad : n_qpad;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r_first = blockIdx.x * 64 + (warp / WARPS_PER_BAND) * 32 + (lane >> 3) * 8;
+    const int c0 = ((warp % WARPS_PER_BAND) * 8 + (lane & 7)) * 8;
+    if (r_first >= n) return;
+    const i8* src = x + ((long)blockIdx.y * n + r_first) * HEAD_DIM + c0;
+    i8* dst = x_t + ((long)blockIdx.y * HEAD_DIM + c0) * n_pad + r_first;
+    const bool vec = r_first + 8 <= n && ((u64)src & 7) == 0 && ((u64)dst & 7) == 0 && n_pad % 8 == 0;
+    if (!vec) {  // the last, partial chunk of rows (or unaligned buffers): byte by byte
+        for (int r = 0; r < min(8, n - r_first); ++r)
+            for (int c = 0; c < 8; ++c) dst[(long)c * n_pad + r] = src[(long)r * HEAD_DIM + c];
+        return;
+    }
+    u32 nat[8][2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const uint2 v = *(const uint2*)(src + (long)i * HEAD_DIM);
+        nat[i][0] = v.x, nat[i][1] = v.y;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 top[4] = {nat[0][h], nat[1][h], nat[2][h], nat[3][h]};
+        const u32 bottom[4] = {nat[4][h], nat[5][h], nat[6][h], nat[7][h]};
+        u32 t_top[4], t_bottom[4];
+        transpose4x4_bytes(top, t_top);
+        transpose4x4_bytes(bottom, t_bottom);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) *(uint2*)(dst + (long)(4 * h + k) * n_pad) = make_uint2(t_top[k], t_bottom[k]);
+    }
+}

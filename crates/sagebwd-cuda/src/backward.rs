@@ -96,22 +96,26 @@ pub(crate) fn grid_stride(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// What the preprocess leaves for the main kernel.
+/// What the preprocess leaves for the head groups.
 struct Preprocessed {
+    /// dO quantized whole (one group), or only s_dO (several: each group quantizes its dÔᵀ rows).
     do_quant: QuantizedDo,
     /// D = rowsum(dO ∘ O), `[B, H_q, N_q]`.
     delta: CudaSlice<f32>,
-    /// Zeroed FP32 dQ accumulator, `[B, H_q, N_q, d]`.
-    dq_acc: CudaSlice<f32>,
-    /// Zeroed per-row Σ_j dS (for the optional dQ correction), `[B, H_q, N_q]`.
-    ds_rowsum: CudaSlice<f32>,
 }
 
-/// Preprocess: dO quantization, D = rowsum(dO ∘ O), zeroed FP32 accumulators.
-fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>, needs: QuantNeeds) -> Result<Preprocessed> {
+/// Preprocess: D = rowsum(dO ∘ O) over all rows, and the dO quantization: whole for one group (the
+/// layouts `needs` asks for), else only the s_dO buffer the groups fill.
+fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>, needs: QuantNeeds,
+              grouped: bool) -> Result<Preprocessed> {
     let s = &x.shape;
     let rows = s.batch * s.heads_q * s.n_q;
-    let do_quant = quantize_do(gpu, k, x, d_o, needs)?;
+    let do_quant = if grouped {
+        let do_scale = gpu.alloc_poisoned_f32(s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q))?;
+        QuantizedDo { do_hat: None, do_scale: Some(do_scale), do_hat_t: None, do_t: None }
+    } else {
+        quantize_do(gpu, k, x, d_o, needs)?
+    };
     let delta = gpu.alloc_poisoned_f32(rows)?;
     let warps_per_block = THREADS as usize / 32;
     let launch = LaunchConfig {
@@ -123,11 +127,42 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
     drv("launch sage_bwd_delta", unsafe {
         gpu.dev.stream.launch_builder(&k.bwd_delta).arg(o).arg(d_o).arg(&delta).arg(&rows_i).launch(launch)
     })?;
-    let dq_acc = gpu.alloc_f32(s.q_len())?;
-    gpu.fill(k, &dq_acc, 0)?;
-    let ds_rowsum = gpu.alloc_f32(rows)?;
-    gpu.fill(k, &ds_rowsum, 0)?;
-    Ok(Preprocessed { do_quant, delta, dq_acc, ds_rowsum })
+    Ok(Preprocessed { do_quant, delta })
+}
+
+/// Buffers one head group uses and the next reuses (sized for the largest group; stream order
+/// keeps a group from overwriting them before the previous one is done).
+struct GroupBuffers {
+    /// Q̂ᵀ, K̂ᵀ of the group's rows, when the path reads them.
+    qk_hat_t: Option<(CudaSlice<i8>, CudaSlice<i8>)>,
+    /// dÔᵀ of the group's rows (several groups; one group reads the preprocess's).
+    do_hat_t: Option<CudaSlice<i8>>,
+    /// FP32 dQ accumulator of the group's rows, zeroed per group.
+    dq_acc: CudaSlice<f32>,
+    /// Per-row Σ_j dS, zeroed per group; one element unless the dQ correction reads it.
+    ds_rowsum: CudaSlice<f32>,
+}
+
+impl GroupBuffers {
+    fn new(gpu: &Gpu, s: &sagebwd::Shape, plan: &GroupPlan, qk_hat_t: bool, dq_corr: bool) -> Result<GroupBuffers> {
+        let (rows, d) = (plan.rows, s.head_dim);
+        let kv_rows = if plan.count == 1 { s.batch * s.heads_kv } else { rows };
+        let (pq, pk) = (crate::runtime::padded_q(s.n_q), crate::runtime::padded_k(s.n_k));
+        let qk_hat_t = if qk_hat_t {
+            Some((gpu.alloc_poisoned_i8(rows * d * pq)?, gpu.alloc_poisoned_i8(kv_rows * d * pk)?))
+        } else {
+            None
+        };
+        let do_hat_t = if plan.count > 1 { Some(gpu.alloc_poisoned_i8(rows * d * pq)?) } else { None };
+        let dq_acc = gpu.alloc_f32(rows * s.n_q * d)?;
+        let ds_rowsum = gpu.alloc_f32(if dq_corr { rows * s.n_q } else { 1 })?;
+        Ok(GroupBuffers { qk_hat_t, do_hat_t, dq_acc, ds_rowsum })
+    }
+}
+
+/// A device address `elems` elements of `size` bytes further, or null for an absent buffer.
+fn at(addr: u64, elems: usize, size: usize) -> u64 {
+    if addr == 0 { 0 } else { addr + (elems * size) as u64 }
 }
 
 pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, saved: &SavedForBackward,
@@ -137,40 +172,11 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let (c, c_lambda) = scales(s.head_dim);
     let cfg = &saved.cfg;
     let fl = flags(cfg);
-    let Preprocessed { do_quant, delta, dq_acc, ds_rowsum } = preprocess(gpu, k, x, &fwd.o, d_o, saved.quant.needs)?;
     let staged = if gpu.tensor_cores() { staged_backward(fl) } else { None };
     // Without GQA a staged block holds the whole dK, dV of its keys and writes them in BF16 itself;
     // otherwise per-query-head FP32 partials are summed over each group by the postprocess.
     let direct = staged.is_some() && s.heads_q == s.heads_kv;
-    let per_q_head_kv = s.batch * s.heads_q * s.n_k * s.head_dim;
-    let partials = || if direct { Ok(None) } else { gpu.alloc_poisoned_f32(per_q_head_kv).map(Some) };
-    let (dk_acc, dv_acc) = (partials()?, partials()?);
-    let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
-    let dv = gpu.alloc_poisoned_u16(s.kv_len())?;
 
-    let qd = &saved.quant;
-    let p = BackwardParams {
-        op: ScoreOperands::of(gpu, x, qd),
-        tr: Transposed::of(gpu, qd, Some(&do_quant)),
-        v_hat: gpu.ptr(&qd.v_hat),
-        v_scale: gpu.ptr(&qd.v_scale),
-        v: gpu.ptr(&x.v),
-        do_hat: gpu.ptr(&do_quant.do_hat),
-        do_scale: gpu.ptr(&do_quant.do_scale),
-        d_o: gpu.ptr(d_o),
-        lse2: gpu.ptr(&fwd.lse2),
-        delta: gpu.ptr(&delta),
-        dq_acc: gpu.ptr(&dq_acc),
-        ds_rowsum: gpu.ptr(&ds_rowsum),
-        dk_acc: gpu.ptr(&dk_acc),
-        dv_acc: gpu.ptr(&dv_acc),
-        dk_out: if direct { gpu.ptr(&dk) } else { 0 },
-        dv_out: if direct { gpu.ptr(&dv) } else { 0 },
-        dims,
-        flags: fl,
-        c_lambda,
-        c,
-    };
     let smem = match staged {
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
         None => backward_smem_bytes(s.head_dim),
@@ -182,35 +188,225 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let func = if gpu.tensor_cores() { &k.bwd_main_mma } else { &k.bwd_main };
     drv("set smem attribute", func.set_attribute(
         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32))?;
-    let launch = LaunchConfig {
-        grid_dim: (dims.n_kblk as u32, (s.batch * s.heads_q) as u32, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
-    drv("launch backward main", unsafe { gpu.dev.stream.launch_builder(func).arg(&p).launch(launch) })?;
 
+    let bh = s.batch * s.heads_q;
+    let plan = if staged == Some(StagedBackward::Sage) && direct {
+        GroupPlan::of(s, groups_override())
+    } else {
+        GroupPlan::one(bh)
+    };
+    let qd = &saved.quant;
+    let Preprocessed { do_quant, delta } = preprocess(gpu, k, x, &fwd.o, d_o, qd.needs, plan.count > 1)?;
+    let partials = || if direct { Ok(None) } else { gpu.alloc_poisoned_f32(bh * s.n_k * s.head_dim).map(Some) };
+    let (dk_acc, dv_acc) = (partials()?, partials()?);
+    let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
+    let dv = gpu.alloc_poisoned_u16(s.kv_len())?;
+    // dQ before the groups: each group's postprocess writes its rows.
     let dq = gpu.alloc_poisoned_u16(s.q_len())?;
-    let stream = &gpu.dev.stream;
-    drv("launch sage_bwd_post_dq", unsafe {
-        stream.launch_builder(&k.post_dq).arg(&dq_acc).arg(&ds_rowsum).arg(&qd.k_mean).arg(&dq)
-            .arg(&dims).arg(&c).arg(&fl).launch(grid_stride(s.q_len()))
-    })?;
+    // Q̂ᵀ, K̂ᵀ (made here, not by the forward) for every path that reads quantized operands but
+    // the staged BF16 one.
+    let qk_hat_t = qd.needs.quantized && staged != Some(StagedBackward::Bf16);
+    // Σ dS is read only with the dQ correction (by the kernels' flag checks): else one unused element.
+    let dq_corr = fl & crate::F_DQ_CORR != 0;
+    // Groups alternate between two streams, each with its own buffers: one group's main kernel
+    // fills the other's tail and hides its small kernels (transposes, dO quantization, zeroing,
+    // dQ postprocess). Both streams start after everything queued so far (the allocations and their
+    // poison fills, D); the kernels' stream waits for both before the buffers are freed.
+    let streams = if plan.count > 1 { vec![gpu.main_stream(), gpu.side_stream()?] } else { vec![gpu.main_stream()] };
+    let sets = (0..plan.buffer_sets()).map(|_| GroupBuffers::new(gpu, s, &plan, qk_hat_t, dq_corr)).collect::<Result<Vec<_>>>()?;
+    for &side in &streams[1..] {
+        gpu.order(streams[0], side)?;
+    }
+
+    let full = Transposed::of(gpu, qd, Some(&do_quant));
+    for (g, first) in (0..bh).step_by(plan.rows).enumerate() {
+        let (stream, bufs) = (streams[g % streams.len()], &sets[g % sets.len()]);
+        let rows = plan.rows.min(bh - first);
+        // One group: the problem's dims. Several (no GQA): the group's rows as a batch of
+        // single-head problems, every per-(batch, head) buffer addressed from the group's first row.
+        let (gd, r0) = if plan.count == 1 { (dims, 0) } else { (Dims { batch: rows as i32, heads_q: 1, heads_kv: 1, ..dims }, first) };
+        let (n_q, n_k, d) = (s.n_q, s.n_k, s.head_dim);
+        let (q_rows, k_rows) = (r0 * n_q * d, r0 * n_k * d);
+        let (qblk, kblk) = (r0 * dims.n_qblk as usize, r0 * dims.n_kblk as usize);
+        let op0 = ScoreOperands::of(gpu, x, qd);
+        let op = ScoreOperands {
+            q_hat: at(op0.q_hat, q_rows, 1),
+            q_scale: at(op0.q_scale, qblk, 4),
+            q: at(op0.q, q_rows, 2),
+            k_hat: at(op0.k_hat, k_rows, 1),
+            k_scale: at(op0.k_scale, kblk, 4),
+            k: at(op0.k, k_rows, 2),
+            k_mean: at(op0.k_mean, r0 * d, 4),
+            q_mean: if cfg.smooth_q { at(op0.q_mean, qblk * d, 4) } else { op0.q_mean },
+            row_offset: at(op0.row_offset, r0 * n_q, 4),
+        };
+        let mut tr = full;
+        if let Some((q_hat_t, k_hat_t)) = &bufs.qk_hat_t {
+            let kv_rows = if plan.count == 1 { s.batch * s.heads_kv } else { rows };
+            crate::quantize::transpose_qk_hat(gpu, k, (op.q_hat, op.k_hat), (q_hat_t, k_hat_t), (rows, kv_rows), (n_q, n_k), stream)?;
+            (tr.q_hat_t, tr.k_hat_t) = (gpu.ptr(q_hat_t), gpu.ptr(k_hat_t));
+        }
+        let do_scale = at(gpu.ptr(&do_quant.do_scale), qblk, 4);
+        if let Some(do_hat_t) = &bufs.do_hat_t {
+            // the staged sagebwd path reads dÔᵀ alone of the dO quantization
+            crate::quantize::quantize_do_rows(gpu, k, (at(gpu.ptr(d_o), q_rows, 2), do_scale), do_hat_t, rows, n_q, stream)?;
+            tr.do_hat_t = gpu.ptr(do_hat_t);
+        }
+        let (dq_acc, ds_rowsum) = (gpu.ptr(&bufs.dq_acc), gpu.ptr(&bufs.ds_rowsum));
+        gpu.fill_on(k, dq_acc, bufs.dq_acc.len() * 4, 0, stream)?;
+        if dq_corr {
+            gpu.fill_on(k, ds_rowsum, bufs.ds_rowsum.len() * 4, 0, stream)?;
+        }
+        let mut p = BackwardParams {
+            op,
+            tr,
+            v_hat: at(gpu.ptr(&qd.v_hat), k_rows, 1),
+            v_scale: at(gpu.ptr(&qd.v_scale), kblk, 4),
+            v: at(gpu.ptr(&x.v), k_rows, 2),
+            do_hat: at(gpu.ptr(&do_quant.do_hat), q_rows, 1),
+            do_scale,
+            d_o: at(gpu.ptr(d_o), q_rows, 2),
+            lse2: at(gpu.ptr(&fwd.lse2), r0 * n_q, 4),
+            delta: at(gpu.ptr(&delta), r0 * n_q, 4),
+            dq_acc,
+            ds_rowsum,
+            dk_acc: gpu.ptr(&dk_acc),
+            dv_acc: gpu.ptr(&dv_acc),
+            dk_out: if direct { at(gpu.ptr(&dk), k_rows, 2) } else { 0 },
+            dv_out: if direct { at(gpu.ptr(&dv), k_rows, 2) } else { 0 },
+            dims: gd,
+            flags: fl,
+            c_lambda,
+            c,
+        };
+        let grid = (dims.n_kblk as u32, rows as u32, 1);
+        let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
+        gpu.launch_raw(func.cu_function(), grid, THREADS, smem as u32, stream, &mut args)?;
+        let (mut acc, mut rowsum, mut k_mean) = (dq_acc, ds_rowsum, op.k_mean);
+        let (mut dq_rows, mut gd, mut c, mut fl) = (at(gpu.ptr(&dq), q_rows, 2), gd, c, fl);
+        let mut args: [*mut std::ffi::c_void; 7] = [
+            (&mut acc as *mut u64).cast(), (&mut rowsum as *mut u64).cast(), (&mut k_mean as *mut u64).cast(),
+            (&mut dq_rows as *mut u64).cast(), (&mut gd as *mut Dims).cast(), (&mut c as *mut f32).cast(),
+            (&mut fl as *mut i32).cast(),
+        ];
+        let post = grid_stride(rows * n_q * d);
+        gpu.launch_raw(k.post_dq.cu_function(), post.grid_dim, THREADS, 0, stream, &mut args)?;
+    }
+    for &side in &streams[1..] {
+        gpu.order(side, streams[0])?;
+    }
+    drop(sets);  // stream-ordered: returned to the pool once the last group has run
     if let (Some(dk_acc), Some(dv_acc)) = (&dk_acc, &dv_acc) {
         drv("launch sage_bwd_post_dkdv", unsafe {
-            stream.launch_builder(&k.post_dkdv).arg(dk_acc).arg(dv_acc).arg(&dk).arg(&dv)
+            gpu.dev.stream.launch_builder(&k.post_dkdv).arg(dk_acc).arg(dv_acc).arg(&dk).arg(&dv)
                 .arg(&dims).arg(&c).launch(grid_stride(s.kv_len()))
         })?;
     }
     Ok(DeviceGradients { dq, dk, dv, delta, do_quant })
 }
 
-/// Device bytes the backward allocates beyond the forward's (for the up-front memory check).
+/// Device bytes the backward allocates beyond the forward's (for the up-front memory check): an
+/// upper bound over the paths, i.e. one head group holding every row and the gathering path's
+/// buffers (natural dÔ, dOᵀ, FP32 dK/dV partials, Σ dS), plus Q̂ᵀ and K̂ᵀ made here.
 pub fn backward_bytes(s: &sagebwd::Shape) -> usize {
     let rows = s.batch * s.heads_q * s.n_q;
     let per_q_head_kv = s.batch * s.heads_q * s.n_k * s.head_dim;
-    let do_t = 3 * s.batch * s.heads_q * s.head_dim * crate::runtime::padded_q(s.n_q);
+    let (pq, pk) = (crate::runtime::padded_q(s.n_q), crate::runtime::padded_k(s.n_k));
+    let do_t = 3 * s.batch * s.heads_q * s.head_dim * pq;
+    let qk_hat_t = s.head_dim * (s.batch * s.heads_q * pq + s.batch * s.heads_kv * pk);
     s.q_len() * (1 + 4 + 2) + rows * 4 * 2 + s.q_len().div_ceil(BLOCK_Q) * 4 + per_q_head_kv * 8 + s.kv_len() * 4
-        + s.q_len() * 2 /* dO upload */ + do_t
+        + s.q_len() * 2 /* dO upload */ + do_t + qk_hat_t
+}
+
+/// How the staged sagebwd backward splits the B·H (batch, head) rows: `count` groups of `rows` rows
+/// (the last may hold fewer). Each group transposes its Q̂, K̂ rows, quantizes its dO rows, and
+/// runs the main kernel and the dQ postprocess on them, reusing one set of group-sized buffers
+/// (Q̂ᵀ, K̂ᵀ, dÔᵀ, the FP32 dQ accumulator): the backward's transient memory is 1/count of the
+/// unsplit one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupPlan {
+    pub count: usize,
+    pub rows: usize,
+}
+
+/// The most groups the rule considers: each adds six launches (and a tail of the main kernel).
+pub const MAX_GROUPS: usize = 16;
+
+impl GroupPlan {
+    /// All rows in one group (every path other than the staged sagebwd one without GQA).
+    pub fn one(bh: usize) -> GroupPlan {
+        GroupPlan { count: 1, rows: bh }
+    }
+
+    /// `count` groups as even as whole rows allow (fewer if `count` does not divide B·H well).
+    pub fn split(bh: usize, count: usize) -> GroupPlan {
+        let rows = bh.div_ceil(count.clamp(1, bh));
+        GroupPlan { count: bh.div_ceil(rows), rows }
+    }
+
+    /// The plan for shape `s`: `SAGEBWD_BWD_GROUPS` = n forces n groups (1 = off), else
+    /// [`choose_groups`].
+    pub fn of(s: &sagebwd::Shape, forced: Option<usize>) -> GroupPlan {
+        match forced {
+            Some(n) => GroupPlan::split(s.batch * s.heads_q, n),
+            None => choose_groups(s),
+        }
+    }
+
+    /// Sets of group buffers live at once: one per stream, two streams when split.
+    pub fn buffer_sets(&self) -> usize {
+        self.count.min(2)
+    }
+}
+
+/// `SAGEBWD_BWD_GROUPS`: a number of head groups for the staged sagebwd backward (`1` or `off`:
+/// unsplit), or unset for the rule.
+fn groups_override() -> Option<usize> {
+    match std::env::var("SAGEBWD_BWD_GROUPS").ok()?.as_str() {
+        "off" => Some(1),
+        v => v.parse().ok().filter(|&n| n >= 1),
+    }
+}
+
+/// Peak bytes of the staged sagebwd forward + backward without GQA, split into `plan`, counted as
+/// the bench counts (one input set Q, K, V, dO + everything the passes allocate): the inputs; O
+/// and the two LSE vectors; the saved Q̂, K̂ with their scales, K_m and b_r; D, dQ, dK, dV and
+/// s_dO; the group buffers, one set per stream. The backward's peak is while the groups run:
+/// then all of these are live (the forward's peak, with V̂ᵀ, is lower).
+pub fn sage_peak_bytes(s: &sagebwd::Shape, plan: GroupPlan) -> usize {
+    let (q, kv, d) = (s.q_len(), s.kv_len(), s.head_dim);
+    let bh = s.batch * s.heads_q;
+    let rows = bh * s.n_q;
+    let (nqb, nkb) = (s.n_q.div_ceil(BLOCK_Q), s.n_k.div_ceil(BLOCK_KV));
+    let (pq, pk) = (crate::runtime::padded_q(s.n_q), crate::runtime::padded_k(s.n_k));
+    let inputs = 2 * (2 * q + 2 * kv);
+    let forward_out = 2 * q + 2 * 4 * rows;
+    let saved = q + kv + 4 * bh * (nqb + 2 * nkb) + 4 * bh * d + 4 * rows + 4;
+    let backward_full = 4 * rows + 2 * q + 2 * 2 * kv + 4 * bh * nqb;
+    let group = plan.rows * d * (2 * pq + pk) + 4 * plan.rows * s.n_q * d + 4;
+    inputs + forward_out + saved + backward_full + plan.buffer_sets() * group
+}
+
+/// The cuDNN-equivalent budget: the inputs, O, dQ, dK, dV, one FP32 dQ accumulator and two FP32
+/// row vectors (LSE and D): what cuDNN's SDPA holds at its peak (measured 642–644 MiB at B·N =
+/// 16384, H·d = 2048: 640 MiB of tensors + 2 or 4 MiB of row vectors at d = 128 or 64).
+pub fn peak_budget_bytes(s: &sagebwd::Shape) -> usize {
+    let (q, kv) = (s.q_len(), s.kv_len());
+    let rows = s.batch * s.heads_q * s.n_q;
+    2 * (2 * q + 2 * kv) + 2 * q + (2 * q + 2 * 2 * kv) + 4 * q + 2 * 4 * rows
+}
+
+/// The rule: the fewest groups (at most [`MAX_GROUPS`]) whose peak ([`sage_peak_bytes`]) fits
+/// the cuDNN-equivalent budget ([`peak_budget_bytes`]); if none does (tiny problems, where the
+/// row vectors weigh more), the most. Fewest, because each group adds launches and a main-kernel
+/// tail; the two streams hide most of that (measured: RESULTS-gpu.md, helper `mem`).
+pub fn choose_groups(s: &sagebwd::Shape) -> GroupPlan {
+    let bh = s.batch * s.heads_q;
+    let budget = peak_budget_bytes(s);
+    let mut plans: Vec<GroupPlan> = (1..=MAX_GROUPS.min(bh)).map(|n| GroupPlan::split(bh, n)).collect();
+    plans.dedup();
+    let fits = plans.iter().copied().find(|&p| sage_peak_bytes(s, p) <= budget);
+    fits.unwrap_or_else(|| plans.last().copied().unwrap_or(GroupPlan::one(bh)))
 }
 
 #[cfg(test)]
@@ -233,6 +429,80 @@ mod tests {
         let mut sage_q = Config::sagebwd();
         sage_q.smooth_q = true;
         assert_eq!(path(&sage_q), None);
+    }
+
+    fn mha(batch: usize, heads: usize, n: usize, head_dim: usize) -> sagebwd::Shape {
+        sagebwd::Shape { batch, heads_q: heads, heads_kv: heads, n_q: n, n_k: n, head_dim }
+    }
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn splits_cover_every_row_once() {
+        assert_eq!(GroupPlan::split(10, 4), GroupPlan { count: 4, rows: 3 });
+        assert_eq!(GroupPlan::split(48, 5), GroupPlan { count: 5, rows: 10 });
+        // 6 rows in 4 groups of 2 leave the 4th empty: 3 groups
+        assert_eq!(GroupPlan::split(6, 4), GroupPlan { count: 3, rows: 2 });
+        assert_eq!(GroupPlan::split(5, 16), GroupPlan { count: 5, rows: 1 });
+        assert_eq!(GroupPlan::split(7, 0), GroupPlan::one(7));
+        for bh in 1..60 {
+            for n in 1..=MAX_GROUPS {
+                let p = GroupPlan::split(bh, n);
+                assert!(p.count <= n && (p.count - 1) * p.rows < bh && p.count * p.rows >= bh, "{bh} {n} {p:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn budget_is_cudnns_measured_peak_at_the_bench_shapes() {
+        // cuDNN SDPA measured 644 MiB (d = 64) and 642 MiB (d = 128) at B·N = 16384, H·d = 2048.
+        assert_eq!(peak_budget_bytes(&mha(16, 32, 1024, 64)), 644 * MIB);
+        assert_eq!(peak_budget_bytes(&mha(4, 16, 4096, 128)), 642 * MIB);
+        // Unsplit, the model is within 2 MiB of main's measured 810 / 805 MiB (which also held the
+        // forward's Q̂ᵀ, K̂ᵀ and allocated dQ after the main kernel: the same total).
+        let one = |s: &sagebwd::Shape| sage_peak_bytes(s, GroupPlan::one(s.batch * s.heads_q)) as f64 / MIB as f64;
+        assert!((one(&mha(16, 32, 1024, 64)) - 810.0).abs() < 2.0, "{}", one(&mha(16, 32, 1024, 64)));
+        assert!((one(&mha(16, 16, 1024, 128)) - 805.0).abs() < 2.0, "{}", one(&mha(16, 16, 1024, 128)));
+    }
+
+    #[test]
+    fn more_groups_never_need_more_memory_with_two_buffer_sets() {
+        for s in [mha(16, 32, 1024, 64), mha(1, 3, 300, 128), mha(4, 12, 4096, 64)] {
+            let bh = s.batch * s.heads_q;
+            // from two groups on (one buffer set per stream: from one group to two, two sets of
+            // half the rows, rounded up)
+            let peaks: Vec<usize> = (2..=MAX_GROUPS).map(|n| sage_peak_bytes(&s, GroupPlan::split(bh, n))).collect();
+            assert!(peaks.windows(2).all(|w| w[1] <= w[0]), "{s:?}: {peaks:?}");
+        }
+    }
+
+    #[test]
+    fn bench_and_training_shapes_fit_the_budget() {
+        let shapes = [
+            mha(16, 32, 1024, 64), mha(4, 32, 4096, 64), mha(16, 16, 1024, 128), mha(4, 16, 4096, 128),
+            mha(16, 12, 1024, 64), mha(4, 12, 4096, 64),
+        ];
+        for s in shapes {
+            let plan = choose_groups(&s);
+            assert!(sage_peak_bytes(&s, plan) <= peak_budget_bytes(&s), "{s:?} {plan:?}");
+            // the fewest: one group fewer would not fit
+            let fewer = GroupPlan::split(s.batch * s.heads_q, plan.count - 1);
+            assert!(sage_peak_bytes(&s, fewer) > peak_budget_bytes(&s), "{s:?} {plan:?}");
+            assert_eq!(plan.buffer_sets(), 2);
+        }
+        // Two buffer sets of 1/8 each: the memory of one set of 1/4 (640.2 MiB at d = 64).
+        assert_eq!(choose_groups(&mha(16, 32, 1024, 64)).count, 8);
+        assert_eq!(choose_groups(&mha(4, 16, 4096, 128)).count, 8);
+        let peak = sage_peak_bytes(&mha(16, 32, 1024, 64), choose_groups(&mha(16, 32, 1024, 64)));
+        assert!((peak as f64 / MIB as f64 - 640.2).abs() < 0.1, "{peak}");
+    }
+
+    #[test]
+    fn tiny_problems_take_the_most_groups_the_rule_allows() {
+        // One head: nothing to split.
+        assert_eq!(choose_groups(&mha(1, 1, 64, 64)), GroupPlan::one(1));
+        assert!(choose_groups(&mha(1, 2, 64, 64)).count <= 2);
+        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), Some(1)), GroupPlan::one(40));
+        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), Some(3)), GroupPlan { count: 3, rows: 14 });
     }
 
     #[test]

@@ -78,7 +78,28 @@ pub struct Gpu {
     kernels: Mutex<Vec<Arc<Kernels>>>,
     tensor_cores: AtomicBool,
     poison: AtomicBool,
+    /// The backward's second stream, made on first use ([`Gpu::side_stream`]).
+    side: Mutex<Option<SideStream>>,
 }
+
+/// A second stream for the backward's head groups: a raw, non-blocking driver stream. Non-blocking
+/// because the kernels' stream is the context's default (legacy) stream, with which a blocking
+/// stream would serialize; raw because a second cudarc stream would switch the whole context to
+/// cudarc's per-buffer event tracking (extra driver calls on every buffer access, for every user
+/// of the context). Ordering with the kernels' stream is explicit ([`Gpu::order`]).
+struct SideStream(cudarc::driver::sys::CUstream);
+
+impl Drop for SideStream {
+    fn drop(&mut self) {
+        // queued work completes first (the driver defers the release)
+        unsafe {
+            let _ = cudarc::driver::sys::cuStreamDestroy_v2(self.0);
+        }
+    }
+}
+
+// A driver stream handle is usable from any thread of its context.
+unsafe impl Send for SideStream {}
 
 /// What [`Gpu::ptr`] takes: a device buffer, or an optional one.
 pub(crate) trait DeviceAddress {
@@ -108,7 +129,8 @@ impl Gpu {
     pub fn open(ordinal: usize) -> Result<Gpu> {
         let dev = Device::open(ordinal)?;
         runtime::nvrtc_available()?;
-        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(true), poison: AtomicBool::new(true) })
+        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(true), poison: AtomicBool::new(true),
+                 side: Mutex::new(None) })
     }
 
     /// Selects the forward and backward-main kernels: `true` (the default) for the tensor-core
@@ -222,6 +244,62 @@ impl Gpu {
         .map(drop)
     }
 
+    /// The kernels' stream (the context's default stream) as a driver handle.
+    pub(crate) fn main_stream(&self) -> cudarc::driver::sys::CUstream {
+        self.dev.stream.cu_stream()
+    }
+
+    /// The second stream of the backward's head groups ([`SideStream`]), made on first use.
+    pub(crate) fn side_stream(&self) -> Result<cudarc::driver::sys::CUstream> {
+        use cudarc::driver::sys;
+        let mut side = self.side.lock().map_err(|_| Error::Backend("side stream lock poisoned".into()))?;
+        if let Some(s) = side.as_ref() {
+            return Ok(s.0);
+        }
+        drv("bind context", self.dev.ctx.bind_to_thread())?;
+        let mut stream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        drv("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, flags).result() })?;
+        *side = Some(SideStream(stream));
+        Ok(stream)
+    }
+
+    /// Makes `to` wait for everything queued on `from` so far (an event recorded on `from`).
+    pub(crate) fn order(&self, from: cudarc::driver::sys::CUstream, to: cudarc::driver::sys::CUstream) -> Result<()> {
+        use cudarc::driver::sys;
+        drv("bind context", self.dev.ctx.bind_to_thread())?;
+        let mut event = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        unsafe {
+            drv("cuEventCreate", sys::cuEventCreate(&mut event, flags).result())?;
+            let waited = sys::cuEventRecord(event, from).result().and_then(|_| sys::cuStreamWaitEvent(to, event, 0).result());
+            // released once the recorded work completes; the wait already holds its point
+            let _ = sys::cuEventDestroy_v2(event);
+            drv("stream order", waited)
+        }
+    }
+
+    /// `sage_fill_u32` of `bytes` (a multiple of 4) at `addr` on `stream`: [`Gpu::fill`] for any stream.
+    pub(crate) fn fill_on(&self, k: &Kernels, addr: u64, bytes: usize, pattern: u32, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        let (mut addr, mut words, mut pattern) = (addr, (bytes / 4) as u64, pattern);
+        let blocks = words.div_ceil(256).clamp(1, 1 << 16) as u32;
+        let mut args: [*mut std::ffi::c_void; 3] =
+            [(&mut addr as *mut u64).cast(), (&mut words as *mut u64).cast(), (&mut pattern as *mut u32).cast()];
+        self.launch_raw(k.fill_u32.cu_function(), (blocks, 1, 1), 256, 0, stream, &mut args)
+    }
+
+    /// cuLaunchKernel on a driver stream (the side stream's launches, which cudarc's builder,
+    /// bound to cudarc streams, cannot make). `args`: addresses of the kernel's parameters.
+    pub(crate) fn launch_raw(&self, func: cudarc::driver::sys::CUfunction, grid: (u32, u32, u32), block: u32, smem: u32,
+                             stream: cudarc::driver::sys::CUstream, args: &mut [*mut std::ffi::c_void]) -> Result<()> {
+        use cudarc::driver::sys;
+        drv("bind context", self.dev.ctx.bind_to_thread())?;
+        drv("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(func, grid.0, grid.1, grid.2, block, 1, 1, smem, stream, args.as_mut_ptr(), std::ptr::null_mut())
+                .result()
+        })
+    }
+
     fn poisoned<T: cudarc::driver::DeviceRepr>(&self, n: usize, unit: usize, pattern: u32) -> Result<CudaSlice<T>> {
         // Round up to whole 4-byte words so the fill covers every element.
         let n = (n.max(1) * unit).div_ceil(4) * 4 / unit;
@@ -320,7 +398,9 @@ impl Gpu {
         forward::forward(self, &k, x, cfg)
     }
 
-    /// Preprocess, main and postprocess kernels.
+    /// Preprocess, main and postprocess kernels. The staged sagebwd path (without GQA) runs in
+    /// head groups ([`backward::GroupPlan`], `SAGEBWD_BWD_GROUPS` = 1 turns that off) so that its
+    /// peak memory stays within cuDNN's; then `DeviceGradients::do_quant` holds s_dO but no dÔ.
     pub fn backward(&self, x: &DeviceInputs, fwd: &DeviceForward, saved: &SavedForBackward,
                     d_o: &CudaSlice<u16>) -> Result<DeviceGradients> {
         check_supported(&x.shape, &saved.cfg)?;
@@ -345,8 +425,25 @@ impl Gpu {
             Some(d_o) => Some(self.backward(&x, &fwd, &saved, d_o)?),
             None => None,
         };
+        let do_whole = self.do_quant_for_check(&x, &saved, grads.as_ref())?;
         drv("synchronize", self.dev.stream.synchronize())?;
-        self.collect(&x.shape, cfg, &fwd, &saved, grads.as_ref(), v_hat)
+        let grads = grads.as_ref().map(|g| (g, do_whole.as_ref().unwrap_or(&g.do_quant)));
+        self.collect(&x.shape, cfg, &fwd, &saved, grads, v_hat)
+    }
+
+    /// dO quantized whole by the backward's own kernel, for the dÔ comparison, when the backward ran
+    /// in several head groups: each quantized its rows into one reused dÔᵀ buffer, so no whole dÔ
+    /// is left (s_dO is, and is compared as the backward wrote it; the gradients show that the groups
+    /// read the same dÔ). `None` when the backward's dÔ is there or none was computed.
+    fn do_quant_for_check(&self, x: &DeviceInputs, saved: &SavedForBackward, grads: Option<&DeviceGradients>)
+                          -> Result<Option<QuantizedDo>> {
+        let (Some(g), Some(d_o)) = (grads, &x.d_o) else { return Ok(None) };
+        let kept = g.do_quant.do_hat.is_some() || g.do_quant.do_hat_t.is_some();
+        if kept || !saved.quant.needs.quantized {
+            return Ok(None);
+        }
+        let k = self.kernels(x.shape.head_dim)?;
+        quantize::quantize_do(self, &k, x, d_o, saved.quant.needs).map(Some)
     }
 
     /// V̂ `[B, H_kv, N_k, d]` on the host: the natural copy if it was computed, else V̂ᵀ
@@ -371,8 +468,10 @@ impl Gpu {
         Ok(untranspose(&t, bh, n, n_pad, d))
     }
 
+    /// `grads`: the gradients with the dO quantization to compare (the backward's own, or
+    /// [`Gpu::do_quant_for_check`]'s dÔ with the backward's s_dO).
     fn collect(&self, s: &Shape, cfg: &Config, fwd: &DeviceForward, saved: &SavedForBackward,
-               grads: Option<&DeviceGradients>, v_hat: Vec<i8>) -> Result<SimOutput> {
+               grads: Option<(&DeviceGradients, &QuantizedDo)>, v_hat: Vec<i8>) -> Result<SimOutput> {
         let bf = |v: Vec<u16>| -> Vec<f32> { v.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect() };
         let (bh_q, bh_kv) = (s.batch * s.heads_q, s.batch * s.heads_kv);
         let (nqb, nkb) = (s.n_q.div_ceil(BLOCK_Q), s.n_k.div_ceil(BLOCK_KV));
@@ -399,8 +498,8 @@ impl Gpu {
             lse: self.download(&fwd.lse, rows)?,
         };
         let grads_host = match grads {
-            Some(g) => {
-                quant.do_hat = self.do_hat_host(s, &g.do_quant)?;
+            Some((g, do_quant)) => {
+                quant.do_hat = self.do_hat_host(s, do_quant)?;
                 quant.do_scale = self.download_some(&g.do_quant.do_scale, bh_q * nqb)?;
                 Some(Gradients {
                     dq: bf(self.download(&g.dq, s.q_len())?),
@@ -456,8 +555,9 @@ pub fn device_bytes(s: &Shape, with_backward: bool) -> usize {
     let rows = s.batch * s.heads_q * s.n_q;
     let blocks = (s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q) + s.batch * s.heads_kv * s.n_k.div_ceil(BLOCK_KV)) * 4 * 2;
     let inputs = 2 * (q + 2 * kv);
-    let transposed = 3 * s.head_dim
-        * (s.batch * s.heads_q * runtime::padded_q(s.n_q) + 2 * s.batch * s.heads_kv * runtime::padded_k(s.n_k));
+    // BF16 Qᵀ, Kᵀ, Vᵀ (gathering paths) and V̂ᵀ; Q̂ᵀ, K̂ᵀ are made by the backward (`backward_bytes`)
+    let (pq, pk) = (runtime::padded_q(s.n_q), runtime::padded_k(s.n_k));
+    let transposed = s.head_dim * (2 * s.batch * s.heads_q * pq + (2 * 2 + 1) * s.batch * s.heads_kv * pk);
     let quantized = q * (1 + 2 + 4) + kv * (1 + 2 + 1) + blocks + s.batch * s.heads_kv * s.head_dim * 4 + transposed;
     let forward = 2 * q + 8 * rows;
     let backward = if with_backward { backward::backward_bytes(s) } else { 0 };

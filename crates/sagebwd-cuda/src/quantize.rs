@@ -3,7 +3,7 @@
 
 use crate::runtime::{drv, padded_k, padded_q, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 use sagebwd::{Config, Result};
 
 /// Mirror of `QuantRowsParams` in quantize.cu.
@@ -86,7 +86,9 @@ pub struct QuantizedDev {
     /// `[B, H_q, N_q]` b_r = fl(cλ·q_r·K_m), the base-2 score offset K-smoothing removes (§3.5).
     pub row_offset: Option<CudaSlice<f32>>,
     /// Transposed copies `[B, H, d, N_pad]` (Q̂ᵀ, Qᵀ, K̂ᵀ, Kᵀ, V̂ᵀ, Vᵀ) for the tensor-core products
-    /// that reduce over tokens.
+    /// that reduce over tokens. Q̂ᵀ and K̂ᵀ are read by backward products only, so the forward's
+    /// quantization leaves them `None`: the backward byte-transposes the saved Q̂, K̂ per head group
+    /// (`transpose_qk_hat`), so that no full copy is kept between the passes.
     pub q_hat_t: Option<CudaSlice<i8>>,
     pub q_t: Option<CudaSlice<u16>>,
     pub k_hat_t: Option<CudaSlice<i8>>,
@@ -114,7 +116,8 @@ pub struct QuantizedDo {
     /// `[B, H_q, N_q, d]`, computed when `needs.natural_v_do`.
     pub do_hat: Option<CudaSlice<i8>>,
     pub do_scale: Option<CudaSlice<f32>>,
-    /// `[B, H_q, d, N_q,pad]` dÔᵀ and dOᵀ.
+    /// `[B, H_q, d, N_q,pad]` dÔᵀ and dOᵀ. dÔᵀ is `None` after a backward in several head groups
+    /// (each quantized its rows into one reused buffer; `do_scale` is whole).
     pub do_hat_t: Option<CudaSlice<i8>>,
     pub do_t: Option<CudaSlice<u16>>,
 }
@@ -161,7 +164,7 @@ fn rows_launch(job: &RowsJob, head_dim: usize) -> (u32, u32) {
 
 fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
     let n_blk = job.n.div_ceil(job.rows_per_block);
-    let (threads, smem) = rows_launch(&job, k.head_dim);
+    let launch = rows_launch(&job, k.head_dim);
     let p = QuantRowsParams {
         x: gpu.ptr(job.x),
         head_mean: job.head_mean.map_or(0, |(m, _)| gpu.ptr(m)),
@@ -181,9 +184,14 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         heads_kv: job.row_offset.as_ref().map_or(1, |r| r.heads_kv as i32),
         c_lambda: job.row_offset.as_ref().map_or(0.0, |r| r.c_lambda),
     };
-    let cfg = LaunchConfig { grid_dim: (n_blk as u32, job.bh as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+    launch_rows(gpu, k, &p, job.bh, launch)
+}
+
+/// Launches `sage_quantize_rows` over `bh` (batch, head) rows with (threads, shared bytes).
+fn launch_rows(gpu: &Gpu, k: &Kernels, p: &QuantRowsParams, bh: usize, (threads, smem): (u32, u32)) -> Result<()> {
+    let cfg = LaunchConfig { grid_dim: (p.n_blk as u32, bh as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
     let stream = &gpu.dev.stream;
-    drv("launch sage_quantize_rows", unsafe { stream.launch_builder(&k.quantize_rows).arg(&p).launch(cfg) }).map(drop)
+    drv("launch sage_quantize_rows", unsafe { stream.launch_builder(&k.quantize_rows).arg(p).launch(cfg) }).map(drop)
 }
 
 /// Rows per partial sum of the K mean (`K_MEAN_CHUNK` in quantize.cu).
@@ -215,8 +223,9 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let (q_hat, k_hat) = (Some(q_hat), Some(k_hat));
     let q_mean = gpu.alloc_poisoned_f32(if cfg.smooth_q { bh_q * dims.n_qblk as usize * d } else { 1 })?;
     let row_offset = gpu.alloc_poisoned_f32(bh_q * s.n_q)?;
-    let (q_hat_t, q_t) = (Some(gpu.alloc_poisoned_i8(q_t_len)?), bf16_t(q_t_len)?);
-    let (k_hat_t, k_t) = (Some(gpu.alloc_poisoned_i8(kv_t_len)?), bf16_t(kv_t_len)?);
+    // Q̂ᵀ and K̂ᵀ: only backward products read them; the backward transposes Q̂, K̂ (`transpose_qk_hat`).
+    let (q_hat_t, q_t) = (None, bf16_t(q_t_len)?);
+    let (k_hat_t, k_t) = (None, bf16_t(kv_t_len)?);
     let (v_hat_t, v_t) = (Some(gpu.alloc_poisoned_i8(kv_t_len)?), bf16_t(kv_t_len)?);
     let stream = &gpu.dev.stream;
     let smooth_k = flags(cfg) & crate::F_SMOOTH_K != 0;
@@ -288,6 +297,69 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
     Ok(QuantizedDo { do_hat, do_scale: Some(do_scale), do_hat_t, do_t })
 }
 
+/// dÔᵀ `[rows, d, N_q,pad]` and s_dO of `rows` consecutive (batch, query head) rows: the
+/// quantization of [`quantize_do`] restricted to one head group of the staged sagebwd backward
+/// (which reads dÔᵀ alone). `d_o` and `scale` are the device addresses of the group's first row in
+/// the full dO and s_dO; `do_hat_t` holds the group only. Same kernel and launch as the full
+/// quantization, so the same bits.
+pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64), do_hat_t: &CudaSlice<i8>, rows: usize,
+                               n_q: usize, stream: sys::CUstream) -> Result<()> {
+    let d = k.head_dim;
+    let n_blk = n_q.div_ceil(BLOCK_Q);
+    let mut p = QuantRowsParams {
+        x: d_o, head_mean: 0, block_mean: 0, x_hat: 0, scale, x_hat_t: gpu.ptr(do_hat_t), x_t: 0, k_mean: 0,
+        row_offset: 0, n: n_q as i32, rows_per_block: BLOCK_Q as i32, n_blk: n_blk as i32, mean_group: 1,
+        n_pad: padded_q(n_q) as i32, heads_q: 1, heads_kv: 1, c_lambda: 0.0,
+    };
+    // the register-tile layout of `rows_launch` (no smoothing, no BF16 copy, no row offsets)
+    let threads = (BLOCK_Q / 8 * d / 8) as u32;
+    let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantRowsParams).cast()];
+    gpu.launch_raw(k.quantize_rows.cu_function(), (n_blk as u32, rows as u32, 1), threads, 0, stream, &mut args)
+}
+
+/// Q̂ᵀ and K̂ᵀ `[rows, d, N_pad]` of `rows` consecutive (batch, head) rows, byte-transposed from the
+/// saved Q̂, K̂ (device addresses of the group's first row): the bits the quantizer's transposed
+/// output holds, made where the backward needs them. One launch (`sage_transpose_qk_hat` in
+/// quantize.cu) for both. Without GQA the rows of Q and K coincide; with GQA the backward runs one
+/// group, all rows (`rows` counts query rows for Q̂, `kv_rows` key rows for K̂).
+pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64), (q_hat_t, k_hat_t): (&CudaSlice<i8>, &CudaSlice<i8>),
+                               (rows, kv_rows): (usize, usize), (n_q, n_k): (usize, usize), stream: sys::CUstream) -> Result<()> {
+    let func = module_function(k, c"sage_transpose_qk_hat")?;
+    // 64 rows per block; the grid covers the longer of the two, blocks past a tensor's end return.
+    let grid_x = n_q.max(n_k).div_ceil(64) as u32;
+    // Kernel arguments (x, x_t, n, n_pad) of the z = 0 and z = 1 slots.
+    let q = (q_hat, gpu.ptr(q_hat_t), n_q as i32, padded_q(n_q) as i32);
+    let k_ = (k_hat, gpu.ptr(k_hat_t), n_k as i32, padded_k(n_k) as i32);
+    let launch = |slot0: (u64, u64, i32, i32), slot1: (u64, u64, i32, i32), grid_y: usize, grid_z: u32| -> Result<()> {
+        let (mut x0, mut t0, mut n0, mut p0) = slot0;
+        let (mut x1, mut t1, mut n1, mut p1) = slot1;
+        let mut args: [*mut std::ffi::c_void; 8] = [
+            (&mut x0 as *mut u64).cast(), (&mut t0 as *mut u64).cast(), (&mut n0 as *mut i32).cast(),
+            (&mut p0 as *mut i32).cast(), (&mut x1 as *mut u64).cast(), (&mut t1 as *mut u64).cast(),
+            (&mut n1 as *mut i32).cast(), (&mut p1 as *mut i32).cast(),
+        ];
+        gpu.launch_raw(func, (grid_x, grid_y as u32, grid_z), k.head_dim as u32, 0, stream, &mut args)
+    };
+    if rows == kv_rows {
+        return launch(q, k_, rows, 2);  // z = 0: Q̂, z = 1: K̂
+    }
+    // GQA: Q̂ over the query rows, then K̂ over the key rows, each in slot z = 0.
+    launch(q, k_, rows, 1)?;
+    launch(k_, k_, kv_rows, 1)
+}
+
+/// A kernel of quantize.cu's module that `Kernels` does not hold, looked up by name in the module
+/// of `sage_quantize_rows` (a hash lookup in the driver).
+fn module_function(k: &Kernels, name: &std::ffi::CStr) -> Result<sys::CUfunction> {
+    unsafe {
+        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
+        drv("quantize module", sys::cuFuncGetModule(module.as_mut_ptr(), k.quantize_rows.cu_function()).result())?;
+        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
+        drv("load function", sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
+        Ok(f.assume_init())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,7 +374,7 @@ mod tests {
     /// The quantization outputs the kernels dereference.
     #[derive(Clone, Copy, Debug)]
     enum Read {
-        /// Q̂, K̂, their transposes, V̂ᵀ, dÔᵀ, the scales, K_m, b_r.
+        /// Q̂, K̂ (and their transposes, which the backward makes from them), V̂ᵀ, dÔᵀ, the scales, K_m, b_r.
         Quantized,
         /// V̂ and dÔ in the natural layout.
         NaturalVDo,
