@@ -191,7 +191,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
 
     let bh = s.batch * s.heads_q;
     let plan = if staged == Some(StagedBackward::Sage) && direct {
-        GroupPlan::of(s, groups_override())
+        GroupPlan::of(s, GroupPolicy::from_env()?)
     } else {
         GroupPlan::one(bh)
     };
@@ -344,12 +344,11 @@ impl GroupPlan {
         GroupPlan { count: bh.div_ceil(rows), rows }
     }
 
-    /// The plan for shape `s`: `SAGEBWD_BWD_GROUPS` = n forces n groups (1 = off), else
-    /// [`choose_groups`].
-    pub fn of(s: &sagebwd::Shape, forced: Option<usize>) -> GroupPlan {
-        match forced {
-            Some(n) => GroupPlan::split(s.batch * s.heads_q, n),
-            None => choose_groups(s),
+    /// The plan for shape `s` under `policy` (`SAGEBWD_BWD_GROUPS`).
+    pub fn of(s: &sagebwd::Shape, policy: GroupPolicy) -> GroupPlan {
+        match policy {
+            GroupPolicy::Count(n) => GroupPlan::split(s.batch * s.heads_q, n),
+            GroupPolicy::Lean => choose_groups(s),
         }
     }
 
@@ -359,12 +358,32 @@ impl GroupPlan {
     }
 }
 
-/// `SAGEBWD_BWD_GROUPS`: a number of head groups for the staged sagebwd backward (`1` or `off`:
-/// unsplit), or unset for the rule.
-fn groups_override() -> Option<usize> {
-    match std::env::var("SAGEBWD_BWD_GROUPS").ok()?.as_str() {
-        "off" => Some(1),
-        v => v.parse().ok().filter(|&n| n >= 1),
+/// How many head groups the staged sagebwd backward runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupPolicy {
+    /// This many (1: unsplit, the default: fastest; its peak is ~1.25× cuDNN's).
+    Count(usize),
+    /// [`choose_groups`]: peak memory within cuDNN's, at 2–19 % of fwd+bwd time (RESULTS-gpu.md, `mem`).
+    Lean,
+}
+
+impl GroupPolicy {
+    /// From `SAGEBWD_BWD_GROUPS`: unset, `1` or `off` → unsplit; `lean` → [`GroupPolicy::Lean`];
+    /// `n` → n groups. Anything else is an error, not a silent default.
+    pub fn parse(v: Option<&str>) -> Result<GroupPolicy> {
+        match v.map(str::trim) {
+            None | Some("") | Some("off") => Ok(GroupPolicy::Count(1)),
+            Some("lean") => Ok(GroupPolicy::Lean),
+            Some(n) => match n.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(GroupPolicy::Count(n)),
+                _ => Err(Error::Backend(format!(
+                    "SAGEBWD_BWD_GROUPS={n}: expected `off`, `lean` (peak memory within cuDNN's) or a number of head groups ≥ 1"))),
+            },
+        }
+    }
+
+    fn from_env() -> Result<GroupPolicy> {
+        GroupPolicy::parse(std::env::var("SAGEBWD_BWD_GROUPS").ok().as_deref())
     }
 }
 
@@ -413,6 +432,17 @@ pub fn choose_groups(s: &sagebwd::Shape) -> GroupPlan {
 mod tests {
     use super::*;
     use sagebwd::Config;
+
+    #[test]
+    fn group_policy_defaults_to_unsplit_and_rejects_garbage() {
+        assert_eq!(GroupPolicy::parse(None).unwrap(), GroupPolicy::Count(1));
+        assert_eq!(GroupPolicy::parse(Some("off")).unwrap(), GroupPolicy::Count(1));
+        assert_eq!(GroupPolicy::parse(Some("lean")).unwrap(), GroupPolicy::Lean);
+        assert_eq!(GroupPolicy::parse(Some("3")).unwrap(), GroupPolicy::Count(3));
+        for bad in ["0", "-2", "many", "2.5"] {
+            assert!(GroupPolicy::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn staged_paths_of_the_presets_and_isolations() {
@@ -501,8 +531,8 @@ mod tests {
         // One head: nothing to split.
         assert_eq!(choose_groups(&mha(1, 1, 64, 64)), GroupPlan::one(1));
         assert!(choose_groups(&mha(1, 2, 64, 64)).count <= 2);
-        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), Some(1)), GroupPlan::one(40));
-        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), Some(3)), GroupPlan { count: 3, rows: 14 });
+        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), GroupPolicy::Count(1)), GroupPlan::one(40));
+        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), GroupPolicy::Count(3)), GroupPlan { count: 3, rows: 14 });
     }
 
     #[test]

@@ -398,9 +398,10 @@ impl Gpu {
         forward::forward(self, &k, x, cfg)
     }
 
-    /// Preprocess, main and postprocess kernels. The staged sagebwd path (without GQA) runs in
-    /// head groups ([`backward::GroupPlan`], `SAGEBWD_BWD_GROUPS` = 1 turns that off) so that its
-    /// peak memory stays within cuDNN's; then `DeviceGradients::do_quant` holds s_dO but no dÔ.
+    /// Preprocess, main and postprocess kernels. With `SAGEBWD_BWD_GROUPS=lean` (or a number) the
+    /// staged sagebwd path (without GQA) runs in head groups ([`backward::GroupPolicy`]) so that
+    /// its peak memory stays within cuDNN's, at some speed; then `DeviceGradients::do_quant` holds
+    /// s_dO but no dÔ. Unset: one group, the fastest.
     pub fn backward(&self, x: &DeviceInputs, fwd: &DeviceForward, saved: &SavedForBackward,
                     d_o: &CudaSlice<u16>) -> Result<DeviceGradients> {
         check_supported(&x.shape, &saved.cfg)?;
