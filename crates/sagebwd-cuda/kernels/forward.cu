@@ -608,18 +608,23 @@ __device__ __forceinline__ int permuted_key(int nt, int e) {
     return (nt >> 1) * 16 + 2 * (nt & 1) + 4 * (threadIdx.x & 3) + (e & 1);
 }
 
-// −∞ on the masked entries of the warp's 16 rows (from row0) × 128 permuted keys (from key0);
-// only boundary tiles (sequence ends, causal diagonal) pay for the test.
-__device__ __forceinline__ void mask_permuted(const Dims& d, float (*t)[4], int row0, int key0) {
+// −∞ on the masked entries of the warp's 16 rows (from row0) × 128 keys (from key0), the keys in
+// the permuted order kmap (INT8 paths) or natural (BF16 paths); only boundary tiles (sequence ends,
+// causal diagonal) pay for the test.
+template <bool PERMUTED>
+__device__ __forceinline__ void mask_tile(const Dims& d, float (*t)[4], int row0, int key0) {
     const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
     const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
     if (!need_mask) return;
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (!visible(d, row0 + c_row(e), key0 + permuted_key(nt, e))) t[nt][e] = neg_inf();
+        for (int e = 0; e < 4; ++e) {
+            const int key = PERMUTED ? permuted_key(nt, e) : nt * 8 + c_col(e);
+            if (!visible(d, row0 + c_row(e), key0 + key)) t[nt][e] = neg_inf();
+        }
 }
+__device__ __forceinline__ void mask_permuted(const Dims& d, float (*t)[4], int row0, int key0) { mask_tile<true>(d, t, row0, key0); }
 
 // Online softmax (staged_softmax) of the permuted scores t, then P̂ of §4 (per row and key block,
 // its scale in st.p_scale) packed straight into the m16n8k32 A fragments of P·V in natural key order.
@@ -999,8 +1004,6 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
 #define WS_THREADS 384
 #define WS_STAGES 4
 #define WS_BARS 2                   // named barriers 1, 2: the consumers' ping-pong
-// Q̂ of 2 query blocks, the K̂ and V̂ᵀ rings, the full/empty mbarriers, 1024-byte alignment slack.
-#define WS_SMEM_BYTES (2 * WG_Q_TILE + 2 * WS_STAGES * WG_TILE + 16 * WS_STAGES + 1024)
 #define F_WS_PINGPONG (1 << 20)
 #define F_WS_EARLY_AMAX (1 << 21)
 #define F_WS_FAST_EXP (1 << 23)
@@ -1010,17 +1013,48 @@ struct __align__(64) TmaMapParam {
 };
 
 #ifdef SAGE_WGMMA
-// Shared-memory addresses of the warp-specialized layout.
-struct WsSmem {
-    u32 q, k, v, full, empty;  // q: 2 Q̂ tiles; k, v: rings (stage s at + s·WG_TILE); mbarriers (8 B each)
-    __device__ __forceinline__ WsSmem(unsigned char* smem) {
+// Shared-memory addresses of a warp-specialized layout: the Q tile(s) of both query blocks
+// (Q_BYTES), rings of STAGES K and V tiles (TILE bytes each), then STAGES full and STAGES empty
+// mbarriers (8 B each); the first tile 1024-aligned (the swizzled layouts need it).
+template <int Q_BYTES, int TILE, int STAGES>
+struct WsRing {
+    static constexpr int kStages = STAGES;
+    static constexpr int kSmemBytes = Q_BYTES + 2 * STAGES * TILE + 16 * STAGES + 1024;
+    u32 q, k, v, full, empty;
+    __device__ __forceinline__ WsRing(unsigned char* smem) {
         q = (smem_addr(smem) + 1023u) & ~1023u;
-        k = q + 2 * WG_Q_TILE;
-        v = k + WS_STAGES * WG_TILE;
-        full = v + WS_STAGES * WG_TILE;
-        empty = full + 8 * WS_STAGES;
+        k = q + Q_BYTES;
+        v = k + STAGES * TILE;
+        full = v + STAGES * TILE;
+        empty = full + 8 * STAGES;
+    }
+    __device__ __forceinline__ u32 k_stage(int s) const { return k + s * TILE; }
+    __device__ __forceinline__ u32 v_stage(int s) const { return v + s * TILE; }
+    __device__ __forceinline__ u32 full_bar(int s) const { return full + 8 * s; }
+    __device__ __forceinline__ u32 empty_bar(int s) const { return empty + 8 * s; }
+    // Consumers: blocks until key block kb's stage is loaded.
+    __device__ __forceinline__ void wait_full(int kb) const { mbar_wait(full_bar(kb % STAGES), (kb / STAGES) & 1); }
+    // The mbarriers (one thread): "full" completes after `full_count` arrivals (+ the TMA bytes),
+    // "empty" after one arrival per consumer warp (8).
+    __device__ __forceinline__ void init(u32 full_count) const {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full_bar(s), full_count);
+            mbar_init(empty_bar(s), 8);
+        }
+        fence_mbar_init();
+    }
+    // Producer: for each key block, waits until its stage is free (read by every consumer warp the
+    // previous time round), then lets fill(kb, s) load it.
+    template <class Fill>
+    __device__ __forceinline__ void produce(int cta_end, Fill fill) const {
+        for (int kb = 0; kb < cta_end; ++kb) {
+            const int s = kb % STAGES;
+            if (kb >= STAGES) mbar_wait(empty_bar(s), ((kb / STAGES) - 1) & 1);
+            fill(kb, s);
+        }
     }
 };
+using WsSmem = WsRing<2 * WG_Q_TILE, WG_TILE, WS_STAGES>;
 
 // K̂ rows of key block kb, permuted and swizzled into the stage at kt (128 producer threads, tid).
 __device__ __forceinline__ void ws_load_k(const ForwardParams& p, u32 kt, int bh_kv, int kb, int tid) {
@@ -1058,24 +1092,23 @@ __device__ __forceinline__ void ws_complete_stage(u32 full_bar) {
 
 __device__ void ws_producer(const void* vmap, const ForwardParams& p, const WsSmem& sm, int bh, int bh_kv, int cta_end) {
     const int tid = threadIdx.x;  // 0..127
-    for (int kb = 0; kb < cta_end; ++kb) {
-        const int s = kb % WS_STAGES;
-        if (kb >= WS_STAGES) mbar_wait(sm.empty + 8 * s, ((kb / WS_STAGES) - 1) & 1);
+    // Stage kb is completed after stage kb + 1 was issued (two stages in flight).
+    sm.produce(cta_end, [&](int kb, int s) {
         if (tid == 0) {
-            mbar_arrive_expect_tx(sm.full + 8 * s, WG_TILE);
-            tma_load_2d(sm.v + s * WG_TILE, vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full + 8 * s);
+            mbar_arrive_expect_tx(sm.full_bar(s), WG_TILE);
+            tma_load_2d(sm.v_stage(s), vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full_bar(s));
         }
         if (kb == 0) ws_load_q(p, sm.q, bh, tid);
-        ws_load_k(p, sm.k + s * WG_TILE, bh_kv, kb, tid);
+        ws_load_k(p, sm.k_stage(s), bh_kv, kb, tid);
         cp_async_commit();
         if (kb > 0) {
             cp_async_wait<1>();  // stage kb − 1 (kb may still be in flight)
-            ws_complete_stage(sm.full + 8 * ((kb - 1) % WS_STAGES));
+            ws_complete_stage(sm.full_bar((kb - 1) % WS_STAGES));
         }
-    }
+    });
     if (cta_end > 0) {
         cp_async_wait<0>();
-        ws_complete_stage(sm.full + 8 * ((cta_end - 1) % WS_STAGES));
+        ws_complete_stage(sm.full_bar((cta_end - 1) % WS_STAGES));
     }
 }
 
@@ -1111,9 +1144,10 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
 
 // Keeps the P̂ fragments' computation before this point: without it ptxas sank the quantization
 // past the ping-pong barrier, between the wgmma issues, and serialized every wgmma (C7514).
-__device__ __forceinline__ void pin_fragments(u32 (*pa)[4]) {
+template <int S>
+__device__ __forceinline__ void pin_fragments(u32 (&pa)[S][4]) {
 #pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s)
+    for (int s = 0; s < S; ++s)
 #pragma unroll
         for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[s][i]));
 }
@@ -1121,20 +1155,26 @@ __device__ __forceinline__ void pin_fragments(u32 (*pa)[4]) {
 // O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) (wg_o_update's arithmetic) with s_V given (loaded a
 // block ahead) and float(acc) by a plain conversion: |acc| ≤ 127²·128 < 2²⁴ is exact, and on sm_90
 // it is one I2FP (the two-instruction trick of i2f_exact avoided sm_80's slow I2F).
-__device__ __forceinline__ void ws_o_update(float (*o)[4], const int (&acc)[HEAD_DIM / 2], const RowState& st, float s_v) {
-    const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
-    if (__all_sync(0xffffffffu, st.alpha[0] == 1.0f && st.alpha[1] == 1.0f)) {  // fl(O·1) = O: skip it
+// O = fl(fl(O·α) + pv(nd, e)) for the warp's 16 rows × d, pv the key block's FP32 contribution;
+// when no row of the warp changed its max, α = 1 and fl(O·1) = O exactly: the multiply is skipped.
+template <class Pv>
+__device__ __forceinline__ void o_rescale_add(float (*o)[4], const RowState& st, Pv pv) {
+    if (__all_sync(0xffffffffu, st.alpha[0] == 1.0f && st.alpha[1] == 1.0f)) {
 #pragma unroll
         for (int nd = 0; nd < O_TILES; ++nd)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) o[nd][e] = __fadd_rn(o[nd][e], __fmul_rn((float)acc[4 * nd + e], e < 2 ? dq0 : dq1));
+            for (int e = 0; e < 4; ++e) o[nd][e] = __fadd_rn(o[nd][e], pv(nd, e));
         return;
     }
 #pragma unroll
     for (int nd = 0; nd < O_TILES; ++nd)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            o[nd][e] = __fadd_rn(__fmul_rn(o[nd][e], st.alpha[e >> 1]), __fmul_rn((float)acc[4 * nd + e], e < 2 ? dq0 : dq1));
+        for (int e = 0; e < 4; ++e) o[nd][e] = __fadd_rn(__fmul_rn(o[nd][e], st.alpha[e >> 1]), pv(nd, e));
+}
+
+__device__ __forceinline__ void ws_o_update(float (*o)[4], const int (&acc)[HEAD_DIM / 2], const RowState& st, float s_v) {
+    const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
+    o_rescale_add(o, st, [&](int nd, int e) { return __fmul_rn((float)acc[4 * nd + e], e < 2 ? dq0 : dq1); });
 }
 
 // Ping-pong turn of consumer warpgroup w: wait for it (named barrier 1 + w, completed by the
@@ -1142,89 +1182,130 @@ __device__ __forceinline__ void ws_o_update(float (*o)[4], const int (&acc)[HEAD
 __device__ __forceinline__ void take_turn(int w) { named_sync(1 + w, 2 * WG_THREADS); }
 __device__ __forceinline__ void pass_turn(int w) { named_arrive(1 + (w ^ 1), 2 * WG_THREADS); }
 
-template <bool PINGPONG, bool EARLY_AMAX, bool FAST_EXP>
-__device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int bh, int bh_kv, int cta_end) {
+// The INT8 products of a consumer warpgroup (the wgmma path's arithmetic): S = Q̂ K̂ᵀ in INT32, P̂
+// by softmax_p_hat(_early), P̂V in INT32, O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)). The K̂ and V̂ᵀ
+// scales of block kb + 1 are loaded during block kb: a load issued after a wgmma wait (a "memory"
+// clobber) would put its L2 latency on every block's critical path.
+template <bool EARLY_AMAX, bool FAST_EXP>
+struct WsInt8 {
+    int sacc[64], pacc[HEAD_DIM / 2];
+    u32 pa[BLOCK_KV / 32][4];
+    u32 qt;
+    float sq, k_sc, v_sc, k_sc_next, v_sc_next;
+    const float *k_scales, *v_scales;
+    __device__ __forceinline__ WsInt8(const ForwardParams& p, u32 q_tiles, int w, int bh, int bh_kv, int qb, int cta_end) {
+        const Dims& d = p.dims;
+        qt = q_tiles + w * WG_Q_TILE;
+        sq = qb < d.n_qblk ? __fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda) : 0.0f;
+        k_scales = p.op.k_scale + bh_kv * d.n_kblk;
+        v_scales = p.v_scale + bh_kv * d.n_kblk;
+        k_sc = cta_end > 0 ? k_scales[0] : 0.0f;
+        v_sc = cta_end > 0 ? v_scales[0] : 0.0f;
+    }
+    __device__ __forceinline__ void begin_block(int kb, bool next) {
+        k_sc_next = next ? k_scales[kb + 1] : 0.0f;
+        v_sc_next = next ? v_scales[kb + 1] : 0.0f;
+    }
+    __device__ __forceinline__ void issue_scores(u32 kt) { wg_issue_scores(sacc, qt, kt); }
+    __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
+        float t[S_TILES][4];
+        wg_scores(d, t, sacc, __fmul_rn(sq, k_sc), row0, key0);
+        if (EARLY_AMAX) softmax_p_hat_early<FAST_EXP>(t, st, pa);
+        else softmax_p_hat<FAST_EXP>(t, st, pa);
+    }
+    __device__ __forceinline__ void pin() { pin_fragments(pa); }
+    __device__ __forceinline__ void issue_pv(u32 vt) { wg_issue_pv(pacc, pa, vt); }
+    __device__ __forceinline__ void o_update(float (*o)[4], const RowState& st) { ws_o_update(o, pacc, st, v_sc); }
+    __device__ __forceinline__ void end_block() {
+        k_sc = k_sc_next;
+        v_sc = v_sc_next;
+    }
+};
+
+// A consumer warpgroup w of the warp-specialized forward: query block 2·blockIdx.x + w, the
+// products and softmax of `Mix` on the stages of `Ring`. OVERLAP (the `pipe` schedule): S(kb + 1)
+// is issued right behind P·V(kb) and runs during the O update; otherwise it is issued after it.
+// PINGPONG: the two consumer warpgroups issue their wgmmas in turn (named barriers 1, 2).
+template <bool PINGPONG, bool OVERLAP, class Mix, class Ring>
+__device__ void ws_consume(const ForwardParams& p, const Ring& sm, Mix& mx, int w, int bh, int cta_end) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, qb = 2 * blockIdx.x + w;
     const int row0 = qb * BLOCK_Q + warp * 16;
-    const u32 qt = sm.q + w * WG_Q_TILE;
-    const bool has_rows = qb < d.n_qblk;
-    const float sq = has_rows ? __fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda) : 0.0f;
     RowState st;
     float o[O_TILES][4];
     start_rows(st, o);
-    int sacc[64], pacc[HEAD_DIM / 2];
     // Ping-pong: warpgroup 0 issues first (warpgroup 1 passes it the first turn); each passes the
     // turn after every issue, and warpgroup 0 takes the last turn warpgroup 1 passes after the
     // loop, so that no barrier phase is left pending at exit. (A conditional pass between the
     // wgmma issue and its wait made ptxas serialize every wgmma, C7514.)
     if (PINGPONG && w == 1 && cta_end > 0) pass_turn(1);
-    // The K̂ and V̂ᵀ scales of block kb + 1 are loaded during block kb: a load issued after a
-    // wgmma wait (a "memory" clobber) would put its L2 latency on every block's critical path.
-    const float* k_scales = p.op.k_scale + bh_kv * d.n_kblk;
-    const float* v_scales = p.v_scale + bh_kv * d.n_kblk;
-    float k_sc = cta_end > 0 ? k_scales[0] : 0.0f, v_sc = cta_end > 0 ? v_scales[0] : 0.0f;
     if (cta_end > 0) {
-        mbar_wait(sm.full, 0);
+        sm.wait_full(0);
         if (PINGPONG) take_turn(w);
-        wg_issue_scores(sacc, qt, sm.k);
+        mx.issue_scores(sm.k_stage(0));
         if (PINGPONG) pass_turn(w);
         wgmma_wait<0>();
     }
     for (int kb = 0; kb < cta_end; ++kb) {
-        const int s = kb % WS_STAGES, key0 = kb * BLOCK_KV;
+        const int s = kb % Ring::kStages, s1 = (kb + 1) % Ring::kStages;
         const bool next = kb + 1 < cta_end;
-        const float k_sc_next = next ? k_scales[kb + 1] : 0.0f, v_sc_next = next ? v_scales[kb + 1] : 0.0f;
-        u32 pa[BLOCK_KV / 32][4];
-        {
-            float t[S_TILES][4];
-            wg_scores(d, t, sacc, __fmul_rn(sq, k_sc), row0, key0);
-            if (EARLY_AMAX) softmax_p_hat_early<FAST_EXP>(t, st, pa);
-            else softmax_p_hat<FAST_EXP>(t, st, pa);
-        }
-        const int s1 = (kb + 1) % WS_STAGES;
-        if (next) mbar_wait(sm.full + 8 * s1, ((kb + 1) / WS_STAGES) & 1);
-        pin_fragments(pa);
+        mx.begin_block(kb, next);
+        mx.softmax(d, st, row0, kb * BLOCK_KV);
+        if (OVERLAP && next) sm.wait_full(kb + 1);
+        mx.pin();
         if (PINGPONG) take_turn(w);
-        wg_issue_pv(pacc, pa, sm.v + s * WG_TILE);
-        if (next) wg_issue_scores(sacc, qt, sm.k + s1 * WG_TILE);
-        if (next) wgmma_wait<1>();  // P̂V(kb) done; S(kb + 1) may still run
+        mx.issue_pv(sm.v_stage(s));
+        if (OVERLAP && next) mx.issue_scores(sm.k_stage(s1));
+        if (OVERLAP && next) wgmma_wait<1>();  // P·V(kb) done; S(kb + 1) may still run
         else wgmma_wait<0>();
-        // The turn passes once P̂V(kb) is done (FA3 passes it right after the issue; a bar.arrive
+        // The turn passes once P·V(kb) is done (FA3 passes it right after the issue; a bar.arrive
         // with two wgmma groups in flight made ptxas serialize every wgmma, C7514).
         if (PINGPONG) pass_turn(w);
         __syncwarp();
-        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty + 8 * s);  // K̂(kb), V̂ᵀ(kb) read by this warp
-        ws_o_update(o, pacc, st, v_sc);
+        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
+        mx.o_update(o, st);
+        if (!OVERLAP && next) {
+            sm.wait_full(kb + 1);
+            if (PINGPONG) take_turn(w);
+            mx.issue_scores(sm.k_stage(s1));
+            if (PINGPONG) pass_turn(w);
+        }
         wgmma_wait<0>();
-        k_sc = k_sc_next;
-        v_sc = v_sc_next;
+        mx.end_block();
     }
     if (PINGPONG && w == 0 && cta_end > 0) take_turn(0);
-    if (has_rows) mma_store(p, st, o, bh, row0);
+    if (qb < d.n_qblk) mma_store(p, st, o, bh, row0);
+}
+
+template <bool PINGPONG, bool EARLY_AMAX, bool FAST_EXP>
+__device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int bh, int bh_kv, int cta_end) {
+    WsInt8<EARLY_AMAX, FAST_EXP> mx(p, sm.q, w, bh, bh_kv, 2 * blockIdx.x + w, cta_end);
+    ws_consume<PINGPONG, true>(p, sm, mx, w, bh, cta_end);
+}
+
+// The common start of both warp-specialized kernels: checks the launch, initializes the ring's
+// mbarriers, and returns the end of the key blocks the block's two query blocks walk (those of the
+// later one: a block past the earlier one's end is fully masked for it and changes nothing).
+template <class Ring>
+__device__ __forceinline__ int ws_start(const Ring& sm, const Dims& d, u32 full_count) {
+    require_dynamic_smem((u32)Ring::kSmemBytes);
+    if (blockDim.x != WS_THREADS) __trap();
+    if (threadIdx.x == 0) sm.init(full_count);
+    __syncthreads();
+    return key_block_end(d, min(2 * (int)blockIdx.x + 1, d.n_qblk - 1));
 }
 #endif  // SAGE_WGMMA
 
 // The warp-specialized path's entry (flag F_WGMMA set; F_WS_* select the variant). Launched by
-// src/forward.rs with 384 threads, WS_SMEM_BYTES of dynamic shared memory and the V̂ᵀ tensor map.
+// src/forward.rs with 384 threads, WsSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
     sage_forward_ws(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {
     extern __shared__ __align__(128) unsigned char ws_smem[];
 #ifdef SAGE_WGMMA
-    require_dynamic_smem((u32)WS_SMEM_BYTES);
-    if (blockDim.x != WS_THREADS) __trap();
     const Dims& d = p.dims;
     const int bh = blockIdx.y, bh_kv = kv_head_of(d, bh), wg = threadIdx.x >> 7;
-    const int cta_end = key_block_end(d, min(2 * (int)blockIdx.x + 1, d.n_qblk - 1));
     const WsSmem sm(ws_smem);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < WS_STAGES; ++s) {
-            mbar_init(sm.full + 8 * s, WG_THREADS + 1);
-            mbar_init(sm.empty + 8 * s, 8);
-        }
-        fence_mbar_init();
-    }
-    __syncthreads();
+    const int cta_end = ws_start(sm, d, WG_THREADS + 1);  // full: 128 producer arrivals + the TMA's
     if (wg == 0) {
         setmaxnreg_dec<24>();
         ws_producer(&vmap, p, sm, bh, bh_kv, cta_end);
@@ -1321,6 +1402,21 @@ __device__ __forceinline__ void bf16_pv(float (*o)[4], const u32 (*pa)[4], const
     }
 }
 
+// The BF16 path's softmax of the base-2 scores t (natural key order): mask, the online softmax
+// (staged_softmax, no amax), and bf16(p) packed as the A fragments of P·V: the accumulators of S
+// tiles 2kk and 2kk + 1 (keys 16kk..16kk + 15) are the m16n8k16 (and wgmma k16) A fragment kk.
+__device__ __forceinline__ void bf16_softmax(const Dims& d, float (*t)[4], RowState& st, u32 (*pa)[4], int row0, int key0) {
+    mask_tile<false>(d, t, row0, key0);
+    staged_softmax<false>(t, st, nullptr);
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_KV / 16; ++kk) {
+        pa[kk][0] = pack_bf16x2(t[2 * kk][0], t[2 * kk][1]);
+        pa[kk][1] = pack_bf16x2(t[2 * kk][2], t[2 * kk][3]);
+        pa[kk][2] = pack_bf16x2(t[2 * kk + 1][0], t[2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16x2(t[2 * kk + 1][2], t[2 * kk + 1][3]);
+    }
+}
+
 __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
     const Dims& d = p.dims;
     const int qb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1358,25 +1454,8 @@ __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
 
         float t[S_TILES][4];
         bf16_scores(t, qa, ks + (kb & 1) * FB_TILE, mi, r, p.c_lambda);
-        const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
-        const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
-        if (need_mask) {
-#pragma unroll
-            for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (!visible(d, row0 + c_row(e), key0 + nt * 8 + c_col(e))) t[nt][e] = neg_inf();
-        }
-        staged_softmax<false>(t, st, nullptr);
-        // bf16(p) as the A fragments of P·V (S tiles 2ks, 2ks + 1 = keys 16ks..16ks + 15).
         u32 pa[BLOCK_KV / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_KV / 16; ++kk) {
-            pa[kk][0] = pack_bf16x2(t[2 * kk][0], t[2 * kk][1]);
-            pa[kk][1] = pack_bf16x2(t[2 * kk][2], t[2 * kk][3]);
-            pa[kk][2] = pack_bf16x2(t[2 * kk + 1][0], t[2 * kk + 1][1]);
-            pa[kk][3] = pack_bf16x2(t[2 * kk + 1][2], t[2 * kk + 1][3]);
-        }
+        bf16_softmax(d, t, st, pa, row0, key0);
         cp_async_wait<1>();  // this thread's copies of V(kb) (K(kb + 1) may still be in flight)
         __syncthreads();     // (b): everyone's V(kb) visible
         bf16_pv(o, pa, st, vs, mi, r);
@@ -1384,6 +1463,148 @@ __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
     cp_async_wait<0>();
     mma_store(p, st, o, bh, row0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Warp-specialized BF16 path (sm_90a; fpafwd), kernel `sage_forward_ws_bf16`: the staged BF16 path's
+// arithmetic (t = fl(cλ·S), staged_softmax, bf16(p), O = fl(fl(O·α) + PV_block), l of the
+// unrounded p; only FP32 summation orders inside S and PV_block differ) on the warp-specialized
+// structure of sage_forward_ws (WsRing, ws_start, ws_consume: the same ring, roles and ping-pong):
+// - warpgroup 0, the producer: one thread issues every load by TMA (3-D tensor maps over Q, K, V
+//   [B·H][N][d] BF16, box 64 columns × 128 rows, 128-byte swizzle; rows past N zero-filled):
+//   Q of both query blocks once, K and V of each key block into a ring of FW_STAGES stages;
+//   "full" is its one arrival + the TMA bytes, "empty" one arrival per consumer warp.
+// - warpgroups 1, 2, the consumers: S = Q Kᵀ by wgmma m64n128k16 (both K-major in shared memory:
+//   each tile is d/64 panels of [128 rows][64 columns], 128 bytes a row), the softmax on the
+//   accumulators (the m16n8 C layout per warp, natural key order), bf16(p) packed straight into
+//   the A fragments of O_block = P V (m64n{d}k16, A from registers), V natural [key][d] read as an
+//   N-major B operand (transpose bit 1): no transposed copy of V.
+
+#define FW_PANEL (BLOCK_KV * 128)             // bytes of one 64-column panel of a 128-row tile
+#define FW_Q_BYTES (2 * BLOCK_Q * FB_ROW)     // Q of both query blocks
+#define FW_STAGES (HEAD_DIM == 128 ? 2 : 4)   // 2 × 64 KB or 4 × 32 KB of K and V
+
+#ifdef SAGE_WGMMA
+using WsBf16Ring = WsRing<FW_Q_BYTES, FB_TILE, FW_STAGES>;
+
+// The d/64 panels of 128 rows from `row` of (batch·head) bh into the tile at dst.
+__device__ __forceinline__ void tma_panels(u32 dst, const void* map, int row, int bh, u32 bar) {
+#pragma unroll
+    for (int c = 0; c < HEAD_DIM / 64; ++c) tma_load_3d(dst + c * FW_PANEL, map, c * 64, row, bh, bar);
+}
+
+__device__ void ws_producer_bf16(const void* qmap, const void* kmap, const void* vmap, const WsBf16Ring& sm, int bh,
+                                 int bh_kv, int cta_end) {
+    if (threadIdx.x != 0) return;  // one thread issues every TMA
+    sm.produce(cta_end, [&](int kb, int s) {
+        const u32 bar = sm.full_bar(s);
+        mbar_arrive_expect_tx(bar, 2 * FB_TILE + (kb == 0 ? FW_Q_BYTES : 0));
+        if (kb == 0) tma_panels(sm.q, qmap, 2 * blockIdx.x * BLOCK_Q, bh, bar);
+        tma_panels(sm.k_stage(s), kmap, kb * BLOCK_KV, bh_kv, bar);
+        tma_panels(sm.v_stage(s), vmap, kb * BLOCK_KV, bh_kv, bar);
+    });
+}
+
+// The BF16 products of a consumer warpgroup (Mix of ws_consume).
+template <bool SPLIT_PV>
+struct WsBf16 {
+    float sacc[S_TILES][4];  // S, then t, then p
+    float pacc[O_TILES][4];  // PV_block
+    u32 pa[BLOCK_KV / 16][4];
+    u32 qt;
+    float c_lambda;
+    __device__ __forceinline__ WsBf16(const ForwardParams& p, u32 q_tiles, int w) {
+        qt = q_tiles + w * BLOCK_Q * 128;  // the warpgroup's 64 rows of each panel
+        c_lambda = p.c_lambda;
+    }
+    __device__ __forceinline__ void begin_block(int, bool) {}
+    __device__ __forceinline__ void end_block() {}
+    // S = Q Kᵀ: k-step s (16 columns = 32 bytes) is at byte 32·(s mod 4) of panel s / 4.
+    __device__ __forceinline__ void issue_scores(u32 kt) {
+        const u64 qd = kmajor_desc(qt, 128), kd = kmajor_desc(kt, 128);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < HEAD_DIM / 16; ++s) {
+            const u64 off = ((s / 4) * FW_PANEL + (s % 4) * 32) >> 4;
+            wgmma_bf16_ss_n128(sacc, qd + off, kd + off, s);
+        }
+        wgmma_commit();
+    }
+    __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
+        wgmma_fence_regs(sacc);
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sacc[nt][e] = __fmul_rn(c_lambda, sacc[nt][e]);
+        bf16_softmax(d, sacc, st, pa, row0, key0);
+    }
+    __device__ __forceinline__ void pin() { pin_fragments(pa); }
+    // O_block = P V: k-step ks is keys 16ks..16ks + 15, i.e. V rows at byte 16ks·128 of each panel.
+    __device__ __forceinline__ void issue_pv(u32 vt) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_KV / 16; ++ks) {
+            const u64 vd = nmajor_desc_b128(vt + ks * 16 * 128, FW_PANEL);
+#if HEAD_DIM == 128
+            if (SPLIT_PV) {
+                wgmma_bf16_rs_n64_tb(*reinterpret_cast<float(*)[8][4]>(&pacc[0]), pa[ks], vd, ks);
+                wgmma_bf16_rs_n64_tb(*reinterpret_cast<float(*)[8][4]>(&pacc[8]), pa[ks], vd + (FW_PANEL >> 4), ks);
+            } else {
+                wgmma_bf16_rs_n128_tb(pacc, pa[ks], vd, ks);
+            }
+#else
+            wgmma_bf16_rs_n64_tb(pacc, pa[ks], vd, ks);
+#endif
+        }
+        wgmma_commit();
+    }
+    __device__ __forceinline__ void o_update(float (*o)[4], const RowState& st) {
+        wgmma_fence_regs(pacc);
+        o_rescale_add(o, st, [&](int nd, int e) { return pacc[nd][e]; });
+    }
+};
+
+template <bool PINGPONG, bool OVERLAP, bool SPLIT_PV>
+__device__ void ws_consumer_bf16(const ForwardParams& p, const WsBf16Ring& sm, int w, int bh, int cta_end) {
+    WsBf16<SPLIT_PV> mx(p, sm.q, w);
+    ws_consume<PINGPONG, OVERLAP>(p, sm, mx, w, bh, cta_end);
+}
+#endif  // SAGE_WGMMA
+
+// The warp-specialized BF16 path (#1 and #2 BF16 on sm_90a), one kernel per variant (a single
+// kernel that branched to all four variants spilled 236 bytes; each alone spills none). Launched
+// by src/forward.rs with 384 threads, WsBf16Ring::kSmemBytes of dynamic shared memory and the
+// tensor maps of Q, K, V.
+template <bool PINGPONG, bool OVERLAP, bool SPLIT_PV>
+__device__ __forceinline__ void ws_bf16_main(const void* qmap, const void* kmap, const void* vmap, const ForwardParams& p,
+                                             unsigned char* smem) {
+#ifdef SAGE_WGMMA
+    const Dims& d = p.dims;
+    const int bh = blockIdx.y, bh_kv = kv_head_of(d, bh), wg = threadIdx.x >> 7;
+    const WsBf16Ring sm(smem);
+    const int cta_end = ws_start(sm, d, 1);  // full: the producer's one arrival + the TMA bytes
+    if (wg == 0) {
+        setmaxnreg_dec<24>();
+        ws_producer_bf16(qmap, kmap, vmap, sm, bh, bh_kv, cta_end);
+    } else {
+        setmaxnreg_inc<240>();
+        ws_consumer_bf16<PINGPONG, OVERLAP, SPLIT_PV>(p, sm, wg - 1, bh, cta_end);
+    }
+#else
+    __trap();  // not compiled for sm_90a
+#endif
+}
+
+#define WS_BF16_ENTRY(name, PINGPONG, OVERLAP, SPLIT_PV)                                                          \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
+        name(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,                  \
+             const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
+        extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
+        ws_bf16_main<PINGPONG, OVERLAP, SPLIT_PV>(&qmap, &kmap, &vmap, p, ws_smem);                               \
+    }
+WS_BF16_ENTRY(sage_forward_ws_bf16, true, true, false)          // fws3 (default): ws3's schedule
+WS_BF16_ENTRY(sage_forward_ws_bf16_fws1, false, true, false)    // no ping-pong
+WS_BF16_ENTRY(sage_forward_ws_bf16_fws0, true, false, false)    // S(kb + 1) after the O update
+WS_BF16_ENTRY(sage_forward_ws_bf16_fws3s, true, true, true)     // P·V as two n64 products (d = 128)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

@@ -148,6 +148,21 @@ const F_WS: i32 = 1 << 22;
 const F_WS_PINGPONG: i32 = 1 << 20;
 const F_WS_EARLY_AMAX: i32 = 1 << 21;
 const F_WS_FAST_EXP: i32 = 1 << 23;
+/// The kernel of the warp-specialized BF16 forward (`fpa`, both forward products BF16) that
+/// `SAGEBWD_FORWARD_WGMMA` asks for, or None for the mma.sync staged path (`off`): `fws3`
+/// (default, `sage_forward_ws_bf16`) the INT8 kernel's `ws3` schedule (S(kb + 1) runs during the O
+/// update; ping-pong), `fws1` without the ping-pong, `fws0` ping-pong with S(kb + 1) issued after the
+/// O update, `fws3s` `fws3` with P·V as two n64 products at d = 128. Other values (the INT8
+/// kernel's variants) give the default.
+fn bf16_ws_kernel() -> Option<&'static std::ffi::CStr> {
+    match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
+        Ok("off") => None,
+        Ok("fws1") => Some(c"sage_forward_ws_bf16_fws1"),
+        Ok("fws0") => Some(c"sage_forward_ws_bf16_fws0"),
+        Ok("fws3s") => Some(c"sage_forward_ws_bf16_fws3s"),
+        _ => Some(c"sage_forward_ws_bf16"),
+    }
+}
 
 /// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). The warp-specialized
 /// kernel (a producer warpgroup, two consumer warpgroups): `ws1` plain, `ws13` with the P̂ amax
@@ -235,6 +250,12 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     // static allocation);
     // scalar: 256 threads over the 64 × 128 tile, static shared memory.
     // wgmma (sm_90a): one warpgroup (64 query rows) per block, or two (F_WGMMA_2WG).
+    if gpu.tensor_cores() && gpu.dev.arch == "sm_90a" && forward_path(p.flags) == ForwardPath::StagedBf16 {
+        if let Some(kernel) = bf16_ws_kernel() {
+            launch_ws_bf16(gpu, k, kernel, &p, s.head_dim)?;
+            return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
+        }
+    }
     let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags, s.head_dim) } else { 0 };
     p.flags |= wgmma & !F_WS;
     if wgmma & F_WS != 0 {
@@ -268,10 +289,18 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     Ok((out, SavedForBackward { quant, cfg: cfg.clone() }))
 }
 
-/// Dynamic shared memory of `sage_forward_ws` (`WS_SMEM_BYTES`): Q̂ of two query blocks, rings of
-/// `WS_STAGES` = 4 K̂ and V̂ᵀ tiles, 4 full and 4 empty mbarriers, 1 KiB of alignment slack.
+/// Dynamic shared memory of `sage_forward_ws` (`WsSmem::kSmemBytes`): Q̂ of two query blocks,
+/// rings of 4 K̂ and V̂ᵀ tiles, 4 full and 4 empty mbarriers, 1 KiB of alignment slack.
 fn ws_smem_bytes(head_dim: usize) -> u32 {
     (2 * 64 * head_dim + 2 * 4 * 128 * head_dim + 16 * 4 + 1024) as u32
+}
+
+/// Dynamic shared memory of `sage_forward_ws_bf16` (`WsBf16Ring::kSmemBytes`): BF16 Q of two query
+/// blocks, rings of `FW_STAGES` (2 at d = 128, 4 at d = 64) K and V tiles of 128 × d BF16, the
+/// mbarriers, 1 KiB of alignment slack.
+fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
+    let stages = if head_dim == 128 { 2 } else { 4 };
+    (128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 16 * stages + 1024) as u32
 }
 
 /// Launches the warp-specialized forward (`sage_forward_ws`, in the same module as
@@ -279,7 +308,6 @@ fn ws_smem_bytes(head_dim: usize) -> u32 {
 /// parameter. V̂ᵀ is `[B·H_kv·d rows][n_kpad keys]` i8; the map's box is one key block × d rows,
 /// 128-byte swizzled (the layout the P̂V wgmma descriptor reads).
 fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
-    use cudarc::driver::sys;
     let d = &p.dims;
     let v_rows = (d.batch * d.heads_kv) as u64 * head_dim as u64;
     let vmap = crate::tma::encode_tiled(
@@ -290,22 +318,62 @@ fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, he
         &[128, head_dim as u32],
         crate::tma::TmaSwizzle::B128,
     )?;
-    let smem = ws_smem_bytes(head_dim);
+    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, ws_smem_bytes(head_dim))
+}
+
+/// A BF16 `[heads][rows][head_dim]` tensor as TMA boxes of 64 columns × 128 rows, 128-byte
+/// swizzled (one panel of the K-major / N-major tiles of `sage_forward_ws_bf16`); rows past `rows`
+/// read as zero.
+fn bf16_panel_map(addr: u64, heads: i32, rows: i32, head_dim: usize) -> Result<crate::tma::TensorMap> {
+    let row_bytes = head_dim as u64 * 2;
+    crate::tma::encode_tiled(
+        crate::tma::TmaElem::U16,
+        addr,
+        &[head_dim as u64, rows as u64, heads as u64],
+        &[row_bytes, row_bytes * rows as u64],
+        &[64, 128, 1],
+        crate::tma::TmaSwizzle::B128,
+    )
+}
+
+/// Launches a kernel of the warp-specialized BF16 forward (`sage_forward_ws_bf16*`): 384 threads
+/// per block of 128 query rows, the tensor maps of Q, K and V (the original BF16 inputs) before the
+/// parameters.
+fn launch_ws_bf16(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, head_dim: usize) -> Result<()> {
+    let d = &p.dims;
+    let mut maps = [
+        bf16_panel_map(p.op.q, d.batch * d.heads_q, d.n_q, head_dim)?,
+        bf16_panel_map(p.op.k, d.batch * d.heads_kv, d.n_k, head_dim)?,
+        bf16_panel_map(p.v, d.batch * d.heads_kv, d.n_k, head_dim)?,
+    ];
+    launch_ws_kernel(gpu, k, kernel, &mut maps, p, ws_bf16_smem_bytes(head_dim))
+}
+
+/// Launches a warp-specialized kernel of the forward module by name: grid (query-block pairs,
+/// B·H_q), 384 threads, `smem` bytes of dynamic shared memory, the tensor maps then `p` as parameters.
+fn launch_ws_kernel(
+    gpu: &Gpu,
+    k: &Kernels,
+    name: &std::ffi::CStr,
+    maps: &mut [crate::tma::TensorMap],
+    p: &ForwardParams,
+    smem: u32,
+) -> Result<()> {
+    use cudarc::driver::sys;
+    let d = &p.dims;
     drv("bind context", gpu.dev.ctx.bind_to_thread())?;
     let func = unsafe {
         let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
         drv("forward module", sys::cuFuncGetModule(module.as_mut_ptr(), k.forward_mma.cu_function()).result())?;
         let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
-        let name = c"sage_forward_ws";
-        drv("load function sage_forward_ws", sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
+        drv("load warp-specialized forward", sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
         f.assume_init()
     };
     let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
     let mut params = *p;
-    let mut map = vmap;
-    let mut args: [*mut std::ffi::c_void; 2] =
-        [(&mut map as *mut crate::tma::TensorMap).cast(), (&mut params as *mut ForwardParams).cast()];
+    let mut args: Vec<*mut std::ffi::c_void> = maps.iter_mut().map(|m| (m as *mut crate::tma::TensorMap).cast()).collect();
+    args.push((&mut params as *mut ForwardParams).cast());
     let grid_x = (d.n_qblk as u32).div_ceil(2);
     let grid_y = (d.batch * d.heads_q) as u32;
     drv("launch forward (warp-specialized)", unsafe {

@@ -6,9 +6,9 @@ use crate::runtime::drv;
 use cudarc::driver::sys;
 use sagebwd::Result;
 
-/// Element type of the mapped device buffer (U16: BF16 operands, for the BF16 paths).
+/// Element type of the mapped device buffer (I8: V̂ᵀ of the INT8 forward; U16: the BF16 Q, K, V of
+/// the fpa forward).
 #[derive(Clone, Copy, Debug)]
-#[allow(dead_code)]
 pub(crate) enum TmaElem {
     I8,
     U16,
