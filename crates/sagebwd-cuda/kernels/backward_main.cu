@@ -715,7 +715,10 @@ struct StagedTile {
     float* red;         // the amax scratch
     int bh, bh_kv, qb;  // (batch, query head), its kv head, the query block
     u32 prev_ds;        // shared address of block qb − 1's dS tile (valid when qb > the first block)
+    float prev_dq_scale;  // and its dQ scale (sage)
     bool has_prev;
+    u32 next_st;        // the stage block qb + 1 goes to (a path with STAGES_NEXT stages it in tile())
+    bool has_next;
 };
 
 // ---- wgmma operand tiles (sm_90a) -----------------------------------------------------------------
@@ -731,6 +734,12 @@ struct StagedTile {
 // warpgroup waits for its dQ product right after issuing it); at d = 64 the wgmma dQ is 0.3–1.4 %
 // faster (docs/RESULTS-gpu.md, "Backward on wgmma").
 #define BWD_WGMMA_DQ (HEAD_DIM == 128 ? 0 : 1)
+// With the wgmma dQ: 1 issues block qb − 1's dQ at the start of tile qb, before Sᵀ, and adds it while
+// Sᵀ and dPᵀ run (as the fpa path); 0 issues and waits for it after the tile.
+#ifndef SAGE_EARLY_DQ_ON
+#define SAGE_EARLY_DQ_ON 1
+#endif
+#define SAGE_EARLY_DQ (BWD_WGMMA_DQ && SAGE_EARLY_DQ_ON)
 
 // Tile row holding query row `row` (inverse of qrow_of: row = 16a + 4b + 2c + e sits at 8(2a + c) + 2b + e).
 __device__ __forceinline__ int permuted_qrow(int row) {
@@ -769,6 +778,7 @@ __device__ __forceinline__ void wg_issue_bf16_keys_by_rows(float (&acc)[8][4], u
 #else
 #define BWD_WGMMA 0
 #define BWD_WGMMA_DQ 0
+#define SAGE_EARLY_DQ 0
 #endif
 
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
@@ -780,7 +790,9 @@ struct StagedSage {
 
     static constexpr bool WGMMA = BWD_WGMMA;  // Sᵀ and dPᵀ by wgmma (K̂, V, Q̂, dO in its tile layout)
     static constexpr bool WGMMA_DQ = BWD_WGMMA_DQ;
-    static constexpr bool DQ_IN_TILE = false;  // the skeleton runs dq() of block qb − 1 after tile()
+    // With the wgmma dQ, tile() issues block qb − 1's dQ before Sᵀ and adds it while Sᵀ, dPᵀ run.
+    static constexpr bool DQ_IN_TILE = SAGE_EARLY_DQ;
+    static constexpr bool STAGES_NEXT = false;
 
     // K̂ᵀ columns past n_k are read as they are and meet dŜ = 0.
     static __device__ __forceinline__ void stage_key_block(const BackwardParams& p, u32 smem, int bh_kv, int kb) {
@@ -908,7 +920,20 @@ struct StagedSage {
         float ds[8][4];
         float prob[8][4];
 #if BWD_WGMMA
+#if SAGE_EARLY_DQ
+        // Issued on every tile (the same commit groups each time, or ptxas serializes); the first
+        // tile's result (of a stale buffer) is not added.
+        int dq_acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        issue_dq(dq_acc, x.smem, x.prev_ds);
+        wgmma_commit();
+#endif
         wg_issue_scores_dp(s_acc, ds, x.smem, x.st, warp >> 2);
+#if SAGE_EARLY_DQ
+        wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
+        wgmma_fence_regs(dq_acc);
+        if (x.has_prev) add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);  // block-uniform
+#endif
         wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
         wgmma_fence_regs(s_acc);
         tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
@@ -978,23 +1003,18 @@ struct StagedSage {
         return __fmul_rn(sc_ds.scale, s_k);
     }
 
-    // Every product of tile() has been waited for inside it.
-    static __device__ __forceinline__ void drain(float (*)[4], float (*)[4]) {}
-
-    // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile).
-    static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
 #if BWD_WGMMA_DQ
-        // wgmma: M = the 64 rows, N = warpgroup wg's half of d (K̂ᵀ rows wg·d/2..), K = the 128 keys.
+    // Issues acc = dŜ K̂ (#6, exact INT32): M = the 64 rows, N = warpgroup wg's half of d (K̂ᵀ rows
+    // wg·d/2..), K = the 128 keys; A = the dŜ byte tile at ds_tile.
+    static __device__ __forceinline__ void issue_dq(int (&acc)[HEAD_DIM / 16][4], u32 smem, u32 ds_tile) {
         const int wg = threadIdx.x >> 7;
-        int acc[HEAD_DIM / 16][4];
-        wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < BLOCK_KV / 32; ++ks)
             wgmma_s8_ss(acc, wg_kstep_desc<BLOCK_Q, BLOCK_KV>(ds_tile, 0, ks),
                         wg_kstep_desc<HEAD_DIM, BLOCK_KV>(smem + kt, wg * (HEAD_DIM / 2), ks), ks);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_regs(acc);
+    }
+    // Adds fl(float(acc)·scale) of a landed dQ tile of block qb to the FP32 accumulator (§2.3).
+    static __device__ __forceinline__ void add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
         int r_lo;
         float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
 #pragma unroll
@@ -1006,6 +1026,22 @@ struct StagedSage {
                 for (int e = 0; e < 4; ++e) val[j][e] = __fmul_rn(i2f_exact(acc[2 * np + j][e]), scale);
             red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, val);
         }
+    }
+#endif
+
+    // Every product of tile() has been waited for inside it.
+    static __device__ __forceinline__ void drain(float (*)[4], float (*)[4]) {}
+
+    // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile).
+    static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
+#if BWD_WGMMA_DQ
+        int acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        issue_dq(acc, smem, ds_tile);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        add_dq(p, acc, scale, bh, qb);
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int c0 = (warp >> 2) * (HEAD_DIM / 2);
@@ -1073,6 +1109,13 @@ __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[
 #define FPA_WGMMA_DQ 1
 #endif
 #define FPA_DQ (BWD_WGMMA && FPA_WGMMA_DQ)
+// With FPA_DQ: 1 stages block qb + 1 inside tile qb, after block qb − 1's dV, dK have landed, so those
+// products run across the end of the iteration and the barrier; 0 drains them before the barrier.
+// d = 64 only: at d = 128 the 128 dV/dK registers in flight with Sᵀ, dPᵀ, dQ make ptxas serialize
+// the wgmma pipeline (C7512, insufficient registers).
+#ifndef FPA_STAGES_NEXT
+#define FPA_STAGES_NEXT (HEAD_DIM == 64)
+#endif
 #if BWD_WGMMA
 __device__ __forceinline__ void wgmma_bf16_ss_tt(float (&d)[8][4], u64 a_desc, u64 b_desc, int acc) {
     wgmma_bf16_ss_tt_n64(d, a_desc, b_desc, acc);
@@ -1095,6 +1138,9 @@ struct StagedBf16 {
     static constexpr bool WGMMA = BWD_WGMMA;
     static constexpr bool WGMMA_DQ = FPA_DQ;
     static constexpr bool DQ_IN_TILE = FPA_DQ;  // tile() runs block qb − 1's dQ itself
+    // tile() stages block qb + 1 once block qb − 1's dV, dK (which read that stage) have landed, so
+    // those products overlap the end of the iteration and the barrier instead of being waited for there.
+    static constexpr bool STAGES_NEXT = FPA_DQ && FPA_STAGES_NEXT;
     static constexpr int v = 2 * BF_KT;   // offset in the key block
     static constexpr int d_o = 2 * BF_QT; // offset in a stage
     static constexpr int DST_ROW = 2 * BLOCK_Q;  // bytes of one bf16(dS)ᵀ row (a key's 64 rows)
@@ -1161,8 +1207,12 @@ struct StagedBf16 {
         wg_issue_bf16_keys_by_rows(ds, x.smem + v, x.st + d_o, wg);
         wgmma_commit();
 #if FPA_DQ
-        wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
+        wgmma_wait<2>();  // dV, dK and dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
+        if (STAGES_NEXT) {
+            if (x.has_next) stage_query_block(p, x.next_st, x.bh, x.qb + 1);  // the stage block qb − 1 used
+            cp_async_commit();
+        }
         if (x.has_prev) add_dq(p, dq_acc, x.bh, x.qb - 1);  // block-uniform
 #endif
         wgmma_wait<1>();  // Sᵀ done (and the previous tile's dV, dK); dPᵀ may still run
@@ -1319,7 +1369,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
 #endif
         __syncthreads();     // (a)
-        if (has_next) Path::stage_query_block(p, stage(buf ^ 1), bh, qb + 1);
+        if (has_next && !Path::STAGES_NEXT) Path::stage_query_block(p, stage(buf ^ 1), bh, qb + 1);
         cp_async_commit();
         RowConsts next_rc = {pos_inf(), 0.0f};
         if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
@@ -1335,10 +1385,13 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         x.qb = qb;
         x.prev_ds = smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes;
         x.has_prev = qb > qb0;
+        x.prev_dq_scale = dq_scale;
+        x.next_st = stage(buf ^ 1);
+        x.has_next = has_next;
         const float tile_dq_scale = Path::tile(p, x, dv, dk);
         if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
         if (qb > qb0 && !Path::DQ_IN_TILE) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
-        Path::drain(dv, dk);  // before the next (a): block qb + 2 is staged into this block's stage
+        if (!Path::STAGES_NEXT) Path::drain(dv, dk);  // before the next (a): block qb + 2 is staged into this block's stage
         dq_scale = tile_dq_scale;
     }
     cp_async_wait<0>();
@@ -1348,6 +1401,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
     __syncthreads();  // dS of the last block complete
     if (qb0 < d.n_qblk)
         Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
+    Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
 
     const int g = lane >> 2, t = lane & 3, wkey0 = kb * BLOCK_KV + warp * 16;
 #pragma unroll
