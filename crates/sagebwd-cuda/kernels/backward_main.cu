@@ -729,11 +729,12 @@ struct StagedTile {
 #ifdef SAGE_WGMMA
 #define BWD_WGMMA 1
 // dQ = dŜ K̂ on wgmma too (1: A = the dŜ byte tile, B = K̂ᵀ, both in the 128-byte-swizzle layout) or
-// on mma.sync (0: K̂ᵀ and dŜ in their mma.sync layouts). Both verified on the H200. At d = 128 the
-// mma.sync dQ is 1–3 % faster (on wgmma the dŜ byte stores become 2-way bank-conflicted and each
-// warpgroup waits for its dQ product right after issuing it); at d = 64 the wgmma dQ is 0.3–1.4 %
-// faster (docs/RESULTS-gpu.md, "Backward on wgmma").
-#define BWD_WGMMA_DQ (HEAD_DIM == 128 ? 0 : 1)
+// on mma.sync (0: K̂ᵀ and dŜ in their mma.sync layouts). Both verified on the H200. Waited for right
+// after issue, the mma.sync dQ was 1–3 % faster at d = 128 (the dŜ byte stores are 2-way
+// bank-conflicted in the wgmma layout) and the wgmma one 0.3–1.4 % faster at d = 64 (docs/RESULTS-gpu.md,
+// "Backward on wgmma"); issued early (SAGE_EARLY_DQ) the wgmma dQ is used at both head dims
+// ("Backward on wgmma (sm_90a), fpa path").
+#define BWD_WGMMA_DQ 1
 // With the wgmma dQ: 1 issues block qb − 1's dQ at the start of tile qb, before Sᵀ, and adds it while
 // Sᵀ and dPᵀ run (as the fpa path); 0 issues and waits for it after the tile.
 #ifndef SAGE_EARLY_DQ_ON
