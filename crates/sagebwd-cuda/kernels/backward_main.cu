@@ -714,6 +714,11 @@ struct StagedTile {
     unsigned char* ds;  // its dS tile (generic pointer)
     float* red;         // the amax scratch
     int bh, bh_kv, qb;  // (batch, query head), its kv head, the query block
+    u32 prev_ds;        // shared address of block qb − 1's dS tile (valid when qb > the first block)
+    float prev_dq_scale;  // and its dQ scale (sage)
+    bool has_prev;
+    u32 next_st;        // the stage block qb + 1 goes to (a path with STAGES_NEXT stages it in tile())
+    bool has_next;
 };
 
 // ---- wgmma operand tiles (sm_90a) -----------------------------------------------------------------
@@ -724,11 +729,18 @@ struct StagedTile {
 #ifdef SAGE_WGMMA
 #define BWD_WGMMA 1
 // dQ = dŜ K̂ on wgmma too (1: A = the dŜ byte tile, B = K̂ᵀ, both in the 128-byte-swizzle layout) or
-// on mma.sync (0: K̂ᵀ and dŜ in their mma.sync layouts). Both verified on the H200. At d = 128 the
-// mma.sync dQ is 1–3 % faster (on wgmma the dŜ byte stores become 2-way bank-conflicted and each
-// warpgroup waits for its dQ product right after issuing it); at d = 64 the wgmma dQ is 0.3–1.4 %
-// faster (docs/RESULTS-gpu.md, "Backward on wgmma").
-#define BWD_WGMMA_DQ (HEAD_DIM == 128 ? 0 : 1)
+// on mma.sync (0: K̂ᵀ and dŜ in their mma.sync layouts). Both verified on the H200. Waited for right
+// after issue, the mma.sync dQ was 1–3 % faster at d = 128 (the dŜ byte stores are 2-way
+// bank-conflicted in the wgmma layout) and the wgmma one 0.3–1.4 % faster at d = 64 (docs/RESULTS-gpu.md,
+// "Backward on wgmma"); issued early (SAGE_EARLY_DQ) the wgmma dQ is used at both head dims
+// ("Backward on wgmma (sm_90a), fpa path").
+#define BWD_WGMMA_DQ 1
+// With the wgmma dQ: 1 issues block qb − 1's dQ at the start of tile qb, before Sᵀ, and adds it while
+// Sᵀ and dPᵀ run (as the fpa path); 0 issues and waits for it after the tile.
+#ifndef SAGE_EARLY_DQ_ON
+#define SAGE_EARLY_DQ_ON 1
+#endif
+#define SAGE_EARLY_DQ (BWD_WGMMA_DQ && SAGE_EARLY_DQ_ON)
 
 // Tile row holding query row `row` (inverse of qrow_of: row = 16a + 4b + 2c + e sits at 8(2a + c) + 2b + e).
 __device__ __forceinline__ int permuted_qrow(int row) {
@@ -755,9 +767,19 @@ __device__ __forceinline__ u64 wg_kstep_desc(u32 tile, int row0, int ks) {
     constexpr int ATOM = ROW_BYTES < 128 ? ROW_BYTES : 128, STEPS = ATOM / 32;
     return kmajor_desc(tile + (ks / STEPS) * (ROWS * ATOM) + row0 * ATOM + 32 * (ks % STEPS), ATOM);
 }
+
+// Issues acc = A·Bᵀ of a BF16 product over d, no commit: A = rows 64wg.. of the [128][d] key tile
+// at a_tile, B = the [64][d] query tile at b_tile, both WgKmajor. dPᵀ = V dOᵀ of both staged paths
+// and the fpa path's Sᵀ = K Qᵀ (accumulators from zero; FP32 sums in the hardware's order, §1).
+__device__ __forceinline__ void wg_issue_bf16_keys_by_rows(float (&acc)[8][4], u32 a_tile, u32 b_tile, int wg) {
+#pragma unroll
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
+        wgmma_bf16_ss_n64(acc, wg_kstep_desc<BLOCK_KV, BF_ROW>(a_tile, 64 * wg, ks), wg_kstep_desc<BLOCK_Q, BF_ROW>(b_tile, 0, ks), ks);
+}
 #else
 #define BWD_WGMMA 0
 #define BWD_WGMMA_DQ 0
+#define SAGE_EARLY_DQ 0
 #endif
 
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
@@ -768,6 +790,10 @@ struct StagedSage {
     static constexpr int d_o = BF_QT, dot = 3 * BF_QT, qt = 4 * BF_QT;  // offsets in a stage
 
     static constexpr bool WGMMA = BWD_WGMMA;  // Sᵀ and dPᵀ by wgmma (K̂, V, Q̂, dO in its tile layout)
+    static constexpr bool WGMMA_DQ = BWD_WGMMA_DQ;
+    // With the wgmma dQ, tile() issues block qb − 1's dQ before Sᵀ and adds it while Sᵀ, dPᵀ run.
+    static constexpr bool DQ_IN_TILE = SAGE_EARLY_DQ;
+    static constexpr bool STAGES_NEXT = false;
 
     // K̂ᵀ columns past n_k are read as they are and meet dŜ = 0.
     static __device__ __forceinline__ void stage_key_block(const BackwardParams& p, u32 smem, int bh_kv, int kb) {
@@ -821,10 +847,7 @@ struct StagedSage {
         for (int ks = 0; ks < HEAD_DIM / 32; ++ks)
             wgmma_s8_ss_n64(s, wg_kstep_desc<BLOCK_KV, HEAD_DIM>(smem, 64 * wg, ks), wg_kstep_desc<BLOCK_Q, HEAD_DIM>(st, 0, ks), ks);
         wgmma_commit();
-#pragma unroll
-        for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
-            wgmma_bf16_ss_n64(dp, wg_kstep_desc<BLOCK_KV, BF_ROW>(smem + v, 64 * wg, ks),
-                              wg_kstep_desc<BLOCK_Q, BF_ROW>(st + d_o, 0, ks), ks);
+        wg_issue_bf16_keys_by_rows(dp, smem + v, st + d_o, wg);
         wgmma_commit();
     }
 
@@ -898,7 +921,20 @@ struct StagedSage {
         float ds[8][4];
         float prob[8][4];
 #if BWD_WGMMA
+#if SAGE_EARLY_DQ
+        // Issued on every tile (the same commit groups each time, or ptxas serializes); the first
+        // tile's result (of a stale buffer) is not added.
+        int dq_acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        issue_dq(dq_acc, x.smem, x.prev_ds);
+        wgmma_commit();
+#endif
         wg_issue_scores_dp(s_acc, ds, x.smem, x.st, warp >> 2);
+#if SAGE_EARLY_DQ
+        wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
+        wgmma_fence_regs(dq_acc);
+        if (x.has_prev) add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);  // block-uniform
+#endif
         wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
         wgmma_fence_regs(s_acc);
         tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
@@ -968,20 +1004,18 @@ struct StagedSage {
         return __fmul_rn(sc_ds.scale, s_k);
     }
 
-    // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile).
-    static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
 #if BWD_WGMMA_DQ
-        // wgmma: M = the 64 rows, N = warpgroup wg's half of d (K̂ᵀ rows wg·d/2..), K = the 128 keys.
+    // Issues acc = dŜ K̂ (#6, exact INT32): M = the 64 rows, N = warpgroup wg's half of d (K̂ᵀ rows
+    // wg·d/2..), K = the 128 keys; A = the dŜ byte tile at ds_tile.
+    static __device__ __forceinline__ void issue_dq(int (&acc)[HEAD_DIM / 16][4], u32 smem, u32 ds_tile) {
         const int wg = threadIdx.x >> 7;
-        int acc[HEAD_DIM / 16][4];
-        wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < BLOCK_KV / 32; ++ks)
             wgmma_s8_ss(acc, wg_kstep_desc<BLOCK_Q, BLOCK_KV>(ds_tile, 0, ks),
                         wg_kstep_desc<HEAD_DIM, BLOCK_KV>(smem + kt, wg * (HEAD_DIM / 2), ks), ks);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_regs(acc);
+    }
+    // Adds fl(float(acc)·scale) of a landed dQ tile of block qb to the FP32 accumulator (§2.3).
+    static __device__ __forceinline__ void add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
         int r_lo;
         float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
 #pragma unroll
@@ -993,6 +1027,22 @@ struct StagedSage {
                 for (int e = 0; e < 4; ++e) val[j][e] = __fmul_rn(i2f_exact(acc[2 * np + j][e]), scale);
             red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, val);
         }
+    }
+#endif
+
+    // Every product of tile() has been waited for inside it.
+    static __device__ __forceinline__ void drain(float (*)[4], float (*)[4]) {}
+
+    // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile).
+    static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
+#if BWD_WGMMA_DQ
+        int acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        issue_dq(acc, smem, ds_tile);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        add_dq(p, acc, scale, bh, qb);
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int c0 = (warp >> 2) * (HEAD_DIM / 2);
@@ -1028,84 +1078,234 @@ struct StagedSage {
 
 // ---- bf16: #3 to #7 all BF16 ---------------------------------------------------------------------
 // acc[n] (16 rows × 8 columns, n = 0..2·NP − 1) += a (KS k-steps of 16 in registers, A fragments) ·
-// B, B from a BF16 tile of BF_ROW-byte rows read transposed (k = tile row, n = tile column): tile
+// B, B from a BF16 tile of ROW-byte rows (BF_ROW, or 128 for one atom column of a WgKmajor tile) read transposed (k = tile row, n = tile column): tile
 // rows 16ks.. for k-step ks, columns 8·chunk0.. (swizzle swz_rows8). Lane (mi, r) addresses row
 // 16ks + 8·(mi mod 2) + r, chunk chunk0 + 2np + mi / 2: the x4 load gives the B fragments of
 // n-tiles 2np, 2np + 1.
 // k-steps outer: consecutive mma go to different accumulators.
-template <int KS, int NP>
+template <int KS, int NP, int ROW = BF_ROW>
 __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[4], u32 tile, int chunk0) {
     const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
-    const u32 lane_row = tile + (8 * (mi & 1) + r) * BF_ROW;
+    const u32 lane_row = tile + (8 * (mi & 1) + r) * ROW;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
         for (int np = 0; np < NP; ++np) {
             u32 b[4];
-            ldmatrix_x4_trans(b, lane_row + ks * 16 * BF_ROW + (((chunk0 + 2 * np + (mi >> 1)) ^ r) << 4));
+            ldmatrix_x4_trans(b, lane_row + ks * 16 * ROW + (((chunk0 + 2 * np + (mi >> 1)) ^ r) << 4));
             mma_bf16(acc[2 * np], a[ks], b);
             mma_bf16(acc[2 * np + 1], a[ks], b + 2);
         }
 }
 
+// On sm_90a (BWD_WGMMA) the fpa path runs Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, dV += bf16(P)ᵀ dO and dK += bf16(dS)ᵀ Q
+// on wgmma: K, V, Q, dO are staged once in the WgKmajor layout (natural row order); Sᵀ and dPᵀ read
+// them K-major, dV and dK read the same Q / dO tiles MN-major (the 16-bit transpose flag), with
+// bf16(P)ᵀ / bf16(dS)ᵀ as register A operands. Every warpgroup reads each operand tile once per
+// product, where mma.sync made each of the 8 warps read Q, dO (and K for dQ) by ldmatrix.
+// FPA_WGMMA_DQ 1: dQ = bf16(dS) K on wgmma too (A = bf16(dS)ᵀ, B = K, both MN-major), issued at the
+// start of the next tile before Sᵀ, so its reductions run while Sᵀ and dPᵀ are on the tensor cores;
+// 0: on mma.sync after the tile, as before.
+#ifndef FPA_WGMMA_DQ
+#define FPA_WGMMA_DQ 1
+#endif
+#define FPA_DQ (BWD_WGMMA && FPA_WGMMA_DQ)
+// With FPA_DQ: 1 stages block qb + 1 inside tile qb, after block qb − 1's dV, dK have landed, so those
+// products run across the end of the iteration and the barrier; 0 drains them before the barrier.
+// d = 64 only: at d = 128 the 128 dV/dK registers in flight with Sᵀ, dPᵀ, dQ make ptxas serialize
+// the wgmma pipeline (C7512, insufficient registers).
+#ifndef FPA_STAGES_NEXT
+#define FPA_STAGES_NEXT (HEAD_DIM == 64)
+#endif
+#if BWD_WGMMA
+__device__ __forceinline__ void wgmma_bf16_ss_tt(float (&d)[8][4], u64 a_desc, u64 b_desc, int acc) {
+    wgmma_bf16_ss_tt_n64(d, a_desc, b_desc, acc);
+}
+__device__ __forceinline__ void wgmma_bf16_ss_tt(float (&d)[4][4], u64 a_desc, u64 b_desc, int acc) {
+    wgmma_bf16_ss_tt_n32(d, a_desc, b_desc, acc);
+}
+__device__ __forceinline__ void wgmma_bf16_rs_tb(float (*d)[4], const u32 (&a)[4], u64 b_desc) {
+#if HEAD_DIM == 128
+    wgmma_bf16_rs_n128_tb(d, a, b_desc, 1);
+#else
+    wgmma_bf16_rs_n64_tb(d, a, b_desc, 1);
+#endif
+}
+#endif
+
 struct StagedBf16 {
     // Key block: K, V (2·BF_KT bytes each); stage: Q, dO (2·BF_QT each); bf16(dS)ᵀ [128][64].
     typedef StagedLayout<4 * BF_KT, 4 * BF_QT, 2 * BLOCK_Q * BLOCK_KV> Layout;
-    static constexpr bool WGMMA = false;
+    static constexpr bool WGMMA = BWD_WGMMA;
+    static constexpr bool WGMMA_DQ = FPA_DQ;
+    static constexpr bool DQ_IN_TILE = FPA_DQ;  // tile() runs block qb − 1's dQ itself
+    // tile() stages block qb + 1 once block qb − 1's dV, dK (which read that stage) have landed, so
+    // those products overlap the end of the iteration and the barrier instead of being waited for there.
+    static constexpr bool STAGES_NEXT = FPA_DQ && FPA_STAGES_NEXT;
     static constexpr int v = 2 * BF_KT;   // offset in the key block
     static constexpr int d_o = 2 * BF_QT; // offset in a stage
     static constexpr int DST_ROW = 2 * BLOCK_Q;  // bytes of one bf16(dS)ᵀ row (a key's 64 rows)
+#if BWD_WGMMA
+    typedef WgKmajor<BLOCK_KV, BF_ROW, false> KeyOff;
+    typedef WgKmajor<BLOCK_Q, BF_ROW, false> QueryOff;
+#else
+    typedef SwizzledRows<HEAD_DIM / 8, SwzKeyBf16> KeyOff;
+    typedef SwizzledRows<HEAD_DIM / 8, SwzKeyBf16> QueryOff;
+#endif
 
     // The original inputs: BF16 products never see the smoothed K (§1).
     static __device__ __forceinline__ void stage_key_block(const BackwardParams& p, u32 smem, int bh_kv, int kb) {
-        stage_key_rows_bf16(smem, p.op.k, p.dims, bh_kv, kb);
-        stage_key_rows_bf16(smem + v, p.v, p.dims, bh_kv, kb);
+        const int key0 = kb * BLOCK_KV;
+        const long off = ((long)bh_kv * p.dims.n_k + key0) * HEAD_DIM;
+        stage_rows_at<BLOCK_KV, HEAD_DIM / 8>(smem, p.op.k + off, BF_ROW, p.dims.n_k - key0, KeyOff());
+        stage_rows_at<BLOCK_KV, HEAD_DIM / 8>(smem + v, p.v + off, BF_ROW, p.dims.n_k - key0, KeyOff());
     }
     static __device__ __forceinline__ void stage_query_block(const BackwardParams& p, u32 st, int bh, int qb) {
-        stage_query_rows_bf16(st, p.op.q, p.dims, bh, qb);
-        stage_query_rows_bf16(st + d_o, p.d_o, p.dims, bh, qb);
+        const int row0 = qb * BLOCK_Q;
+        const long off = ((long)bh * p.dims.n_q + row0) * HEAD_DIM;
+        stage_rows_at<BLOCK_Q, HEAD_DIM / 8>(st, p.op.q + off, BF_ROW, p.dims.n_q - row0, QueryOff());
+        stage_rows_at<BLOCK_Q, HEAD_DIM / 8>(st + d_o, p.d_o + off, BF_ROW, p.dims.n_q - row0, QueryOff());
     }
 
-    // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ → P, dS (t = fl(cλ·S), §4) → bf16(P)ᵀ, bf16(dS)ᵀ as the A fragments of
-    // dV += bf16(P)ᵀ dO (#4) and dK += bf16(dS)ᵀ Q (#7), summed straight into the accumulators (FP32
-    // sums in any order); bf16(dS)ᵀ to shared memory for dQ. Returns no scale (BF16 products have none).
+#if FPA_DQ
+    // Issues acc = the dQ tile (the 64 rows × warpgroup wg's d/2 columns) = bf16(dS) K over the 128 keys:
+    // A = bf16(dS)ᵀ at dst_tile (one 128-byte row of 64 query rows per key), B = K columns wg·d/2..
+    // (at d = 64 half of a 64-column atom: from byte 64 of its rows for wg = 1); k-step = 16 keys.
+    static __device__ __forceinline__ void issue_dq(float (&acc)[HEAD_DIM / 16][4], u32 smem, u32 dst_tile) {
+        const int col0 = (threadIdx.x >> 7) * (HEAD_DIM / 2);
+        const u32 b0 = smem + (col0 / 64) * (BLOCK_KV * 128) + (col0 % 64) * 2;
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_KV / 16; ++ks)
+            wgmma_bf16_ss_tt(acc, mnmajor_desc(dst_tile + ks * 16 * DST_ROW, BLOCK_KV * DST_ROW),
+                             mnmajor_desc(b0 + ks * 16 * 128, BLOCK_KV * 128), ks);
+    }
+    // Adds a landed dQ tile of block qb to the FP32 accumulator (warp: rows 16(w mod 4)..).
+    static __device__ __forceinline__ void add_dq(const BackwardParams& p, const float (*acc)[4], int bh, int qb) {
+        int r_lo;
+        float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
+#pragma unroll
+        for (int np = 0; np < HEAD_DIM / 32; ++np) red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, acc + 2 * np);
+    }
+#endif
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of the warp's 16 keys × the 64 rows → P (t = fl(cλ·S), §4) and dS
+    // (ds: dPᵀ in, dS out), masked.
+    static __device__ __forceinline__ void scores_p_ds(const BackwardParams& p, const StagedTile& x, float (&prob)[8][4],
+                                                       float (&ds)[8][4]) {
+        float s[8][4];
+#if BWD_WGMMA
+        const int wg = threadIdx.x >> 7;
+        wgmma_fence();  // the accumulators were last written by the previous tile's code
+#if FPA_DQ
+        // Issued on every tile so that the commit groups are the same each time (ptxas serializes
+        // the pipeline otherwise); the first tile's result (of a stale buffer) is not added.
+        float dq_acc[HEAD_DIM / 16][4];
+        issue_dq(dq_acc, x.smem, x.prev_ds);
+        wgmma_commit();
+#endif
+        wg_issue_bf16_keys_by_rows(s, x.smem, x.st, wg);
+        wgmma_commit();
+        wg_issue_bf16_keys_by_rows(ds, x.smem + v, x.st + d_o, wg);
+        wgmma_commit();
+#if FPA_DQ
+        wgmma_wait<2>();  // dV, dK and dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
+        wgmma_fence_regs(dq_acc);
+        if (STAGES_NEXT) {
+            if (x.has_next) stage_query_block(p, x.next_st, x.bh, x.qb + 1);  // the stage block qb − 1 used
+            cp_async_commit();
+        }
+        if (x.has_prev) add_dq(p, dq_acc, x.bh, x.qb - 1);  // block-uniform
+#endif
+        wgmma_wait<1>();  // Sᵀ done (and the previous tile's dV, dK); dPᵀ may still run
+        wgmma_fence_regs(s);
+        tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
+        wgmma_wait<0>();
+        wgmma_fence_regs(ds);
+        tile_ds_regs<false>(p.dims, x.rows, x.qb, prob, ds);
+#else
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+        const int key_row = warp * 16 + (mi & 1) * 8 + r;
+        keys_by_rows<HEAD_DIM / 8, BF_ROW, false>(s, x.smem + key_row * BF_ROW, r, x.st + r * BF_ROW, r);
+        keys_by_rows<HEAD_DIM / 8, BF_ROW, false>(ds, x.smem + v + key_row * BF_ROW, r, x.st + d_o + r * BF_ROW, r);
+        tile_p_ds_regs<false>(p.dims, x.rows, x.qb, s, p.c_lambda, prob, ds);
+#endif
+    }
+
+    // dV += bf16(P)ᵀ dO (#4), dK += bf16(dS)ᵀ Q (#7), summed straight into the accumulators (FP32
+    // sums in any order, §1). wgmma: issued as one commit group that drain() waits for, so the
+    // dS stores and the previous block's dQ run while the tensor cores work; B = the dO / Q tile
+    // MN-major, k-step ks = rows 16ks.. (16 rows of 128 bytes in each 64-column atom column).
+    static __device__ __forceinline__ void key_products(u32 st, const u32 (*pa)[4], const u32 (*da)[4], float (*dv)[4],
+                                                        float (*dk)[4]) {
+#if BWD_WGMMA
+        wgmma_fence();  // pa, da just written
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks) wgmma_bf16_rs_tb(dv, pa[ks], mnmajor_desc(st + d_o + ks * 16 * 128, BLOCK_Q * 128));
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks) wgmma_bf16_rs_tb(dk, da[ks], mnmajor_desc(st + ks * 16 * 128, BLOCK_Q * 128));
+        wgmma_commit();
+#else
+        frags_by_tile_t<BLOCK_Q / 16, HEAD_DIM / 16>(dv, pa, st + d_o, 0);
+        frags_by_tile_t<BLOCK_Q / 16, HEAD_DIM / 16>(dk, da, st, 0);
+#endif
+    }
+
+    // The dV, dK products of the last tile() are complete and their accumulators readable (before
+    // the next barrier (a), after which the stage they read is restaged).
+    static __device__ __forceinline__ void drain(float (*dv)[4], float (*dk)[4]) {
+#if BWD_WGMMA
+        wgmma_wait<0>();
+        wgmma_fence_rows<HEAD_DIM / 8>(dv);
+        wgmma_fence_rows<HEAD_DIM / 8>(dk);
+#endif
+    }
+
+    // P, dS → bf16(P)ᵀ, bf16(dS)ᵀ as the A fragments of k-step ks (n-tiles 2ks, 2ks + 1) of dV and dK;
+    // bf16(dS)ᵀ to shared memory for dQ. Returns no scale (BF16 products have none).
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const int g = lane >> 2, t = lane & 3;
-        float s[8][4], ds[8][4];
-        {
-            const int key_row = warp * 16 + (mi & 1) * 8 + r;
-            keys_by_rows<HEAD_DIM / 8, BF_ROW, false>(s, x.smem + key_row * BF_ROW, r, x.st + r * BF_ROW, r);
-            keys_by_rows<HEAD_DIM / 8, BF_ROW, false>(ds, x.smem + v + key_row * BF_ROW, r, x.st + d_o + r * BF_ROW, r);
-        }
-        float prob[8][4];
-        tile_p_ds_regs<false>(p.dims, x.rows, x.qb, s, p.c_lambda, prob, ds);
+        float prob[8][4], ds[8][4];
+        scores_p_ds(p, x, prob, ds);
 
-        // n-tiles 2ks, 2ks + 1 (rows 16ks..16ks + 15) → k-step ks; word (key g + 8h, rows 16ks + 8c + 2t,
-        // +1) of bf16(dS)ᵀ at row 16w + g + 8h, chunk 2ks + c (swizzled by the key's low bits, g).
         u32 pa[BLOCK_Q / 16][4], da[BLOCK_Q / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int nt = 2 * ks + (i >> 1), h = i & 1;
+                pa[ks][i] = pack_bf16x2(prob[nt][2 * h], prob[nt][2 * h + 1]);
+                da[ks][i] = pack_bf16x2(ds[nt][2 * h], ds[nt][2 * h + 1]);
+            }
+        key_products(x.st, pa, da, dv, dk);
+
+        // Word (key g + 8h, rows 16ks + 8c + 2t, +1) of bf16(dS)ᵀ at row 16w + g + 8h, chunk 2ks + c
+        // (swizzled by the key's low bits, g: the 128-byte swizzle).
         unsigned char* ds_lane = x.ds + (warp * 16 + g) * DST_ROW + 4 * t;
 #pragma unroll
         for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
 #pragma unroll
-            for (int c = 0; c < 2; ++c)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int nt = 2 * ks + c, i = 2 * c + h;
-                    pa[ks][i] = pack_bf16x2(prob[nt][2 * h], prob[nt][2 * h + 1]);
-                    da[ks][i] = pack_bf16x2(ds[nt][2 * h], ds[nt][2 * h + 1]);
-                    *(u32*)(ds_lane + 8 * h * DST_ROW + (((2 * ks + c) ^ g) << 4)) = da[ks][i];
-                }
-        frags_by_tile_t<BLOCK_Q / 16, HEAD_DIM / 16>(dv, pa, x.st + d_o, 0);
-        frags_by_tile_t<BLOCK_Q / 16, HEAD_DIM / 16>(dk, da, x.st, 0);
+            for (int i = 0; i < 4; ++i) {
+                const int c = i >> 1, h = i & 1;
+                *(u32*)(ds_lane + 8 * h * DST_ROW + (((2 * ks + c) ^ g) << 4)) = da[ks][i];
+            }
         return 0.0f;
     }
 
     // dQ += bf16(dS) K (#6) for the warp's rows and half of d: A from bf16(dS)ᵀ (at shared address
     // dst_tile) read transposed (lane (mi, r): key 16ks + 8·(mi div 2) + r, row chunk 2(w mod 4) +
-    // mi mod 2), B from the K tile read transposed.
+    // mi mod 2), B from the K tile read transposed (WgKmajor: 64-column atom columns of 128-byte rows).
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 dst_tile, float, int bh, int qb) {
+#if FPA_DQ
+        float acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        issue_dq(acc, smem, dst_tile);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        add_dq(p, acc, bh, qb);
+#else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         u32 da[BLOCK_KV / 16][4];
         const u32 a_lane = dst_tile + (8 * (mi >> 1) + r) * DST_ROW + (((2 * (warp & 3) + (mi & 1)) ^ r) << 4);
@@ -1118,9 +1318,15 @@ struct StagedBf16 {
         for (int n = 0; n < HEAD_DIM / 16; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
-        frags_by_tile_t<BLOCK_KV / 16, HEAD_DIM / 32>(acc, da, smem, (warp >> 2) * (HEAD_DIM / 16));
+        const int c0 = (warp >> 2) * (HEAD_DIM / 16);  // first 16-byte chunk of the warp's columns
+#if BWD_WGMMA
+        frags_by_tile_t<BLOCK_KV / 16, HEAD_DIM / 32, 128>(acc, da, smem + (c0 / 8) * (BLOCK_KV * 128), c0 % 8);
+#else
+        frags_by_tile_t<BLOCK_KV / 16, HEAD_DIM / 32>(acc, da, smem, c0);
+#endif
 #pragma unroll
         for (int np = 0; np < HEAD_DIM / 32; ++np) red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, acc + 2 * np);
+#endif
     }
 };
 
@@ -1164,7 +1370,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
 #endif
         __syncthreads();     // (a)
-        if (has_next) Path::stage_query_block(p, stage(buf ^ 1), bh, qb + 1);
+        if (has_next && !Path::STAGES_NEXT) Path::stage_query_block(p, stage(buf ^ 1), bh, qb + 1);
         cp_async_commit();
         RowConsts next_rc = {pos_inf(), 0.0f};
         if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
@@ -1178,18 +1384,25 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         x.bh = bh;
         x.bh_kv = bh_kv;
         x.qb = qb;
+        x.prev_ds = smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes;
+        x.has_prev = qb > qb0;
+        x.prev_dq_scale = dq_scale;
+        x.next_st = stage(buf ^ 1);
+        x.has_next = has_next;
         const float tile_dq_scale = Path::tile(p, x, dv, dk);
         if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
-        if (qb > qb0) Path::dq(p, smem, smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes, dq_scale, bh, qb - 1);
+        if (qb > qb0 && !Path::DQ_IN_TILE) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
+        if (!Path::STAGES_NEXT) Path::drain(dv, dk);  // before the next (a): block qb + 2 is staged into this block's stage
         dq_scale = tile_dq_scale;
     }
     cp_async_wait<0>();
-#if BWD_WGMMA_DQ
-    if (Path::WGMMA) fence_proxy_async();  // the dŜ byte stores → dQ's wgmma reads
+#if BWD_WGMMA
+    if (Path::WGMMA_DQ) fence_proxy_async();  // the dS stores → dQ's wgmma reads
 #endif
     __syncthreads();  // dS of the last block complete
     if (qb0 < d.n_qblk)
         Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
+    Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
 
     const int g = lane >> 2, t = lane & 3, wkey0 = kb * BLOCK_KV + warp * 16;
 #pragma unroll

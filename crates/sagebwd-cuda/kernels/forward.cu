@@ -1543,11 +1543,11 @@ struct WsBf16 {
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < BLOCK_KV / 16; ++ks) {
-            const u64 vd = nmajor_desc_b128(vt + ks * 16 * 128, FW_PANEL);
+            const u64 vd = mnmajor_desc(vt + ks * 16 * 128, FW_PANEL);
 #if HEAD_DIM == 128
             if (SPLIT_PV) {
-                wgmma_bf16_rs_n64_tb(*reinterpret_cast<float(*)[8][4]>(&pacc[0]), pa[ks], vd, ks);
-                wgmma_bf16_rs_n64_tb(*reinterpret_cast<float(*)[8][4]>(&pacc[8]), pa[ks], vd + (FW_PANEL >> 4), ks);
+                wgmma_bf16_rs_n64_tb(pacc, pa[ks], vd, ks);
+                wgmma_bf16_rs_n64_tb(pacc + 8, pa[ks], vd + (FW_PANEL >> 4), ks);
             } else {
                 wgmma_bf16_rs_n128_tb(pacc, pa[ks], vd, ks);
             }

@@ -205,14 +205,6 @@ __device__ __forceinline__ void wgmma_s8_ss(int (&d)[4][4], u64 a_desc, u64 b_de
 // both operands K-major in shared memory, and O_block = P V with P from registers and V natural
 // [key][d], i.e. an N-major B operand (transpose bit 1), which 16-bit wgmma supports.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Descriptor of an N-major (MN-major) 16-bit B tile under the 128-byte swizzle: rows of 64 elements
-// (128 bytes) along N, one row per k; 8 k-rows form a 1024-byte atom, the next 8 k-rows follow at
-// 1024 bytes (stride byte offset), the next 64 columns of N at `n_panel_bytes` (leading byte offset).
-__device__ __forceinline__ u64 nmajor_desc_b128(u32 addr, u32 n_panel_bytes) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((n_panel_bytes >> 4) & 0x3FFF) << 16) | ((u64)(1024 >> 4) << 32) |
-           ((u64)SWIZZLE_128B << 62);
-}
-
 // d (+)= A·B, m64n128k16, bf16 × bf16 → f32; A and B K-major in shared memory; accumulate = 0
 // starts a fresh sum.
 __device__ __forceinline__ void wgmma_bf16_ss_n128(float (&d)[16][4], u64 a_desc, u64 b_desc, int accumulate) {
@@ -223,9 +215,11 @@ __device__ __forceinline__ void wgmma_bf16_ss_n128(float (&d)[16][4], u64 a_desc
         : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
-// d (+)= a·B, m64n128k16, bf16 × bf16 → f32; A from registers (the m16n8k16 A layout per warp),
-// B N-major (transpose bit 1) through the descriptor.
-__device__ __forceinline__ void wgmma_bf16_rs_n128_tb(float (&d)[16][4], const u32 (&a)[4], u64 b_desc, int accumulate) {
+// d (+)= a·B, m64n128k16, bf16 × bf16 → f32 (FP32 sums in the hardware's order); A from registers
+// (the m16n8k16 A fragment of the warp's 16 rows), B N-major (transpose bit 1) through the
+// descriptor; accumulate = 0 starts a fresh sum. d: 16 rows of 4 accumulators (an array or a chunk
+// of a larger one).
+__device__ __forceinline__ void wgmma_bf16_rs_n128_tb(float (*d)[4], const u32 (&a)[4], u64 b_desc, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
@@ -234,7 +228,7 @@ __device__ __forceinline__ void wgmma_bf16_rs_n128_tb(float (&d)[16][4], const u
 }
 
 // The same, m64n64k16 (d = 64, or one 64-column half at d = 128).
-__device__ __forceinline__ void wgmma_bf16_rs_n64_tb(float (&d)[8][4], const u32 (&a)[4], u64 b_desc, int accumulate) {
+__device__ __forceinline__ void wgmma_bf16_rs_n64_tb(float (*d)[4], const u32 (&a)[4], u64 b_desc, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
@@ -249,5 +243,49 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const void* map, int c0, in
         "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
         "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// fpa backward (fpabwd)
+// BF16 products of the fpa backward on wgmma whose B operand is read MN-major (the reduction runs over
+// the tile's rows, the N columns are contiguous): dV += bf16(P)ᵀ dO and dK += bf16(dS)ᵀ Q take B straight
+// from the [64 rows][d] dO / Q tiles that Sᵀ and dPᵀ read K-major, so no transposed copy is staged.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Descriptor of an MN-major tile at `addr` (1024-aligned) in the 128-byte swizzle: 8 rows of the
+// reduction dimension × 128 bytes (64 BF16 of N) per atom; 8-row groups 1024 bytes apart (stride
+// byte offset), successive 64-column atoms `atom_stride` bytes apart (leading byte offset).
+__device__ __forceinline__ u64 mnmajor_desc(u32 addr, u32 atom_stride) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((atom_stride >> 4) & 0x3FFF) << 16) | ((u64)(1024 >> 4) << 32) |
+           ((u64)SWIZZLE_128B << 62);
+}
+
+// Pins accumulator registers reached through a pointer (see wgmma_fence_regs).
+template <int R>
+__device__ __forceinline__ void wgmma_fence_rows(float (*d)[4]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// fpa dQ = bf16(dS) K on wgmma: A = bf16(dS)ᵀ [keys][rows] and B = K [keys][d] are both MN-major in
+// shared memory (transpose flags 1, 1).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d (+)= A·B, m64n32k16, bf16 × bf16 → f32, A and B MN-major; accumulate = 0 starts a fresh sum.
+__device__ __forceinline__ void wgmma_bf16_ss_tt_n32(float (&d)[4][4], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+// d (+)= A·B, m64n64k16, bf16 × bf16 → f32, A and B MN-major; accumulate = 0 starts a fresh sum.
+__device__ __forceinline__ void wgmma_bf16_ss_tt_n64(float (&d)[8][4], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
