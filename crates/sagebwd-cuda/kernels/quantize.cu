@@ -179,6 +179,21 @@ __device__ __forceinline__ void transpose4x4_bytes(const u32 a[4], u32 b[4]) {
     asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(b[3]) : "r"(t2), "r"(t3));
 }
 
+// An 8 × 8 byte tile (row i: the 8 bytes nat[i][0..1]) stored transposed: column c of the tile to
+// dst + c · stride, its 8 bytes (one per row) as one 8-byte store.
+__device__ __forceinline__ void store_tile8_transposed(i8* dst, long stride, const u32 (&nat)[8][2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 top[4] = {nat[0][h], nat[1][h], nat[2][h], nat[3][h]};
+        const u32 bottom[4] = {nat[4][h], nat[5][h], nat[6][h], nat[7][h]};
+        u32 t_top[4], t_bottom[4];
+        transpose4x4_bytes(top, t_top);
+        transpose4x4_bytes(bottom, t_bottom);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) *(uint2*)(dst + (4 * h + k) * stride) = make_uint2(t_top[k], t_bottom[k]);
+    }
+}
+
 // u16 row stride of the Q rows staged for b_r on the register-tile path: 16-byte rows, and both the
 // 16-byte stores of a quarter warp (8 column chunks of one row) and the 16-byte loads of 8
 // consecutive rows (one per thread) fall on 8 distinct 4-bank groups.
@@ -246,17 +261,7 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
     }
     if (p.x_hat_t) {
         i8* dst = p.x_hat_t + ((long)bh * HEAD_DIM + c0) * p.n_pad + row0 + r_first;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const u32 top[4] = {nat[0][h], nat[1][h], nat[2][h], nat[3][h]};
-            const u32 bottom[4] = {nat[4][h], nat[5][h], nat[6][h], nat[7][h]};
-            u32 t_top[4], t_bottom[4];
-            transpose4x4_bytes(top, t_top);
-            transpose4x4_bytes(bottom, t_bottom);
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                *(uint2*)(dst + (long)(4 * h + k) * p.n_pad) = make_uint2(t_top[k], t_bottom[k]);
-        }
+        store_tile8_transposed(dst, p.n_pad, nat);
     }
     if (p.row_offset && threadIdx.x < p.rows_per_block)
         p.row_offset[(long)bh * p.n + row0 + threadIdx.x] =
@@ -493,14 +498,5 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_transpose_qk_hat(con
         const uint2 v = *(const uint2*)(src + (long)i * HEAD_DIM);
         nat[i][0] = v.x, nat[i][1] = v.y;
     }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const u32 top[4] = {nat[0][h], nat[1][h], nat[2][h], nat[3][h]};
-        const u32 bottom[4] = {nat[4][h], nat[5][h], nat[6][h], nat[7][h]};
-        u32 t_top[4], t_bottom[4];
-        transpose4x4_bytes(top, t_top);
-        transpose4x4_bytes(bottom, t_bottom);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) *(uint2*)(dst + (long)(4 * h + k) * n_pad) = make_uint2(t_top[k], t_bottom[k]);
-    }
+    store_tile8_transposed(dst, n_pad, nat);
 }
