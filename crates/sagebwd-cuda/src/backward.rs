@@ -191,7 +191,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
 
     let bh = s.batch * s.heads_q;
     let plan = if staged == Some(StagedBackward::Sage) && direct {
-        GroupPlan::of(s, GroupPolicy::from_env()?)
+        GroupPlan::of(s, gpu.backward_group_policy()?)
     } else {
         GroupPlan::one(bh)
     };
@@ -382,7 +382,7 @@ impl GroupPolicy {
         }
     }
 
-    fn from_env() -> Result<GroupPolicy> {
+    pub(crate) fn from_env() -> Result<GroupPolicy> {
         GroupPolicy::parse(std::env::var("SAGEBWD_BWD_GROUPS").ok().as_deref())
     }
 }

@@ -21,7 +21,7 @@ pub mod quantize;
 pub mod runtime;
 mod tma;
 
-pub use backward::DeviceGradients;
+pub use backward::{DeviceGradients, GroupPolicy};
 pub use forward::{DeviceForward, SavedForBackward};
 pub use quantize::{QuantizedDev, QuantizedDo};
 
@@ -80,6 +80,8 @@ pub struct Gpu {
     poison: AtomicBool,
     /// The backward's second stream, made on first use ([`Gpu::side_stream`]).
     side: Mutex<Option<SideStream>>,
+    /// Head groups of the staged sagebwd backward; `None`: from `SAGEBWD_BWD_GROUPS`.
+    backward_groups: Mutex<Option<GroupPolicy>>,
 }
 
 /// A second stream for the backward's head groups: a raw, non-blocking driver stream. Non-blocking
@@ -130,7 +132,7 @@ impl Gpu {
         let dev = Device::open(ordinal)?;
         runtime::nvrtc_available()?;
         Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(true), poison: AtomicBool::new(true),
-                 side: Mutex::new(None) })
+                 side: Mutex::new(None), backward_groups: Mutex::new(None) })
     }
 
     /// Selects the forward and backward-main kernels: `true` (the default) for the tensor-core
@@ -396,6 +398,23 @@ impl Gpu {
         check_supported(&x.shape, cfg)?;
         let k = self.kernels(x.shape.head_dim)?;
         forward::forward(self, &k, x, cfg)
+    }
+
+    /// How the staged sagebwd backward splits its heads ([`GroupPolicy::Lean`]: peak memory within
+    /// cuDNN's, at 0.5–16 % more time on the H200; `Count(1)`: one group, the fastest). Overrides
+    /// `SAGEBWD_BWD_GROUPS`, which applies while this was never called.
+    pub fn set_backward_groups(&self, policy: GroupPolicy) {
+        if let Ok(mut g) = self.backward_groups.lock() {
+            *g = Some(policy);
+        }
+    }
+
+    /// The policy in force: the one set, else `SAGEBWD_BWD_GROUPS` (an invalid value is an error).
+    pub(crate) fn backward_group_policy(&self) -> Result<GroupPolicy> {
+        match self.backward_groups.lock().ok().and_then(|g| *g) {
+            Some(p) => Ok(p),
+            None => GroupPolicy::from_env(),
+        }
     }
 
     /// Preprocess, main and postprocess kernels. With `SAGEBWD_BWD_GROUPS=lean` (or a number) the
