@@ -230,11 +230,11 @@ __device__ __forceinline__ long head_offset(const HeadsDims& d, int heads, int b
     return (((long)b * heads + h) * d.seq + t) * d.head_dim;
 }
 
-// Each head vector (one (token, slot)) is handled by a group of head_dim / 16 consecutive lanes (4 at
-// d = 64, 8 at d = 128; the host checks head_dim / 16 divides 32). Lane j of the group holds the PAIRS
-// rotary pairs (i, i + half), i = PAIRS·j … PAIRS·j + PAIRS − 1: two 16-byte loads or stores per
-// BF16 tensor (four per FP32 one), and the QK-norm sums reduce within the group by shuffles.
-#define PAIRS 8
+// Each head vector (one (token, slot)) is handled by a group of head_dim / 8 consecutive lanes (8 at
+// d = 64, 16 at d = 128; the host checks head_dim / 8 divides 32). Lane j of the group holds the PAIRS
+// rotary pairs (i, i + half), i = PAIRS·j … PAIRS·j + PAIRS − 1: two 8-byte loads or stores per
+// tensor, and the QK-norm sums reduce within the group by shuffles.
+#define PAIRS 4
 
 struct HeadLane {
     long tok;               // b · seq + t
@@ -265,7 +265,7 @@ __device__ __forceinline__ float group_sum(float v, int lanes) {
     return v;
 }
 
-// Elements i0 … i0 + PAIRS − 1 (a) and half + i0 … (b) of a head vector.
+// Elements i0 … i0 + 3 (a) and half + i0 … (b) of a head vector.
 struct Pairs {
     float a[PAIRS], b[PAIRS];
 };
@@ -281,50 +281,21 @@ __device__ __forceinline__ uint2 pack4(const float* v) {
     return make_uint2(f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16), f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16));
 }
 
-// PAIRS consecutive BF16 values (16 bytes) to floats and back.
-__device__ __forceinline__ void load_bf16_run(const u16* src, float* out) {
-    const uint4 w = *(const uint4*)src;
-    unpack4(make_uint2(w.x, w.y), out);
-    unpack4(make_uint2(w.z, w.w), out + 4);
-}
-__device__ __forceinline__ void store_bf16_run(u16* dst, const float* v) {
-    const uint2 lo = pack4(v), hi = pack4(v + 4);
-    *(uint4*)dst = make_uint4(lo.x, lo.y, hi.x, hi.y);
-}
-// PAIRS consecutive floats (two 16-byte accesses).
-__device__ __forceinline__ void load_f32_run(const float* src, float* out) {
-    const float4 a = *(const float4*)src, b = *(const float4*)(src + 4);
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-}
-__device__ __forceinline__ void store_f32_run(float* dst, const float* v) {
-    *(float4*)dst = make_float4(v[0], v[1], v[2], v[3]);
-    *(float4*)(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
-}
-
 __device__ __forceinline__ Pairs load_pairs(const u16* vec, int i0, int half) {
     Pairs p;
-    load_bf16_run(vec + i0, p.a);
-    load_bf16_run(vec + half + i0, p.b);
+    unpack4(*(const uint2*)(vec + i0), p.a);
+    unpack4(*(const uint2*)(vec + half + i0), p.b);
     return p;
 }
 
 __device__ __forceinline__ void store_pairs(u16* vec, int i0, int half, const Pairs& p) {
-    store_bf16_run(vec + i0, p.a);
-    store_bf16_run(vec + half + i0, p.b);
+    *(uint2*)(vec + i0) = pack4(p.a);
+    *(uint2*)(vec + half + i0) = pack4(p.b);
 }
 
 __device__ __forceinline__ Pairs load_gain_pairs(const float* gain, int i0, int half) {
-    Pairs p;
-    load_f32_run(gain + i0, p.a);
-    load_f32_run(gain + half + i0, p.b);
-    return p;
-}
-
-// The rotary cos and sin of position t for the lane's pairs.
-__device__ __forceinline__ void load_rotation(const float* cos_t, const float* sin_t, long t, int half, int i0,
-                                              float* c, float* s) {
-    load_f32_run(cos_t + t * half + i0, c);
-    load_f32_run(sin_t + t * half + i0, s);
+    const float4 a = *(const float4*)(gain + i0), b = *(const float4*)(gain + half + i0);
+    return Pairs{{a.x, a.y, a.z, a.w}, {b.x, b.y, b.z, b.w}};
 }
 
 // qkv: `[tokens, (heads_q + 2 heads_kv) · head_dim]` BF16 (the fused projection). Writes Q, K, V as
@@ -356,8 +327,8 @@ extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const 
         if (l.i0 == 0) (l.kind == 0 ? q_rstd : k_rstd)[l.tok * (l.kind == 0 ? d.heads_q : d.heads_kv) + l.h] = rs;
     }
     const long t = l.t;
-    float c[PAIRS], s[PAIRS];
-    load_rotation(cos_t, sin_t, t, half, l.i0, c, s);
+    const float4 c4 = *(const float4*)(cos_t + t * half + l.i0), s4 = *(const float4*)(sin_t + t * half + l.i0);
+    const float c[PAIRS] = {c4.x, c4.y, c4.z, c4.w}, s[PAIRS] = {s4.x, s4.y, s4.z, s4.w};
     Pairs y;
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) {
@@ -414,8 +385,8 @@ extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const 
     Pairs dn = dy;  // ∂ of the normalized vector: inverse rotation (V: unchanged)
     if (rotated) {
         const long t = l.t;
-        float c[PAIRS], s[PAIRS];
-        load_rotation(cos_t, sin_t, t, half, l.i0, c, s);
+        const float4 c4 = *(const float4*)(cos_t + t * half + l.i0), s4 = *(const float4*)(sin_t + t * half + l.i0);
+        const float c[PAIRS] = {c4.x, c4.y, c4.z, c4.w}, s[PAIRS] = {s4.x, s4.y, s4.z, s4.w};
 #pragma unroll
         for (int p = 0; p < PAIRS; p++) {
             dn.a[p] = dy.a[p] * c[p] + dy.b[p] * s[p];
@@ -455,8 +426,8 @@ extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const 
         sum_gain_terms_over_heads(d, l, rotated, term, gain_terms);
     } else if (rotated) {
         float* terms = gain_terms + (l.tok * (d.heads_q + d.heads_kv) + l.slot) * hd;
-        store_f32_run(terms + l.i0, term.a);
-        store_f32_run(terms + half + l.i0, term.b);
+        *(float4*)(terms + l.i0) = make_float4(term.a[0], term.a[1], term.a[2], term.a[3]);
+        *(float4*)(terms + half + l.i0) = make_float4(term.b[0], term.b[1], term.b[2], term.b[3]);
     }
 }
 

@@ -72,12 +72,12 @@ impl HeadsDims {
     fn slots(&self) -> usize {
         (self.heads_q + 2 * self.heads_kv) as usize
     }
-    /// The heads kernels' grid: head_dim / 16 lanes per head vector (8 rotary pairs each, layers.cu
-    /// `head_lane`), which must tile a warp.
+    /// The heads kernels' grid: head_dim / 8 lanes per head vector (layers.cu, `head_lane`), which
+    /// must tile a warp.
     fn launch(&self) -> Result<LaunchConfig> {
-        let lanes = self.head_dim as usize / 16;
-        if self.head_dim % 16 != 0 || lanes == 0 || 32 % lanes != 0 {
-            return Err(super::Error::Gpu(format!("the heads kernels need a head dimension of 16, 32, 64, …, 512; got {}", self.head_dim)));
+        let lanes = self.head_dim as usize / 8;
+        if self.head_dim % 8 != 0 || lanes == 0 || 32 % lanes != 0 {
+            return Err(super::Error::Gpu(format!("the heads kernels need a head dimension of 8, 16, …, 256; got {}", self.head_dim)));
         }
         token_grid(self.slots() * lanes, self.batch as usize, self.seq as usize)
     }
@@ -284,13 +284,8 @@ impl TrainKernels {
         let mut cfg = d.launch()?;
         if cfg.grid_dim.0 == 1 {
             // The per-head terms of one token, summed over heads in the block (at most 1024 threads
-            // of head_dim / 16 lanes per head vector: ≤ 16384 floats, 64 KB; see the opt-in below).
-            let smem = ((d.heads_q + d.heads_kv) * d.head_dim) as usize * 4;
-            if smem > 48 << 10 {
-                let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                self.qkv_heads_backward.set_attribute(attr, smem as i32).map_err(|e| cuda_err(&format!("heads backward: {smem} B of shared memory"), e))?;
-            }
-            cfg.shared_mem_bytes = smem as u32;
+            // of head_dim / 8 lanes per head vector: ≤ 8192 floats, 32 KB).
+            cfg.shared_mem_bytes = ((d.heads_q + d.heads_kv) * d.head_dim) as u32 * 4;
         }
         launch!(self, qkv_heads_backward, cfg, d, dq, dk, dv, qkv, q_gain, k_gain, q_rstd, k_rstd, cos, sin, d_qkv, gain_terms)
     }
@@ -362,7 +357,7 @@ mod tests {
 
     #[test]
     fn token_grid_gives_every_token_its_threads_in_whole_warps() {
-        // 288 threads per token (36 slots × 8 lanes); heads × d/8 for the permutes; a wide model.
+        // base model: 36 slots × 8 lanes per token; heads × d/8 for the permutes; a wide model.
         for (per_token, block, blocks_x) in [(288, 288, 1), (96, 96, 1), (1600, 1024, 2), (5, 32, 1)] {
             let cfg = token_grid(per_token, 16, 1024).unwrap();
             assert_eq!(cfg.block_dim, (block, 1, 1), "{per_token} threads per token");
@@ -376,12 +371,13 @@ mod tests {
     #[test]
     fn gain_terms_are_summed_over_heads_when_a_block_holds_a_token() {
         let dims = |heads_q, heads_kv, head_dim| super::HeadsDims { batch: 2, seq: 8, heads_q, heads_kv, head_dim, qk_norm: 1, eps: 1e-6 };
-        // base (12 heads of 64: 36 slots × 4 lanes = 144 threads) and the train-check model (2 + 1 + 1 heads).
+        // base (12 heads of 64: 36 slots × 8 lanes = 288 threads) and the train-check model (2 + 1 + 1 heads).
         assert_eq!(dims(12, 12, 64).gain_terms_per_token().unwrap(), (1, 1));
         assert_eq!(dims(2, 1, 64).gain_terms_per_token().unwrap(), (1, 1));
-        // 64 + 2·64 slots × 8 lanes = 1536 threads: two blocks per token, one row per head.
+        // 64 + 2·64 slots × 16 lanes = 3072 threads: three blocks per token, one row per head.
         assert_eq!(dims(64, 64, 128).gain_terms_per_token().unwrap(), (64, 64));
-        // A token of 128 slots × 4 lanes still fits one block; its terms take 21 KB of shared memory.
+        // The reducing block's shared memory ([heads_q + heads_kv][hd] floats) stays under 48 KB:
+        // a block holds ≤ 1024 threads of head_dim / 8 lanes per slot, so (heads_q + heads_kv) · hd ≤ 8192.
         let widest = dims(40, 44, 64);
         assert_eq!(widest.launch().unwrap().grid_dim.0, 1);
         assert!((widest.heads_q + widest.heads_kv) * widest.head_dim * 4 <= 48 << 10);
