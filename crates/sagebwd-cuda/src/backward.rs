@@ -219,6 +219,8 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     }
 
     let full = Transposed::of(gpu, qd, Some(&do_quant));
+    let op0 = ScoreOperands::of(gpu, x, qd);
+    let kv_rows_one = s.batch * s.heads_kv;
     for (g, first) in (0..bh).step_by(plan.rows).enumerate() {
         let (stream, bufs) = (streams[g % streams.len()], &sets[g % sets.len()]);
         let rows = plan.rows.min(bh - first);
@@ -228,7 +230,6 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         let (n_q, n_k, d) = (s.n_q, s.n_k, s.head_dim);
         let (q_rows, k_rows) = (r0 * n_q * d, r0 * n_k * d);
         let (qblk, kblk) = (r0 * dims.n_qblk as usize, r0 * dims.n_kblk as usize);
-        let op0 = ScoreOperands::of(gpu, x, qd);
         let op = ScoreOperands {
             q_hat: at(op0.q_hat, q_rows, 1),
             q_scale: at(op0.q_scale, qblk, 4),
@@ -242,7 +243,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         };
         let mut tr = full;
         if let Some((q_hat_t, k_hat_t)) = &bufs.qk_hat_t {
-            let kv_rows = if plan.count == 1 { s.batch * s.heads_kv } else { rows };
+            let kv_rows = if plan.count == 1 { kv_rows_one } else { rows };
             crate::quantize::transpose_qk_hat(gpu, k, (op.q_hat, op.k_hat), (q_hat_t, k_hat_t), (rows, kv_rows), (n_q, n_k), stream)?;
             (tr.q_hat_t, tr.k_hat_t) = (gpu.ptr(q_hat_t), gpu.ptr(k_hat_t));
         }
@@ -363,7 +364,7 @@ impl GroupPlan {
 pub enum GroupPolicy {
     /// This many (1: unsplit, the default: fastest; its peak is ~1.25× cuDNN's).
     Count(usize),
-    /// [`choose_groups`]: peak memory within cuDNN's, at 2–19 % of fwd+bwd time (RESULTS-gpu.md, `mem`).
+    /// [`choose_groups`]: peak memory within cuDNN's, at 0.5–16 % more fwd+bwd time (RESULTS.md, night).
     Lean,
 }
 

@@ -362,13 +362,7 @@ fn launch_ws_kernel(
     use cudarc::driver::sys;
     let d = &p.dims;
     drv("bind context", gpu.dev.ctx.bind_to_thread())?;
-    let func = unsafe {
-        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
-        drv("forward module", sys::cuFuncGetModule(module.as_mut_ptr(), k.forward_mma.cu_function()).result())?;
-        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
-        drv("load warp-specialized forward", sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
-        f.assume_init()
-    };
+    let func = k.forward_function(name)?;
     let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
     let mut params = *p;

@@ -237,13 +237,7 @@ impl Gpu {
 
     /// Fills a buffer of 4-byte-multiple size with a 32-bit pattern.
     pub(crate) fn fill<T>(&self, k: &Kernels, s: &CudaSlice<T>, pattern: u32) -> Result<()> {
-        let words = (s.len() * std::mem::size_of::<T>() / 4) as u64;
-        let blocks = (words.div_ceil(256)).clamp(1, 1 << 16) as u32;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        drv("launch sage_fill_u32", unsafe {
-            self.dev.stream.launch_builder(&k.fill_u32).arg(s).arg(&words).arg(&pattern).launch(cfg)
-        })
-        .map(drop)
+        self.fill_on(k, self.ptr(s), s.len() * std::mem::size_of::<T>(), pattern, self.main_stream())
     }
 
     /// The kernels' stream (the context's default stream) as a driver handle.

@@ -156,7 +156,7 @@ fn rows_launch(job: &RowsJob, head_dim: usize) -> (u32, u32) {
     let tiles = job.block_mean.is_none() && job.transposed.1.is_none();
     if tiles {
         let row_tile = if job.row_offset.is_some() { job.rows_per_block * (head_dim + 8) * 2 } else { 0 };
-        ((job.rows_per_block / 8 * head_dim / 8) as u32, row_tile as u32)
+        (tile_threads(job.rows_per_block, head_dim), row_tile as u32)
     } else {
         (THREADS, (BLOCK_KV * (head_dim + 2) * 2) as u32)
     }
@@ -185,6 +185,11 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         c_lambda: job.row_offset.as_ref().map_or(0.0, |r| r.c_lambda),
     };
     launch_rows(gpu, k, &p, job.bh, launch)
+}
+
+/// Threads of a register-tile `sage_quantize_rows` block: one per 8 × 8 tile of its rows.
+fn tile_threads(rows_per_block: usize, head_dim: usize) -> u32 {
+    (rows_per_block / 8 * head_dim / 8) as u32
 }
 
 /// Launches `sage_quantize_rows` over `bh` (batch, head) rows with (threads, shared bytes).
@@ -312,7 +317,7 @@ pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64),
         n_pad: padded_q(n_q) as i32, heads_q: 1, heads_kv: 1, c_lambda: 0.0,
     };
     // the register-tile layout of `rows_launch` (no smoothing, no BF16 copy, no row offsets)
-    let threads = (BLOCK_Q / 8 * d / 8) as u32;
+    let threads = tile_threads(BLOCK_Q, d);
     let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantRowsParams).cast()];
     gpu.launch_raw(k.quantize_rows.cu_function(), (n_blk as u32, rows as u32, 1), threads, 0, stream, &mut args)
 }
@@ -324,7 +329,7 @@ pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64),
 /// group, all rows (`rows` counts query rows for Q̂, `kv_rows` key rows for K̂).
 pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64), (q_hat_t, k_hat_t): (&CudaSlice<i8>, &CudaSlice<i8>),
                                (rows, kv_rows): (usize, usize), (n_q, n_k): (usize, usize), stream: sys::CUstream) -> Result<()> {
-    let func = module_function(k, c"sage_transpose_qk_hat")?;
+    let func = k.transpose_qk_hat.cu_function();
     // 64 rows per block; the grid covers the longer of the two, blocks past a tensor's end return.
     let grid_x = n_q.max(n_k).div_ceil(64) as u32;
     // Kernel arguments (x, x_t, n, n_pad) of the z = 0 and z = 1 slots.
@@ -346,18 +351,6 @@ pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64
     // GQA: Q̂ over the query rows, then K̂ over the key rows, each in slot z = 0.
     launch(q, k_, rows, 1)?;
     launch(k_, k_, kv_rows, 1)
-}
-
-/// A kernel of quantize.cu's module that `Kernels` does not hold, looked up by name in the module
-/// of `sage_quantize_rows` (a hash lookup in the driver).
-fn module_function(k: &Kernels, name: &std::ffi::CStr) -> Result<sys::CUfunction> {
-    unsafe {
-        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
-        drv("quantize module", sys::cuFuncGetModule(module.as_mut_ptr(), k.quantize_rows.cu_function()).result())?;
-        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
-        drv("load function", sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
-        Ok(f.assume_init())
-    }
 }
 
 #[cfg(test)]

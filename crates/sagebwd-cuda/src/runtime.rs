@@ -322,6 +322,8 @@ pub struct Kernels {
     pub k_mean: CudaFunction,
     pub k_mean_partial: CudaFunction,
     pub quantize_rows: CudaFunction,
+    /// Q̂, K̂ byte-transposed for the backward (`quantize::transpose_qk_hat`).
+    pub transpose_qk_hat: CudaFunction,
     pub fill_u32: CudaFunction,
     pub forward: CudaFunction,
     pub forward_mma: CudaFunction,
@@ -334,6 +336,21 @@ pub struct Kernels {
 }
 
 impl Kernels {
+    /// A kernel of the forward module by name, for the ones that exist only in its sm_90a build
+    /// (the warp-specialized forwards and their variants), so `load` cannot take them on every
+    /// GPU. A hash lookup in the driver.
+    pub fn forward_function(&self, name: &std::ffi::CStr) -> Result<cudarc::driver::sys::CUfunction> {
+        use cudarc::driver::sys;
+        unsafe {
+            let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
+            drv("forward module", sys::cuFuncGetModule(module.as_mut_ptr(), self.forward_mma.cu_function()).result())?;
+            let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
+            drv(&format!("load function {}", name.to_string_lossy()),
+                sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
+            Ok(f.assume_init())
+        }
+    }
+
     pub fn load(dev: &Device, head_dim: usize) -> Result<Kernels> {
         let mut modules = Vec::new();
         for cubin in compile_all(&dev.arch, head_dim)? {
@@ -345,6 +362,7 @@ impl Kernels {
             k_mean: f(0, "sage_k_mean")?,
             k_mean_partial: f(0, "sage_k_mean_partial")?,
             quantize_rows: f(0, "sage_quantize_rows")?,
+            transpose_qk_hat: f(0, "sage_transpose_qk_hat")?,
             fill_u32: f(0, "sage_fill_u32")?,
             forward: f(1, "sage_forward")?,
             forward_mma: f(1, "sage_forward_mma")?,
