@@ -12,8 +12,6 @@
 #      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd (SEED=n: another seed)
 #      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
 #      bash scripts/gpu/train.sh profile          # base, 1024: time per phase (SAGEBWD_PROFILE=1, synchronized)
-#      bash scripts/gpu/train.sh gemm             # base, 1024, with the products' heuristic algorithms (compare with perf)
-#      bash scripts/gpu/train.sh resume           # small, 10 steps then --resume to 20: the recorded algorithms are reused
 #      bash scripts/gpu/train.sh multi            # 2 GPUs (machine kind nvidia-h200-x2): data-parallel
 #                                                 # throughput, and 2 GPUs × 8 vs 1 GPU × 16 sequences
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
@@ -85,31 +83,6 @@ while [ $# -gt 0 ]; do
       SAGEBWD_PROFILE=1 run_logged profile $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 20 \
         --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd --name prof --runs-dir $RUNS
       grep -E "^profile|^  [a-z]" "$OUT/profile.log" >> "$summary" ;;
-    gemm)
-      # The products' algorithms: the heuristic's first pick (SAGEBWD_GEMM_TUNE=0) against the
-      # timed choice (the default), base model at 1024, in the same call.
-      SAGEBWD_GEMM_TUNE=0 run_logged perf-1024-heuristic $BIN train --device cuda --model base --seq 1024 --batch 16 \
-        --steps 30 --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd \
-        --name heur1024 --runs-dir $RUNS ;;
-    resume)
-      # A GPU run stopped at step 10 and resumed to 20: the checkpoint carries the products'
-      # algorithms and the resumed run must take them (no "recorded cuBLASLt algorithm" warning).
-      rm -rf $RUNS/resume-fpa
-      run_logged resume-first $BIN train --device cuda --model small --seq 1024 --batch 16 --steps 10 --warmup 2 \
-        --eval-every 1000 --eval-tokens 16384 --ckpt-every 10 --preset fpa --name resume --runs-dir $RUNS
-      run_logged resume-second $BIN train --device cuda --model small --seq 1024 --batch 16 --steps 20 --warmup 2 \
-        --eval-every 1000 --eval-tokens 16384 --ckpt-every 10 --preset fpa --name resume --runs-dir $RUNS --resume
-      python3 - "$RUNS/resume-fpa/checkpoint.safetensors" "$OUT/resume-second.log" <<'PY' | tee -a "$summary"
-import json, struct, sys
-raw = open(sys.argv[1], "rb").read()
-header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
-meta = json.loads(header["__metadata__"]["meta"])
-algos = meta.get("gemm_algorithms") or []
-warned = "recorded cuBLASLt algorithm" in open(sys.argv[2]).read()
-print(f"  resume: checkpoint at step {meta['step']} records {len(algos)} product algorithms; "
-      f"resumed run warned about them: {warned}; {'ok' if algos and not warned and meta['step'] == 20 else 'FAIL'}")
-PY
-      ;;
     corpus)
       steps=$2; shift
       seed=${SEED:-1}

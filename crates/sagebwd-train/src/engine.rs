@@ -16,9 +16,6 @@ pub struct EngineState {
     pub adam_m: Weights,
     pub adam_v: Weights,
     pub adam_t: u64,
-    /// Engine-specific choices that a resumed run must repeat to compute the same numbers (the GPU
-    /// engine's cuBLASLt algorithms); `null` for the CPU engine.
-    pub gemm_algorithms: serde_json::Value,
 }
 
 pub trait Engine {
@@ -112,7 +109,6 @@ impl Engine for CpuEngine {
             adam_m: self.opt.m.clone(),
             adam_v: self.opt.v.clone(),
             adam_t: self.opt.t,
-            gemm_algorithms: serde_json::Value::Null,
         })
     }
 

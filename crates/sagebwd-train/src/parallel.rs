@@ -150,7 +150,7 @@ impl<E: Replica> Engine for DataParallel<E> {
     fn import(&mut self, s: EngineState) -> Result<()> {
         let last = self.replicas.len() - 1;
         for r in &mut self.replicas[..last] {
-            r.import(EngineState { weights: s.weights.clone(), adam_m: s.adam_m.clone(), adam_v: s.adam_v.clone(), adam_t: s.adam_t, gemm_algorithms: s.gemm_algorithms.clone() })?;
+            r.import(EngineState { weights: s.weights.clone(), adam_m: s.adam_m.clone(), adam_v: s.adam_v.clone(), adam_t: s.adam_t })?;
         }
         self.replicas[last].import(s)
     }

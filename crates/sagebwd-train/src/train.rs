@@ -373,7 +373,6 @@ fn save(path: &Path, cfg: &TrainConfig, engine: &dyn Engine, loader: &Loader, s:
         "tokens_seen": s.tokens_seen,
         "elapsed": s.elapsed,
         "loader": loader.state,
-        "gemm_algorithms": st.gemm_algorithms,
         // The step draws no random numbers: the data order (seed + loader position) is the only
         // randomness after initialization, so these two restore it exactly.
         "rng": { "seed": cfg.seed, "loader": loader.state },
@@ -390,7 +389,7 @@ fn restore(path: &Path, cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut
     }
     let field = |name: &str| ck.meta[name].as_u64().ok_or_else(|| err(format!("metadata `{name}` is missing")));
     let loader_state: LoaderState = serde_json::from_value(ck.meta["loader"].clone()).map_err(|e| err(format!("bad loader state: {e}")))?;
-    engine.import(EngineState { weights: ck.weights, adam_m: ck.adam_m, adam_v: ck.adam_v, adam_t: field("adam_t")?, gemm_algorithms: ck.meta["gemm_algorithms"].clone() })?;
+    engine.import(EngineState { weights: ck.weights, adam_m: ck.adam_m, adam_v: ck.adam_v, adam_t: field("adam_t")? })?;
     loader.restore(loader_state);
     Ok(State { step: field("step")?, tokens_seen: field("tokens_seen")?, elapsed: ck.meta["elapsed"].as_f64().unwrap_or(0.0) })
 }

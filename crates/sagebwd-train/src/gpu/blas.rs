@@ -6,35 +6,22 @@
 //! column-major product of the transposes with the operands swapped. The descriptors, layouts and
 //! the heuristic's algorithm are built once per shape and cached (a heuristic query costs tens of
 //! microseconds, a step issues hundreds of products).
-//!
-//! Algorithm choice: cuBLASLt's heuristic ranks candidates without running them, and its first pick
-//! is not always the fastest for this step's shapes. Unless `SAGEBWD_GEMM_TUNE=0`, each new shape
-//! times the heuristic's first [`CANDIDATES`] algorithms on the real operands once (a few
-//! milliseconds per shape, inside the first step) and keeps the fastest. Different algorithms may
-//! round differently (split-K, tile order), so the choices are kept in one process-wide
-//! [`book`](export_algorithms) that every GPU of a data-parallel run shares and that checkpoints
-//! carry: a resumed run computes its products with the algorithms of the run it continues. (The
-//! GPU step is still not bit-reproducible from run to run: the attention backward adds dQ with
-//! atomics in whatever order the blocks finish. The CPU path resumes bit for bit.)
 
 use super::{Error, Result};
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use serde::{Deserialize, Serialize};
 use std::collections::hash_map::{Entry, HashMap};
-use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// Element type of a product's output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Out {
     F32,
     Bf16,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
     trans_a: bool,
     trans_b: bool,
@@ -56,17 +43,6 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
 }
 
-impl Plan {
-    fn destroy(self) {
-        unsafe {
-            let _ = result::destroy_matrix_layout(self.a);
-            let _ = result::destroy_matrix_layout(self.b);
-            let _ = result::destroy_matrix_layout(self.c);
-            let _ = result::destroy_matmul_desc(self.desc);
-        }
-    }
-}
-
 // The raw cuBLASLt handles are plain pointers owned by this module and only used under the mutex.
 unsafe impl Send for Plan {}
 
@@ -75,66 +51,6 @@ pub struct Blas {
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
     plans: Mutex<HashMap<Key, Plan>>,
-    /// Set when a plan timed its candidates (and may have allocated scratch memory): see [`Blas::take_timed`].
-    timed: AtomicBool,
-}
-
-/// Heuristic candidates timed per product shape.
-pub const CANDIDATES: usize = 8;
-/// Timed runs per candidate (after one untimed run).
-const TIMED_RUNS: usize = 5;
-
-/// The algorithm of each product shape, for the whole process (see the module's documentation).
-fn book() -> &'static Mutex<BTreeMap<Key, [u64; 8]>> {
-    static BOOK: OnceLock<Mutex<BTreeMap<Key, [u64; 8]>>> = OnceLock::new();
-    BOOK.get_or_init(|| Mutex::new(BTreeMap::new()))
-}
-
-fn book_lock() -> Result<std::sync::MutexGuard<'static, BTreeMap<Key, [u64; 8]>>> {
-    book().lock().map_err(|_| Error::Gpu("cuBLASLt algorithm book poisoned".into()))
-}
-
-#[derive(Serialize, Deserialize)]
-struct Choice {
-    product: Key,
-    algorithm: [u64; 8],
-}
-
-/// The algorithms chosen so far, as JSON (a checkpoint's `gemm_algorithms`).
-pub fn export_algorithms() -> Result<serde_json::Value> {
-    let choices: Vec<Choice> = book_lock()?.iter().map(|(k, a)| Choice { product: *k, algorithm: *a }).collect();
-    serde_json::to_value(choices).map_err(|e| Error::Gpu(format!("cuBLASLt algorithms: {e}")))
-}
-
-/// Makes the products of these shapes use these algorithms (a checkpoint's `gemm_algorithms`;
-/// `null`, as in checkpoints of earlier versions, changes nothing). Plans built before keep theirs:
-/// call it before the first step.
-pub fn import_algorithms(v: &serde_json::Value) -> Result<()> {
-    if v.is_null() {
-        return Ok(());
-    }
-    let choices: Vec<Choice> = serde_json::from_value(v.clone()).map_err(|e| Error::Gpu(format!("checkpoint's cuBLASLt algorithms: {e}")))?;
-    let mut book = book_lock()?;
-    for c in choices {
-        book.insert(c.product, c.algorithm);
-    }
-    Ok(())
-}
-
-/// Whether new shapes time their candidates (`SAGEBWD_GEMM_TUNE=0` or `off`: the heuristic's first pick).
-fn tuning() -> bool {
-    static TUNE: OnceLock<bool> = OnceLock::new();
-    *TUNE.get_or_init(|| !matches!(std::env::var("SAGEBWD_GEMM_TUNE").as_deref(), Ok("0") | Ok("off")))
-}
-
-/// Device pointers of one product's operands: `c` is read when `beta = 1`, `d` written.
-#[derive(Clone, Copy)]
-struct Operands {
-    a: u64,
-    b: u64,
-    c: u64,
-    d: u64,
-    beta: f32,
 }
 
 unsafe impl Send for Blas {}
@@ -160,25 +76,10 @@ impl Blas {
         }
         let handle = result::create_handle().map_err(|e| blas_err("create handle", e))?;
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.map_err(|e| super::cuda_err("workspace", e))?;
-        Ok(Blas { handle, workspace, stream, plans: Mutex::new(HashMap::new()), timed: AtomicBool::new(false) })
+        Ok(Blas { handle, workspace, stream, plans: Mutex::new(HashMap::new()) })
     }
 
-    /// True once after products timed their candidates: their scratch memory (see `time_candidates`)
-    /// then counts in the memory pool's high-water mark, which a caller may want to reset.
-    pub fn take_timed(&self) -> bool {
-        self.timed.swap(false, Ordering::Relaxed)
-    }
-
-    /// Drops the plans built so far (the next product of each shape takes the book's algorithm).
-    pub fn forget_plans(&self) -> Result<()> {
-        let mut plans = self.plans.lock().map_err(|_| Error::Gpu("cuBLASLt plan cache poisoned".into()))?;
-        for (_, p) in plans.drain() {
-            p.destroy();
-        }
-        Ok(())
-    }
-
-    fn plan(&self, key: Key, ops: Operands) -> Result<Plan> {
+    fn plan(&self, key: Key) -> Result<Plan> {
         let ty = |out: Out| match out {
             Out::F32 => sys::cudaDataType_t::CUDA_R_32F,
             Out::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
@@ -210,110 +111,14 @@ impl Blas {
             )
             .map_err(e("workspace preference"))?;
         }
-        let mut found = [sys::cublasLtMatmulHeuristicResult_t { algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] }, workspaceSize: 0, state: sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS, wavesCount: 0.0, reserved: [0; 4] }; CANDIDATES];
-        let mut count = 0i32;
-        let status = unsafe { sys::cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, c, c, pref, CANDIDATES as i32, found.as_mut_ptr(), &mut count) };
+        let heuristic = unsafe { result::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref) };
         unsafe {
             let _ = result::destroy_matmul_pref(pref);
         }
-        let found: Vec<sys::cublasLtMatmulAlgo_t> = found[..count.max(0) as usize]
-            .iter()
-            .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && h.workspaceSize <= WORKSPACE_BYTES)
-            .map(|h| h.algo)
-            .collect();
-        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || found.is_empty() {
-            return Err(Error::Gpu(format!("cuBLASLt: no algorithm for a {}×{}×{} product ({key:?}): {status:?}", key.m, key.n, key.k)));
-        }
-        let mut plan = Plan { desc, a, b, c, algo: found[0] };
-        // Held until the choice is recorded: the GPUs of a data-parallel run meeting a new shape
-        // together time it once, and all use that choice (the one a checkpoint records).
-        let mut book = book_lock()?;
-        if let Some(&data) = book.get(&key) {
-            let algo = sys::cublasLtMatmulAlgo_t { data };
-            if self.supports(&plan, &algo) {
-                plan.algo = algo;
-                return Ok(plan);
-            }
-            eprintln!(
-                "warning: the recorded cuBLASLt algorithm of the {}×{}×{} product does not run with this cuBLASLt/GPU; choosing \
-                 anew (a resumed run's products may round differently from the run it continues)",
-                key.m, key.n, key.k
-            );
-        }
-        if tuning() && found.len() > 1 {
-            plan.algo = self.time_candidates(&plan, key, ops, &found)?;
-        }
-        book.insert(key, plan.algo.data);
-        Ok(plan)
-    }
-
-    fn supports(&self, p: &Plan, algo: &sys::cublasLtMatmulAlgo_t) -> bool {
-        let mut out = std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
-        let status = unsafe { sys::cublasLtMatmulAlgoCheck(self.handle, p.desc, p.a, p.b, p.c, p.c, algo, out.as_mut_ptr()) };
-        status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && unsafe { out.assume_init() }.workspaceSize <= WORKSPACE_BYTES
-    }
-
-    /// The fastest of `found` on these operands (CUDA events, `TIMED_RUNS` runs each after one
-    /// untimed run). The output is written: harmless when `beta = 0` or C is another buffer (the
-    /// real product overwrites D next), but a product accumulating into D in place (`C = D`) would
-    /// add up its own runs, so it is timed on a zeroed scratch copy of D's shape instead.
-    fn time_candidates(&self, p: &Plan, key: Key, ops: Operands, found: &[sys::cublasLtMatmulAlgo_t]) -> Result<sys::cublasLtMatmulAlgo_t> {
-        let cuda = |what: &'static str| move |e| super::cuda_err(what, e);
-        let in_place = ops.beta != 0.0 && ops.c == ops.d;
-        let bytes = key.ldc as usize * key.n as usize * if key.out == Out::F32 { 4 } else { 2 };
-        let scratch = if in_place { Some(self.stream.alloc_zeros::<u8>(bytes).map_err(cuda("GEMM timing scratch"))?) } else { None };
-        let ops = match &scratch {
-            Some(buf) => {
-                let (ptr, _guard) = buf.device_ptr(&self.stream);
-                Operands { c: ptr, d: ptr, ..ops }
-            }
-            None => ops,
-        };
-        self.timed.store(true, Ordering::Relaxed);
-        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
-        for algo in found {
-            if self.launch(p, algo, ops).is_err() {
-                continue; // a candidate that does not launch is not a candidate
-            }
-            let start = self.stream.record_event(timing).map_err(cuda("event"))?;
-            let mut ok = true;
-            for _ in 0..TIMED_RUNS {
-                ok &= self.launch(p, algo, ops).is_ok();
-            }
-            let end = self.stream.record_event(timing).map_err(cuda("event"))?;
-            let ms = start.elapsed_ms(&end).map_err(cuda("event timing"))?;
-            if ok && best.is_none_or(|(t, _)| ms < t) {
-                best = Some((ms, *algo));
-            }
-        }
-        drop(scratch);
-        Ok(best.map_or(found[0], |(_, algo)| algo))
-    }
-
-    fn launch(&self, p: &Plan, algo: &sys::cublasLtMatmulAlgo_t, ops: Operands) -> std::result::Result<(), result::CublasError> {
-        let alpha = 1.0f32;
-        let (ws, _guard) = self.workspace.device_ptr(&self.stream);
-        unsafe {
-            result::matmul(
-                self.handle,
-                p.desc,
-                &alpha as *const f32 as *const c_void,
-                &ops.beta as *const f32 as *const c_void,
-                ops.a as *const c_void,
-                p.a,
-                ops.b as *const c_void,
-                p.b,
-                ops.c as *const c_void,
-                p.c,
-                ops.d as *mut c_void,
-                p.c,
-                algo,
-                ws as *mut c_void,
-                WORKSPACE_BYTES,
-                self.stream.cu_stream() as sys::cudaStream_t,
-            )
-        }
+        let heuristic = heuristic.map_err(|err| {
+            blas_err(&format!("no algorithm for a {}×{}×{} product ({key:?})", key.m, key.n, key.k), err)
+        })?;
+        Ok(Plan { desc, a, b, c, algo: heuristic.algo })
     }
 
     /// Column-major `D[m×n] = op(A) · op(B) (+ add)`, A and B BF16; `add` is a matrix with D's layout
@@ -321,14 +126,35 @@ impl Blas {
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize, a: u64, lda: usize, b: u64, ldb: usize, d: u64, ldd: usize, out: Out, add: Option<u64>) -> Result<()> {
         let key = Key { trans_a, trans_b, m: m as u64, n: n as u64, k: k as u64, lda: lda as i64, ldb: ldb as i64, ldc: ldd as i64, out, accumulate: add.is_some() };
-        // Not read when beta = 0.
-        let ops = Operands { a, b, c: add.unwrap_or(d), d, beta: if add.is_some() { 1.0 } else { 0.0 } };
         let mut plans = self.plans.lock().map_err(|_| Error::Gpu("cuBLASLt plan cache poisoned".into()))?;
         let p = match plans.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(v) => v.insert(self.plan(key, ops)?),
+            Entry::Vacant(v) => v.insert(self.plan(key)?),
         };
-        self.launch(p, &p.algo, ops).map_err(|err| blas_err(&format!("{m}×{n}×{k} product"), err))
+        let (alpha, beta) = (1.0f32, if add.is_some() { 1.0f32 } else { 0.0f32 });
+        let c = add.unwrap_or(d); // not read when beta = 0
+        let (ws, _guard) = self.workspace.device_ptr(&self.stream);
+        unsafe {
+            result::matmul(
+                self.handle,
+                p.desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                a as *const c_void,
+                p.a,
+                b as *const c_void,
+                p.b,
+                c as *const c_void,
+                p.c,
+                d as *mut c_void,
+                p.c,
+                &p.algo,
+                ws as *mut c_void,
+                WORKSPACE_BYTES,
+                self.stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(|err| blas_err(&format!("{m}×{n}×{k} product"), err))
     }
 
     /// `y[t, o] = Σ_i x[t, i] · w[o, i] (+ residual[t, o])` — a linear layer's forward: `x`
@@ -355,29 +181,16 @@ impl Drop for Blas {
     fn drop(&mut self) {
         if let Ok(plans) = self.plans.get_mut() {
             for (_, p) in plans.drain() {
-                p.destroy();
+                unsafe {
+                    let _ = result::destroy_matrix_layout(p.a);
+                    let _ = result::destroy_matrix_layout(p.b);
+                    let _ = result::destroy_matrix_layout(p.c);
+                    let _ = result::destroy_matmul_desc(p.desc);
+                }
             }
         }
         unsafe {
             let _ = result::destroy_handle(self.handle);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn algorithm_choices_survive_a_checkpoint_round_trip() {
-        let key = Key { trans_a: true, trans_b: false, m: 768, n: 16384, k: 2304, lda: 2304, ldb: 2304, ldc: 768, out: Out::Bf16, accumulate: false };
-        let saved = serde_json::to_value(vec![Choice { product: key, algorithm: [1, 2, 3, 4, 5, 6, 7, 8] }]).unwrap();
-        import_algorithms(&serde_json::Value::Null).unwrap();
-        import_algorithms(&saved).unwrap();
-        let back: Vec<Choice> = serde_json::from_value(export_algorithms().unwrap()).unwrap();
-        let found = back.iter().find(|c| c.product == key).expect("the imported choice is exported again");
-        assert_eq!(found.algorithm, [1, 2, 3, 4, 5, 6, 7, 8]);
-        let bad = serde_json::json!([{ "product": "qkv", "algorithm": [1] }]);
-        assert!(import_algorithms(&bad).unwrap_err().to_string().contains("cuBLASLt algorithms"));
     }
 }

@@ -383,19 +383,7 @@ impl GpuEngine {
         let mut a = self.acts.take().expect("allocated above");
         let result = self.run_with(&mut a, b, grad_scale);
         self.acts = Some(a);
-        if self.blas.take_timed() {
-            self.forget_timing_scratch()?;
-        }
         result
-    }
-
-    /// The products' algorithm timing (see `blas`) allocates scratch memory once, in the first step
-    /// of a shape; the peak reported is the steps' own, so the pool's high-water mark restarts from
-    /// here (every later step of the shape reaches the step's peak again).
-    fn forget_timing_scratch(&self) -> Result<()> {
-        let Some(pool) = &self.pool else { return Ok(()) };
-        self.stream().synchronize().map_err(|e| cuda_err("synchronize", e))?;
-        pool.reset_high().map(|_| ()).map_err(|e| Error::Gpu(e.to_string()))
     }
 
     fn run_with(&mut self, a: &mut Acts, b: &Batch, grad_scale: Option<f32>) -> Result<f64> {
@@ -614,7 +602,6 @@ impl Engine for GpuEngine {
             adam_m: self.download_flat(&self.adam_m)?,
             adam_v: self.download_flat(&self.adam_v)?,
             adam_t: self.adam_t,
-            gemm_algorithms: super::blas::export_algorithms()?,
         })
     }
 
@@ -624,8 +611,6 @@ impl Engine for GpuEngine {
         upload_flat(&s, &st.adam_m, &mut self.adam_m)?;
         upload_flat(&s, &st.adam_v, &mut self.adam_v)?;
         self.adam_t = st.adam_t;
-        super::blas::import_algorithms(&st.gemm_algorithms)?;
-        self.blas.forget_plans()?;
         self.refresh_bf16()
     }
 
