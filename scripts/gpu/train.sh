@@ -69,11 +69,7 @@ run_logged() { # name, command...: runs, keeps the log, copies summary lines
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    check)
-      run_logged check $BIN train-check
-      # A length that is not a multiple of the heads kernels' positions per block (4) or of the
-      # attention blocks: their partial blocks.
-      run_logged check-odd $BIN train-check --seq 203 --steps 5 ;;
+    check) run_logged check $BIN train-check ;;
     default)
       run_logged default $BIN train --runs-dir $RUNS
       cp $RUNS/sample-compare.png "$OUT/default-compare.png" 2>/dev/null ;;

@@ -241,28 +241,19 @@ struct HeadLane {
     int b, t;
     int slot, kind, h, i0;  // i0: the lane's first pair
     bool valid;             // false for the lanes past the token's last head vector (they still shuffle)
-    bool in_seq;            // false past the sequence's end (the last block's spare tokens: uniform per block)
 };
 
-// Tokens per block (consecutive positions of one sequence). Every load of the block's tokens is
-// issued before any is used: these kernels move a few bytes per thread and are bound by the bytes
-// in flight, not by instructions (one token per block kept ~16 B per thread in flight and ran at
-// 55–65 % of the memory bandwidth).
-#define HEADS_TOKENS 4
-
-// Grid: x over one token's slots × lanes, y over groups of HEADS_TOKENS positions, z = sequence b
-// (HeadsDims::launch), so no thread divides by the token count (64-bit divisions made these kernels
-// instruction-bound). `j`: the block's token.
-__device__ __forceinline__ HeadLane head_lane(const HeadsDims& d, int j) {
+// Grid: x over one token's slots × lanes, y = position t, z = sequence b (HeadsDims::launch), so no
+// thread divides by the token count (64-bit divisions made these kernels instruction-bound).
+__device__ __forceinline__ HeadLane head_lane(const HeadsDims& d) {
     const int lanes = d.head_dim / (2 * PAIRS), slots = d.heads_q + 2 * d.heads_kv;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     HeadLane l;
+    l.valid = idx < slots * lanes;
     l.b = blockIdx.z;
-    l.t = blockIdx.y * HEADS_TOKENS + j;
-    l.in_seq = l.t < d.seq;
-    l.valid = idx < slots * lanes && l.in_seq;
+    l.t = blockIdx.y;
     l.tok = (long)l.b * d.seq + l.t;
-    l.slot = idx < slots * lanes ? idx / lanes : 0;
+    l.slot = l.valid ? idx / lanes : 0;
     slot_of(d, l.slot, l.kind, l.h);
     l.i0 = PAIRS * (idx % lanes);
     return l;
@@ -307,11 +298,16 @@ __device__ __forceinline__ Pairs load_gain_pairs(const float* gain, int i0, int 
     return Pairs{{a.x, a.y, a.z, a.w}, {b.x, b.y, b.z, b.w}};
 }
 
-// One token of qkv_heads_forward, its head vector slice `x` already loaded.
-__device__ __forceinline__ void heads_forward_token(const HeadsDims& d, const HeadLane& l, Pairs x, const float* q_gain,
-                                                    const float* k_gain, const float* cos_t, const float* sin_t,
-                                                    u16* q, u16* k, u16* v, float* q_rstd, float* k_rstd) {
-    const int hd = d.head_dim, half = hd / 2;
+// qkv: `[tokens, (heads_q + 2 heads_kv) · head_dim]` BF16 (the fused projection). Writes Q, K, V as
+// BF16 `[batch, heads, seq, head_dim]`: Q and K normalized (QK-norm, optional) then rotated (half-split
+// pairs, as src/layers/rotary.rs); V copied.
+extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const float* q_gain, const float* k_gain,
+                                             const float* cos_t, const float* sin_t, u16* q, u16* k, u16* v,
+                                             float* q_rstd, float* k_rstd) {
+    const HeadLane l = head_lane(d);
+    const int hd = d.head_dim, half = hd / 2, slots = d.heads_q + 2 * d.heads_kv;
+    Pairs x = {};
+    if (l.valid) x = load_pairs(qkv + (l.tok * slots + l.slot) * hd, l.i0, half);
     float ss = 0.0f;
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) ss += x.a[p] * x.a[p] + x.b[p] * x.b[p];
@@ -343,30 +339,9 @@ __device__ __forceinline__ void heads_forward_token(const HeadsDims& d, const He
     store_pairs(dst, l.i0, half, y);
 }
 
-// qkv: `[tokens, (heads_q + 2 heads_kv) · head_dim]` BF16 (the fused projection). Writes Q, K, V as
-// BF16 `[batch, heads, seq, head_dim]`: Q and K normalized (QK-norm, optional) then rotated (half-split
-// pairs, as src/layers/rotary.rs); V copied.
-extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const float* q_gain, const float* k_gain,
-                                             const float* cos_t, const float* sin_t, u16* q, u16* k, u16* v,
-                                             float* q_rstd, float* k_rstd) {
-    const int hd = d.head_dim, half = hd / 2, slots = d.heads_q + 2 * d.heads_kv;
-    HeadLane lane[HEADS_TOKENS];
-    Pairs x[HEADS_TOKENS];
-#pragma unroll
-    for (int j = 0; j < HEADS_TOKENS; j++) {
-        lane[j] = head_lane(d, j);
-        x[j] = Pairs{};
-        if (lane[j].valid) x[j] = load_pairs(qkv + (lane[j].tok * slots + lane[j].slot) * hd, lane[j].i0, half);
-    }
-#pragma unroll
-    for (int j = 0; j < HEADS_TOKENS; j++)
-        if (lane[j].in_seq) heads_forward_token(d, lane[j], x[j], q_gain, k_gain, cos_t, sin_t, q, k, v, q_rstd, k_rstd);
-}
-
-// Token l.tok of the block: out[(tok·2 + k)·hd + c] = Σ_h terms of head h (k = 0: the query heads, 1:
-// the key heads), summed in head order (deterministic) through shared memory (`[heads_q + heads_kv][hd]`
-// floats, dynamic). Every thread of the block must call it (two barriers: the shared terms are free
-// again for the block's next token on return).
+// The block's token: out[(tok·2 + k)·hd + c] = Σ_h terms of head h (k = 0: the query heads, 1: the
+// key heads), summed in head order (deterministic) through shared memory (`[heads_q + heads_kv][hd]`
+// floats, dynamic). Every thread of the block must call it (one barrier).
 __device__ __forceinline__ void sum_gain_terms_over_heads(const HeadsDims& d, const HeadLane& l, bool has_terms,
                                                           const Pairs& term, float* out) {
     extern __shared__ float s_terms[];
@@ -384,9 +359,8 @@ __device__ __forceinline__ void sum_gain_terms_over_heads(const HeadsDims& d, co
         const int h0 = key ? d.heads_q : 0, heads = key ? d.heads_kv : d.heads_q;
         float sum = 0.0f;
         for (int h = 0; h < heads; h++) sum += s_terms[(h0 + h) * hd + c];
-        if (l.in_seq) out[(l.tok * 2 + key) * hd + c] = sum;
+        out[(l.tok * 2 + key) * hd + c] = sum;
     }
-    __syncthreads();
 }
 
 // The backward of qkv_heads_forward: dQ, dK, dV (BF16, heads layout) → d_qkv (BF16, the fused
@@ -396,13 +370,18 @@ __device__ __forceinline__ void sum_gain_terms_over_heads(const HeadsDims& d, co
 // the host's `gain_terms_per_token`), the block sums them over the heads first, in head order:
 // `[tokens, 2, head_dim]` (query gain, key gain) — 1/heads of the bytes to write and to sum later.
 // Otherwise `[tokens, heads_q + heads_kv, head_dim]`, one row per head.
-// One token of qkv_heads_backward, its incoming gradient `dy` and (QK-norm) input `x` already loaded.
-__device__ __forceinline__ void heads_backward_token(const HeadsDims& d, const HeadLane& l, const Pairs& dy, const Pairs& x,
-                                                     const float* q_gain, const float* k_gain, const float* q_rstd,
-                                                     const float* k_rstd, const float* cos_t, const float* sin_t,
-                                                     u16* d_qkv, float* gain_terms) {
+extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const u16* dk, const u16* dv,
+                                              const u16* qkv, const float* q_gain, const float* k_gain,
+                                              const float* q_rstd, const float* k_rstd, const float* cos_t,
+                                              const float* sin_t, u16* d_qkv, float* gain_terms) {
+    const HeadLane l = head_lane(d);
     const int hd = d.head_dim, half = hd / 2, slots = d.heads_q + 2 * d.heads_kv;
     const bool rotated = l.valid && l.kind != 2;
+    const u16* src = l.kind == 0 ? dq + head_offset(d, d.heads_q, l.b, l.t, l.h)
+                   : l.kind == 1 ? dk + head_offset(d, d.heads_kv, l.b, l.t, l.h)
+                                 : dv + head_offset(d, d.heads_kv, l.b, l.t, l.h);
+    Pairs dy = {};
+    if (l.valid) dy = load_pairs(src, l.i0, half);
     Pairs dn = dy;  // ∂ of the normalized vector: inverse rotation (V: unchanged)
     if (rotated) {
         const long t = l.t;
@@ -419,8 +398,11 @@ __device__ __forceinline__ void heads_backward_token(const HeadsDims& d, const H
         if (l.valid) store_pairs(out, l.i0, half, dn);
         return;
     }
-    Pairs g = {};
-    if (rotated) g = load_gain_pairs(l.kind == 0 ? q_gain : k_gain, l.i0, half);
+    Pairs x = {}, g = {};
+    if (rotated) {
+        x = load_pairs(qkv + (l.tok * slots + l.slot) * hd, l.i0, half);
+        g = load_gain_pairs(l.kind == 0 ? q_gain : k_gain, l.i0, half);
+    }
     float ux = 0.0f;
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) ux += dn.a[p] * g.a[p] * x.a[p] + dn.b[p] * g.b[p] * x.b[p];
@@ -447,28 +429,6 @@ __device__ __forceinline__ void heads_backward_token(const HeadsDims& d, const H
         *(float4*)(terms + l.i0) = make_float4(term.a[0], term.a[1], term.a[2], term.a[3]);
         *(float4*)(terms + half + l.i0) = make_float4(term.b[0], term.b[1], term.b[2], term.b[3]);
     }
-}
-
-extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const u16* dk, const u16* dv,
-                                              const u16* qkv, const float* q_gain, const float* k_gain,
-                                              const float* q_rstd, const float* k_rstd, const float* cos_t,
-                                              const float* sin_t, u16* d_qkv, float* gain_terms) {
-    const int hd = d.head_dim, half = hd / 2, slots = d.heads_q + 2 * d.heads_kv;
-    HeadLane lane[HEADS_TOKENS];
-    Pairs dy[HEADS_TOKENS], x[HEADS_TOKENS];
-#pragma unroll
-    for (int j = 0; j < HEADS_TOKENS; j++) {
-        const HeadLane& l = lane[j] = head_lane(d, j);
-        const u16* src = l.kind == 0 ? dq + head_offset(d, d.heads_q, l.b, l.t, l.h)
-                       : l.kind == 1 ? dk + head_offset(d, d.heads_kv, l.b, l.t, l.h)
-                                     : dv + head_offset(d, d.heads_kv, l.b, l.t, l.h);
-        dy[j] = Pairs{}, x[j] = Pairs{};
-        if (l.valid) dy[j] = load_pairs(src, l.i0, half);
-        if (d.qk_norm && l.valid && l.kind != 2) x[j] = load_pairs(qkv + (l.tok * slots + l.slot) * hd, l.i0, half);
-    }
-#pragma unroll
-    for (int j = 0; j < HEADS_TOKENS; j++)
-        if (lane[j].in_seq) heads_backward_token(d, lane[j], dy[j], x[j], q_gain, k_gain, q_rstd, k_rstd, cos_t, sin_t, d_qkv, gain_terms);
 }
 
 // `[batch, heads, seq, hd]` ↔ `[batch·seq, heads·hd]` (BF16), 8 elements (16 bytes) per thread.

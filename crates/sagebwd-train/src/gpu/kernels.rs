@@ -9,9 +9,6 @@ use sagebwd_cuda::runtime::{compile_program_cached, Device};
 use std::sync::Arc;
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
-/// Positions per block of the heads kernels: layers.cu's `HEADS_TOKENS` (a unit test keeps them equal).
-const HEADS_TOKENS: u32 = 4;
-
 /// The sources, each compiled as `common.cuh` + the file.
 pub const SOURCES: [(&str, &str); 3] = [
     ("layers.cu", include_str!("../../kernels/layers.cu")),
@@ -82,9 +79,7 @@ impl HeadsDims {
         if self.head_dim % 8 != 0 || lanes == 0 || 32 % lanes != 0 {
             return Err(super::Error::Gpu(format!("the heads kernels need a head dimension of 8, 16, …, 256; got {}", self.head_dim)));
         }
-        let mut cfg = token_grid(self.slots() * lanes, self.batch as usize, self.seq as usize)?;
-        cfg.grid_dim.1 = (self.seq as u32).div_ceil(HEADS_TOKENS); // HEADS_TOKENS positions per block
-        Ok(cfg)
+        token_grid(self.slots() * lanes, self.batch as usize, self.seq as usize)
     }
 
     /// Rows of QK-norm gain terms per token that `qkv_heads_backward` writes for the query and the
@@ -371,17 +366,6 @@ mod tests {
         }
         assert!(token_grid(288, 1, 70_000).is_err());
         assert!(token_grid(288, 70_000, 1).is_err());
-    }
-
-    #[test]
-    fn heads_grid_covers_every_position_in_blocks_of_heads_tokens() {
-        assert!(super::SOURCES.iter().any(|(_, src)| src.contains(&format!("#define HEADS_TOKENS {}\n", super::HEADS_TOKENS))));
-        for seq in [1, 3, 4, 5, 1024, 1027] {
-            let d = super::HeadsDims { batch: 2, seq, heads_q: 12, heads_kv: 12, head_dim: 64, qk_norm: 1, eps: 1e-6 };
-            let cfg = d.launch().unwrap();
-            assert_eq!(cfg.grid_dim, (1, (seq as u32).div_ceil(super::HEADS_TOKENS), 2), "seq {seq}");
-            assert!(cfg.grid_dim.1 * super::HEADS_TOKENS >= seq as u32 && (cfg.grid_dim.1 - 1) * super::HEADS_TOKENS < seq as u32);
-        }
     }
 
     #[test]
