@@ -12,7 +12,6 @@
 #      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd (SEED=n: another seed)
 #      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
 #      bash scripts/gpu/train.sh profile          # base, 1024: time per phase (SAGEBWD_PROFILE=1, synchronized)
-#      bash scripts/gpu/train.sh serial           # base, 1024, weight-gradient products on the main stream (compare with perf)
 #      bash scripts/gpu/train.sh multi            # 2 GPUs (machine kind nvidia-h200-x2): data-parallel
 #                                                 # throughput, and 2 GPUs × 8 vs 1 GPU × 16 sequences
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
@@ -84,12 +83,6 @@ while [ $# -gt 0 ]; do
       SAGEBWD_PROFILE=1 run_logged profile $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 20 \
         --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd --name prof --runs-dir $RUNS
       grep -E "^profile|^  [a-z]" "$OUT/profile.log" >> "$summary" ;;
-    serial)
-      # Baseline for the side stream: every product on the main stream (SAGEBWD_SIDE_STREAM=0),
-      # base model at 1024, to compare with perf-1024 of the same call.
-      SAGEBWD_SIDE_STREAM=0 run_logged perf-1024-serial $BIN train --device cuda --model base --seq 1024 --batch 16 \
-        --steps 30 --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd \
-        --name serial1024 --runs-dir $RUNS ;;
     corpus)
       steps=$2; shift
       seed=${SEED:-1}

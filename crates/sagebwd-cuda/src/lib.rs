@@ -19,7 +19,6 @@ pub mod forward;
 pub mod pool;
 pub mod quantize;
 pub mod runtime;
-pub mod stream;
 mod tma;
 
 pub use backward::{DeviceGradients, GroupPolicy};
@@ -80,10 +79,29 @@ pub struct Gpu {
     tensor_cores: AtomicBool,
     poison: AtomicBool,
     /// The backward's second stream, made on first use ([`Gpu::side_stream`]).
-    side: Mutex<Option<stream::RawStream>>,
+    side: Mutex<Option<SideStream>>,
     /// Head groups of the staged sagebwd backward; `None`: from `SAGEBWD_BWD_GROUPS`.
     backward_groups: Mutex<Option<GroupPolicy>>,
 }
+
+/// A second stream for the backward's head groups: a raw, non-blocking driver stream. Non-blocking
+/// because the kernels' stream is the context's default (legacy) stream, with which a blocking
+/// stream would serialize; raw because a second cudarc stream would switch the whole context to
+/// cudarc's per-buffer event tracking (extra driver calls on every buffer access, for every user
+/// of the context). Ordering with the kernels' stream is explicit ([`Gpu::order`]).
+struct SideStream(cudarc::driver::sys::CUstream);
+
+impl Drop for SideStream {
+    fn drop(&mut self) {
+        // queued work completes first (the driver defers the release)
+        unsafe {
+            let _ = cudarc::driver::sys::cuStreamDestroy_v2(self.0);
+        }
+    }
+}
+
+// A driver stream handle is usable from any thread of its context.
+unsafe impl Send for SideStream {}
 
 /// What [`Gpu::ptr`] takes: a device buffer, or an optional one.
 pub(crate) trait DeviceAddress {
@@ -227,20 +245,34 @@ impl Gpu {
         self.dev.stream.cu_stream()
     }
 
-    /// The second stream of the backward's head groups ([`stream::RawStream`]), made on first use.
+    /// The second stream of the backward's head groups ([`SideStream`]), made on first use.
     pub(crate) fn side_stream(&self) -> Result<cudarc::driver::sys::CUstream> {
+        use cudarc::driver::sys;
         let mut side = self.side.lock().map_err(|_| Error::Backend("side stream lock poisoned".into()))?;
-        if side.is_none() {
-            *side = Some(stream::RawStream::new(&self.dev.ctx)?);
+        if let Some(s) = side.as_ref() {
+            return Ok(s.0);
         }
-        Ok(side.as_ref().expect("made above").handle())
+        drv("bind context", self.dev.ctx.bind_to_thread())?;
+        let mut stream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        drv("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, flags).result() })?;
+        *side = Some(SideStream(stream));
+        Ok(stream)
     }
 
-    /// Makes `to` wait for everything queued on `from` so far ([`stream::order`]).
+    /// Makes `to` wait for everything queued on `from` so far (an event recorded on `from`).
     pub(crate) fn order(&self, from: cudarc::driver::sys::CUstream, to: cudarc::driver::sys::CUstream) -> Result<()> {
+        use cudarc::driver::sys;
         drv("bind context", self.dev.ctx.bind_to_thread())?;
-        // both are this context's: the kernels' stream and the side stream
-        unsafe { stream::order(from, to) }
+        let mut event = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        unsafe {
+            drv("cuEventCreate", sys::cuEventCreate(&mut event, flags).result())?;
+            let waited = sys::cuEventRecord(event, from).result().and_then(|_| sys::cuStreamWaitEvent(to, event, 0).result());
+            // released once the recorded work completes; the wait already holds its point
+            let _ = sys::cuEventDestroy_v2(event);
+            drv("stream order", waited)
+        }
     }
 
     /// `sage_fill_u32` of `bytes` (a multiple of 4) at `addr` on `stream`: [`Gpu::fill`] for any stream.

@@ -50,12 +50,9 @@ pub struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
-    /// The stream the products run on: `stream`'s, or a raw side stream ([`Blas::on_stream`]).
-    launch: cudarc::driver::sys::CUstream,
     plans: Mutex<HashMap<Key, Plan>>,
 }
 
-// The raw launch stream is a driver handle usable from any thread of its context.
 unsafe impl Send for Blas {}
 unsafe impl Sync for Blas {}
 
@@ -69,14 +66,6 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 impl Blas {
     /// Errors (never panics) when libcublasLt.so.13 cannot be loaded.
     pub fn new(stream: Arc<CudaStream>) -> Result<Blas> {
-        let launch = stream.cu_stream();
-        Blas::on_stream(stream, launch)
-    }
-
-    /// Products launched on `launch` (a raw stream of `stream`'s context), with their own
-    /// workspace allocated on `stream`: two `Blas` on two streams never share a workspace. The
-    /// caller orders `launch` after the allocation (any wait on `stream`'s later work does).
-    pub fn on_stream(stream: Arc<CudaStream>, launch: cudarc::driver::sys::CUstream) -> Result<Blas> {
         let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
         if !present {
             return Err(Error::Gpu(
@@ -87,7 +76,7 @@ impl Blas {
         }
         let handle = result::create_handle().map_err(|e| blas_err("create handle", e))?;
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.map_err(|e| super::cuda_err("workspace", e))?;
-        Ok(Blas { handle, workspace, stream, launch, plans: Mutex::new(HashMap::new()) })
+        Ok(Blas { handle, workspace, stream, plans: Mutex::new(HashMap::new()) })
     }
 
     fn plan(&self, key: Key) -> Result<Plan> {
@@ -162,7 +151,7 @@ impl Blas {
                 &p.algo,
                 ws as *mut c_void,
                 WORKSPACE_BYTES,
-                self.launch as sys::cudaStream_t,
+                self.stream.cu_stream() as sys::cudaStream_t,
             )
         }
         .map_err(|err| blas_err(&format!("{m}×{n}×{k} product"), err))

@@ -21,7 +21,6 @@ use crate::model::{Batch, ParamLayout, Weights};
 use crate::optim::AdamWConfig;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use sagebwd_cuda::pool::Pool;
-use sagebwd_cuda::stream::{self, Mark, RawStream};
 use sagebwd_cuda::{DeviceForward, DeviceInputs, Gpu, SavedForBackward};
 use std::sync::Arc;
 
@@ -117,29 +116,10 @@ struct Acts {
     partial: Buf<f32>,
 }
 
-/// The weight-gradient products (dW += dYᵀ·X) on a second stream, beside the rest of the backward:
-/// nothing in the backward waits for them (only the optimizer does), so they fill the SMs that the
-/// memory-bound kernels and the tails of the other products leave idle. Off with
-/// `SAGEBWD_SIDE_STREAM=0`, and while profiling (phases are timed on the main stream).
-struct SideProducts {
-    stream: RawStream,
-    blas: Blas,
-}
-
-/// Marks of side-stream products still reading a backward scratch buffer: the main stream waits
-/// for the mark before it overwrites the buffer.
-#[derive(Default)]
-struct SideReads {
-    dx_bf16: Option<Mark>,
-    d_gate_up: Option<Mark>,
-    d_qkv: Option<Mark>,
-}
-
 pub struct GpuEngine {
     gpu: Gpu,
     k: TrainKernels,
     blas: Blas,
-    side: Option<SideProducts>,
     cfg: ModelConfig,
     attention: Attention,
     attn_cfg: sagebwd::Config,
@@ -198,14 +178,6 @@ impl GpuEngine {
         let k = TrainKernels::load(&gpu.dev)?;
         gpu.kernels(cfg.head_dim())?; // compile the attention kernels now, not inside the first step
         let blas = Blas::new(stream.clone())?;
-        let profile = (std::env::var("SAGEBWD_PROFILE").as_deref() == Ok("1")).then(Default::default);
-        let side = if profile.is_none() && std::env::var("SAGEBWD_SIDE_STREAM").as_deref() != Ok("0") {
-            let side = RawStream::new(&gpu.dev.ctx).map_err(|e| Error::Gpu(e.to_string()))?;
-            let blas = Blas::on_stream(stream.clone(), side.handle())?;
-            Some(SideProducts { stream: side, blas })
-        } else {
-            None
-        };
         let layout = ParamLayout::new(&cfg);
         let mut slots = Vec::new();
         let mut offset = 0;
@@ -265,7 +237,6 @@ impl GpuEngine {
             gpu,
             k,
             blas,
-            side,
             cfg,
             attention,
             attn_cfg,
@@ -279,7 +250,7 @@ impl GpuEngine {
             acts: None,
             pool,
             base_used,
-            profile,
+            profile: (std::env::var("SAGEBWD_PROFILE").as_deref() == Ok("1")).then(Default::default),
         };
         e.refresh_bf16()?;
         Ok(e)
@@ -295,30 +266,6 @@ impl GpuEngine {
         sync()?;
         *profile.borrow_mut().entry(phase).or_default() += t0.elapsed().as_secs_f64();
         Ok(r)
-    }
-
-    /// A weight-gradient product `f`: on the side stream after everything queued on the main
-    /// stream so far, returning the mark of its end; on the main stream (no mark) without one.
-    fn weight_grad(&self, phase: &'static str, f: impl FnOnce(&Blas) -> Result<()>) -> Result<Option<Mark>> {
-        let Some(side) = &self.side else {
-            self.timed(phase, || f(&self.blas))?;
-            return Ok(None);
-        };
-        // Both streams are this engine's context's, bound to the thread by `run`.
-        unsafe { stream::order(self.stream().cu_stream(), side.stream.handle()) }.map_err(side_err)?;
-        f(&side.blas)?;
-        unsafe { Mark::record(side.stream.handle()) }.map(Some).map_err(side_err)
-    }
-
-    /// The main stream waits for a side product's mark (before overwriting what it reads).
-    fn after_side(&self, reads: Option<Mark>) -> Result<()> {
-        reads.map_or(Ok(()), |m| unsafe { m.wait_on(self.stream().cu_stream()) }.map_err(side_err))
-    }
-
-    /// The main stream waits for every side product queued so far.
-    fn join_side(&self) -> Result<()> {
-        let Some(side) = &self.side else { return Ok(()) };
-        unsafe { stream::order(side.stream.handle(), self.stream().cu_stream()) }.map_err(side_err)
     }
 
     /// Checked mode of the attention kernels ([`Gpu::set_poison`]): off by default (training);
@@ -536,18 +483,14 @@ impl GpuEngine {
         let s = self.stream();
         s.memset_zeros(&mut a.dx.data).map_err(|e| cuda_err("memset", e))?;
         self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.d_hidden.ptr, a.x_final.ptr, self.params.at(self.final_norm), a.rstd_final.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, self.grads.at(self.final_norm), d, t))?;
-        let mut side_reads = SideReads::default();
         for l in (0..c.n_layers).rev() {
-            self.layer_backward(l, a, t, &mut side_reads)?;
+            self.layer_backward(l, a, t)?;
         }
         let tokens = a.tokens.ptr;
-        self.timed("embedding", || self.k.embed_backward(tokens, a.dx.ptr, self.grads.at(self.tok_emb), t, d))?;
-        // The gradients are complete, and the activations free for the next forward, once the side
-        // products are done.
-        self.join_side()
+        self.timed("embedding", || self.k.embed_backward(tokens, a.dx.ptr, self.grads.at(self.tok_emb), t, d))
     }
 
-    fn layer_backward(&self, l: usize, a: &mut Acts, t: usize, side_reads: &mut SideReads) -> Result<()> {
+    fn layer_backward(&self, l: usize, a: &mut Acts, t: usize) -> Result<()> {
         let c = &self.cfg;
         let p = self.layers[l];
         let (d, hd, f) = (c.dim, c.head_dim(), c.ffn_hidden);
@@ -560,22 +503,19 @@ impl GpuEngine {
         // MLP block: out = x_mid + W_down · act. dx_bf16 is the BF16 copy of dx that the last
         // RMSNorm backward wrote.
         self.timed("products: down dx", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::Bf16))?;
-        side_reads.dx_bf16 = self.weight_grad("products: down dw", |b| b.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d))?;
-        self.after_side(side_reads.d_gate_up.take())?;
+        self.timed("products: down dw", || self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d))?;
         self.timed("swiglu", || self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, batch, seq))?;
         self.timed("products: gate|up dx", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32))?;
-        side_reads.d_gate_up = self.weight_grad("products: gate|up dw", |b| b.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f))?;
-        self.after_side(side_reads.dx_bf16.take())?;
+        self.timed("products: gate|up dw", || self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f))?;
         self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.mlp_norm), d, t))?;
         // attention block: out = x + W_o · attention(...)
         self.timed("products: wo dx", || self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16))?;
-        side_reads.dx_bf16 = self.weight_grad("products: wo dw", |b| b.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d))?;
+        self.timed("products: wo dw", || self.blas.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d))?;
         self.timed("heads: permutes", || self.k.permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false))?;
         let (fwd, saved) = la.attn_out.take().ok_or_else(|| Error::Gpu("attention state missing in the backward".into()))?;
         let grads = self.timed("attention backward", || Ok(self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?))?;
         let hdims = self.heads_dims(batch, seq);
         let (dq, dk, dv) = (addr(&grads.dq, &s), addr(&grads.dk, &s), addr(&grads.dv, &s));
-        self.after_side(side_reads.d_qkv.take())?;
         self.timed("heads: backward", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.gain_terms.ptr))?;
         drop(grads);
         if c.qk_norm {
@@ -587,8 +527,7 @@ impl GpuEngine {
             self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.at(gq * hd), k_rows, t * gk, a.partial.ptr, g.at(p.k_norm)))?;
         }
         self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32))?;
-        side_reads.d_qkv = self.weight_grad("products: qkv dw", |b| b.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;
-        self.after_side(side_reads.dx_bf16.take())?;
+        self.timed("products: qkv dw", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;
         self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.attn_norm), d, t))
     }
 
@@ -693,10 +632,6 @@ fn upload_flat(s: &Arc<CudaStream>, w: &Weights, b: &mut Buf<f32>) -> Result<()>
         return Err(Error::Gpu(format!("state has {} values, the model {}", flat.len(), b.data.len())));
     }
     s.memcpy_htod(&flat, &mut b.data).map_err(|e| cuda_err("upload", e))
-}
-
-fn side_err(e: sagebwd::Error) -> Error {
-    Error::Gpu(format!("side stream: {e}"))
 }
 
 fn zeros<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize) -> Result<Buf<T>> {
