@@ -68,7 +68,10 @@ run_logged() { # name, command...: runs, keeps the log, copies summary lines
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    check) run_logged check $BIN train-check ;;
+    check)
+      run_logged check $BIN train-check
+      # A length that is not a multiple of the attention blocks or of 4: their partial blocks.
+      run_logged check-odd $BIN train-check --seq 203 --steps 5 ;;
     default)
       run_logged default $BIN train --runs-dir $RUNS
       cp $RUNS/sample-compare.png "$OUT/default-compare.png" 2>/dev/null ;;
