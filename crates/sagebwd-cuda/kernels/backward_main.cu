@@ -659,9 +659,10 @@ __device__ __forceinline__ void tile_p_regs(const float* rows, const Acc (*s)[4]
 // dS = fl(P·fl(dP − D)) (dp in, dS out), then P and dS masked → 0; rows past n_q need no mask
 // (L = +∞, D = 0).
 template <bool PERMUTED>
-__device__ __forceinline__ void tile_ds_regs(const Dims& d, const float* rows, int qb, float (*prob)[4], float (*ds)[4]) {
+__device__ __forceinline__ void tile_ds_regs(const Dims& d, const float* rows, int qb, int kb, float (*prob)[4],
+                                             float (*ds)[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wkey0 = blockIdx.x * BLOCK_KV + (threadIdx.x >> 5) * 16;
+    const int wkey0 = kb * BLOCK_KV + (threadIdx.x >> 5) * 16;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
         const float2 D = *(const float2*)(rows + BLOCK_Q + tile_row<PERMUTED>(nt, 2 * t));
@@ -682,10 +683,10 @@ __device__ __forceinline__ void tile_ds_regs(const Dims& d, const float* rows, i
 
 // Both: P and dS of the warp's tile from the Sᵀ and dPᵀ accumulators (dp in, dS out), masked.
 template <bool PERMUTED, class Acc>
-__device__ __forceinline__ void tile_p_ds_regs(const Dims& d, const float* rows, int qb, const Acc (*s)[4],
+__device__ __forceinline__ void tile_p_ds_regs(const Dims& d, const float* rows, int qb, int kb, const Acc (*s)[4],
                                                float scale, float (*prob)[4], float (*ds)[4]) {
     tile_p_regs<PERMUTED>(rows, s, scale, prob);
-    tile_ds_regs<PERMUTED>(d, rows, qb, prob, ds);
+    tile_ds_regs<PERMUTED>(d, rows, qb, kb, prob, ds);
 }
 
 // Adds the 16 × 16 dQ columns c..c + 15 of the warp's rows (acc[0]: columns c.., acc[1]: c + 8..) to
@@ -714,6 +715,7 @@ struct StagedTile {
     unsigned char* ds;  // its dS tile (generic pointer)
     float* red;         // the amax scratch
     int bh, bh_kv, qb;  // (batch, query head), its kv head, the query block
+    int kb;             // the key block (staged_block_coords)
     u32 prev_ds;        // shared address of block qb − 1's dS tile (valid when qb > the first block)
     float prev_dq_scale;  // and its dQ scale (sage)
     bool has_prev;
@@ -914,7 +916,7 @@ struct StagedSage {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const int g = lane >> 2, t = lane & 3;
         const float s_q = p.op.q_scale[x.bh * d.n_qblk + x.qb], s_do = p.do_scale[x.bh * d.n_qblk + x.qb];
-        const float s_k = p.op.k_scale[x.bh_kv * d.n_kblk + blockIdx.x];
+        const float s_k = p.op.k_scale[x.bh_kv * d.n_kblk + x.kb];
         const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
 
         int s_acc[8][4];
@@ -940,7 +942,7 @@ struct StagedSage {
         tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
         wgmma_wait<0>();
         wgmma_fence_regs(ds);
-        tile_ds_regs<true>(d, x.rows, x.qb, prob, ds);
+        tile_ds_regs<true>(d, x.rows, x.qb, x.kb, prob, ds);
 #else
         {
             const int mi = lane >> 3, r = lane & 7;
@@ -949,7 +951,7 @@ struct StagedSage {
             keys_by_rows<HEAD_DIM / 16, HEAD_DIM, true>(s_acc, x.smem + key_row * HEAD_DIM, x8, x.st + q_row * HEAD_DIM, x8);
             keys_by_rows<HEAD_DIM / 8, BF_ROW, true>(ds, x.smem + v + key_row * BF_ROW, r, x.st + d_o + q_row * BF_ROW, r);
         }
-        tile_p_ds_regs<true>(d, x.rows, x.qb, s_acc, s_qk, prob, ds);
+        tile_p_ds_regs<true>(d, x.rows, x.qb, x.kb, s_acc, s_qk, prob, ds);
 #endif
         float amax_p = 0.0f, amax_ds = 0.0f;
 #pragma unroll
@@ -1221,13 +1223,13 @@ struct StagedBf16 {
         tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
         wgmma_wait<0>();
         wgmma_fence_regs(ds);
-        tile_ds_regs<false>(p.dims, x.rows, x.qb, prob, ds);
+        tile_ds_regs<false>(p.dims, x.rows, x.qb, x.kb, prob, ds);
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int key_row = warp * 16 + (mi & 1) * 8 + r;
         keys_by_rows<HEAD_DIM / 8, BF_ROW, false>(s, x.smem + key_row * BF_ROW, r, x.st + r * BF_ROW, r);
         keys_by_rows<HEAD_DIM / 8, BF_ROW, false>(ds, x.smem + v + key_row * BF_ROW, r, x.st + d_o + r * BF_ROW, r);
-        tile_p_ds_regs<false>(p.dims, x.rows, x.qb, s, p.c_lambda, prob, ds);
+        tile_p_ds_regs<false>(p.dims, x.rows, x.qb, x.kb, s, p.c_lambda, prob, ds);
 #endif
     }
 
@@ -1336,11 +1338,36 @@ struct StagedBf16 {
 // iteration qb (where few registers are live), from the other dS buffer, which the next writes only
 // after the next (a). Block qb + 1 is staged after (a), when every warp is done with its buffer
 // (read last by qb − 1); its row constants are stored at the end of iteration qb, likewise.
+// CTAs per chunk of the causal block order: about two waves of one CTA per SM (132 on the H200).
+#ifndef CAUSAL_CHUNK_CTAS
+#define CAUSAL_CHUNK_CTAS 256
+#endif
+struct KeyBlockCoords {
+    int kb, bh;
+};
+// The (key block, (batch, query head)) a staged CTA works on. Not causal: (blockIdx.x, blockIdx.y),
+// every block the same work. Causal: key block kb has n_qblk − query_block_begin(kb) tiles, fewer for
+// later kb, and CTAs start roughly in linear block order, so the grid (n_kblk, rows) is walked in chunks
+// of heads (about CAUSAL_CHUNK_CTAS CTAs) and inside a chunk every head's kb = 0 comes first, then kb = 1…
+// Heaviest first: the grid ends on its lightest blocks (a short tail), while a chunk's Q, dO and dQ
+// rows stay in L2 for the key blocks of its heads.
+__device__ __forceinline__ KeyBlockCoords staged_block_coords(const Dims& d) {
+    if (!d.causal) return {(int)blockIdx.x, (int)blockIdx.y};
+    const int n_kb = gridDim.x, rows = gridDim.y;
+    const int chunk_heads = max(1, CAUSAL_CHUNK_CTAS / n_kb);
+    const int linear = blockIdx.y * n_kb + blockIdx.x;
+    const int first = linear / (chunk_heads * n_kb) * chunk_heads;  // the chunk's first head
+    const int heads = min(chunk_heads, rows - first);
+    const int r = linear - first * n_kb;  // within the chunk: heads × n_kb, key block slowest
+    return {r / heads, first + r % heads};
+}
+
 template <class Path>
 __device__ void staged_backward_main(const BackwardParams& p, unsigned char* smem_ptr) {
     typedef typename Path::Layout Lay;
     const Dims& d = p.dims;
-    const int kb = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const KeyBlockCoords at = staged_block_coords(d);
+    const int kb = at.kb, bh = at.bh, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 raw = smem_addr(smem_ptr), smem = (raw + (ALIGN_SLACK - 1)) & ~(u32)(ALIGN_SLACK - 1);
     smem_ptr += smem - raw;  // the layout's offsets count from the 1024-byte aligned start
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
@@ -1384,6 +1411,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         x.bh = bh;
         x.bh_kv = bh_kv;
         x.qb = qb;
+        x.kb = kb;
         x.prev_ds = smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes;
         x.has_prev = qb > qb0;
         x.prev_dq_scale = dq_scale;

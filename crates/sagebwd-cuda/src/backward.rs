@@ -105,9 +105,10 @@ struct Preprocessed {
 }
 
 /// Preprocess: D = rowsum(dO ∘ O) over all rows, and the dO quantization: whole for one group (the
-/// layouts `needs` asks for), else only the s_dO buffer the groups fill.
+/// layouts `needs` asks for), else only the s_dO buffer the groups fill. `dq_zero`: the FP32 dQ
+/// accumulator of all rows (one group), zeroed by the same kernel; 0 when the groups zero their own.
 fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>, needs: QuantNeeds,
-              grouped: bool) -> Result<Preprocessed> {
+              grouped: bool, dq_zero: u64) -> Result<Preprocessed> {
     let s = &x.shape;
     let rows = s.batch * s.heads_q * s.n_q;
     let do_quant = if grouped {
@@ -125,7 +126,7 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
     };
     let rows_i = rows as i64;
     drv("launch sage_bwd_delta", unsafe {
-        gpu.dev.stream.launch_builder(&k.bwd_delta).arg(o).arg(d_o).arg(&delta).arg(&rows_i).launch(launch)
+        gpu.dev.stream.launch_builder(&k.bwd_delta).arg(o).arg(d_o).arg(&delta).arg(&rows_i).arg(&dq_zero).launch(launch)
     })?;
     Ok(Preprocessed { do_quant, delta })
 }
@@ -196,24 +197,26 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         GroupPlan::one(bh)
     };
     let qd = &saved.quant;
-    let Preprocessed { do_quant, delta } = preprocess(gpu, k, x, &fwd.o, d_o, qd.needs, plan.count > 1)?;
+    // Q̂ᵀ, K̂ᵀ (made here, not by the forward) for every path that reads quantized operands but
+    // the staged BF16 one.
+    let qk_hat_t = qd.needs.quantized && staged != Some(StagedBackward::Bf16);
+    // Σ dS is read only with the dQ correction (by the kernels' flag checks): else one unused element.
+    let dq_corr = fl & crate::F_DQ_CORR != 0;
+    let sets = (0..plan.buffer_sets()).map(|_| GroupBuffers::new(gpu, s, &plan, qk_hat_t, dq_corr)).collect::<Result<Vec<_>>>()?;
+    // One group: its dQ accumulator covers every row and the preprocess zeroes it.
+    let dq_zero = if plan.count == 1 { gpu.ptr(&sets[0].dq_acc) } else { 0 };
+    let Preprocessed { do_quant, delta } = preprocess(gpu, k, x, &fwd.o, d_o, qd.needs, plan.count > 1, dq_zero)?;
     let partials = || if direct { Ok(None) } else { gpu.alloc_poisoned_f32(bh * s.n_k * s.head_dim).map(Some) };
     let (dk_acc, dv_acc) = (partials()?, partials()?);
     let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
     let dv = gpu.alloc_poisoned_u16(s.kv_len())?;
     // dQ before the groups: each group's postprocess writes its rows.
     let dq = gpu.alloc_poisoned_u16(s.q_len())?;
-    // Q̂ᵀ, K̂ᵀ (made here, not by the forward) for every path that reads quantized operands but
-    // the staged BF16 one.
-    let qk_hat_t = qd.needs.quantized && staged != Some(StagedBackward::Bf16);
-    // Σ dS is read only with the dQ correction (by the kernels' flag checks): else one unused element.
-    let dq_corr = fl & crate::F_DQ_CORR != 0;
     // Groups alternate between two streams, each with its own buffers: one group's main kernel
     // fills the other's tail and hides its small kernels (transposes, dO quantization, zeroing,
     // dQ postprocess). Both streams start after everything queued so far (the allocations and their
     // poison fills, D); the kernels' stream waits for both before the buffers are freed.
     let streams = if plan.count > 1 { vec![gpu.main_stream(), gpu.side_stream()?] } else { vec![gpu.main_stream()] };
-    let sets = (0..plan.buffer_sets()).map(|_| GroupBuffers::new(gpu, s, &plan, qk_hat_t, dq_corr)).collect::<Result<Vec<_>>>()?;
     for &side in &streams[1..] {
         gpu.order(streams[0], side)?;
     }
@@ -254,7 +257,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             tr.do_hat_t = gpu.ptr(do_hat_t);
         }
         let (dq_acc, ds_rowsum) = (gpu.ptr(&bufs.dq_acc), gpu.ptr(&bufs.ds_rowsum));
-        gpu.fill_on(k, dq_acc, bufs.dq_acc.len() * 4, 0, stream)?;
+        if dq_zero == 0 {
+            gpu.fill_on(k, dq_acc, bufs.dq_acc.len() * 4, 0, stream)?;
+        }
         if dq_corr {
             gpu.fill_on(k, ds_rowsum, bufs.ds_rowsum.len() * 4, 0, stream)?;
         }
@@ -290,7 +295,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             (&mut dq_rows as *mut u64).cast(), (&mut gd as *mut Dims).cast(), (&mut c as *mut f32).cast(),
             (&mut fl as *mut i32).cast(),
         ];
-        let post = grid_stride(rows * n_q * d);
+        let post = grid_stride(rows * n_q * d / 4);  // four elements per thread
         gpu.launch_raw(k.post_dq.cu_function(), post.grid_dim, THREADS, 0, stream, &mut args)?;
     }
     for &side in &streams[1..] {
