@@ -1070,10 +1070,10 @@ __device__ __forceinline__ void ws_load_k(const ForwardParams& p, u32 kt, int bh
     }
 }
 
-// Q̂ rows of both query blocks of query-block pair `pair` (rows past n_q zero-filled).
-__device__ __forceinline__ void ws_load_q(const ForwardParams& p, u32 qt, int bh, int pair, int tid) {
+// Q̂ rows of both query blocks of this thread block (rows past n_q zero-filled).
+__device__ __forceinline__ void ws_load_q(const ForwardParams& p, u32 qt, int bh, int tid) {
     const Dims& d = p.dims;
-    const int r0 = 2 * pair * BLOCK_Q;
+    const int r0 = 2 * blockIdx.x * BLOCK_Q;
     const i8* qg = p.op.q_hat + ((long)bh * d.n_q + r0) * HEAD_DIM;
 #pragma unroll
     for (int i = tid; i < 2 * BLOCK_Q * FK_CH; i += WG_THREADS) {
@@ -1090,8 +1090,7 @@ __device__ __forceinline__ void ws_complete_stage(u32 full_bar) {
     mbar_arrive(full_bar);
 }
 
-__device__ void ws_producer(const void* vmap, const ForwardParams& p, const WsSmem& sm, int bh, int bh_kv, int pair,
-                            int cta_end) {
+__device__ void ws_producer(const void* vmap, const ForwardParams& p, const WsSmem& sm, int bh, int bh_kv, int cta_end) {
     const int tid = threadIdx.x;  // 0..127
     // Stage kb is completed after stage kb + 1 was issued (two stages in flight).
     sm.produce(cta_end, [&](int kb, int s) {
@@ -1099,7 +1098,7 @@ __device__ void ws_producer(const void* vmap, const ForwardParams& p, const WsSm
             mbar_arrive_expect_tx(sm.full_bar(s), WG_TILE);
             tma_load_2d(sm.v_stage(s), vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full_bar(s));
         }
-        if (kb == 0) ws_load_q(p, sm.q, bh, pair, tid);
+        if (kb == 0) ws_load_q(p, sm.q, bh, tid);
         ws_load_k(p, sm.k_stage(s), bh_kv, kb, tid);
         cp_async_commit();
         if (kb > 0) {
@@ -1278,99 +1277,10 @@ __device__ void ws_consume(const ForwardParams& p, const Ring& sm, Mix& mx, int 
     if (qb < d.n_qblk) mma_store(p, st, o, bh, row0);
 }
 
-// ws_consume for the INT8 kernel, whose query-block pair comes from ws_tile_order rather than
-// blockIdx.x (the same schedule, line for line; ws_consume stays as the BF16 kernel reads it).
-template <bool PINGPONG, bool OVERLAP, class Mix, class Ring>
-__device__ void ws_consume_pair(const ForwardParams& p, const Ring& sm, Mix& mx, int w, int bh, int pair, int cta_end) {
-    const Dims& d = p.dims;
-    const int warp = (threadIdx.x >> 5) & 3, qb = 2 * pair + w;
-    const int row0 = qb * BLOCK_Q + warp * 16;
-    RowState st;
-    float o[O_TILES][4];
-    start_rows(st, o);
-    if (PINGPONG && w == 1 && cta_end > 0) pass_turn(1);
-    if (cta_end > 0) {
-        sm.wait_full(0);
-        if (PINGPONG) take_turn(w);
-        mx.issue_scores(sm.k_stage(0));
-        if (PINGPONG) pass_turn(w);
-        wgmma_wait<0>();
-    }
-    for (int kb = 0; kb < cta_end; ++kb) {
-        const int s = kb % Ring::kStages, s1 = (kb + 1) % Ring::kStages;
-        const bool next = kb + 1 < cta_end;
-        mx.begin_block(kb, next);
-        mx.softmax(d, st, row0, kb * BLOCK_KV);
-        if (OVERLAP && next) sm.wait_full(kb + 1);
-        mx.pin();
-        if (PINGPONG) take_turn(w);
-        mx.issue_pv(sm.v_stage(s));
-        if (OVERLAP && next) mx.issue_scores(sm.k_stage(s1));
-        if (OVERLAP && next) wgmma_wait<1>();
-        else wgmma_wait<0>();
-        if (PINGPONG) pass_turn(w);
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));
-        mx.o_update(o, st);
-        if (!OVERLAP && next) {
-            sm.wait_full(kb + 1);
-            if (PINGPONG) take_turn(w);
-            mx.issue_scores(sm.k_stage(s1));
-            if (PINGPONG) pass_turn(w);
-        }
-        wgmma_wait<0>();
-        mx.end_block();
-    }
-    if (PINGPONG && w == 0 && cta_end > 0) take_turn(0);
-    if (qb < d.n_qblk) mma_store(p, st, o, bh, row0);
-}
-
 template <bool PINGPONG, bool EARLY_AMAX, bool FAST_EXP>
-__device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int bh, int bh_kv, int pair, int cta_end) {
-    WsInt8<EARLY_AMAX, FAST_EXP> mx(p, sm.q, w, bh, bh_kv, 2 * pair + w, cta_end);
-    ws_consume_pair<PINGPONG, true>(p, sm, mx, w, bh, pair, cta_end);
-}
-
-// CTAs per section of ws_tile_order: two waves of the H200's 132 SMs (one CTA per SM).
-#define WS_SECTION_CTAS 264
-
-// The (query-block pair, batch·query head) of this CTA of the INT8 kernel's 1-D grid (src/forward.rs
-// launches pairs · B·H_q CTAs). Causal pairs differ in work (pair i walks about i + 1 key blocks),
-// and the hardware dispatches CTAs in index order, so the heaviest go first and the lightest fill
-// the tail (longest-processing-time-first): the grid runs in sections of `sec` heads (about
-// WS_SECTION_CTAS CTAs), pairs descending within a section, heads fastest. Concurrent CTAs then
-// share the K̂, V̂ᵀ of a few heads in L2 (a section's K̂ and V̂ᵀ: sec · 2 · n_k · d bytes, 4 MiB at
-// N = 1k and 4k, d = 64) rather than spread over all heads. Without causal masking every pair
-// costs the same and only the L2 sharing matters. Any order gives the same bits: CTAs are independent.
-// Orders (flags set by src/forward.rs, `SAGEBWD_WS_ORDER`): default sections of one head (each
-// head's pairs descending, heads in turn: main's L2 pattern, heaviest pair of each head first);
-// F_WS_ORDER_SECTIONS the sections above (closer to a global heaviest-first); F_WS_ORDER_ASC main's
-// order (pairs ascending within a head), for comparison in the same binary.
-#define F_WS_ORDER_SECTIONS (1 << 27)
-#define F_WS_ORDER_ASC (1 << 28)
-struct WsTile {
-    int pair, bh;
-};
-__device__ __forceinline__ WsTile ws_tile_order(const Dims& d, int flags) {
-    const int pairs = (d.n_qblk + 1) / 2, heads = d.batch * d.heads_q;
-    if (!(flags & F_WS_ORDER_SECTIONS)) {
-        const int r = (int)blockIdx.x % pairs;
-        return {flags & F_WS_ORDER_ASC ? r : pairs - 1 - r, (int)blockIdx.x / pairs};
-    }
-    const int sec = min(heads, max(1, (WS_SECTION_CTAS + pairs - 1) / pairs));
-    const int section = (int)blockIdx.x / (sec * pairs), r = (int)blockIdx.x % (sec * pairs);
-    const int sec_heads = min(sec, heads - section * sec);  // the last section may hold fewer heads
-    return {pairs - 1 - r / sec_heads, section * sec + r % sec_heads};
-}
-
-// ws_start for the INT8 kernel: key blocks of the later query block of `pair` (not blockIdx.x).
-template <class Ring>
-__device__ __forceinline__ int ws_start_pair(const Ring& sm, const Dims& d, u32 full_count, int pair) {
-    require_dynamic_smem((u32)Ring::kSmemBytes);
-    if (blockDim.x != WS_THREADS) __trap();
-    if (threadIdx.x == 0) sm.init(full_count);
-    __syncthreads();
-    return key_block_end(d, min(2 * pair + 1, d.n_qblk - 1));
+__device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int bh, int bh_kv, int cta_end) {
+    WsInt8<EARLY_AMAX, FAST_EXP> mx(p, sm.q, w, bh, bh_kv, 2 * blockIdx.x + w, cta_end);
+    ws_consume<PINGPONG, true>(p, sm, mx, w, bh, cta_end);
 }
 
 // The common start of both warp-specialized kernels: checks the launch, initializes the ring's
@@ -1393,22 +1303,20 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
     extern __shared__ __align__(128) unsigned char ws_smem[];
 #ifdef SAGE_WGMMA
     const Dims& d = p.dims;
-    const WsTile tile = ws_tile_order(d, p.flags);
-    const int bh = tile.bh, bh_kv = kv_head_of(d, bh), wg = threadIdx.x >> 7;
+    const int bh = blockIdx.y, bh_kv = kv_head_of(d, bh), wg = threadIdx.x >> 7;
     const WsSmem sm(ws_smem);
-    const int cta_end = ws_start_pair(sm, d, WG_THREADS + 1, tile.pair);  // full: 128 producer arrivals + the TMA's
+    const int cta_end = ws_start(sm, d, WG_THREADS + 1);  // full: 128 producer arrivals + the TMA's
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        ws_producer(&vmap, p, sm, bh, bh_kv, tile.pair, cta_end);
+        ws_producer(&vmap, p, sm, bh, bh_kv, cta_end);
     } else {
         setmaxnreg_inc<240>();
         // The variants measured (RESULTS-gpu.md, fwd3); other flag mixes take the nearest.
         const bool pp = p.flags & F_WS_PINGPONG, early = p.flags & F_WS_EARLY_AMAX, fast = p.flags & F_WS_FAST_EXP;
-        const int w = wg - 1, pair = tile.pair;
-        if (pp) ws_consumer<true, true, false>(p, sm, w, bh, bh_kv, pair, cta_end);
-        else if (early && fast) ws_consumer<false, true, true>(p, sm, w, bh, bh_kv, pair, cta_end);
-        else if (early) ws_consumer<false, true, false>(p, sm, w, bh, bh_kv, pair, cta_end);
-        else ws_consumer<false, false, false>(p, sm, w, bh, bh_kv, pair, cta_end);
+        if (pp) ws_consumer<true, true, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else if (early && fast) ws_consumer<false, true, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else if (early) ws_consumer<false, true, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else ws_consumer<false, false, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
     }
 #else
     __trap();  // not compiled for sm_90a

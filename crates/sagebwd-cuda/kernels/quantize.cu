@@ -73,32 +73,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
     }
 }
 
-// Column c of K_m from the partial sums of (batch, kv head) bh: summed in chunk order in FP64,
-// divided in FP64, rounded once to FP32 (sage_k_mean and the folded quantization launch share it,
-// so both give the simulator's bits).
-// The loads go out 8 at a time before their sums (one L2 latency per 8 chunks, not one per chunk:
-// in the folded launch this runs at the start of every K block); the additions keep chunk order.
-__device__ __forceinline__ float k_mean_of(const double* partial, int bh, int n_chunks, int n_k, int c) {
-    const double* col = partial + (long)bh * n_chunks * HEAD_DIM + c;
-    double sum = 0.0;
-    for (int i0 = 0; i0 < n_chunks; i0 += 8) {
-        double part[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) part[j] = i0 + j < n_chunks ? col[(long)(i0 + j) * HEAD_DIM] : 0.0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-            if (i0 + j < n_chunks) sum = __dadd_rn(sum, part[j]);
-    }
-    return __double2float_rn(__ddiv_rn(sum, (double)n_k));
-}
-
 // K_m[b, h_kv, :] = mean over all n_k tokens of K, from the partial sums. Grid: B·H_kv blocks of
 // HEAD_DIM threads.
 extern "C" __global__ void sage_k_mean(const double* __restrict__ partial, float* __restrict__ k_mean,
                                        int n_k, int n_chunks, int smooth_k) {
     const int bh = blockIdx.x, c = threadIdx.x;
-    // 0 when smoothing is off: K_s = K
-    k_mean[bh * HEAD_DIM + c] = smooth_k ? k_mean_of(partial, bh, n_chunks, n_k, c) : 0.0f;
+    float mean = 0.0f;  // 0 when smoothing is off: K_s = K
+    if (smooth_k) {
+        double sum = 0.0;
+        for (int i = 0; i < n_chunks; ++i) sum = __dadd_rn(sum, partial[((long)bh * n_chunks + i) * HEAD_DIM + c]);
+        mean = __double2float_rn(__ddiv_rn(sum, (double)n_k));
+    }
+    k_mean[bh * HEAD_DIM + c] = mean;
 }
 
 // Mirrored by `QuantRowsParams` in src/quantize.rs.
@@ -119,15 +105,9 @@ struct QuantRowsParams {
     int n_pad;               // row length of the transposed copies
     int heads_q, heads_kv;   // the kv head of the row offsets (as kv_head_of)
     float c_lambda;
-    // sage64: K-smoothing with K_m computed by each block from sage_k_mean_partial's sums (the
-    // sage_k_mean launch folded in); head_mean is then null and blocks of group 0 write K_m here.
-    const double* mean_partial;  // [BH, mean_chunks, d] FP64 partial column sums, or null
-    float* mean_out;             // [BH, d] K_m, written by the blocks of group 0
-    int mean_chunks;
-    int pad_;
 };
 // Layout contract with src/quantize.rs (which asserts the same size).
-static_assert(sizeof(QuantRowsParams) == 128, "QuantRowsParams layout changed: update src/quantize.rs");
+static_assert(sizeof(QuantRowsParams) == 104, "QuantRowsParams layout changed: update src/quantize.rs");
 
 // b_r of one row (ALGORITHM.md §3.5): the sum in FP64 in column order (exact products), rounded
 // once, like the simulator. `row` holds HEAD_DIM BF16 values.
@@ -214,19 +194,6 @@ __device__ __forceinline__ void store_tile8_transposed(i8* dst, long stride, con
     }
 }
 
-// K_m of this block's (batch, kv head) into s_mean (threads < HEAD_DIM; then a barrier), from
-// sage_k_mean_partial's sums: the sage_k_mean launch folded into K's quantization (a few FP64 L2
-// loads per column and block instead of a dependent launch). The blocks of group 0 also write K_m
-// for the row offsets of Q (the next launch) and the dQ postprocess.
-__device__ __forceinline__ void load_k_mean(const QuantRowsParams& p, int blk, int bh, float* s_mean) {
-    if (threadIdx.x < HEAD_DIM) {
-        const float m = k_mean_of(p.mean_partial, bh, p.mean_chunks, p.n, threadIdx.x);
-        s_mean[threadIdx.x] = m;
-        if (blk == 0) p.mean_out[(long)bh * HEAD_DIM + threadIdx.x] = m;
-    }
-    __syncthreads();
-}
-
 // u16 row stride of the Q rows staged for b_r on the register-tile path: 16-byte rows, and both the
 // 16-byte stores of a quarter warp (8 column chunks of one row) and the 16-byte loads of 8
 // consecutive rows (one per thread) fall on 8 distinct 4-bank groups.
@@ -242,8 +209,7 @@ __device__ __forceinline__ void load_k_mean(const QuantRowsParams& p, int blk, i
 // whole sectors. No shared-memory tile except the Q rows for b_r.
 template <bool MEAN>
 __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, int blk, int bh, int row0, long base,
-                                                     int kv, const float* mean_row, float* s_mean, float* s_scratch,
-                                                     double* s_kmd, u16* s_rows) {
+                                                     int kv, float* s_scratch, double* s_kmd, u16* s_rows) {
     constexpr int WARPS_PER_BAND = HEAD_DIM / 64;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r_first = (warp / WARPS_PER_BAND) * 32 + (lane >> 3) * 8;
@@ -253,10 +219,8 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = *(const uint4*)(src + i * HEAD_DIM);
     float m[8];
-    // K_m from the partial sums (into s_mean = mean_row) while the loads above are in flight.
-    if (MEAN && p.mean_partial) load_k_mean(p, blk, bh, s_mean);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) m[j] = MEAN ? mean_row[c0 + j] : 0.0f;
+    for (int j = 0; j < 8; ++j) m[j] = MEAN ? p.head_mean[(bh / p.mean_group) * HEAD_DIM + c0 + j] : 0.0f;
 
     float amax = 0.0f;
 #pragma unroll
@@ -316,8 +280,6 @@ __device__ void quantize_group_elementwise(const QuantRowsParams& p, int blk, in
             p.block_mean[((long)bh * p.n_blk + blk) * HEAD_DIM + c] = m;
         } else if (p.head_mean) {  // K-smoothing: the per-(batch, kv head) token mean
             m = p.head_mean[(bh / p.mean_group) * HEAD_DIM + c];
-        } else if (p.mean_partial) {  // the same, computed by this thread (load_k_mean)
-            m = s_mean[c];
         }
         s_mean[c] = m;
     }
@@ -369,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
     __shared__ float s_scratch[THREADS / 32];
     // K (smoothed) runs right after the K mean read all of K: walking its groups in reverse order
     // meets first the heads whose rows are still in L2.
-    const bool reverse = p.head_mean != nullptr || p.mean_partial != nullptr;
+    const bool reverse = p.head_mean != nullptr;
     const int blk = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int bh = reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
     const int row0 = blk * p.rows_per_block;
@@ -382,15 +344,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
                           (int)blockDim.x == rows / 8 * (HEAD_DIM / 8) && p.n_pad % 8 == 0 && aligned16(p.x) &&
                           ((u64)p.x_hat & 7) == 0 && ((u64)p.x_hat_t & 7) == 0;
         if (!full) {
-            if (p.mean_partial) load_k_mean(p, blk, bh, s_mean);
             quantize_group_elementwise(p, blk, bh, row0, rows, base, kv, s_mean, s_scratch);
         } else if (p.head_mean) {
-            const float* mean_row = p.head_mean + (bh / p.mean_group) * HEAD_DIM;
-            quantize_group_tiles<true>(p, blk, bh, row0, base, kv, mean_row, s_mean, s_scratch, s_kmd, (u16*)s_dyn);
-        } else if (p.mean_partial) {
-            quantize_group_tiles<true>(p, blk, bh, row0, base, kv, s_mean, s_mean, s_scratch, s_kmd, (u16*)s_dyn);
+            quantize_group_tiles<true>(p, blk, bh, row0, base, kv, s_scratch, s_kmd, (u16*)s_dyn);
         } else {
-            quantize_group_tiles<false>(p, blk, bh, row0, base, kv, nullptr, s_mean, s_scratch, s_kmd, (u16*)s_dyn);
+            quantize_group_tiles<false>(p, blk, bh, row0, base, kv, s_scratch, s_kmd, (u16*)s_dyn);
         }
         return;
     }
@@ -400,7 +358,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
     // group of a sequence reads global memory element by element.
     const bool staged = rows == p.rows_per_block && rows <= BLOCK_KV && rows % 32 == 0 && p.n_pad % 8 == 0 &&
                         aligned16(p.x) && aligned16(p.x_t) && ((u64)p.x_hat & 7) == 0 && ((u64)p.x_hat_t & 7) == 0;
-    if (p.mean_partial) load_k_mean(p, blk, bh, s_mean);
     if (!staged) {
         quantize_group_elementwise(p, blk, bh, row0, rows, base, kv, s_mean, s_scratch);
         return;
@@ -427,8 +384,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
             p.block_mean[((long)bh * p.n_blk + blk) * HEAD_DIM + c] = m;
         } else if (p.head_mean) {  // K-smoothing: the per-(batch, kv head) token mean
             m = p.head_mean[(bh / p.mean_group) * HEAD_DIM + c];
-        } else if (p.mean_partial) {  // the same, computed by this thread (load_k_mean)
-            m = s_mean[c];
         }
         s_mean[c] = m;
         if (p.k_mean) s_km[c] = p.k_mean[kv * HEAD_DIM + c];

@@ -318,41 +318,7 @@ fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, he
         &[128, head_dim as u32],
         crate::tma::TmaSwizzle::B128,
     )?;
-    launch_ws_int8(gpu, k, vmap, p, ws_smem_bytes(head_dim))
-}
-
-/// CTA order of `sage_forward_ws` (`ws_tile_order` in forward.cu) from `SAGEBWD_WS_ORDER`: default
-/// each head's query-block pairs heaviest (last) first, heads in turn; `sections` pairs descending
-/// across sections of heads (~2 waves of CTAs); `asc` main's order (pairs ascending). Same bits.
-fn ws_order_flags() -> i32 {
-    const F_WS_ORDER_SECTIONS: i32 = 1 << 27;
-    const F_WS_ORDER_ASC: i32 = 1 << 28;
-    match std::env::var("SAGEBWD_WS_ORDER").as_deref() {
-        Ok("sections") => F_WS_ORDER_SECTIONS,
-        Ok("asc") => F_WS_ORDER_ASC,
-        _ => 0,
-    }
-}
-
-/// Launches `sage_forward_ws` on a 1-D grid of (query-block pairs) · B·H_q CTAs, 384 threads: the
-/// kernel maps its CTA index to a (pair, head) heaviest-first (`ws_tile_order` in forward.cu), so
-/// the grid is not the (pairs, B·H_q) of `launch_ws_kernel`.
-fn launch_ws_int8(gpu: &Gpu, k: &Kernels, mut vmap: crate::tma::TensorMap, p: &ForwardParams, smem: u32) -> Result<()> {
-    use cudarc::driver::sys;
-    let d = &p.dims;
-    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
-    let func = k.forward_function(c"sage_forward_ws")?;
-    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-    drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
-    let mut params = *p;
-    params.flags |= ws_order_flags();
-    let mut args: [*mut std::ffi::c_void; 2] =
-        [(&mut vmap as *mut crate::tma::TensorMap).cast(), (&mut params as *mut ForwardParams).cast()];
-    let ctas = (d.n_qblk as u32).div_ceil(2) * (d.batch * d.heads_q) as u32;
-    drv("launch forward (warp-specialized INT8)", unsafe {
-        sys::cuLaunchKernel(func, ctas, 1, 1, 384, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
-            .result()
-    })
+    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, ws_smem_bytes(head_dim))
 }
 
 /// A BF16 `[heads][rows][head_dim]` tensor as TMA boxes of 64 columns × 128 rows, 128-byte

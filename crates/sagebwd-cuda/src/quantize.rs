@@ -27,14 +27,10 @@ struct QuantRowsParams {
     heads_q: i32,
     heads_kv: i32,
     c_lambda: f32,
-    mean_partial: u64,
-    mean_out: u64,
-    mean_chunks: i32,
-    pad_: i32,
 }
 unsafe impl cudarc::driver::DeviceRepr for QuantRowsParams {}
 // Layout contract with quantize.cu, which static_asserts the same size.
-const _: () = assert!(std::mem::size_of::<QuantRowsParams>() == 128);
+const _: () = assert!(std::mem::size_of::<QuantRowsParams>() == 104);
 
 /// Which outputs of the quantization the selected kernel paths read. The staged (tensor-core)
 /// paths read the operands in their own layouts, so the others are neither allocated nor computed:
@@ -133,9 +129,6 @@ struct RowsJob<'a> {
     n: usize,
     rows_per_block: usize,
     head_mean: Option<(&'a CudaSlice<f32>, usize)>,
-    /// K-smoothing with K_m computed in the launch from `sage_k_mean_partial`'s FP64 sums
-    /// (partials, chunks) and written to the third buffer (instead of `head_mean`).
-    head_mean_from: Option<(&'a CudaSlice<f32>, usize, &'a CudaSlice<f32>)>,
     block_mean: Option<&'a CudaSlice<f32>>,
     /// x̂ in the natural layout, if needed.
     x_hat: &'a Option<CudaSlice<i8>>,
@@ -190,10 +183,6 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         heads_q: job.row_offset.as_ref().map_or(1, |r| r.heads_q as i32),
         heads_kv: job.row_offset.as_ref().map_or(1, |r| r.heads_kv as i32),
         c_lambda: job.row_offset.as_ref().map_or(0.0, |r| r.c_lambda),
-        mean_partial: job.head_mean_from.map_or(0, |(part, _, _)| gpu.ptr(part)),
-        mean_out: job.head_mean_from.map_or(0, |(_, _, out)| gpu.ptr(out)),
-        mean_chunks: job.head_mean_from.map_or(0, |(_, chunks, _)| chunks as i32),
-        pad_: 0,
     };
     launch_rows(gpu, k, &p, job.bh, launch)
 }
@@ -212,12 +201,6 @@ fn launch_rows(gpu: &Gpu, k: &Kernels, p: &QuantRowsParams, bh: usize, (threads,
 
 /// Rows per partial sum of the K mean (`K_MEAN_CHUNK` in quantize.cu).
 const K_MEAN_CHUNK: usize = 512;
-
-/// Whether K's quantization computes K_m itself from the partial sums (default) rather than after
-/// a `sage_k_mean` launch (`SAGEBWD_K_MEAN=launch`, for comparison): the same bits either way.
-fn k_mean_folded() -> bool {
-    std::env::var("SAGEBWD_K_MEAN").as_deref() != Ok("launch")
-}
 
 /// K_m, then K̂ (from K_s), V̂, Q̂ (from Q_s) and their transposed copies (ALGORITHM.md §3), as far
 /// as the kernel paths for `cfg` read them ([`QuantNeeds`]).
@@ -261,37 +244,30 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
             stream.launch_builder(&k.k_mean_partial).arg(&x.k).arg(&partial).arg(&n_k).arg(&n_chunks_i).launch(part_cfg)
         })?;
     }
-    // With K-smoothing, K's quantization computes K_m from the partial sums itself (and writes it);
-    // without (or with the separate launch asked for), sage_k_mean writes K_m (0 without smoothing).
-    let fold_mean = smooth_k && k_mean_folded();
-    if !fold_mean {
-        let smooth_k = smooth_k as i32;
-        let mean_cfg = LaunchConfig { grid_dim: (bh_kv as u32, 1, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
-        drv("launch sage_k_mean", unsafe {
-            stream.launch_builder(&k.k_mean).arg(&partial).arg(&k_mean).arg(&n_k).arg(&n_chunks_i).arg(&smooth_k)
-                .launch(mean_cfg)
-        })?;
-    }
+    let smooth_k = smooth_k as i32;
+    let mean_cfg = LaunchConfig { grid_dim: (bh_kv as u32, 1, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
+    drv("launch sage_k_mean", unsafe {
+        stream.launch_builder(&k.k_mean).arg(&partial).arg(&k_mean).arg(&n_k).arg(&n_chunks_i).arg(&smooth_k)
+            .launch(mean_cfg)
+    })?;
     let (_, c_lambda) = crate::forward::scales(d);
     quantize_rows(gpu, k, RowsJob {
         x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
-        head_mean: (!fold_mean).then_some((&k_mean, 1)),
-        head_mean_from: fold_mean.then_some((&partial, n_chunks, &k_mean)),
-        block_mean: None,
+        head_mean: Some((&k_mean, 1)), block_mean: None,
         x_hat: &k_hat, scale: &k_scale,
         transposed: (&k_hat_t, &k_t, padded_k(s.n_k)),
         row_offset: None,
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
-        head_mean: None, head_mean_from: None, block_mean: None,
+        head_mean: None, block_mean: None,
         x_hat: &v_hat, scale: &v_scale,
         transposed: (&v_hat_t, &v_t, padded_k(s.n_k)),
         row_offset: None,
     })?;
     quantize_rows(gpu, k, RowsJob {
         x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
-        head_mean: None, head_mean_from: None, block_mean: cfg.smooth_q.then_some(&q_mean),
+        head_mean: None, block_mean: cfg.smooth_q.then_some(&q_mean),
         x_hat: &q_hat, scale: &q_scale,
         transposed: (&q_hat_t, &q_t, padded_q(s.n_q)),
         // b_r = fl(cλ·q_r·K_m) (§3.5) from the staged Q tile
@@ -318,7 +294,7 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
     let do_t = if needs.bf16_transposed { Some(gpu.alloc_poisoned_u16(t_len)?) } else { None };
     quantize_rows(gpu, k, RowsJob {
         x: d_o, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
-        head_mean: None, head_mean_from: None, block_mean: None,
+        head_mean: None, block_mean: None,
         x_hat: &do_hat, scale: &do_scale,
         transposed: (&do_hat_t, &do_t, padded_q(s.n_q)),
         row_offset: None,
@@ -338,8 +314,7 @@ pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64),
     let mut p = QuantRowsParams {
         x: d_o, head_mean: 0, block_mean: 0, x_hat: 0, scale, x_hat_t: gpu.ptr(do_hat_t), x_t: 0, k_mean: 0,
         row_offset: 0, n: n_q as i32, rows_per_block: BLOCK_Q as i32, n_blk: n_blk as i32, mean_group: 1,
-        n_pad: padded_q(n_q) as i32, heads_q: 1, heads_kv: 1, c_lambda: 0.0, mean_partial: 0, mean_out: 0,
-        mean_chunks: 0, pad_: 0,
+        n_pad: padded_q(n_q) as i32, heads_q: 1, heads_kv: 1, c_lambda: 0.0,
     };
     // the register-tile layout of `rows_launch` (no smoothing, no BF16 copy, no row offsets)
     let threads = tile_threads(BLOCK_Q, d);
