@@ -1620,44 +1620,39 @@ WS_BF16_ENTRY(sage_forward_ws_bf16_fws3s, true, true, true)     // P·V as two n
 //   tensor cores; then wait for it, release the stage, and rescale O by α(kb + 1). P(kb) and
 //   P(kb + 1) live in two register sets (the loop is unrolled by two).
 
-// The step for key block kb needs the stages of kb and kb + 1 at once (S(kb + 1) is issued before
-// P·V(kb)), so 2 stages would leave the load of kb + 2 no slack: 3 at d = 128 (192 KB, hence one Q
-// slot: the next tile's Q loads only once this tile is done), 5 at d = 64 with two Q slots.
-#define FP_STAGES (HEAD_DIM == 128 ? 3 : 5)  // 3 × 64 KB or 5 × 32 KB of K and V
-#define FP_Q_SLOTS (HEAD_DIM == 128 ? 1 : 2)
-#define F_FP_HEAD_MAJOR (1 << 28)            // set by the host: tiles (batch·head)-major (see fp_tile)
+#define FP_STAGES (HEAD_DIM == 128 ? 2 : 5)  // 2 × 64 KB or 5 × 32 KB of K and V
 
 #ifdef SAGE_WGMMA
-// Shared memory of the persistent kernel: FP_Q_SLOTS Q slots (tile i uses slot i % FP_Q_SLOTS), the K
-// and V rings, then the mbarriers: FP_STAGES full, FP_STAGES empty, 2 Q-full, 2 Q-empty (8 B each).
+// Shared memory of the persistent kernel: two Q slots (tile i uses slot i % 2), the K and V rings,
+// then the mbarriers: FP_STAGES full, FP_STAGES empty, 2 Q-full, 2 Q-empty (8 B each).
 struct FpSmem {
-    static constexpr int kSmemBytes = FP_Q_SLOTS * FW_Q_BYTES + 2 * FP_STAGES * FB_TILE + 8 * (2 * FP_STAGES + 4) + 1024;
+    static constexpr int kSmemBytes = 2 * FW_Q_BYTES + 2 * FP_STAGES * FB_TILE + 8 * (2 * FP_STAGES + 4) + 1024;
     u32 q, k, v, full, empty, q_full, q_empty;
     __device__ __forceinline__ FpSmem(unsigned char* smem) {
         q = (smem_addr(smem) + 1023u) & ~1023u;
-        k = q + FP_Q_SLOTS * FW_Q_BYTES;
+        k = q + 2 * FW_Q_BYTES;
         v = k + FP_STAGES * FB_TILE;
         full = v + FP_STAGES * FB_TILE;
         empty = full + 8 * FP_STAGES;
         q_full = empty + 8 * FP_STAGES;
         q_empty = q_full + 16;
     }
-    __device__ __forceinline__ u32 q_slot(int i) const { return q + (i % FP_Q_SLOTS) * FW_Q_BYTES; }
+    __device__ __forceinline__ u32 q_slot(int i) const { return q + (i & 1) * FW_Q_BYTES; }
     __device__ __forceinline__ u32 k_stage(int it) const { return k + (it % FP_STAGES) * FB_TILE; }
     __device__ __forceinline__ u32 v_stage(int it) const { return v + (it % FP_STAGES) * FB_TILE; }
     __device__ __forceinline__ u32 full_bar(int it) const { return full + 8 * (it % FP_STAGES); }
     __device__ __forceinline__ u32 empty_bar(int it) const { return empty + 8 * (it % FP_STAGES); }
-    __device__ __forceinline__ u32 q_full_bar(int i) const { return q_full + 8 * (i % FP_Q_SLOTS); }
-    __device__ __forceinline__ u32 q_empty_bar(int i) const { return q_empty + 8 * (i % FP_Q_SLOTS); }
+    __device__ __forceinline__ u32 q_full_bar(int i) const { return q_full + 8 * (i & 1); }
+    __device__ __forceinline__ u32 q_empty_bar(int i) const { return q_empty + 8 * (i & 1); }
     // Consumers: the it-th key block this block loads (counted over all its tiles), and tile i's Q.
     __device__ __forceinline__ void wait_full(int it) const { mbar_wait(full_bar(it), (it / FP_STAGES) & 1); }
-    __device__ __forceinline__ void wait_q(int i) const { mbar_wait(q_full_bar(i), (i / FP_Q_SLOTS) & 1); }
+    __device__ __forceinline__ void wait_q(int i) const { mbar_wait(q_full_bar(i), (i >> 1) & 1); }
     // Producer: the previous use of a stage / Q slot was released by every consumer warp.
     __device__ __forceinline__ void wait_empty(int it) const {
         if (it >= FP_STAGES) mbar_wait(empty_bar(it), ((it / FP_STAGES) - 1) & 1);
     }
     __device__ __forceinline__ void wait_q_empty(int i) const {
-        if (i >= FP_Q_SLOTS) mbar_wait(q_empty_bar(i), ((i / FP_Q_SLOTS) - 1) & 1);
+        if (i >= 2) mbar_wait(q_empty_bar(i), ((i >> 1) - 1) & 1);
     }
     // One thread: "full" barriers complete on the producer's one arrival + the TMA bytes, "empty"
     // ones on one arrival per consumer warp (8).
@@ -1676,32 +1671,28 @@ struct FpSmem {
 
 // A tile of the persistent grid: query blocks 2·pair, 2·pair + 1 of (batch·head) bh, and the end of
 // the key blocks they walk (those of the later one, as ws_start). Tile t: pairs in decreasing
-// order (causal: decreasing work, the heaviest first over the whole grid), batch·heads inside;
-// with F_FP_HEAD_MAJOR (batch·head)-major, pairs decreasing inside, so that the blocks running at
-// once read the K, V of few heads (L2 reuse at long N).
+// order (causal: decreasing work), batch·heads inside.
 struct FpTile {
     int bh, pair, end;
 };
 __device__ __forceinline__ int fp_tile_count(const Dims& d) { return ((d.n_qblk + 1) / 2) * d.batch * d.heads_q; }
-__device__ __forceinline__ FpTile fp_tile(const Dims& d, int flags, int t) {
+__device__ __forceinline__ FpTile fp_tile(const Dims& d, int t) {
     const int bhs = d.batch * d.heads_q, pairs = (d.n_qblk + 1) / 2;
-    const bool head_major = flags & F_FP_HEAD_MAJOR;
     FpTile x;
-    x.pair = pairs - 1 - (head_major ? t % pairs : t / bhs);
-    x.bh = head_major ? t / pairs : t % bhs;
+    x.pair = pairs - 1 - t / bhs;
+    x.bh = t % bhs;
     x.end = key_block_end(d, min(2 * x.pair + 1, d.n_qblk - 1));
     return x;
 }
 
-// The producer (one thread): for each tile of this block, its Q into slot i % FP_Q_SLOTS, then K and V of
+// The producer (one thread): for each tile of this block, its Q into slot i % 2, then K and V of
 // each key block into the ring; it runs ahead across tile boundaries as far as the ring allows.
-__device__ void fp_producer(const void* qmap, const void* kmap, const void* vmap, const FpSmem& sm, const Dims& d,
-                            int flags) {
+__device__ void fp_producer(const void* qmap, const void* kmap, const void* vmap, const FpSmem& sm, const Dims& d) {
     if (threadIdx.x != 0) return;
     const int n_tiles = fp_tile_count(d);
     int it = 0;
     for (int t = blockIdx.x, i = 0; t < n_tiles; t += gridDim.x, ++i) {
-        const FpTile x = fp_tile(d, flags, t);
+        const FpTile x = fp_tile(d, t);
         const int bh_kv = kv_head_of(d, x.bh);
         sm.wait_q_empty(i);
         mbar_arrive_expect_tx(sm.q_full_bar(i), FW_Q_BYTES);
@@ -1808,13 +1799,6 @@ __device__ void fp_store(const ForwardParams& p, const RowState& st, const float
     }
 }
 
-// Whether any tile of this block has a key block (else the consumers take no ping-pong turn).
-__device__ __forceinline__ bool fp_any_key_block(const Dims& d, int flags) {
-    for (int t = blockIdx.x; t < fp_tile_count(d); t += gridDim.x)
-        if (fp_tile(d, flags, t).end > 0) return true;
-    return false;
-}
-
 // One consumer warpgroup's state over a tile: S accumulators, O, the row state, the tile's Q.
 struct FpConsumer {
     float sacc[S_TILES][4];
@@ -1853,13 +1837,14 @@ template <bool PINGPONG, bool FAST_EXP>
 __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
-    const bool turns = PINGPONG && fp_any_key_block(d, p.flags);
+    // The block's first tile is its heaviest: it has turns iff any tile has.
+    const bool turns = PINGPONG && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
     if (turns && w == 1) pass_turn(1);
     FpConsumer c;
     u32 pa[2][BLOCK_KV / 16][4];
     int it = 0;
     for (int t = blockIdx.x, i = 0; t < n_tiles; t += gridDim.x, ++i) {
-        const FpTile x = fp_tile(d, p.flags, t);
+        const FpTile x = fp_tile(d, t);
         const int qb = 2 * x.pair + w;
         c.row0 = qb * BLOCK_Q + warp * 16;
         c.end = x.end;
@@ -1901,7 +1886,7 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        fp_producer(qmap, kmap, vmap, sm, p.dims, p.flags);
+        fp_producer(qmap, kmap, vmap, sm, p.dims);
     } else {
         setmaxnreg_inc<240>();
         fp_consumer<PINGPONG, FAST_EXP>(p, sm, wg - 1);

@@ -151,25 +151,21 @@ const F_WS_FAST_EXP: i32 = 1 << 23;
 /// How a kernel of the warp-specialized BF16 forward walks the work: `Pairs`, one block per
 /// query-block pair and (batch·head) (`sage_forward_ws_bf16`, `_fws*`); `Persistent`, min(tiles,
 /// SMs) blocks that each walk tiles (`sage_forward_ws_bf16_p*`, fpafwd2), heaviest first over the
-/// grid (query-block pairs in decreasing order, batch·heads inside), or with `F_FP_HEAD_MAJOR`
-/// (batch·head)-major, pairs decreasing inside (L2 reuse of K, V at long N).
+/// grid (query-block pairs in decreasing order, batch·heads inside).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Bf16WsGrid {
     Pairs,
     Persistent,
 }
 
-/// Flag bit of the persistent BF16 kernels (`F_FP_HEAD_MAJOR` in forward.cu).
-const F_FP_HEAD_MAJOR: i32 = 1 << 28;
-
-/// A kernel of the warp-specialized BF16 forward, its grid and its extra flag bits.
-type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid, i32);
+/// A kernel of the warp-specialized BF16 forward and its grid.
+type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid);
 
 /// The kernel of the warp-specialized BF16 forward (`fpa`, both forward products BF16) that
 /// `SAGEBWD_FORWARD_WGMMA` asks for, or None for the mma.sync staged path (`off`): `fpp3`
 /// (`sage_forward_ws_bf16_p3`) persistent, P·V accumulated onto the rescaled O with softmax(kb + 1)
-/// overlapping P·V(kb) in each warpgroup, ping-pong, heaviest tiles first; `fpp3h` the same
-/// (batch·head)-major; `fpp1` `fpp3` without the ping-pong; `fpp3f` `fpp3` with exp2 without its
+/// overlapping P·V(kb) in each warpgroup, ping-pong, heaviest tiles first; `fpp1` `fpp3` without
+/// the ping-pong; `fpp3f` `fpp3` with exp2 without its
 /// subnormal fix-up when no argument needs it; `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
 /// schedule (S(kb + 1) runs during the O update; ping-pong), `fws1` without the ping-pong, `fws0`
 /// ping-pong with S(kb + 1) issued after the O update, `fws3s` `fws3` with P·V as two n64 products
@@ -177,24 +173,24 @@ type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid, i32);
 /// measured (RESULTS-gpu.md, fpafwd2).
 fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKernel> {
     use Bf16WsGrid::{Pairs, Persistent};
-    let fpp3 = (c"sage_forward_ws_bf16_p3", Persistent, 0);
-    let fws3 = (c"sage_forward_ws_bf16", Pairs, 0);
+    let fpp3 = (c"sage_forward_ws_bf16_p3", Persistent);
+    let fws3 = (c"sage_forward_ws_bf16", Pairs);
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("off") => None,
         Ok("fws3") => Some(fws3),
-        Ok("fws1") => Some((c"sage_forward_ws_bf16_fws1", Pairs, 0)),
-        Ok("fws0") => Some((c"sage_forward_ws_bf16_fws0", Pairs, 0)),
-        Ok("fws3s") => Some((c"sage_forward_ws_bf16_fws3s", Pairs, 0)),
+        Ok("fws1") => Some((c"sage_forward_ws_bf16_fws1", Pairs)),
+        Ok("fws0") => Some((c"sage_forward_ws_bf16_fws0", Pairs)),
+        Ok("fws3s") => Some((c"sage_forward_ws_bf16_fws3s", Pairs)),
         Ok("fpp3") => Some(fpp3),
-        Ok("fpp3h") => Some((c"sage_forward_ws_bf16_p3", Persistent, F_FP_HEAD_MAJOR)),
-        Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent, 0)),
-        Ok("fpp3f") => Some((c"sage_forward_ws_bf16_p3f", Persistent, 0)),
+        Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent)),
+        Ok("fpp3f") => Some((c"sage_forward_ws_bf16_p3f", Persistent)),
         _ => Some(if bf16_persistent_pays(head_dim, n_q, causal) { fpp3 } else { fws3 }),
     }
 }
 
 /// Where the persistent kernel beat fpafwd's `fws3` (fpafwd2's first call, H200): d = 64 at
-/// N ≤ 1k, and causal up to 4k (the training shapes: short rows, many light tiles).
+/// N ≤ 1k, and causal up to 4k (the training shapes: short rows, many light tiles). At d = 128 its
+/// 2 stages leave the next load no slack (RESULTS-gpu.md, fpafwd2).
 fn bf16_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
     head_dim == 64 && (n_q <= 1024 || (causal && n_q <= 4096))
 }
@@ -286,8 +282,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     // scalar: 256 threads over the 64 × 128 tile, static shared memory.
     // wgmma (sm_90a): one warpgroup (64 query rows) per block, or two (F_WGMMA_2WG).
     if gpu.tensor_cores() && gpu.dev.arch == "sm_90a" && forward_path(p.flags) == ForwardPath::StagedBf16 {
-        if let Some((kernel, grid, extra)) = bf16_ws_kernel(s.head_dim, s.n_q, x.causal) {
-            p.flags |= extra;
+        if let Some((kernel, grid)) = bf16_ws_kernel(s.head_dim, s.n_q, x.causal) {
             launch_ws_bf16(gpu, k, kernel, grid, &p, s.head_dim)?;
             return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
         }
@@ -372,13 +367,12 @@ fn bf16_panel_map(addr: u64, heads: i32, rows: i32, head_dim: usize) -> Result<c
     )
 }
 
-/// Dynamic shared memory of the persistent BF16 kernels (`FpSmem::kSmemBytes`): `FP_Q_SLOTS` (1 at
-/// d = 128, 2 at d = 64) slots of BF16 Q of two query blocks, rings of `FP_STAGES` (3 at d = 128, 5
-/// at d = 64) K and V tiles of 128 × d BF16, the full / empty mbarriers of the stages and of two Q
-/// slots, 1 KiB of alignment slack.
+/// Dynamic shared memory of the persistent BF16 kernels (`FpSmem::kSmemBytes`): two slots of BF16 Q
+/// of two query blocks, rings of `FP_STAGES` (2 at d = 128, 5 at d = 64) K and V tiles of 128 × d
+/// BF16, the full / empty mbarriers of the stages and of the two Q slots, 1 KiB of alignment slack.
 fn ws_bf16_persistent_smem_bytes(head_dim: usize) -> u32 {
-    let (q_slots, stages) = if head_dim == 128 { (1, 3) } else { (2, 5) };
-    (q_slots * 128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 8 * (2 * stages + 4) + 1024) as u32
+    let stages = if head_dim == 128 { 2 } else { 5 };
+    (2 * 128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 8 * (2 * stages + 4) + 1024) as u32
 }
 
 /// Launches a kernel of the warp-specialized BF16 forward (`sage_forward_ws_bf16*`): 384 threads
