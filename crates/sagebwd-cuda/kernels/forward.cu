@@ -1606,6 +1606,307 @@ WS_BF16_ENTRY(sage_forward_ws_bf16_fws1, false, true, false)    // no ping-pong
 WS_BF16_ENTRY(sage_forward_ws_bf16_fws0, true, false, false)    // S(kb + 1) after the O update
 WS_BF16_ENTRY(sage_forward_ws_bf16_fws3s, true, true, true)     // P·V as two n64 products (d = 128)
 
+// ---------------------------------------------------------------------------------------------
+// Persistent BF16 forward (fpafwd2), kernels `sage_forward_ws_bf16_p*`: the arithmetic of
+// sage_forward_ws_bf16 except that P·V accumulates straight onto the rescaled O (§4, #2 BF16: one
+// FP32 sum of O·α and the products, in any order), which frees the PV_block accumulator for
+// FlashAttention-3's in-warpgroup overlap, and a persistent grid:
+// - tiles (query-block pair, batch·head) heaviest first (causal: the longest rows first, so the
+//   grid's tail is short work); one block per SM walks tiles blockIdx.x, + gridDim.x, ...;
+// - the producer thread streams Q of the next tile (two Q slots) and K, V of every key block of
+//   every tile through one ring, so the next tile's loads overlap this tile's work and O stores;
+// - a consumer step for key block kb: issue S(kb + 1) = Q K(kb + 1)ᵀ, then O += P(kb) V(kb); wait
+//   for S(kb + 1) only and run softmax(kb + 1) on the CUDA cores while P(kb)·V(kb) runs on the
+//   tensor cores; then wait for it, release the stage, and rescale O by α(kb + 1). P(kb) and
+//   P(kb + 1) live in two register sets (the loop is unrolled by two).
+
+#define FP_STAGES (HEAD_DIM == 128 ? 2 : 5)  // 2 × 64 KB or 5 × 32 KB of K and V
+
+#ifdef SAGE_WGMMA
+// Shared memory of the persistent kernel: two Q slots (tile i uses slot i % 2), the K and V rings,
+// then the mbarriers: FP_STAGES full, FP_STAGES empty, 2 Q-full, 2 Q-empty (8 B each).
+struct FpSmem {
+    static constexpr int kSmemBytes = 2 * FW_Q_BYTES + 2 * FP_STAGES * FB_TILE + 8 * (2 * FP_STAGES + 4) + 1024;
+    u32 q, k, v, full, empty, q_full, q_empty;
+    __device__ __forceinline__ FpSmem(unsigned char* smem) {
+        q = (smem_addr(smem) + 1023u) & ~1023u;
+        k = q + 2 * FW_Q_BYTES;
+        v = k + FP_STAGES * FB_TILE;
+        full = v + FP_STAGES * FB_TILE;
+        empty = full + 8 * FP_STAGES;
+        q_full = empty + 8 * FP_STAGES;
+        q_empty = q_full + 16;
+    }
+    __device__ __forceinline__ u32 q_slot(int i) const { return q + (i & 1) * FW_Q_BYTES; }
+    __device__ __forceinline__ u32 k_stage(int it) const { return k + (it % FP_STAGES) * FB_TILE; }
+    __device__ __forceinline__ u32 v_stage(int it) const { return v + (it % FP_STAGES) * FB_TILE; }
+    __device__ __forceinline__ u32 full_bar(int it) const { return full + 8 * (it % FP_STAGES); }
+    __device__ __forceinline__ u32 empty_bar(int it) const { return empty + 8 * (it % FP_STAGES); }
+    __device__ __forceinline__ u32 q_full_bar(int i) const { return q_full + 8 * (i & 1); }
+    __device__ __forceinline__ u32 q_empty_bar(int i) const { return q_empty + 8 * (i & 1); }
+    // Consumers: the it-th key block this block loads (counted over all its tiles), and tile i's Q.
+    __device__ __forceinline__ void wait_full(int it) const { mbar_wait(full_bar(it), (it / FP_STAGES) & 1); }
+    __device__ __forceinline__ void wait_q(int i) const { mbar_wait(q_full_bar(i), (i >> 1) & 1); }
+    // Producer: the previous use of a stage / Q slot was released by every consumer warp.
+    __device__ __forceinline__ void wait_empty(int it) const {
+        if (it >= FP_STAGES) mbar_wait(empty_bar(it), ((it / FP_STAGES) - 1) & 1);
+    }
+    __device__ __forceinline__ void wait_q_empty(int i) const {
+        if (i >= 2) mbar_wait(q_empty_bar(i), ((i >> 1) - 1) & 1);
+    }
+    // One thread: "full" barriers complete on the producer's one arrival + the TMA bytes, "empty"
+    // ones on one arrival per consumer warp (8).
+    __device__ __forceinline__ void init() const {
+        for (int s = 0; s < FP_STAGES; ++s) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8);
+        }
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(q_full + 8 * s, 1);
+            mbar_init(q_empty + 8 * s, 8);
+        }
+        fence_mbar_init();
+    }
+};
+
+// A tile of the persistent grid: query blocks 2·pair, 2·pair + 1 of (batch·head) bh, and the end of
+// the key blocks they walk (those of the later one, as ws_start). Tile t: pairs in decreasing
+// order (causal: decreasing work), batch·heads inside.
+struct FpTile {
+    int bh, pair, end;
+};
+__device__ __forceinline__ int fp_tile_count(const Dims& d) { return ((d.n_qblk + 1) / 2) * d.batch * d.heads_q; }
+__device__ __forceinline__ FpTile fp_tile(const Dims& d, int t) {
+    const int bhs = d.batch * d.heads_q, pairs = (d.n_qblk + 1) / 2;
+    FpTile x;
+    x.pair = pairs - 1 - t / bhs;
+    x.bh = t % bhs;
+    x.end = key_block_end(d, min(2 * x.pair + 1, d.n_qblk - 1));
+    return x;
+}
+
+// The producer (one thread): for each tile of this block, its Q into slot i % 2, then K and V of
+// each key block into the ring; it runs ahead across tile boundaries as far as the ring allows.
+__device__ void fp_producer(const void* qmap, const void* kmap, const void* vmap, const FpSmem& sm, const Dims& d) {
+    if (threadIdx.x != 0) return;
+    const int n_tiles = fp_tile_count(d);
+    int it = 0;
+    for (int t = blockIdx.x, i = 0; t < n_tiles; t += gridDim.x, ++i) {
+        const FpTile x = fp_tile(d, t);
+        const int bh_kv = kv_head_of(d, x.bh);
+        sm.wait_q_empty(i);
+        mbar_arrive_expect_tx(sm.q_full_bar(i), FW_Q_BYTES);
+        tma_panels(sm.q_slot(i), qmap, 2 * x.pair * BLOCK_Q, x.bh, sm.q_full_bar(i));
+        for (int kb = 0; kb < x.end; ++kb, ++it) {
+            sm.wait_empty(it);
+            mbar_arrive_expect_tx(sm.full_bar(it), 2 * FB_TILE);
+            tma_panels(sm.k_stage(it), kmap, kb * BLOCK_KV, bh_kv, sm.full_bar(it));
+            tma_panels(sm.v_stage(it), vmap, kb * BLOCK_KV, bh_kv, sm.full_bar(it));
+        }
+    }
+}
+
+// S = Q Kᵀ of the warpgroup's 64 rows (Q at qt) and the 128 keys at kt (as WsBf16::issue_scores).
+__device__ __forceinline__ void fp_issue_scores(float (&sacc)[S_TILES][4], u32 qt, u32 kt) {
+    const u64 qd = kmajor_desc(qt, 128), kd = kmajor_desc(kt, 128);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < HEAD_DIM / 16; ++s) {
+        const u64 off = ((s / 4) * FW_PANEL + (s % 4) * 32) >> 4;
+        wgmma_bf16_ss_n128(sacc, qd + off, kd + off, s);
+    }
+    wgmma_commit();
+}
+
+// O += bf16(P) V onto the (already rescaled) O accumulators: accumulate = 1 in every k-step.
+__device__ __forceinline__ void fp_issue_pv(float (*o)[4], const u32 (*pa)[4], u32 vt) {
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BLOCK_KV / 16; ++ks) {
+        const u64 vd = mnmajor_desc(vt + ks * 16 * 128, FW_PANEL);
+#if HEAD_DIM == 128
+        wgmma_bf16_rs_n128_tb(o, pa[ks], vd, 1);
+#else
+        wgmma_bf16_rs_n64_tb(o, pa[ks], vd, 1);
+#endif
+    }
+    wgmma_commit();
+}
+
+// t = fl(cλ·S), the mask, the online softmax (staged_softmax: m, α, l) and bf16(p) packed as the
+// A fragments of P·V (bf16_softmax's packing); FAST_EXP: exp2 without the subnormal fix-up when
+// no argument of the warp needs it (same bits).
+template <bool FAST_EXP>
+__device__ __forceinline__ void fp_softmax(const Dims& d, float (&sacc)[S_TILES][4], float c_lambda, RowState& st,
+                                           u32 (*pa)[4], int row0, int key0) {
+    wgmma_fence_regs(sacc);
+    // t in its own registers: writing the S accumulators while P·V(kb) is in flight would make
+    // ptxas serialize the wgmmas (C7515).
+    float t[S_TILES][4];
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn(c_lambda, sacc[nt][e]);
+    mask_tile<false>(d, t, row0, key0);
+    staged_softmax<false, FAST_EXP>(t, st, nullptr);
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_KV / 16; ++kk) {
+        pa[kk][0] = pack_bf16x2(t[2 * kk][0], t[2 * kk][1]);
+        pa[kk][1] = pack_bf16x2(t[2 * kk][2], t[2 * kk][3]);
+        pa[kk][2] = pack_bf16x2(t[2 * kk + 1][0], t[2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16x2(t[2 * kk + 1][2], t[2 * kk + 1][3]);
+    }
+}
+
+// O = fl(O·α) before the next P·V accumulates onto it; skipped when no row of the warp changed
+// its max (α = 1: fl(O·1) = O exactly).
+__device__ __forceinline__ void fp_rescale(float (*o)[4], const RowState& st) {
+    if (__all_sync(0xffffffffu, st.alpha[0] == 1.0f && st.alpha[1] == 1.0f)) return;
+#pragma unroll
+    for (int nd = 0; nd < O_TILES; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nd][e] = __fmul_rn(o[nd][e], st.alpha[e >> 1]);
+}
+
+// mma_store's results (O = fl(O / l) as BF16, lse2, lse; empty rows 0, +∞) with each thread's
+// two adjacent columns stored as one 32-bit word (pack_bf16x2 = f32_to_bf16 on finite values).
+__device__ void fp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0) {
+    const Dims& d = p.dims;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + c_row(2 * h);
+        if (r >= d.n_q) continue;
+        const float l = st.l[h];
+        u16* dst = p.o + ((long)bh * d.n_q + r) * HEAD_DIM + c_col(0);
+#pragma unroll
+        for (int nt = 0; nt < O_TILES; ++nt) {
+            const float lo = l == 0.0f ? 0.0f : __fdiv_rn(o[nt][2 * h], l);
+            const float hi = l == 0.0f ? 0.0f : __fdiv_rn(o[nt][2 * h + 1], l);
+            *(u32*)(dst + nt * 8) = pack_bf16x2(lo, hi);
+        }
+    }
+    if ((threadIdx.x & 3) == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + c_row(2 * h);
+            if (r >= d.n_q) continue;
+            const long row = (long)bh * d.n_q + r;
+            float lse2 = pos_inf();
+            if (st.l[h] != 0.0f) lse2 = __fadd_rn(st.m[h], log2f(st.l[h]));
+            p.lse2[row] = lse2;
+            p.lse[row] = st.l[h] != 0.0f ? __fmul_rn(lse2, p.ln2) : pos_inf();
+        }
+    }
+}
+
+// One consumer warpgroup's state over a tile: S accumulators, O, the row state, the tile's Q.
+struct FpConsumer {
+    float sacc[S_TILES][4];
+    float o[O_TILES][4];
+    RowState st;
+    u32 qt;
+    int row0, end;
+};
+
+// Key block kb (the it-th of the block): see the section comment. pa_cur holds P(kb); pa_next
+// receives P(kb + 1).
+template <bool PINGPONG, bool FAST_EXP>
+__device__ __forceinline__ void fp_step(const ForwardParams& p, const FpSmem& sm, FpConsumer& c, int w, int kb, int it,
+                                        u32 (&pa_cur)[BLOCK_KV / 16][4], u32 (&pa_next)[BLOCK_KV / 16][4]) {
+    const bool next = kb + 1 < c.end;
+    if (next) sm.wait_full(it + 1);
+    pin_fragments(pa_cur);
+    if (PINGPONG) take_turn(w);
+    if (next) fp_issue_scores(c.sacc, c.qt, sm.k_stage(it + 1));
+    fp_issue_pv(c.o, pa_cur, sm.v_stage(it));
+    if (next) wgmma_wait<1>();  // S(kb + 1) done; P(kb)·V(kb) may still run
+    else wgmma_wait<0>();
+    if (PINGPONG) pass_turn(w);
+    if (next) fp_softmax<FAST_EXP>(p.dims, c.sacc, p.c_lambda, c.st, pa_next, c.row0, (kb + 1) * BLOCK_KV);
+    wgmma_wait<0>();
+    wgmma_fence_rows<O_TILES>(c.o);
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(it));  // K(kb), V(kb) read by this warp
+    if (next) fp_rescale(c.o, c.st);
+}
+
+// Consumer warpgroup w of the persistent kernel: query block 2·pair + w of each of the block's
+// tiles. Ping-pong: the turns alternate over all tiles (both warpgroups take end + 1 turns per
+// tile), so warpgroup 1 passes the first turn once and warpgroup 0 takes the last one once.
+template <bool PINGPONG, bool FAST_EXP>
+__device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
+    const Dims& d = p.dims;
+    const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
+    // The block's first tile is its heaviest: it has turns iff any tile has.
+    const bool turns = PINGPONG && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
+    if (turns && w == 1) pass_turn(1);
+    FpConsumer c;
+    u32 pa[2][BLOCK_KV / 16][4];
+    int it = 0;
+    for (int t = blockIdx.x, i = 0; t < n_tiles; t += gridDim.x, ++i) {
+        const FpTile x = fp_tile(d, t);
+        const int qb = 2 * x.pair + w;
+        c.row0 = qb * BLOCK_Q + warp * 16;
+        c.end = x.end;
+        c.qt = sm.q_slot(i) + w * BLOCK_Q * 128;  // the warpgroup's 64 rows of each panel
+        start_rows(c.st, c.o);
+        sm.wait_q(i);
+        if (c.end > 0) {
+            sm.wait_full(it);
+            if (PINGPONG) take_turn(w);
+            fp_issue_scores(c.sacc, c.qt, sm.k_stage(it));
+            if (PINGPONG) pass_turn(w);
+            wgmma_wait<0>();
+            fp_softmax<FAST_EXP>(d, c.sacc, p.c_lambda, c.st, pa[0], c.row0, 0);
+        }
+        for (int kb = 0; kb < c.end; kb += 2) {
+            fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb, it + kb, pa[0], pa[1]);
+            if (kb + 1 < c.end) fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb + 1, it + kb + 1, pa[1], pa[0]);
+        }
+        it += c.end;
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(i));  // every S of the tile is done
+        if (qb < d.n_qblk) fp_store(p, c.st, c.o, x.bh, c.row0);
+    }
+    if (turns && w == 0) take_turn(0);
+}
+#endif  // SAGE_WGMMA
+
+// The persistent BF16 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
+// FpSmem::kSmemBytes of dynamic shared memory and the tensor maps of Q, K, V.
+template <bool PINGPONG, bool FAST_EXP>
+__device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, const void* vmap, const ForwardParams& p,
+                                        unsigned char* smem) {
+#ifdef SAGE_WGMMA
+    require_dynamic_smem((u32)FpSmem::kSmemBytes);
+    if (blockDim.x != WS_THREADS) __trap();
+    const FpSmem sm(smem);
+    if (threadIdx.x == 0) sm.init();
+    __syncthreads();
+    const int wg = threadIdx.x >> 7;
+    if (wg == 0) {
+        setmaxnreg_dec<24>();
+        fp_producer(qmap, kmap, vmap, sm, p.dims);
+    } else {
+        setmaxnreg_inc<240>();
+        fp_consumer<PINGPONG, FAST_EXP>(p, sm, wg - 1);
+    }
+#else
+    __trap();  // not compiled for sm_90a
+#endif
+}
+
+#define FP_ENTRY(name, PINGPONG, FAST_EXP)                                                                         \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
+        name(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,                  \
+             const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
+        extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
+        fp_main<PINGPONG, FAST_EXP>(&qmap, &kmap, &vmap, p, ws_smem);                                             \
+    }
+FP_ENTRY(sage_forward_ws_bf16_p3, true, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p1, false, false)  // fpp1: the same without ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p3f, true, true)   // fpp3f: fpp3 + exp2 without the fix-up when not needed
+
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
 // launch with less traps rather than corrupt memory.

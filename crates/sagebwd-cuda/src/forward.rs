@@ -148,20 +148,51 @@ const F_WS: i32 = 1 << 22;
 const F_WS_PINGPONG: i32 = 1 << 20;
 const F_WS_EARLY_AMAX: i32 = 1 << 21;
 const F_WS_FAST_EXP: i32 = 1 << 23;
+/// How a kernel of the warp-specialized BF16 forward walks the work: `Pairs`, one block per
+/// query-block pair and (batch·head) (`sage_forward_ws_bf16`, `_fws*`); `Persistent`, min(tiles,
+/// SMs) blocks that each walk tiles (`sage_forward_ws_bf16_p*`, fpafwd2), heaviest first over the
+/// grid (query-block pairs in decreasing order, batch·heads inside).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bf16WsGrid {
+    Pairs,
+    Persistent,
+}
+
+/// A kernel of the warp-specialized BF16 forward and its grid.
+type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid);
+
 /// The kernel of the warp-specialized BF16 forward (`fpa`, both forward products BF16) that
-/// `SAGEBWD_FORWARD_WGMMA` asks for, or None for the mma.sync staged path (`off`): `fws3`
-/// (default, `sage_forward_ws_bf16`) the INT8 kernel's `ws3` schedule (S(kb + 1) runs during the O
-/// update; ping-pong), `fws1` without the ping-pong, `fws0` ping-pong with S(kb + 1) issued after the
-/// O update, `fws3s` `fws3` with P·V as two n64 products at d = 128. Other values (the INT8
-/// kernel's variants) give the default.
-fn bf16_ws_kernel() -> Option<&'static std::ffi::CStr> {
+/// `SAGEBWD_FORWARD_WGMMA` asks for, or None for the mma.sync staged path (`off`): `fpp3`
+/// (`sage_forward_ws_bf16_p3`) persistent, P·V accumulated onto the rescaled O with softmax(kb + 1)
+/// overlapping P·V(kb) in each warpgroup, ping-pong, heaviest tiles first; `fpp1` `fpp3` without
+/// the ping-pong; `fpp3f` `fpp3` with exp2 without its
+/// subnormal fix-up when no argument needs it; `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
+/// schedule (S(kb + 1) runs during the O update; ping-pong), `fws1` without the ping-pong, `fws0`
+/// ping-pong with S(kb + 1) issued after the O update, `fws3s` `fws3` with P·V as two n64 products
+/// at d = 128. Other values (the INT8 kernel's variants) give the default, by shape: the fastest
+/// measured (RESULTS-gpu.md, fpafwd2).
+fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKernel> {
+    use Bf16WsGrid::{Pairs, Persistent};
+    let fpp3 = (c"sage_forward_ws_bf16_p3", Persistent);
+    let fws3 = (c"sage_forward_ws_bf16", Pairs);
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("off") => None,
-        Ok("fws1") => Some(c"sage_forward_ws_bf16_fws1"),
-        Ok("fws0") => Some(c"sage_forward_ws_bf16_fws0"),
-        Ok("fws3s") => Some(c"sage_forward_ws_bf16_fws3s"),
-        _ => Some(c"sage_forward_ws_bf16"),
+        Ok("fws3") => Some(fws3),
+        Ok("fws1") => Some((c"sage_forward_ws_bf16_fws1", Pairs)),
+        Ok("fws0") => Some((c"sage_forward_ws_bf16_fws0", Pairs)),
+        Ok("fws3s") => Some((c"sage_forward_ws_bf16_fws3s", Pairs)),
+        Ok("fpp3") => Some(fpp3),
+        Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent)),
+        Ok("fpp3f") => Some((c"sage_forward_ws_bf16_p3f", Persistent)),
+        _ => Some(if bf16_persistent_pays(head_dim, n_q, causal) { fpp3 } else { fws3 }),
     }
+}
+
+/// Where the persistent kernel beat fpafwd's `fws3` (fpafwd2's first call, H200): d = 64 at
+/// N ≤ 1k, and causal up to 4k (the training shapes: short rows, many light tiles). At d = 128 its
+/// 2 stages leave the next load no slack (RESULTS-gpu.md, fpafwd2).
+fn bf16_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
+    head_dim == 64 && (n_q <= 1024 || (causal && n_q <= 4096))
 }
 
 /// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). The warp-specialized
@@ -251,8 +282,8 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     // scalar: 256 threads over the 64 × 128 tile, static shared memory.
     // wgmma (sm_90a): one warpgroup (64 query rows) per block, or two (F_WGMMA_2WG).
     if gpu.tensor_cores() && gpu.dev.arch == "sm_90a" && forward_path(p.flags) == ForwardPath::StagedBf16 {
-        if let Some(kernel) = bf16_ws_kernel() {
-            launch_ws_bf16(gpu, k, kernel, &p, s.head_dim)?;
+        if let Some((kernel, grid)) = bf16_ws_kernel(s.head_dim, s.n_q, x.causal) {
+            launch_ws_bf16(gpu, k, kernel, grid, &p, s.head_dim)?;
             return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
         }
     }
@@ -336,17 +367,70 @@ fn bf16_panel_map(addr: u64, heads: i32, rows: i32, head_dim: usize) -> Result<c
     )
 }
 
+/// Dynamic shared memory of the persistent BF16 kernels (`FpSmem::kSmemBytes`): two slots of BF16 Q
+/// of two query blocks, rings of `FP_STAGES` (2 at d = 128, 5 at d = 64) K and V tiles of 128 × d
+/// BF16, the full / empty mbarriers of the stages and of the two Q slots, 1 KiB of alignment slack.
+fn ws_bf16_persistent_smem_bytes(head_dim: usize) -> u32 {
+    let stages = if head_dim == 128 { 2 } else { 5 };
+    (2 * 128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 8 * (2 * stages + 4) + 1024) as u32
+}
+
 /// Launches a kernel of the warp-specialized BF16 forward (`sage_forward_ws_bf16*`): 384 threads
 /// per block of 128 query rows, the tensor maps of Q, K and V (the original BF16 inputs) before the
-/// parameters.
-fn launch_ws_bf16(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, head_dim: usize) -> Result<()> {
+/// parameters; one block per query-block pair and (batch·head), or a persistent grid.
+fn launch_ws_bf16(
+    gpu: &Gpu,
+    k: &Kernels,
+    kernel: &std::ffi::CStr,
+    grid: Bf16WsGrid,
+    p: &ForwardParams,
+    head_dim: usize,
+) -> Result<()> {
     let d = &p.dims;
     let mut maps = [
         bf16_panel_map(p.op.q, d.batch * d.heads_q, d.n_q, head_dim)?,
         bf16_panel_map(p.op.k, d.batch * d.heads_kv, d.n_k, head_dim)?,
         bf16_panel_map(p.v, d.batch * d.heads_kv, d.n_k, head_dim)?,
     ];
-    launch_ws_kernel(gpu, k, kernel, &mut maps, p, ws_bf16_smem_bytes(head_dim))
+    match grid {
+        Bf16WsGrid::Pairs => launch_ws_kernel(gpu, k, kernel, &mut maps, p, ws_bf16_smem_bytes(head_dim)),
+        Bf16WsGrid::Persistent => {
+            let tiles = (d.n_qblk as u32).div_ceil(2) * (d.batch * d.heads_q) as u32;
+            let blocks = tiles.min(sm_count(gpu)?).max(1);
+            launch_bf16_persistent(gpu, k, kernel, &mut maps, p, ws_bf16_persistent_smem_bytes(head_dim), blocks)
+        }
+    }
+}
+
+/// The device's streaming multiprocessors (the persistent grid's size).
+fn sm_count(gpu: &Gpu) -> Result<u32> {
+    let attr = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    Ok(drv("multiprocessor count", gpu.dev.ctx.attribute(attr))? as u32)
+}
+
+/// Launches a persistent BF16 kernel: `blocks` blocks of 384 threads (each walks the tiles
+/// blockIdx.x, + gridDim.x, ...), `smem` bytes of dynamic shared memory, the tensor maps then `p`.
+fn launch_bf16_persistent(
+    gpu: &Gpu,
+    k: &Kernels,
+    name: &std::ffi::CStr,
+    maps: &mut [crate::tma::TensorMap],
+    p: &ForwardParams,
+    smem: u32,
+    blocks: u32,
+) -> Result<()> {
+    use cudarc::driver::sys;
+    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
+    let func = k.forward_function(name)?;
+    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
+    let mut params = *p;
+    let mut args: Vec<*mut std::ffi::c_void> = maps.iter_mut().map(|m| (m as *mut crate::tma::TensorMap).cast()).collect();
+    args.push((&mut params as *mut ForwardParams).cast());
+    drv("launch forward (persistent BF16)", unsafe {
+        sys::cuLaunchKernel(func, blocks, 1, 1, 384, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
+            .result()
+    })
 }
 
 /// Launches a warp-specialized kernel of the forward module by name: grid (query-block pairs,
