@@ -105,13 +105,15 @@ struct Preprocessed {
 }
 
 /// Preprocess: D = rowsum(dO ∘ O) over all rows, and the dO quantization: whole for one group (the
-/// layouts `needs` asks for), else only the s_dO buffer the groups fill. `dq_zero`: the FP32 dQ
-/// accumulator of all rows (one group), zeroed by the same kernel; 0 when the groups zero their own.
+/// layouts `needs` asks for), else only the s_dO buffer the groups fill. `one_group`: the FP32 dQ
+/// accumulator of all rows when there is one group, zeroed by the same kernel; None for several
+/// groups (each zeroes its own).
 fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>, needs: QuantNeeds,
-              grouped: bool, dq_zero: u64) -> Result<Preprocessed> {
+              one_group: Option<u64>) -> Result<Preprocessed> {
     let s = &x.shape;
     let rows = s.batch * s.heads_q * s.n_q;
-    let do_quant = if grouped {
+    let dq_zero = one_group.unwrap_or(0); // the kernel skips the zeroing on a null address
+    let do_quant = if one_group.is_none() {
         let do_scale = gpu.alloc_poisoned_f32(s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q))?;
         QuantizedDo { do_hat: None, do_scale: Some(do_scale), do_hat_t: None, do_t: None }
     } else {
@@ -204,8 +206,8 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let dq_corr = fl & crate::F_DQ_CORR != 0;
     let sets = (0..plan.buffer_sets()).map(|_| GroupBuffers::new(gpu, s, &plan, qk_hat_t, dq_corr)).collect::<Result<Vec<_>>>()?;
     // One group: its dQ accumulator covers every row and the preprocess zeroes it.
-    let dq_zero = if plan.count == 1 { gpu.ptr(&sets[0].dq_acc) } else { 0 };
-    let Preprocessed { do_quant, delta } = preprocess(gpu, k, x, &fwd.o, d_o, qd.needs, plan.count > 1, dq_zero)?;
+    let dq_zero = (plan.count == 1).then(|| gpu.ptr(&sets[0].dq_acc));
+    let Preprocessed { do_quant, delta } = preprocess(gpu, k, x, &fwd.o, d_o, qd.needs, dq_zero)?;
     let partials = || if direct { Ok(None) } else { gpu.alloc_poisoned_f32(bh * s.n_k * s.head_dim).map(Some) };
     let (dk_acc, dv_acc) = (partials()?, partials()?);
     let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
@@ -257,7 +259,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             tr.do_hat_t = gpu.ptr(do_hat_t);
         }
         let (dq_acc, ds_rowsum) = (gpu.ptr(&bufs.dq_acc), gpu.ptr(&bufs.ds_rowsum));
-        if dq_zero == 0 {
+        if dq_zero.is_none() {
             gpu.fill_on(k, dq_acc, bufs.dq_acc.len() * 4, 0, stream)?;
         }
         if dq_corr {
