@@ -356,6 +356,26 @@ __device__ void mma_pv(const ForwardParams& p, const RowState& st, float (*o)[4]
     }
 }
 
+// lse2 = m + log2 l (+ b_r after an INT8 #1), lse = fl(lse2·ln 2) of the thread's two rows; empty
+// rows +∞. One thread of each quad writes (the quad shares its rows' state).
+__device__ __forceinline__ void store_lse_rows(const ForwardParams& p, const RowState& st, int bh, int row0) {
+    const Dims& d = p.dims;
+    if ((threadIdx.x & 3) != 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + c_row(2 * h);
+        if (r >= d.n_q) continue;
+        const long row = (long)bh * d.n_q + r;
+        float lse2 = pos_inf();
+        if (st.l[h] != 0.0f) {
+            lse2 = __fadd_rn(st.m[h], log2f(st.l[h]));
+            if (p.flags & F_QK) lse2 = __fadd_rn(lse2, p.op.row_offset[row]);
+        }
+        p.lse2[row] = lse2;
+        p.lse[row] = st.l[h] != 0.0f ? __fmul_rn(lse2, p.ln2) : pos_inf();
+    }
+}
+
 // O = fl(O / l) as BF16, lse2 (+ b_r after an INT8 #1), lse = fl(lse2·ln 2); empty rows: 0, +∞.
 __device__ void mma_store(const ForwardParams& p, const RowState& st, float (*o)[4], int bh, int row0) {
     const Dims& d = p.dims;
@@ -369,21 +389,7 @@ __device__ void mma_store(const ForwardParams& p, const RowState& st, float (*o)
             const float v = l == 0.0f ? 0.0f : __fdiv_rn(o[nt][e], l);
             p.o[((long)bh * d.n_q + r) * HEAD_DIM + nt * 8 + c_col(e)] = f32_to_bf16(v);
         }
-    if ((threadIdx.x & 3) == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = row0 + c_row(2 * h);
-            if (r >= d.n_q) continue;
-            const long row = (long)bh * d.n_q + r;
-            float lse2 = pos_inf();
-            if (st.l[h] != 0.0f) {
-                lse2 = __fadd_rn(st.m[h], log2f(st.l[h]));
-                if (p.flags & F_QK) lse2 = __fadd_rn(lse2, p.op.row_offset[row]);
-            }
-            p.lse2[row] = lse2;
-            p.lse[row] = st.l[h] != 0.0f ? __fmul_rn(lse2, p.ln2) : pos_inf();
-        }
-    }
+    store_lse_rows(p, st, bh, row0);
 }
 
 // The gathering path (any product mix): fragments straight from global memory, P staged per warp.
@@ -1405,9 +1411,10 @@ __device__ __forceinline__ void bf16_pv(float (*o)[4], const u32 (*pa)[4], const
 // The BF16 path's softmax of the base-2 scores t (natural key order): mask, the online softmax
 // (staged_softmax, no amax), and bf16(p) packed as the A fragments of P·V: the accumulators of S
 // tiles 2kk and 2kk + 1 (keys 16kk..16kk + 15) are the m16n8k16 (and wgmma k16) A fragment kk.
+template <bool FAST_EXP = false>
 __device__ __forceinline__ void bf16_softmax(const Dims& d, float (*t)[4], RowState& st, u32 (*pa)[4], int row0, int key0) {
     mask_tile<false>(d, t, row0, key0);
-    staged_softmax<false>(t, st, nullptr);
+    staged_softmax<false, FAST_EXP>(t, st, nullptr);
 #pragma unroll
     for (int kk = 0; kk < BLOCK_KV / 16; ++kk) {
         pa[kk][0] = pack_bf16x2(t[2 * kk][0], t[2 * kk][1]);
@@ -1504,6 +1511,19 @@ __device__ void ws_producer_bf16(const void* qmap, const void* kmap, const void*
     });
 }
 
+// S = Q Kᵀ of the warpgroup's 64 rows (Q at qt) and the 128 keys at kt (k-step s, 16 columns = 32 bytes, is at
+// byte 32·(s mod 4) of panel s / 4).
+__device__ __forceinline__ void fp_issue_scores(float (&sacc)[S_TILES][4], u32 qt, u32 kt) {
+    const u64 qd = kmajor_desc(qt, 128), kd = kmajor_desc(kt, 128);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < HEAD_DIM / 16; ++s) {
+        const u64 off = ((s / 4) * FW_PANEL + (s % 4) * 32) >> 4;
+        wgmma_bf16_ss_n128(sacc, qd + off, kd + off, s);
+    }
+    wgmma_commit();
+}
+
 // The BF16 products of a consumer warpgroup (Mix of ws_consume).
 template <bool SPLIT_PV>
 struct WsBf16 {
@@ -1518,17 +1538,7 @@ struct WsBf16 {
     }
     __device__ __forceinline__ void begin_block(int, bool) {}
     __device__ __forceinline__ void end_block() {}
-    // S = Q Kᵀ: k-step s (16 columns = 32 bytes) is at byte 32·(s mod 4) of panel s / 4.
-    __device__ __forceinline__ void issue_scores(u32 kt) {
-        const u64 qd = kmajor_desc(qt, 128), kd = kmajor_desc(kt, 128);
-        wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < HEAD_DIM / 16; ++s) {
-            const u64 off = ((s / 4) * FW_PANEL + (s % 4) * 32) >> 4;
-            wgmma_bf16_ss_n128(sacc, qd + off, kd + off, s);
-        }
-        wgmma_commit();
-    }
+    __device__ __forceinline__ void issue_scores(u32 kt) { fp_issue_scores(sacc, qt, kt); }
     __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
         wgmma_fence_regs(sacc);
 #pragma unroll
@@ -1706,18 +1716,6 @@ __device__ void fp_producer(const void* qmap, const void* kmap, const void* vmap
     }
 }
 
-// S = Q Kᵀ of the warpgroup's 64 rows (Q at qt) and the 128 keys at kt (as WsBf16::issue_scores).
-__device__ __forceinline__ void fp_issue_scores(float (&sacc)[S_TILES][4], u32 qt, u32 kt) {
-    const u64 qd = kmajor_desc(qt, 128), kd = kmajor_desc(kt, 128);
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < HEAD_DIM / 16; ++s) {
-        const u64 off = ((s / 4) * FW_PANEL + (s % 4) * 32) >> 4;
-        wgmma_bf16_ss_n128(sacc, qd + off, kd + off, s);
-    }
-    wgmma_commit();
-}
-
 // O += bf16(P) V onto the (already rescaled) O accumulators: accumulate = 1 in every k-step.
 __device__ __forceinline__ void fp_issue_pv(float (*o)[4], const u32 (*pa)[4], u32 vt) {
     wgmma_fence();
@@ -1734,7 +1732,7 @@ __device__ __forceinline__ void fp_issue_pv(float (*o)[4], const u32 (*pa)[4], u
 }
 
 // t = fl(cλ·S), the mask, the online softmax (staged_softmax: m, α, l) and bf16(p) packed as the
-// A fragments of P·V (bf16_softmax's packing); FAST_EXP: exp2 without the subnormal fix-up when
+// A fragments of P·V (bf16_softmax); FAST_EXP: exp2 without the subnormal fix-up when
 // no argument of the warp needs it (same bits).
 template <bool FAST_EXP>
 __device__ __forceinline__ void fp_softmax(const Dims& d, float (&sacc)[S_TILES][4], float c_lambda, RowState& st,
@@ -1747,15 +1745,7 @@ __device__ __forceinline__ void fp_softmax(const Dims& d, float (&sacc)[S_TILES]
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn(c_lambda, sacc[nt][e]);
-    mask_tile<false>(d, t, row0, key0);
-    staged_softmax<false, FAST_EXP>(t, st, nullptr);
-#pragma unroll
-    for (int kk = 0; kk < BLOCK_KV / 16; ++kk) {
-        pa[kk][0] = pack_bf16x2(t[2 * kk][0], t[2 * kk][1]);
-        pa[kk][1] = pack_bf16x2(t[2 * kk][2], t[2 * kk][3]);
-        pa[kk][2] = pack_bf16x2(t[2 * kk + 1][0], t[2 * kk + 1][1]);
-        pa[kk][3] = pack_bf16x2(t[2 * kk + 1][2], t[2 * kk + 1][3]);
-    }
+    bf16_softmax<FAST_EXP>(d, t, st, pa, row0, key0);
 }
 
 // O = fl(O·α) before the next P·V accumulates onto it; skipped when no row of the warp changed
@@ -1785,18 +1775,7 @@ __device__ void fp_store(const ForwardParams& p, const RowState& st, const float
             *(u32*)(dst + nt * 8) = pack_bf16x2(lo, hi);
         }
     }
-    if ((threadIdx.x & 3) == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = row0 + c_row(2 * h);
-            if (r >= d.n_q) continue;
-            const long row = (long)bh * d.n_q + r;
-            float lse2 = pos_inf();
-            if (st.l[h] != 0.0f) lse2 = __fadd_rn(st.m[h], log2f(st.l[h]));
-            p.lse2[row] = lse2;
-            p.lse[row] = st.l[h] != 0.0f ? __fmul_rn(lse2, p.ln2) : pos_inf();
-        }
-    }
+    store_lse_rows(p, st, bh, row0);  // F_QK is off in the BF16 kernels: no b_r
 }
 
 // One consumer warpgroup's state over a tile: S accumulators, O, the row state, the tile's Q.

@@ -349,7 +349,7 @@ fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, he
         &[128, head_dim as u32],
         crate::tma::TmaSwizzle::B128,
     )?;
-    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, ws_smem_bytes(head_dim))
+    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, ws_smem_bytes(head_dim), pairs_grid(p))
 }
 
 /// A BF16 `[heads][rows][head_dim]` tensor as TMA boxes of 64 columns × 128 rows, 128-byte
@@ -393,11 +393,12 @@ fn launch_ws_bf16(
         bf16_panel_map(p.v, d.batch * d.heads_kv, d.n_k, head_dim)?,
     ];
     match grid {
-        Bf16WsGrid::Pairs => launch_ws_kernel(gpu, k, kernel, &mut maps, p, ws_bf16_smem_bytes(head_dim)),
+        Bf16WsGrid::Pairs => launch_ws_kernel(gpu, k, kernel, &mut maps, p, ws_bf16_smem_bytes(head_dim), pairs_grid(p)),
         Bf16WsGrid::Persistent => {
-            let tiles = (d.n_qblk as u32).div_ceil(2) * (d.batch * d.heads_q) as u32;
+            let (pairs, heads) = pairs_grid(p);
+            let tiles = pairs * heads;
             let blocks = tiles.min(sm_count(gpu)?).max(1);
-            launch_bf16_persistent(gpu, k, kernel, &mut maps, p, ws_bf16_persistent_smem_bytes(head_dim), blocks)
+            launch_ws_kernel(gpu, k, kernel, &mut maps, p, ws_bf16_persistent_smem_bytes(head_dim), (blocks, 1))
         }
     }
 }
@@ -408,33 +409,8 @@ fn sm_count(gpu: &Gpu) -> Result<u32> {
     Ok(drv("multiprocessor count", gpu.dev.ctx.attribute(attr))? as u32)
 }
 
-/// Launches a persistent BF16 kernel: `blocks` blocks of 384 threads (each walks the tiles
-/// blockIdx.x, + gridDim.x, ...), `smem` bytes of dynamic shared memory, the tensor maps then `p`.
-fn launch_bf16_persistent(
-    gpu: &Gpu,
-    k: &Kernels,
-    name: &std::ffi::CStr,
-    maps: &mut [crate::tma::TensorMap],
-    p: &ForwardParams,
-    smem: u32,
-    blocks: u32,
-) -> Result<()> {
-    use cudarc::driver::sys;
-    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
-    let func = k.forward_function(name)?;
-    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-    drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
-    let mut params = *p;
-    let mut args: Vec<*mut std::ffi::c_void> = maps.iter_mut().map(|m| (m as *mut crate::tma::TensorMap).cast()).collect();
-    args.push((&mut params as *mut ForwardParams).cast());
-    drv("launch forward (persistent BF16)", unsafe {
-        sys::cuLaunchKernel(func, blocks, 1, 1, 384, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
-            .result()
-    })
-}
-
-/// Launches a warp-specialized kernel of the forward module by name: grid (query-block pairs,
-/// B·H_q), 384 threads, `smem` bytes of dynamic shared memory, the tensor maps then `p` as parameters.
+/// Launches a warp-specialized kernel of the forward module by name on `grid` blocks of 384 threads,
+/// with `smem` bytes of dynamic shared memory and the tensor maps then `p` as parameters.
 fn launch_ws_kernel(
     gpu: &Gpu,
     k: &Kernels,
@@ -442,9 +418,9 @@ fn launch_ws_kernel(
     maps: &mut [crate::tma::TensorMap],
     p: &ForwardParams,
     smem: u32,
+    grid: (u32, u32),
 ) -> Result<()> {
     use cudarc::driver::sys;
-    let d = &p.dims;
     drv("bind context", gpu.dev.ctx.bind_to_thread())?;
     let func = k.forward_function(name)?;
     let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
@@ -452,10 +428,13 @@ fn launch_ws_kernel(
     let mut params = *p;
     let mut args: Vec<*mut std::ffi::c_void> = maps.iter_mut().map(|m| (m as *mut crate::tma::TensorMap).cast()).collect();
     args.push((&mut params as *mut ForwardParams).cast());
-    let grid_x = (d.n_qblk as u32).div_ceil(2);
-    let grid_y = (d.batch * d.heads_q) as u32;
     drv("launch forward (warp-specialized)", unsafe {
-        sys::cuLaunchKernel(func, grid_x, grid_y, 1, 384, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
+        sys::cuLaunchKernel(func, grid.0, grid.1, 1, 384, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
             .result()
     })
+}
+
+/// The grid of the non-persistent warp-specialized kernels: (query-block pairs, B·H_q).
+fn pairs_grid(p: &ForwardParams) -> (u32, u32) {
+    ((p.dims.n_qblk as u32).div_ceil(2), (p.dims.batch * p.dims.heads_q) as u32)
 }
