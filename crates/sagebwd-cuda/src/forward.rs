@@ -397,16 +397,10 @@ fn launch_ws_bf16(
         Bf16WsGrid::Persistent => {
             let (pairs, heads) = pairs_grid(p);
             let tiles = pairs * heads;
-            let blocks = tiles.min(sm_count(gpu)?).max(1);
+            let blocks = tiles.min(gpu.dev.sms).max(1);
             launch_ws_kernel(gpu, k, kernel, &mut maps, p, ws_bf16_persistent_smem_bytes(head_dim), (blocks, 1))
         }
     }
-}
-
-/// The device's streaming multiprocessors (the persistent grid's size).
-fn sm_count(gpu: &Gpu) -> Result<u32> {
-    let attr = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-    Ok(drv("multiprocessor count", gpu.dev.ctx.attribute(attr))? as u32)
 }
 
 /// Launches a warp-specialized kernel of the forward module by name on `grid` blocks of 384 threads,

@@ -276,6 +276,8 @@ pub struct Device {
     /// The most dynamic shared memory one block may opt into (bytes), read once here rather than
     /// before every launch.
     pub smem_optin: usize,
+    /// Streaming multiprocessors (the persistent forward's grid), read once here.
+    pub sms: u32,
 }
 
 pub(crate) fn drv<T>(what: &str, r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<T> {
@@ -303,7 +305,9 @@ impl Device {
         let stream = ctx.default_stream();
         let optin = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
         let smem_optin = drv("shared memory limit", ctx.attribute(optin))? as usize;
-        Ok(Device { ctx, stream, arch, name, smem_optin })
+        let sm_attr = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        let sms = drv("multiprocessor count", ctx.attribute(sm_attr))? as u32;
+        Ok(Device { ctx, stream, arch, name, smem_optin, sms })
     }
 
     /// Free device memory in bytes (cuMemGetInfo).
