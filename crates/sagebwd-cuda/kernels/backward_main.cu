@@ -101,7 +101,7 @@ __device__ TileScales tile_p_ds(const BackwardParams& p, BackwardShared& s, int 
             const long q_row = (long)bh * p.dims.n_q + r, k_row = (long)bh_kv * p.dims.n_k + j;
             const float t = score(p.op, int8_qk, q_row, k_row, bh * p.dims.n_qblk + qb,
                                   bh_kv * p.dims.n_kblk + kb, p.c_lambda, smooth_q, s.beta[jl]);
-            prob = exp2f(__fsub_rn(t, s.lse2[rl]));  // exp2(t − L)
+            prob = exp2_ftz(__fsub_rn(t, s.lse2[rl]));  // exp2(t − L)
             const float dp = int8_dp
                 ? dequant(dot_i8(p.do_hat + q_row * HEAD_DIM, p.v_hat + k_row * HEAD_DIM), s_do, s_v)
                 : dot_bf16(p.d_o + q_row * HEAD_DIM, p.v + k_row * HEAD_DIM);
@@ -298,7 +298,7 @@ __device__ TileScales mma_tile_p_ds(const BackwardParams& p, BackwardShared& s, 
             const int rl = r_loc0 + c_row(e), jl = k_loc0 + nt * 8 + c_col(e);
             float prob = 0.0f, ds = 0.0f;
             if (visible(d, qb * BLOCK_Q + rl, key0 + jl)) {
-                prob = exp2f(__fsub_rn(t[e], s.lse2[rl]));
+                prob = exp2_ftz(__fsub_rn(t[e], s.lse2[rl]));
                 ds = __fmul_rn(prob, __fsub_rn(dp[e], s.delta[rl]));
             }
             s.p[rl][jl] = prob;
@@ -652,7 +652,7 @@ __device__ __forceinline__ void tile_p_regs(const float* rows, const Acc (*s)[4]
         const float2 L = *(const float2*)(rows + tile_row<PERMUTED>(nt, 2 * t));  // rows rl, rl + 1 (even)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            prob[nt][e] = exp2f(__fsub_rn(__fmul_rn((float)s[nt][e], scale), (e & 1) ? L.y : L.x));  // exp2(t − L)
+            prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s[nt][e], scale), (e & 1) ? L.y : L.x));  // exp2(t − L)
     }
 }
 

@@ -44,6 +44,16 @@ typedef unsigned long long u64;
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+// The softmax's exp2 (ALGORITHM.md §4): the bare MUFU.EX2, ex2.approx.ftz. exp2f would add a compare
+// and two predicated multiplies per score only to produce subnormal results (p < 2^-126), which
+// change l by less than its last bit and P̂ only in a block whose amax is itself below ~2^-118.
+// exp2_ftz(−∞) = +0, so masked scores need no select.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // ---------------------------------------------------------------------------------------------
 // BF16 <-> FP32 by bit manipulation (round to nearest, ties to even; NaN stays NaN).
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }

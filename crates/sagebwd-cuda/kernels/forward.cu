@@ -64,12 +64,12 @@ __device__ void forward_softmax_row(const ForwardParams& p, ForwardShared& s, in
     const float m_use = m_new == neg_inf() ? 0.0f : m_new;
     float sum = 0.0f, amax = 0.0f;
     for (int j = 0; j < BLOCK_KV; ++j) {
-        const float pj = row[j] == neg_inf() ? 0.0f : exp2f(__fsub_rn(row[j], m_use));
+        const float pj = row[j] == neg_inf() ? 0.0f : exp2_ftz(__fsub_rn(row[j], m_use));
         row[j] = pj;
         sum = __fadd_rn(sum, pj);
         amax = fmaxf(amax, pj);  // = exp2(rowmax − m_new), the §4 group amax
     }
-    const float alpha = exp2f(__fsub_rn(m_old, m_use));
+    const float alpha = exp2_ftz(__fsub_rn(m_old, m_use));
     s.alpha[rl] = alpha;
     s.l[rl] = __fadd_rn(__fmul_rn(s.l[rl], alpha), sum);
     s.m[rl] = m_new;
@@ -297,14 +297,14 @@ __device__ void mma_softmax(const ForwardParams& p, float (*t)[4], RowState& st,
         for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                const float pj = t[nt][e] == neg_inf() ? 0.0f : exp2f(__fsub_rn(t[nt][e], m_use));
+                const float pj = t[nt][e] == neg_inf() ? 0.0f : exp2_ftz(__fsub_rn(t[nt][e], m_use));
                 t[nt][e] = pj;
                 sum = __fadd_rn(sum, pj);
                 amax = fmaxf(amax, pj);
             }
         sum = group_sum(sum);
         amax = group_max(amax);  // = exp2(rowmax − m_new), the §4 group amax
-        st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use));
+        st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use));
         st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum);
         st.m[h] = m_new;
         const GroupScale g = group_scale(amax);
@@ -483,13 +483,6 @@ __device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs
     }
 }
 
-// ex2.approx.ftz: the bare MUFU.EX2 (exp2f's own instruction for arguments ≥ −126 and −∞).
-__device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // The thread's two rows of a key block (h = 0: elements 0, 1 of each tile; h = 1: elements 2, 3):
 // the row max over the quad into mx (a tree: exact in any order), with FAST_EXP the thread's own
 // minimum into mn, and the online-softmax update m = max(m, rowmax), α = exp2(fl(m_old − m_use)),
@@ -525,7 +518,7 @@ __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, floa
     for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(st.m[h], mx[h]);
         m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
-        st.alpha[h] = exp2f(__fsub_rn(st.m[h], m_use[h]));
+        st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
         st.m[h] = m_new;
     }
 }
@@ -541,36 +534,19 @@ __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, con
     for (int k = 0; k < 4; ++k)
 #pragma unroll
         for (int h = 0; h < 2; ++h) ps[k][h] = pm[k][h] = 0.0f;
-    // fl(t − m_use) ≥ fl(mn − m_use) for every t (rounding is monotone); mn = −∞ (a masked entry)
-    // takes the general path.
-    // (−125 rather than −126: results then stay clear of the subnormal range whatever the rounding
-    // of the approximation.)
-    const bool fast = FAST_EXP && __all_sync(0xffffffffu, __fsub_rn(mn[0], m_use[0]) >= -125.0f &&
-                                                              __fsub_rn(mn[1], m_use[1]) >= -125.0f);
-    if (fast) {
-#pragma unroll
-        for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = e >> 1, k = nt & 3;
-                const float pj = ex2_ftz(__fsub_rn(t[nt][e], m_use[h]));
-                t[nt][e] = pj;
-                ps[k][h] = __fadd_rn(ps[k][h], pj);
-                if (AMAX) pm[k][h] = fmaxf(pm[k][h], pj);
-            }
-    } else {
+    // One path for every argument since exp2 became exp2_ftz (§4): FAST_EXP and mn are no longer
+    // used (the variants that set it now compile to the same code).
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int h = e >> 1, k = nt & 3;
-            // A masked t = −∞ needs no select: fl(−∞ − m_use) = −∞ and exp2f(−∞) = +0.
-            const float pj = exp2f(__fsub_rn(t[nt][e], m_use[h]));
+            // A masked t = −∞ needs no select: fl(−∞ − m_use) = −∞ and exp2_ftz(−∞) = +0.
+            const float pj = exp2_ftz(__fsub_rn(t[nt][e], m_use[h]));
             t[nt][e] = pj;
             ps[k][h] = __fadd_rn(ps[k][h], pj);
             if (AMAX) pm[k][h] = fmaxf(pm[k][h], pj);
         }
-    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
@@ -1135,7 +1111,7 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
     for (int h = 0; h < 2; ++h) {
         // max_j exp2(fl(t_j − m_use)) = exp2(fl(rowmax − m_use)): fl(· − m_use) and exp2 are
         // monotone (a masked row gives exp2(−∞) = 0, as the max over its zeros).
-        const GroupScale g = group_scale(exp2f(__fsub_rn(mx[h], m_use[h])));
+        const GroupScale g = group_scale(exp2_ftz(__fsub_rn(mx[h], m_use[h])));
         st.p_scale[h] = g.scale;
         inv[h] = g.inv;
     }

@@ -155,6 +155,28 @@ impl Gpu {
         self.tensor_cores.load(Ordering::Relaxed)
     }
 
+    /// Evaluates the kernels' `exp2_ftz` (ex2.approx.ftz) at every FP32 argument in [−∞, 0] and checks
+    /// that it is monotone, at most 1, and 1 at 0: the INT8 forward takes P̂'s group amax as
+    /// exp2(rowmax − m) before the exponentials (ALGORITHM.md §4), which is the max of the p's only if
+    /// so. A few milliseconds.
+    pub fn ex2_selftest(&self) -> Result<()> {
+        let k = self.kernels(HEAD_DIMS[0])?;
+        let st = &self.dev.stream;
+        let counts = drv("alloc", st.alloc_zeros::<u64>(3))?;
+        const CHUNK: u32 = 4096; // EX2_CHUNK in selftest.cu
+        let threads = (0xff80_0000u32 - 0x8000_0000).div_ceil(CHUNK);
+        let cfg = LaunchConfig { grid_dim: (threads.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        drv("launch sage_ex2_monotone", unsafe { st.launch_builder(&k.ex2_monotone).arg(&counts).launch(cfg) })?;
+        let c = self.download(&counts, 3)?;
+        if c == [0, 0, 0] {
+            Ok(())
+        } else {
+            Err(Error::Backend(format!(
+                "ex2.approx.ftz self-test failed: {} adjacent arguments out of order, {} values above 1, exp2(0) = 1: {}",
+                c[0], c[1], if c[2] == 0 { "yes" } else { "no" })))
+        }
+    }
+
     /// Runs one INT8 (m16n8k32) and one BF16 (m16n8k16) `mma.sync` on small random integers and
     /// compares with the exact product: checks the fragment layouts the tensor-core kernels use.
     pub fn mma_selftest(&self) -> Result<()> {

@@ -335,6 +335,8 @@ pub struct Kernels {
     pub bwd_main: CudaFunction,
     pub bwd_main_mma: CudaFunction,
     pub mma_selftest: CudaFunction,
+    /// `exp2_ftz` monotone and ≤ 1 on [−∞, 0] (`Gpu::ex2_selftest`).
+    pub ex2_monotone: CudaFunction,
     pub post_dq: CudaFunction,
     pub post_dkdv: CudaFunction,
 }
@@ -374,6 +376,7 @@ impl Kernels {
             bwd_main: f(3, "sage_bwd_main")?,
             bwd_main_mma: f(3, "sage_bwd_main_mma")?,
             mma_selftest: f(5, "sage_mma_selftest")?,
+            ex2_monotone: f(5, "sage_ex2_monotone")?,
             post_dq: f(4, "sage_bwd_post_dq")?,
             post_dkdv: f(4, "sage_bwd_post_dkdv")?,
         })

@@ -401,6 +401,10 @@ fn main() {
     let selftest = gpu.mma_selftest();
     let mma_ok = selftest.is_ok();
     println!("mma.sync fragment self-test: {}", match &selftest { Ok(()) => "ok".to_string(), Err(e) => e.to_string() });
+    let ex2 = gpu.ex2_selftest();
+    let ex2_ok = ex2.is_ok();
+    println!("ex2.approx.ftz self-test (monotone, <= 1 on [-inf, 0]): {}",
+        match &ex2 { Ok(()) => "ok".to_string(), Err(e) => e.to_string() });
 
     let mut rows = Vec::new();
     let mut seed = 1;
@@ -448,10 +452,10 @@ fn main() {
     let passed = rows.iter().filter(|r| r.pass).count();
     println!("\nrepeat run: {} — {}", if repeat.0 { "deterministic" } else { "FAIL" }, repeat.1);
     print!("{out}");
-    let all = passed == rows.len() && repeat.0 && ok_sweep && ok_err && mma_ok;
-    println!("\n{passed} passed, {} failed (simulator comparisons); sweep {}; error paths {}; mma self-test {}",
+    let all = passed == rows.len() && repeat.0 && ok_sweep && ok_err && mma_ok && ex2_ok;
+    println!("\n{passed} passed, {} failed (simulator comparisons); sweep {}; error paths {}; mma self-test {}; ex2 self-test {}",
         rows.len() - passed, if ok_sweep { "ok" } else { "FAIL" }, if ok_err { "ok" } else { "FAIL" },
-        if mma_ok { "ok" } else { "FAIL" });
+        if mma_ok { "ok" } else { "FAIL" }, if ex2_ok { "ok" } else { "FAIL" });
     if let Some(dir) = out_dir {
         let mut tsv = String::from("result\tcase\tconfig\tkernels\tdetails\n");
         for r in &rows {
