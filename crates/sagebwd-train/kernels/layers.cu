@@ -40,8 +40,7 @@ __device__ __forceinline__ void store_floats(float* p, const float (&a)[V]) {
 template <int V>
 __device__ __forceinline__ void store_bf16(u16* p, const float (&a)[V]) {
     if constexpr (V == 4)
-        *reinterpret_cast<uint2*>(p) = make_uint2(f32_to_bf16(a[0]) | ((u32)f32_to_bf16(a[1]) << 16),
-                                                  f32_to_bf16(a[2]) | ((u32)f32_to_bf16(a[3]) << 16));
+        *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]));
     else for (int i = 0; i < V; i++) p[i] = f32_to_bf16(a[i]);
 }
 
@@ -253,11 +252,16 @@ __device__ __forceinline__ HeadLane head_lane(const HeadsDims& d) {
     l.b = blockIdx.z;
     l.t = blockIdx.y;
     l.tok = (long)l.b * d.seq + l.t;
-    l.slot = l.valid ? idx / lanes : 0;
+    // lanes is a power of two (the host: head_dim / 8 divides 32): a shift, not a 32-bit division.
+    const int lanes_log2 = __ffs(lanes) - 1;
+    l.slot = l.valid ? idx >> lanes_log2 : 0;
     slot_of(d, l.slot, l.kind, l.h);
-    l.i0 = PAIRS * (idx % lanes);
+    l.i0 = PAIRS * (idx & (lanes - 1));
     return l;
 }
+
+// 1 / hd for a power of two hd (exact: 2^-log2(hd) built from its exponent bits).
+__device__ __forceinline__ float inv_head_dim(int hd) { return __int_as_float((127 - (__ffs(hd) - 1)) << 23); }
 
 // Sum over the lane's group (aligned groups of `lanes` lanes; every lane of the warp must call it).
 __device__ __forceinline__ float group_sum(float v, int lanes) {
@@ -278,7 +282,7 @@ __device__ __forceinline__ void unpack4(uint2 w, float* out) {
 }
 
 __device__ __forceinline__ uint2 pack4(const float* v) {
-    return make_uint2(f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16), f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16));
+    return make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
 }
 
 __device__ __forceinline__ Pairs load_pairs(const u16* vec, int i0, int half) {
@@ -311,7 +315,8 @@ extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const 
     float ss = 0.0f;
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) ss += x.a[p] * x.a[p] + x.b[p] * x.b[p];
-    const float rs = 1.0f / sqrtf(group_sum(ss, hd / (2 * PAIRS)) / hd + d.eps);
+    // hd = 8 · lanes is a power of two, so · inv_hd is the division by hd exactly.
+    const float rs = rsqrtf(group_sum(ss, hd / (2 * PAIRS)) * inv_head_dim(hd) + d.eps);
     if (!l.valid) return;
     if (l.kind == 2) {  // V: the same BF16 values, moved into the heads layout
         store_pairs(v + head_offset(d, d.heads_kv, l.b, l.t, l.h), l.i0, half, x);
@@ -411,7 +416,7 @@ extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const 
     Pairs term = {};
     if (rotated) {
         const float rs = l.kind == 0 ? q_rstd[l.tok * d.heads_q + l.h] : k_rstd[l.tok * d.heads_kv + l.h];
-        const float coef = rs * rs * rs * ux / hd;
+        const float coef = rs * rs * rs * ux * inv_head_dim(hd);
         Pairs dx;
 #pragma unroll
         for (int p = 0; p < PAIRS; p++) {
