@@ -166,7 +166,8 @@ type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid);
 /// (`sage_forward_ws_bf16_p3`) persistent, P·V accumulated onto the rescaled O with softmax(kb + 1)
 /// overlapping P·V(kb) in each warpgroup, ping-pong, heaviest tiles first; `fpp1` `fpp3` without
 /// the ping-pong; `fpp3f` `fpp3` with exp2 without its
-/// subnormal fix-up when no argument needs it; `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
+/// subnormal fix-up when no argument needs it; `fpp4` `fpp3` with each tile's first S + softmax
+/// run during the previous tile's last P·V (fpafwd3); `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
 /// schedule (S(kb + 1) runs during the O update; ping-pong), `fws1` without the ping-pong, `fws0`
 /// ping-pong with S(kb + 1) issued after the O update, `fws3s` `fws3` with P·V as two n64 products
 /// at d = 128. Other values (the INT8 kernel's variants) give the default, by shape: the fastest
@@ -184,6 +185,7 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
         Ok("fpp3") => Some(fpp3),
         Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent)),
         Ok("fpp3f") => Some((c"sage_forward_ws_bf16_p3f", Persistent)),
+        Ok("fpp4") => Some((c"sage_forward_ws_bf16_p4", Persistent)),
         _ => Some(if bf16_persistent_pays(head_dim, n_q, causal) { fpp3 } else { fws3 }),
     }
 }
@@ -367,12 +369,13 @@ fn bf16_panel_map(addr: u64, heads: i32, rows: i32, head_dim: usize) -> Result<c
     )
 }
 
-/// Dynamic shared memory of the persistent BF16 kernels (`FpSmem::kSmemBytes`): two slots of BF16 Q
-/// of two query blocks, rings of `FP_STAGES` (2 at d = 128, 5 at d = 64) K and V tiles of 128 × d
-/// BF16, the full / empty mbarriers of the stages and of the two Q slots, 1 KiB of alignment slack.
+/// Dynamic shared memory of the persistent BF16 kernels (`FpSmem::kSmemBytes`): `FP_Q_SLOTS` slots
+/// (1 at d = 128, 2 at d = 64) of BF16 Q of two query blocks, rings of `FP_STAGES` (3 at d = 128,
+/// 5 at d = 64) K and V tiles of 128 × d BF16, the full / empty mbarriers of the stages and of two Q
+/// slots, 1 KiB of alignment slack (d = 128: 230 480 bytes of the 232 448 an H100/H200 block may opt into).
 fn ws_bf16_persistent_smem_bytes(head_dim: usize) -> u32 {
-    let stages = if head_dim == 128 { 2 } else { 5 };
-    (2 * 128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 8 * (2 * stages + 4) + 1024) as u32
+    let (stages, q_slots) = if head_dim == 128 { (3, 1) } else { (5, 2) };
+    (q_slots * 128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 8 * (2 * stages + 4) + 1024) as u32
 }
 
 /// Launches a kernel of the warp-specialized BF16 forward (`sage_forward_ws_bf16*`): 384 threads
