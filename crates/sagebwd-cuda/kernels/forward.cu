@@ -1684,13 +1684,26 @@ __device__ __forceinline__ FpTile fp_tile(const Dims& d, int t) {
     return x;
 }
 
+// The i-th tile of this block. Plain: t = blockIdx.x + i·gridDim.x. SNAKE: the rounds alternate
+// direction over the heaviest-first order (round i odd: gridDim.x − 1 − blockIdx.x), so a block
+// with the heaviest tile of one round gets the lightest of the next: a causal grid's blocks then
+// get work within ~1–2 % of the mean where the plain stride leaves the heaviest 6–7 % above it
+// (a static count of key blocks per block, fpafwd3). Either way the block's first tile is its
+// heaviest.
+template <bool SNAKE>
+__device__ __forceinline__ int fp_block_tile(int i) {
+    const int lane = SNAKE && (i & 1) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    return i * (int)gridDim.x + lane;
+}
+
 // The producer (one thread): for each tile of this block, its Q into slot i % FP_Q_SLOTS, then K and V of
 // each key block into the ring; it runs ahead across tile boundaries as far as the ring allows.
+template <bool SNAKE>
 __device__ void fp_producer(const void* qmap, const void* kmap, const void* vmap, const FpSmem& sm, const Dims& d) {
     if (threadIdx.x != 0) return;
     const int n_tiles = fp_tile_count(d);
     int it = 0;
-    for (int t = blockIdx.x, i = 0; t < n_tiles; t += gridDim.x, ++i) {
+    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
         const int bh_kv = kv_head_of(d, x.bh);
         sm.wait_q_empty(i);
@@ -1782,15 +1795,6 @@ __device__ __forceinline__ void fp_release_q(const FpSmem& sm, int i) {
     if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(i));
 }
 
-// Rows before their first key block (start_rows without the O accumulators): max −∞, sum 0.
-__device__ __forceinline__ void fp_start_state(RowState& st) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        st.m[h] = neg_inf();
-        st.l[h] = 0.0f;
-    }
-}
-
 // Key block kb (the it-th of the block) of tile i: see the section comment. pa_cur holds P(kb);
 // pa_next receives P(kb + 1).
 template <bool PINGPONG, bool FAST_EXP>
@@ -1814,8 +1818,8 @@ __device__ __forceinline__ void fp_step(const ForwardParams& p, const FpSmem& sm
     if (next) fp_rescale(c.o, c.st);
 }
 
-// The first S and softmax of tile i when nothing is left to overlap them with (the block's first
-// tile, or after a tile without key blocks): P(0) into pa.
+// Tile i's first S and softmax (nothing of this warpgroup to overlap them with; the other one's
+// turn keeps the tensor cores busy): P(0) into pa.
 template <bool PINGPONG, bool FAST_EXP>
 __device__ __forceinline__ void fp_first_block(const ForwardParams& p, const FpSmem& sm, FpConsumer& c, int w, int it,
                                                int i, u32 (&pa)[BLOCK_KV / 16][4]) {
@@ -1828,64 +1832,12 @@ __device__ __forceinline__ void fp_first_block(const ForwardParams& p, const FpS
     fp_softmax<FAST_EXP>(p.dims, c.sacc, p.c_lambda, c.st, pa, c.row0, 0);
 }
 
-// The next tile of a chained step: its Q (slot i + 1), rows and key blocks.
-struct FpNext {
-    u32 qt;
-    int row0, end;
-};
-
-// The last key block (it) of tile i with the next tile's first block chained on (FA3's
-// inter-tile overlap; short tiles pay their first S + softmax once per tile otherwise): issue
-// S(0) of tile i + 1, then O += P(end − 1) V(end − 1); run softmax(0) of tile i + 1 into a fresh row
-// state and pa_next while that P·V runs; then store tile i (qb_valid: its query block exists) and
-// start tile i + 1 with O = 0 and that state, its P(0) in pa_next. Same arithmetic as the
-// unchained order: each tile's first P·V still accumulates onto O = 0 without a rescale.
-template <bool PINGPONG, bool FAST_EXP>
-__device__ __forceinline__ void fp_step_into_next(const ForwardParams& p, const FpSmem& sm, FpConsumer& c, int w,
-                                                  int it, int i, int bh, bool qb_valid, const FpNext& nx,
-                                                  u32 (&pa_cur)[BLOCK_KV / 16][4],
-                                                  u32 (&pa_next)[BLOCK_KV / 16][4]) {
-    sm.wait_q(i + 1);
-    sm.wait_full(it + 1);  // the next tile's first key block: the ring runs across tiles
-    pin_fragments(pa_cur);
-    if (PINGPONG) take_turn(w);
-    fp_issue_scores(c.sacc, nx.qt, sm.k_stage(it + 1));
-    fp_issue_pv(c.o, pa_cur, sm.v_stage(it));
-    wgmma_wait<1>();  // S(0) of tile i + 1 done; P·V of tile i may still run
-    if (PINGPONG) pass_turn(w);
-    if (FP_EARLY_Q && nx.end == 1) fp_release_q(sm, i + 1);
-    RowState st_next;
-    fp_start_state(st_next);
-    fp_softmax<FAST_EXP>(p.dims, c.sacc, p.c_lambda, st_next, pa_next, nx.row0, 0);
-    wgmma_wait<0>();
-    wgmma_fence_rows<O_TILES>(c.o);
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(it));
-    if (!FP_EARLY_Q) fp_release_q(sm, i);
-    if (qb_valid) fp_store(p, c.st, c.o, bh, c.row0);
-    // The store reads O before the next tile's zeros are written: else the compiler gave the last
-    // P·V its own registers, copied O into them inside the P·V (ptxas C7519) and serialized the
-    // wgmmas (C7514).
-    wgmma_fence_rows<O_TILES>(c.o);
-    start_rows(c.st, c.o);
-    c.st = st_next;
-}
-
-// P(0) of a chained tile landed in pa[1] (its predecessor had an odd number of key blocks): the loop
-// below reads P(0) from pa[0].
-__device__ __forceinline__ void fp_move_fragments(u32 (&dst)[BLOCK_KV / 16][4], const u32 (&src)[BLOCK_KV / 16][4]) {
-#pragma unroll
-    for (int kk = 0; kk < BLOCK_KV / 16; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dst[kk][e] = src[kk][e];
-}
-
 // Consumer warpgroup w of the persistent kernel: query block 2·pair + w of each of the block's
-// tiles. Ping-pong: the turns alternate over all tiles (both warpgroups take the same turns: end
-// per tile, + 1 when its first block is not chained), so warpgroup 1 passes the first turn once
-// and warpgroup 0 takes the last one once. CHAIN: a tile's last step also starts the next tile
-// (fp_step_into_next) when both have key blocks.
-template <bool PINGPONG, bool FAST_EXP, bool CHAIN>
+// tiles. Ping-pong: the turns alternate over all tiles (both warpgroups take end + 1 turns per
+// tile), so warpgroup 1 passes the first turn once and warpgroup 0 takes the last one once.
+// (Chaining each tile's first S + softmax onto the previous tile's last P·V, FA3's inter-tile
+// overlap, was slower: RESULTS-gpu.md, fpafwd3, commit 73beb5b.)
+template <bool PINGPONG, bool FAST_EXP, bool SNAKE>
 __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
@@ -1895,45 +1847,22 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
     FpConsumer c;
     u32 pa[2][BLOCK_KV / 16][4];
     int it = 0;
-    bool started = false;  // this tile's first block was chained onto the previous tile
-    for (int t = blockIdx.x, i = 0; t < n_tiles; t += gridDim.x, ++i) {
+    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
         const int qb = 2 * x.pair + w;
         c.row0 = qb * BLOCK_Q + warp * 16;
         c.end = x.end;
         c.qt = sm.q_slot(i) + w * BLOCK_Q * 128;  // the warpgroup's 64 rows of each panel
-        if (!started) {
-            start_rows(c.st, c.o);
-            sm.wait_q(i);
-            if (c.end > 0) fp_first_block<PINGPONG, FAST_EXP>(p, sm, c, w, it, i, pa[0]);
-        }
-        FpNext nx{};
-        bool chain = false;
-        if (CHAIN && c.end > 0 && t + (int)gridDim.x < n_tiles) {
-            const FpTile y = fp_tile(d, t + gridDim.x);
-            nx = FpNext{sm.q_slot(i + 1) + w * BLOCK_Q * 128, (2 * y.pair + w) * BLOCK_Q + warp * 16, y.end};
-            chain = y.end > 0;
-        }
-        const int steps = chain ? c.end - 1 : c.end;  // a chained tile's last step is fp_step_into_next
-        for (int kb = 0; kb < steps; kb += 2) {
+        start_rows(c.st, c.o);
+        sm.wait_q(i);
+        if (c.end > 0) fp_first_block<PINGPONG, FAST_EXP>(p, sm, c, w, it, i, pa[0]);
+        for (int kb = 0; kb < c.end; kb += 2) {
             fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb, it + kb, i, pa[0], pa[1]);
-            if (kb + 1 < steps) fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb + 1, it + kb + 1, i, pa[1], pa[0]);
-        }
-        const bool qb_valid = qb < d.n_qblk;
-        if (chain) {
-            const int last = it + c.end - 1;
-            if (steps & 1) {
-                fp_step_into_next<PINGPONG, FAST_EXP>(p, sm, c, w, last, i, x.bh, qb_valid, nx, pa[1], pa[0]);
-            } else {
-                fp_step_into_next<PINGPONG, FAST_EXP>(p, sm, c, w, last, i, x.bh, qb_valid, nx, pa[0], pa[1]);
-                fp_move_fragments(pa[0], pa[1]);
-            }
-        } else {
-            if (!FP_EARLY_Q || c.end == 0) fp_release_q(sm, i);  // every S of the tile is done
-            if (qb_valid) fp_store(p, c.st, c.o, x.bh, c.row0);
+            if (kb + 1 < c.end) fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb + 1, it + kb + 1, i, pa[1], pa[0]);
         }
         it += c.end;
-        started = chain;
+        if (!FP_EARLY_Q || c.end == 0) fp_release_q(sm, i);  // every S of the tile is done
+        if (qb < d.n_qblk) fp_store(p, c.st, c.o, x.bh, c.row0);
     }
     if (turns && w == 0) take_turn(0);
 }
@@ -1941,7 +1870,7 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
 
 // The persistent BF16 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // FpSmem::kSmemBytes of dynamic shared memory and the tensor maps of Q, K, V.
-template <bool PINGPONG, bool FAST_EXP, bool CHAIN>
+template <bool PINGPONG, bool FAST_EXP, bool SNAKE>
 __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, const void* vmap, const ForwardParams& p,
                                         unsigned char* smem) {
 #ifdef SAGE_WGMMA
@@ -1953,27 +1882,27 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        fp_producer(qmap, kmap, vmap, sm, p.dims);
+        fp_producer<SNAKE>(qmap, kmap, vmap, sm, p.dims);
     } else {
         setmaxnreg_inc<240>();
-        fp_consumer<PINGPONG, FAST_EXP, CHAIN>(p, sm, wg - 1);
+        fp_consumer<PINGPONG, FAST_EXP, SNAKE>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define FP_ENTRY(name, PINGPONG, FAST_EXP, CHAIN)                                                                  \
+#define FP_ENTRY(name, PINGPONG, FAST_EXP, SNAKE)                                                                  \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,                  \
              const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        fp_main<PINGPONG, FAST_EXP, CHAIN>(&qmap, &kmap, &vmap, p, ws_smem);                                      \
+        fp_main<PINGPONG, FAST_EXP, SNAKE>(&qmap, &kmap, &vmap, p, ws_smem);                                      \
     }
 FP_ENTRY(sage_forward_ws_bf16_p3, true, false, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
 FP_ENTRY(sage_forward_ws_bf16_p1, false, false, false)  // fpp1: the same without ping-pong
 FP_ENTRY(sage_forward_ws_bf16_p3f, true, true, false)   // fpp3f: fpp3 + exp2 without the fix-up when not needed
-FP_ENTRY(sage_forward_ws_bf16_p4, true, false, true)    // fpp4: fpp3 + each tile's first block chained (fpafwd3)
+FP_ENTRY(sage_forward_ws_bf16_p3s, true, false, true)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

@@ -165,16 +165,16 @@ type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid);
 /// `SAGEBWD_FORWARD_WGMMA` asks for, or None for the mma.sync staged path (`off`): `fpp3`
 /// (`sage_forward_ws_bf16_p3`) persistent, P·V accumulated onto the rescaled O with softmax(kb + 1)
 /// overlapping P·V(kb) in each warpgroup, ping-pong, heaviest tiles first; `fpp1` `fpp3` without
-/// the ping-pong; `fpp3f` `fpp3` with exp2 without its
-/// subnormal fix-up when no argument needs it; `fpp4` `fpp3` with each tile's first S + softmax
-/// run during the previous tile's last P·V (fpafwd3); `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
+/// the ping-pong; `fpp3f` `fpp3` with exp2 without its subnormal fix-up when no argument needs it;
+/// `fpp3s` `fpp3` with the tiles dealt to the blocks in a snake (rounds alternate direction: the
+/// static balance of a causal grid, fpafwd3); `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
 /// schedule (S(kb + 1) runs during the O update; ping-pong), `fws1` without the ping-pong, `fws0`
 /// ping-pong with S(kb + 1) issued after the O update, `fws3s` `fws3` with P·V as two n64 products
 /// at d = 128. Other values (the INT8 kernel's variants) give the default, by shape: the fastest
-/// measured (RESULTS-gpu.md, fpafwd2).
+/// measured (RESULTS-gpu.md, fpafwd3).
 fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKernel> {
     use Bf16WsGrid::{Pairs, Persistent};
-    let fpp3 = (c"sage_forward_ws_bf16_p3", Persistent);
+    let fpp3s = (c"sage_forward_ws_bf16_p3s", Persistent);
     let fws3 = (c"sage_forward_ws_bf16", Pairs);
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("off") => None,
@@ -182,19 +182,23 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
         Ok("fws1") => Some((c"sage_forward_ws_bf16_fws1", Pairs)),
         Ok("fws0") => Some((c"sage_forward_ws_bf16_fws0", Pairs)),
         Ok("fws3s") => Some((c"sage_forward_ws_bf16_fws3s", Pairs)),
-        Ok("fpp3") => Some(fpp3),
+        Ok("fpp3") => Some((c"sage_forward_ws_bf16_p3", Persistent)),
+        Ok("fpp3s") => Some(fpp3s),
         Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent)),
         Ok("fpp3f") => Some((c"sage_forward_ws_bf16_p3f", Persistent)),
-        Ok("fpp4") => Some((c"sage_forward_ws_bf16_p4", Persistent)),
-        _ => Some(if bf16_persistent_pays(head_dim, n_q, causal) { fpp3 } else { fws3 }),
+        _ => Some(if bf16_persistent_pays(head_dim, n_q, causal) { fpp3s } else { fws3 }),
     }
 }
 
-/// Where the persistent kernel beat fpafwd's `fws3` (fpafwd2's first call, H200): d = 64 at
-/// N ≤ 1k, and causal up to 4k (the training shapes: short rows, many light tiles). At d = 128 its
-/// 2 stages leave the next load no slack (RESULTS-gpu.md, fpafwd2).
+/// Where the persistent kernel beat `fws3` (fpafwd3's first call, H200, both with `exp2_ftz`):
+/// d = 64 up to N = 4k (+5–20 %), d = 128 at N = 1k (+9 % / +24 %) and causal 4k (+9 %). At N = 16k
+/// `fws3`'s grid (the pairs of one head side by side: K, V reused in L2) wins or ties (d = 128 −4 %),
+/// and at d = 128 N = 4k non-causal `fws3` is 1 % ahead (RESULTS-gpu.md, fpafwd3).
 fn bf16_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
-    head_dim == 64 && (n_q <= 1024 || (causal && n_q <= 4096))
+    match head_dim {
+        64 => n_q <= 4096,
+        _ => n_q <= 1024 || (causal && n_q <= 4096),
+    }
 }
 
 /// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). The warp-specialized
