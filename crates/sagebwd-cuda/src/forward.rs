@@ -190,15 +190,13 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
     }
 }
 
-/// Where the persistent kernel beat `fws3` (fpafwd3's first call, H200, both with `exp2_ftz`):
-/// d = 64 up to N = 4k (+5–20 %), d = 128 at N = 1k (+9 % / +24 %) and causal 4k (+9 %). At N = 16k
-/// `fws3`'s grid (the pairs of one head side by side: K, V reused in L2) wins or ties (d = 128 −4 %),
-/// and at d = 128 N = 4k non-causal `fws3` is 1 % ahead (RESULTS-gpu.md, fpafwd3).
+/// Where the persistent kernel (`fpp3s`) beat `fws3` (fpafwd3's calls, H200, both with `exp2_ftz`):
+/// every causal shape measured (d = 64 and 128, N = 1k–16k: +0.5–24 %; the snake order balances the
+/// heaviest-first tiles), and non-causal d = 64 up to N = 4k, d = 128 at N = 1k. Non-causal at
+/// N = 16k `fws3`'s grid (the pairs of one head side by side: K, V reused in L2) is 4–7 % ahead, and
+/// at d = 128 N = 4k the two are within 1 % (RESULTS-gpu.md, fpafwd3).
 fn bf16_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
-    match head_dim {
-        64 => n_q <= 4096,
-        _ => n_q <= 1024 || (causal && n_q <= 4096),
-    }
+    causal || n_q <= if head_dim == 64 { 4096 } else { 1024 }
 }
 
 /// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). The warp-specialized
