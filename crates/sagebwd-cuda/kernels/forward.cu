@@ -1599,46 +1599,59 @@ WS_BF16_ENTRY(sage_forward_ws_bf16_fws3s, true, true, true)     // P·V as two n
 // FlashAttention-3's in-warpgroup overlap, and a persistent grid:
 // - tiles (query-block pair, batch·head) heaviest first (causal: the longest rows first, so the
 //   grid's tail is short work); one block per SM walks tiles blockIdx.x, + gridDim.x, ...;
-// - the producer thread streams Q of the next tile (two Q slots) and K, V of every key block of
-//   every tile through one ring, so the next tile's loads overlap this tile's work and O stores;
+// - the producer thread streams Q of the next tile (FP_Q_SLOTS Q slots) and K, V of every key
+//   block of every tile through one ring, so the next tile's loads overlap this tile's work and O
+//   stores;
 // - a consumer step for key block kb: issue S(kb + 1) = Q K(kb + 1)ᵀ, then O += P(kb) V(kb); wait
 //   for S(kb + 1) only and run softmax(kb + 1) on the CUDA cores while P(kb)·V(kb) runs on the
 //   tensor cores; then wait for it, release the stage, and rescale O by α(kb + 1). P(kb) and
 //   P(kb + 1) live in two register sets (the loop is unrolled by two).
 
-#define FP_STAGES (HEAD_DIM == 128 ? 2 : 5)  // 2 × 64 KB or 5 × 32 KB of K and V
+// The step for key block kb needs the stages of kb and kb + 1 at once (S(kb + 1) is issued before
+// P·V(kb)), so 2 stages would leave the load of kb + 2 no slack (fpafwd2's first call: d = 128 lost
+// 25–37 %): 3 at d = 128 (192 KB, hence one Q slot), 5 at d = 64 with two Q slots.
+#define FP_STAGES (HEAD_DIM == 128 ? 3 : 5)  // 3 × 64 KB or 5 × 32 KB of K and V
+#define FP_Q_SLOTS (HEAD_DIM == 128 ? 1 : 2)
+// With one Q slot the consumers release it as soon as the tile's last S is done (not at the tile's
+// end), so that the producer, which loads Q(i + 1) before the K, V of tile i + 1, is not held back
+// until this tile ends: the next tile's first loads overlap this tile's last P·V.
+#define FP_EARLY_Q (FP_Q_SLOTS == 1)
 
 #ifdef SAGE_WGMMA
-// Shared memory of the persistent kernel: two Q slots (tile i uses slot i % 2), the K and V rings,
-// then the mbarriers: FP_STAGES full, FP_STAGES empty, 2 Q-full, 2 Q-empty (8 B each).
+// Shared memory of the persistent kernel: FP_Q_SLOTS Q slots (tile i uses slot i % FP_Q_SLOTS), the
+// K and V rings, then the mbarriers: FP_STAGES full, FP_STAGES empty, 2 Q-full, 2 Q-empty (8 B each;
+// one pair unused with one slot).
 struct FpSmem {
-    static constexpr int kSmemBytes = 2 * FW_Q_BYTES + 2 * FP_STAGES * FB_TILE + 8 * (2 * FP_STAGES + 4) + 1024;
+    static constexpr int kSmemBytes = FP_Q_SLOTS * FW_Q_BYTES + 2 * FP_STAGES * FB_TILE + 8 * (2 * FP_STAGES + 4) + 1024;
     u32 q, k, v, full, empty, q_full, q_empty;
     __device__ __forceinline__ FpSmem(unsigned char* smem) {
         q = (smem_addr(smem) + 1023u) & ~1023u;
-        k = q + 2 * FW_Q_BYTES;
+        k = q + FP_Q_SLOTS * FW_Q_BYTES;
         v = k + FP_STAGES * FB_TILE;
         full = v + FP_STAGES * FB_TILE;
         empty = full + 8 * FP_STAGES;
         q_full = empty + 8 * FP_STAGES;
         q_empty = q_full + 16;
     }
-    __device__ __forceinline__ u32 q_slot(int i) const { return q + (i & 1) * FW_Q_BYTES; }
+    // Tile i's Q slot and its use count (the parity of its barriers): i & 1 and i >> 1 with two slots.
+    __device__ __forceinline__ int q_index(int i) const { return FP_Q_SLOTS == 2 ? (i & 1) : 0; }
+    __device__ __forceinline__ int q_round(int i) const { return FP_Q_SLOTS == 2 ? (i >> 1) : i; }
+    __device__ __forceinline__ u32 q_slot(int i) const { return q + q_index(i) * FW_Q_BYTES; }
     __device__ __forceinline__ u32 k_stage(int it) const { return k + (it % FP_STAGES) * FB_TILE; }
     __device__ __forceinline__ u32 v_stage(int it) const { return v + (it % FP_STAGES) * FB_TILE; }
     __device__ __forceinline__ u32 full_bar(int it) const { return full + 8 * (it % FP_STAGES); }
     __device__ __forceinline__ u32 empty_bar(int it) const { return empty + 8 * (it % FP_STAGES); }
-    __device__ __forceinline__ u32 q_full_bar(int i) const { return q_full + 8 * (i & 1); }
-    __device__ __forceinline__ u32 q_empty_bar(int i) const { return q_empty + 8 * (i & 1); }
+    __device__ __forceinline__ u32 q_full_bar(int i) const { return q_full + 8 * q_index(i); }
+    __device__ __forceinline__ u32 q_empty_bar(int i) const { return q_empty + 8 * q_index(i); }
     // Consumers: the it-th key block this block loads (counted over all its tiles), and tile i's Q.
     __device__ __forceinline__ void wait_full(int it) const { mbar_wait(full_bar(it), (it / FP_STAGES) & 1); }
-    __device__ __forceinline__ void wait_q(int i) const { mbar_wait(q_full_bar(i), (i >> 1) & 1); }
+    __device__ __forceinline__ void wait_q(int i) const { mbar_wait(q_full_bar(i), q_round(i) & 1); }
     // Producer: the previous use of a stage / Q slot was released by every consumer warp.
     __device__ __forceinline__ void wait_empty(int it) const {
         if (it >= FP_STAGES) mbar_wait(empty_bar(it), ((it / FP_STAGES) - 1) & 1);
     }
     __device__ __forceinline__ void wait_q_empty(int i) const {
-        if (i >= 2) mbar_wait(q_empty_bar(i), ((i >> 1) - 1) & 1);
+        if (i >= FP_Q_SLOTS) mbar_wait(q_empty_bar(i), (q_round(i) - 1) & 1);
     }
     // One thread: "full" barriers complete on the producer's one arrival + the TMA bytes, "empty"
     // ones on one arrival per consumer warp (8).
@@ -1671,13 +1684,26 @@ __device__ __forceinline__ FpTile fp_tile(const Dims& d, int t) {
     return x;
 }
 
-// The producer (one thread): for each tile of this block, its Q into slot i % 2, then K and V of
+// The i-th tile of this block. Plain: t = blockIdx.x + i·gridDim.x. SNAKE: the rounds alternate
+// direction over the heaviest-first order (round i odd: gridDim.x − 1 − blockIdx.x), so a block
+// with the heaviest tile of one round gets the lightest of the next: a causal grid's blocks then
+// get work within ~1–2 % of the mean where the plain stride leaves the heaviest 6–7 % above it
+// (a static count of key blocks per block, fpafwd3). Either way the block's first tile is its
+// heaviest.
+template <bool SNAKE>
+__device__ __forceinline__ int fp_block_tile(int i) {
+    const int lane = SNAKE && (i & 1) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    return i * (int)gridDim.x + lane;
+}
+
+// The producer (one thread): for each tile of this block, its Q into slot i % FP_Q_SLOTS, then K and V of
 // each key block into the ring; it runs ahead across tile boundaries as far as the ring allows.
+template <bool SNAKE>
 __device__ void fp_producer(const void* qmap, const void* kmap, const void* vmap, const FpSmem& sm, const Dims& d) {
     if (threadIdx.x != 0) return;
     const int n_tiles = fp_tile_count(d);
     int it = 0;
-    for (int t = blockIdx.x, i = 0; t < n_tiles; t += gridDim.x, ++i) {
+    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
         const int bh_kv = kv_head_of(d, x.bh);
         sm.wait_q_empty(i);
@@ -1763,11 +1789,17 @@ struct FpConsumer {
     int row0, end;
 };
 
-// Key block kb (the it-th of the block): see the section comment. pa_cur holds P(kb); pa_next
-// receives P(kb + 1).
+// This warp is done with tile i's Q (every S of the tile complete): one arrival of the slot's 8.
+__device__ __forceinline__ void fp_release_q(const FpSmem& sm, int i) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(i));
+}
+
+// Key block kb (the it-th of the block) of tile i: see the section comment. pa_cur holds P(kb);
+// pa_next receives P(kb + 1).
 template <bool PINGPONG, bool FAST_EXP>
 __device__ __forceinline__ void fp_step(const ForwardParams& p, const FpSmem& sm, FpConsumer& c, int w, int kb, int it,
-                                        u32 (&pa_cur)[BLOCK_KV / 16][4], u32 (&pa_next)[BLOCK_KV / 16][4]) {
+                                        int i, u32 (&pa_cur)[BLOCK_KV / 16][4], u32 (&pa_next)[BLOCK_KV / 16][4]) {
     const bool next = kb + 1 < c.end;
     if (next) sm.wait_full(it + 1);
     pin_fragments(pa_cur);
@@ -1777,6 +1809,7 @@ __device__ __forceinline__ void fp_step(const ForwardParams& p, const FpSmem& sm
     if (next) wgmma_wait<1>();  // S(kb + 1) done; P(kb)·V(kb) may still run
     else wgmma_wait<0>();
     if (PINGPONG) pass_turn(w);
+    if (FP_EARLY_Q && kb + 2 == c.end) fp_release_q(sm, i);  // S(end − 1), the tile's last, is done
     if (next) fp_softmax<FAST_EXP>(p.dims, c.sacc, p.c_lambda, c.st, pa_next, c.row0, (kb + 1) * BLOCK_KV);
     wgmma_wait<0>();
     wgmma_fence_rows<O_TILES>(c.o);
@@ -1785,10 +1818,26 @@ __device__ __forceinline__ void fp_step(const ForwardParams& p, const FpSmem& sm
     if (next) fp_rescale(c.o, c.st);
 }
 
+// Tile i's first S and softmax (nothing of this warpgroup to overlap them with; the other one's
+// turn keeps the tensor cores busy): P(0) into pa.
+template <bool PINGPONG, bool FAST_EXP>
+__device__ __forceinline__ void fp_first_block(const ForwardParams& p, const FpSmem& sm, FpConsumer& c, int w, int it,
+                                               int i, u32 (&pa)[BLOCK_KV / 16][4]) {
+    sm.wait_full(it);
+    if (PINGPONG) take_turn(w);
+    fp_issue_scores(c.sacc, c.qt, sm.k_stage(it));
+    if (PINGPONG) pass_turn(w);
+    wgmma_wait<0>();
+    if (FP_EARLY_Q && c.end == 1) fp_release_q(sm, i);
+    fp_softmax<FAST_EXP>(p.dims, c.sacc, p.c_lambda, c.st, pa, c.row0, 0);
+}
+
 // Consumer warpgroup w of the persistent kernel: query block 2·pair + w of each of the block's
 // tiles. Ping-pong: the turns alternate over all tiles (both warpgroups take end + 1 turns per
 // tile), so warpgroup 1 passes the first turn once and warpgroup 0 takes the last one once.
-template <bool PINGPONG, bool FAST_EXP>
+// (Chaining each tile's first S + softmax onto the previous tile's last P·V, FA3's inter-tile
+// overlap, was slower: RESULTS-gpu.md, fpafwd3, commit 73beb5b.)
+template <bool PINGPONG, bool FAST_EXP, bool SNAKE>
 __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
@@ -1798,7 +1847,7 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
     FpConsumer c;
     u32 pa[2][BLOCK_KV / 16][4];
     int it = 0;
-    for (int t = blockIdx.x, i = 0; t < n_tiles; t += gridDim.x, ++i) {
+    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
         const int qb = 2 * x.pair + w;
         c.row0 = qb * BLOCK_Q + warp * 16;
@@ -1806,21 +1855,13 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
         c.qt = sm.q_slot(i) + w * BLOCK_Q * 128;  // the warpgroup's 64 rows of each panel
         start_rows(c.st, c.o);
         sm.wait_q(i);
-        if (c.end > 0) {
-            sm.wait_full(it);
-            if (PINGPONG) take_turn(w);
-            fp_issue_scores(c.sacc, c.qt, sm.k_stage(it));
-            if (PINGPONG) pass_turn(w);
-            wgmma_wait<0>();
-            fp_softmax<FAST_EXP>(d, c.sacc, p.c_lambda, c.st, pa[0], c.row0, 0);
-        }
+        if (c.end > 0) fp_first_block<PINGPONG, FAST_EXP>(p, sm, c, w, it, i, pa[0]);
         for (int kb = 0; kb < c.end; kb += 2) {
-            fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb, it + kb, pa[0], pa[1]);
-            if (kb + 1 < c.end) fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb + 1, it + kb + 1, pa[1], pa[0]);
+            fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb, it + kb, i, pa[0], pa[1]);
+            if (kb + 1 < c.end) fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb + 1, it + kb + 1, i, pa[1], pa[0]);
         }
         it += c.end;
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(i));  // every S of the tile is done
+        if (!FP_EARLY_Q || c.end == 0) fp_release_q(sm, i);  // every S of the tile is done
         if (qb < d.n_qblk) fp_store(p, c.st, c.o, x.bh, c.row0);
     }
     if (turns && w == 0) take_turn(0);
@@ -1829,7 +1870,7 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
 
 // The persistent BF16 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // FpSmem::kSmemBytes of dynamic shared memory and the tensor maps of Q, K, V.
-template <bool PINGPONG, bool FAST_EXP>
+template <bool PINGPONG, bool FAST_EXP, bool SNAKE>
 __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, const void* vmap, const ForwardParams& p,
                                         unsigned char* smem) {
 #ifdef SAGE_WGMMA
@@ -1841,26 +1882,27 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        fp_producer(qmap, kmap, vmap, sm, p.dims);
+        fp_producer<SNAKE>(qmap, kmap, vmap, sm, p.dims);
     } else {
         setmaxnreg_inc<240>();
-        fp_consumer<PINGPONG, FAST_EXP>(p, sm, wg - 1);
+        fp_consumer<PINGPONG, FAST_EXP, SNAKE>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define FP_ENTRY(name, PINGPONG, FAST_EXP)                                                                         \
+#define FP_ENTRY(name, PINGPONG, FAST_EXP, SNAKE)                                                                  \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,                  \
              const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        fp_main<PINGPONG, FAST_EXP>(&qmap, &kmap, &vmap, p, ws_smem);                                             \
+        fp_main<PINGPONG, FAST_EXP, SNAKE>(&qmap, &kmap, &vmap, p, ws_smem);                                      \
     }
-FP_ENTRY(sage_forward_ws_bf16_p3, true, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
-FP_ENTRY(sage_forward_ws_bf16_p1, false, false)  // fpp1: the same without ping-pong
-FP_ENTRY(sage_forward_ws_bf16_p3f, true, true)   // fpp3f: fpp3 + exp2 without the fix-up when not needed
+FP_ENTRY(sage_forward_ws_bf16_p3, true, false, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p1, false, false, false)  // fpp1: the same without ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p3f, true, true, false)   // fpp3f: fpp3 + exp2 without the fix-up when not needed
+FP_ENTRY(sage_forward_ws_bf16_p3s, true, false, true)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

@@ -165,15 +165,16 @@ type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid);
 /// `SAGEBWD_FORWARD_WGMMA` asks for, or None for the mma.sync staged path (`off`): `fpp3`
 /// (`sage_forward_ws_bf16_p3`) persistent, P·V accumulated onto the rescaled O with softmax(kb + 1)
 /// overlapping P·V(kb) in each warpgroup, ping-pong, heaviest tiles first; `fpp1` `fpp3` without
-/// the ping-pong; `fpp3f` `fpp3` with exp2 without its
-/// subnormal fix-up when no argument needs it; `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
+/// the ping-pong; `fpp3f` `fpp3` with exp2 without its subnormal fix-up when no argument needs it;
+/// `fpp3s` `fpp3` with the tiles dealt to the blocks in a snake (rounds alternate direction: the
+/// static balance of a causal grid, fpafwd3); `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
 /// schedule (S(kb + 1) runs during the O update; ping-pong), `fws1` without the ping-pong, `fws0`
 /// ping-pong with S(kb + 1) issued after the O update, `fws3s` `fws3` with P·V as two n64 products
 /// at d = 128. Other values (the INT8 kernel's variants) give the default, by shape: the fastest
-/// measured (RESULTS-gpu.md, fpafwd2).
+/// measured (RESULTS-gpu.md, fpafwd3).
 fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKernel> {
     use Bf16WsGrid::{Pairs, Persistent};
-    let fpp3 = (c"sage_forward_ws_bf16_p3", Persistent);
+    let fpp3s = (c"sage_forward_ws_bf16_p3s", Persistent);
     let fws3 = (c"sage_forward_ws_bf16", Pairs);
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("off") => None,
@@ -181,18 +182,21 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
         Ok("fws1") => Some((c"sage_forward_ws_bf16_fws1", Pairs)),
         Ok("fws0") => Some((c"sage_forward_ws_bf16_fws0", Pairs)),
         Ok("fws3s") => Some((c"sage_forward_ws_bf16_fws3s", Pairs)),
-        Ok("fpp3") => Some(fpp3),
+        Ok("fpp3") => Some((c"sage_forward_ws_bf16_p3", Persistent)),
+        Ok("fpp3s") => Some(fpp3s),
         Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent)),
         Ok("fpp3f") => Some((c"sage_forward_ws_bf16_p3f", Persistent)),
-        _ => Some(if bf16_persistent_pays(head_dim, n_q, causal) { fpp3 } else { fws3 }),
+        _ => Some(if bf16_persistent_pays(head_dim, n_q, causal) { fpp3s } else { fws3 }),
     }
 }
 
-/// Where the persistent kernel beat fpafwd's `fws3` (fpafwd2's first call, H200): d = 64 at
-/// N ≤ 1k, and causal up to 4k (the training shapes: short rows, many light tiles). At d = 128 its
-/// 2 stages leave the next load no slack (RESULTS-gpu.md, fpafwd2).
+/// Where the persistent kernel (`fpp3s`) beat `fws3` (fpafwd3's calls, H200, both with `exp2_ftz`):
+/// every causal shape measured (d = 64 and 128, N = 1k–16k: +0.5–24 %; the snake order balances the
+/// heaviest-first tiles), and non-causal d = 64 up to N = 4k, d = 128 at N = 1k. Non-causal at
+/// N = 16k `fws3`'s grid (the pairs of one head side by side: K, V reused in L2) is 4–7 % ahead, and
+/// at d = 128 N = 4k the two are within 1 % (RESULTS-gpu.md, fpafwd3).
 fn bf16_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
-    head_dim == 64 && (n_q <= 1024 || (causal && n_q <= 4096))
+    causal || n_q <= if head_dim == 64 { 4096 } else { 1024 }
 }
 
 /// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). The warp-specialized
@@ -367,12 +371,13 @@ fn bf16_panel_map(addr: u64, heads: i32, rows: i32, head_dim: usize) -> Result<c
     )
 }
 
-/// Dynamic shared memory of the persistent BF16 kernels (`FpSmem::kSmemBytes`): two slots of BF16 Q
-/// of two query blocks, rings of `FP_STAGES` (2 at d = 128, 5 at d = 64) K and V tiles of 128 × d
-/// BF16, the full / empty mbarriers of the stages and of the two Q slots, 1 KiB of alignment slack.
+/// Dynamic shared memory of the persistent BF16 kernels (`FpSmem::kSmemBytes`): `FP_Q_SLOTS` slots
+/// (1 at d = 128, 2 at d = 64) of BF16 Q of two query blocks, rings of `FP_STAGES` (3 at d = 128,
+/// 5 at d = 64) K and V tiles of 128 × d BF16, the full / empty mbarriers of the stages and of two Q
+/// slots, 1 KiB of alignment slack (d = 128: 230 480 bytes of the 232 448 an H100/H200 block may opt into).
 fn ws_bf16_persistent_smem_bytes(head_dim: usize) -> u32 {
-    let stages = if head_dim == 128 { 2 } else { 5 };
-    (2 * 128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 8 * (2 * stages + 4) + 1024) as u32
+    let (stages, q_slots) = if head_dim == 128 { (3, 1) } else { (5, 2) };
+    (q_slots * 128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 8 * (2 * stages + 4) + 1024) as u32
 }
 
 /// Launches a kernel of the warp-specialized BF16 forward (`sage_forward_ws_bf16*`): 384 threads
