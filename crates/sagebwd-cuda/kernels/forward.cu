@@ -1456,7 +1456,9 @@ __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
 // scheduler instead of 2 to hide the per-score softmax chain (fwd3's profile: issue slots 72 %
 // busy with 2 consumer warps per scheduler), the K̂/V̂ᵀ tiles read by 3 warpgroups instead of 2.
 // - Registers: the producer gives back to 24, the consumers take 160 (128·24 + 384·160 ≤ 64 Ki).
-// - No ping-pong: each consumer warpgroup runs fwd3's `ws13` / `ws1` schedule on its own rows.
+// - No ping-pong: each consumer warpgroup runs fwd3's `ws13` schedule on its own rows.
+// - Opt-in only (SAGEBWD_FORWARD_WGMMA=ws3c): ptxas spills ~500 B per consumer thread at 160
+//   registers (O accumulators around the softmax); 10–16 % slower than `ws3` at the training shape.
 // - Each consumer walks only the key blocks its query block sees (causal: up to one block fewer
 //   than the block's last query block; a block past it is fully masked and changes nothing), then
 //   releases the remaining stages without reading them; a query block past n_qblk (the last
@@ -1569,9 +1571,9 @@ __device__ __forceinline__ void ws3_main(const TmaMapParam& vmap, const ForwardP
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         WS3_BODY(EARLY_AMAX, OVERLAP);                                                                            \
     }
-WS3_ENTRY(sage_forward_ws3c, true, true)     // ws3c: early amax, S(kb + 1) during the O update
-WS3_ENTRY(sage_forward_ws3c_s, true, false)  // ws3cs: early amax, S(kb + 1) after the O update
-WS3_ENTRY(sage_forward_ws3c_1, false, true)  // ws3c1: P̂ amax after the exponentials (fwd3's ws1)
+// ws3c: early amax, S(kb + 1) during the O update (sage64b's first call also timed S(kb + 1) after
+// the O update and the amax after the exponentials: no faster, dropped).
+WS3_ENTRY(sage_forward_ws3c, true, true)
 
 // ---------------------------------------------------------------------------------------------
 // Warp-specialized BF16 path (sm_90a; fpafwd), kernel `sage_forward_ws_bf16`: the staged BF16 path's

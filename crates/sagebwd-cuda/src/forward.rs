@@ -149,21 +149,14 @@ const F_WS_PINGPONG: i32 = 1 << 20;
 const F_WS_EARLY_AMAX: i32 = 1 << 21;
 const F_WS_FAST_EXP: i32 = 1 << 23;
 
-/// The 3-consumer INT8 kernel (sage64b, d = 64 only) that `SAGEBWD_FORWARD_WGMMA` asks for, or the
-/// default: `ws3c` (`sage_forward_ws3c`: 3 consumer warpgroups of 64 query rows per block, P̂
-/// amax before the exponentials, S(kb + 1) overlapping the O update), `ws3cs` (S(kb + 1) after the
-/// O update), `ws3c1` (P̂ amax after the exponentials). Any other named mode, or d = 128: `None`
-/// (the 2-consumer `sage_forward_ws` or the mode's own kernel).
+/// The 3-consumer INT8 kernel (sage64b, d = 64 only) when `SAGEBWD_FORWARD_WGMMA=ws3c` asks for it:
+/// `sage_forward_ws3c` (3 consumer warpgroups of 64 query rows per block, P̂ amax before the
+/// exponentials, S(kb + 1) overlapping the O update). Verified, but 10–16 % slower than the
+/// default `ws3` at d = 64 (its consumers spill at 160 registers: RESULTS-gpu.md, sage64b), so
+/// opt-in only; `None` otherwise.
 fn ws3c_kernel(head_dim: usize) -> Option<&'static std::ffi::CStr> {
-    if head_dim != 64 {
-        return None;
-    }
-    match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
-        Ok("ws3cs") => Some(c"sage_forward_ws3c_s"),
-        Ok("ws3c1") => Some(c"sage_forward_ws3c_1"),
-        Ok("ws3c") | Err(_) => Some(c"sage_forward_ws3c"),
-        Ok(_) => None,
-    }
+    let asked = std::env::var("SAGEBWD_FORWARD_WGMMA").is_ok_and(|m| m == "ws3c");
+    (asked && head_dim == 64).then_some(c"sage_forward_ws3c")
 }
 /// How a kernel of the warp-specialized BF16 forward walks the work: `Pairs`, one block per
 /// query-block pair and (batch·head) (`sage_forward_ws_bf16`, `_fws*`); `Persistent`, min(tiles,
