@@ -977,8 +977,8 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
 //   their wgmmas in turn, so one warpgroup's softmax runs while the other's products run.
 // - EARLY_AMAX: the P̂ group amax as exp2(rowmax − m_new) (§4) before the exponentials, so the
 //   two IEEE divisions of its scale run beside them instead of after a max over 64 values and two
-//   shuffles; the quantizer keeps the §2.2 clamp to 127 (a non-monotone ex2.approx could give a p
-//   above that amax).
+//   shuffles; the quantizer needs no clamp to 127 (exp2_ftz is monotone on [−∞, 0], tested
+//   exhaustively: no p exceeds that amax).
 // - FAST_EXP: exp2 without exp2f's subnormal fix-up when no argument of the warp needs it.
 // - In every variant the K̂/V̂ᵀ scales of the next block are loaded a block ahead, and the P̂V
 //   accumulators convert to FP32 by one I2FP.
@@ -1052,13 +1052,14 @@ __device__ __forceinline__ void ws_load_k(const ForwardParams& p, u32 kt, int bh
     }
 }
 
-// Q̂ rows of both query blocks of this thread block (rows past n_q zero-filled).
+// Q̂ rows of the NQ query blocks of this thread block (rows past n_q zero-filled).
+template <int NQ>
 __device__ __forceinline__ void ws_load_q(const ForwardParams& p, u32 qt, int bh, int tid) {
     const Dims& d = p.dims;
-    const int r0 = 2 * blockIdx.x * BLOCK_Q;
+    const int r0 = NQ * blockIdx.x * BLOCK_Q;
     const i8* qg = p.op.q_hat + ((long)bh * d.n_q + r0) * HEAD_DIM;
 #pragma unroll
-    for (int i = tid; i < 2 * BLOCK_Q * FK_CH; i += WG_THREADS) {
+    for (int i = tid; i < NQ * BLOCK_Q * FK_CH; i += WG_THREADS) {
         const int row = i / FK_CH, c = i % FK_CH;
         const bool valid = r0 + row < d.n_q;
         cp_async16(qt + swizzled_offset(row * HEAD_DIM + c * 16, HEAD_DIM), valid ? qg + row * HEAD_DIM + c * 16 : p.op.q_hat,
@@ -1072,7 +1073,9 @@ __device__ __forceinline__ void ws_complete_stage(u32 full_bar) {
     mbar_arrive(full_bar);
 }
 
-__device__ void ws_producer(const void* vmap, const ForwardParams& p, const WsSmem& sm, int bh, int bh_kv, int cta_end) {
+// NQ query blocks per thread block (Q̂ loaded with the first stage), any ring of WS_STAGES stages.
+template <int NQ, class Ring>
+__device__ void ws_producer(const void* vmap, const ForwardParams& p, const Ring& sm, int bh, int bh_kv, int cta_end) {
     const int tid = threadIdx.x;  // 0..127
     // Stage kb is completed after stage kb + 1 was issued (two stages in flight).
     sm.produce(cta_end, [&](int kb, int s) {
@@ -1080,7 +1083,7 @@ __device__ void ws_producer(const void* vmap, const ForwardParams& p, const WsSm
             mbar_arrive_expect_tx(sm.full_bar(s), WG_TILE);
             tma_load_2d(sm.v_stage(s), vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full_bar(s));
         }
-        if (kb == 0) ws_load_q(p, sm.q, bh, tid);
+        if (kb == 0) ws_load_q<NQ>(p, sm.q, bh, tid);
         ws_load_k(p, sm.k_stage(s), bh_kv, kb, tid);
         cp_async_commit();
         if (kb > 0) {
@@ -1095,11 +1098,9 @@ __device__ void ws_producer(const void* vmap, const ForwardParams& p, const WsSm
 }
 
 // P̂ with the group amax known before the exponentials (EARLY_AMAX above); otherwise softmax_p_hat.
-struct QuantPosClampBits {
-    __device__ __forceinline__ u32 operator()(float x, float inv) const {
-        return __float_as_uint(__fadd_rn(fminf(__fmul_rn(x, inv), 127.0f), 8388608.0f));
-    }
-};
+// The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 0] (the
+// lead's exhaustive device test, sagebwd-gpu-check's ex2 self-test), so every p of the row is
+// ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
 // FAST_EXP: exp2 as the bare MUFU.EX2 (ex2.approx.ftz, the same bits as exp2f for arguments
 // ≥ −126) when every argument of the warp is ≥ −125, decided from a per-thread min of t (exact,
 // order-free) and one vote: saves exp2f's compare and two predicated multiplies per score.
@@ -1121,7 +1122,7 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
 #pragma unroll
         for (int half = 0; half < 2; ++half)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosClampBits());
+            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
 }
 
 // Keeps the P̂ fragments' computation before this point: without it ptxas sank the quantization
@@ -1290,7 +1291,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
     const int cta_end = ws_start(sm, d, WG_THREADS + 1);  // full: 128 producer arrivals + the TMA's
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        ws_producer(&vmap, p, sm, bh, bh_kv, cta_end);
+        ws_producer<2>(&vmap, p, sm, bh, bh_kv, cta_end);
     } else {
         setmaxnreg_inc<240>();
         // The variants measured (RESULTS-gpu.md, fwd3); other flag mixes take the nearest.
@@ -1446,6 +1447,133 @@ __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
     cp_async_wait<0>();
     mma_store(p, st, o, bh, row0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// sage64b: the warp-specialized INT8 forward with 3 consumer warpgroups, kernel `sage_forward_ws3c`
+// (d = 64 only; at d = 128 its 160 registers per consumer thread would not hold the accumulators).
+// The same producer, ring, helpers and arithmetic as sage_forward_ws (WsInt8: same bits), with a
+// block of 4 warpgroups (512 threads) owning 3 query blocks (192 rows): 3 consumer warps per
+// scheduler instead of 2 to hide the per-score softmax chain (fwd3's profile: issue slots 72 %
+// busy with 2 consumer warps per scheduler), the K̂/V̂ᵀ tiles read by 3 warpgroups instead of 2.
+// - Registers: the producer gives back to 24, the consumers take 160 (128·24 + 384·160 ≤ 64 Ki).
+// - No ping-pong: each consumer warpgroup runs fwd3's `ws13` schedule on its own rows.
+// - Opt-in only (SAGEBWD_FORWARD_WGMMA=ws3c): ptxas spills ~500 B per consumer thread at 160
+//   registers (O accumulators around the softmax); 10–16 % slower than `ws3` at the training shape.
+// - Each consumer walks only the key blocks its query block sees (causal: up to one block fewer
+//   than the block's last query block; a block past it is fully masked and changes nothing), then
+//   releases the remaining stages without reading them; a query block past n_qblk (the last
+//   thread block of a head) only releases. The "empty" mbarriers count all 12 consumer warps.
+
+#define WS3_CONSUMERS 3
+#define WS3_THREADS ((WS3_CONSUMERS + 1) * WG_THREADS)
+
+#if defined(SAGE_WGMMA) && HEAD_DIM == 64
+using Ws3Base = WsRing<WS3_CONSUMERS * WG_Q_TILE, WG_TILE, WS_STAGES>;
+// sage_forward_ws's ring with Q̂ of 3 query blocks; "empty" completes after 4 · 3 warp arrivals.
+struct Ws3Smem : Ws3Base {
+    __device__ __forceinline__ Ws3Smem(unsigned char* smem) : Ws3Base(smem) {}
+    __device__ __forceinline__ void init(u32 full_count) const {
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(full_bar(s), full_count);
+            mbar_init(empty_bar(s), 4 * WS3_CONSUMERS);
+        }
+        fence_mbar_init();
+    }
+};
+
+// Stages of key blocks [from, to) that this warp does not read: wait until each is loaded (so the
+// arrival counts toward that fill's phase), then release it.
+__device__ __forceinline__ void ws3_release(const Ws3Smem& sm, int from, int to) {
+    for (int kb = from; kb < to; ++kb) {
+        sm.wait_full(kb);
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(kb % WS_STAGES));
+    }
+}
+
+// Consumer warpgroup w: query block 3·blockIdx.x + w over its visible key blocks, ws_consume's
+// schedule without ping-pong. OVERLAP: S(kb + 1) issued behind P̂V(kb), running during the O
+// update (S, P̂V accumulators and O live together); otherwise issued after the O update.
+template <bool EARLY_AMAX, bool OVERLAP>
+__device__ void ws3_consumer(const ForwardParams& p, const Ws3Smem& sm, int w, int bh, int bh_kv, int cta_end) {
+    const Dims& d = p.dims;
+    const int warp = (threadIdx.x >> 5) & 3, qb = WS3_CONSUMERS * blockIdx.x + w;
+    const int row0 = qb * BLOCK_Q + warp * 16;
+    const int end = qb < d.n_qblk ? key_block_end(d, qb) : 0;
+    WsInt8<EARLY_AMAX, false> mx(p, sm.q, w, bh, bh_kv, qb, end);
+    RowState st;
+    float o[O_TILES][4];
+    start_rows(st, o);
+    if (end > 0) {
+        sm.wait_full(0);
+        mx.issue_scores(sm.k_stage(0));
+        wgmma_wait<0>();
+    }
+    for (int kb = 0; kb < end; ++kb) {
+        const int s = kb % WS_STAGES, s1 = (kb + 1) % WS_STAGES;
+        const bool next = kb + 1 < end;
+        mx.begin_block(kb, next);
+        mx.softmax(d, st, row0, kb * BLOCK_KV);
+        if (OVERLAP && next) sm.wait_full(kb + 1);
+        mx.pin();
+        mx.issue_pv(sm.v_stage(s));
+        if (OVERLAP && next) {
+            mx.issue_scores(sm.k_stage(s1));
+            wgmma_wait<1>();  // P̂V(kb) done; S(kb + 1) may still run
+        } else {
+            wgmma_wait<0>();
+        }
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
+        mx.o_update(o, st);
+        if (!OVERLAP && next) {
+            sm.wait_full(kb + 1);
+            mx.issue_scores(sm.k_stage(s1));
+        }
+        wgmma_wait<0>();
+        mx.end_block();
+    }
+    ws3_release(sm, end, cta_end);
+    if (qb < d.n_qblk) mma_store(p, st, o, bh, row0);
+}
+
+// The block: producer warpgroup 0 (24 registers), consumers 1..3 (160).
+template <bool EARLY_AMAX, bool OVERLAP>
+__device__ __forceinline__ void ws3_main(const TmaMapParam& vmap, const ForwardParams& p, unsigned char* smem) {
+    const Dims& d = p.dims;
+    const int bh = blockIdx.y, bh_kv = kv_head_of(d, bh), wg = threadIdx.x >> 7;
+    const Ws3Smem sm(smem);
+    require_dynamic_smem((u32)Ws3Smem::kSmemBytes);
+    if (blockDim.x != WS3_THREADS) __trap();
+    if (threadIdx.x == 0) sm.init(WG_THREADS + 1);  // full: 128 producer arrivals + the TMA's
+    __syncthreads();
+    const int cta_end = key_block_end(d, min(WS3_CONSUMERS * (int)blockIdx.x + WS3_CONSUMERS - 1, d.n_qblk - 1));
+    if (wg == 0) {
+        setmaxnreg_dec<24>();
+        ws_producer<WS3_CONSUMERS>(&vmap, p, sm, bh, bh_kv, cta_end);
+    } else {
+        setmaxnreg_inc<160>();
+        ws3_consumer<EARLY_AMAX, OVERLAP>(p, sm, wg - 1, bh, bh_kv, cta_end);
+    }
+}
+#endif  // SAGE_WGMMA && HEAD_DIM == 64
+
+// Entries of the 3-consumer path (d = 64; launch_ws3c): 512 threads, Ws3Smem::kSmemBytes of
+// dynamic shared memory, grid (⌈n_qblk / 3⌉, B·H_q), the V̂ᵀ tensor map first.
+#if defined(SAGE_WGMMA) && HEAD_DIM == 64
+#define WS3_BODY(EARLY_AMAX, OVERLAP) ws3_main<EARLY_AMAX, OVERLAP>(vmap, p, ws_smem)
+#else
+#define WS3_BODY(EARLY_AMAX, OVERLAP) __trap()  // sm_90a and d = 64 only
+#endif
+#define WS3_ENTRY(name, EARLY_AMAX, OVERLAP)                                                                       \
+    extern "C" __global__ void __launch_bounds__(WS3_THREADS, 1)                                                  \
+        name(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
+        extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
+        WS3_BODY(EARLY_AMAX, OVERLAP);                                                                            \
+    }
+// ws3c: early amax, S(kb + 1) during the O update (sage64b's first call also timed S(kb + 1) after
+// the O update and the amax after the exponentials: no faster, dropped).
+WS3_ENTRY(sage_forward_ws3c, true, true)
 
 // ---------------------------------------------------------------------------------------------
 // Warp-specialized BF16 path (sm_90a; fpafwd), kernel `sage_forward_ws_bf16`: the staged BF16 path's

@@ -148,6 +148,16 @@ const F_WS: i32 = 1 << 22;
 const F_WS_PINGPONG: i32 = 1 << 20;
 const F_WS_EARLY_AMAX: i32 = 1 << 21;
 const F_WS_FAST_EXP: i32 = 1 << 23;
+
+/// The 3-consumer INT8 kernel (sage64b, d = 64 only) when `SAGEBWD_FORWARD_WGMMA=ws3c` asks for it:
+/// `sage_forward_ws3c` (3 consumer warpgroups of 64 query rows per block, P̂ amax before the
+/// exponentials, S(kb + 1) overlapping the O update). Verified, but 10–16 % slower than the
+/// default `ws3` at d = 64 (its consumers spill at 160 registers: RESULTS-gpu.md, sage64b), so
+/// opt-in only; `None` otherwise.
+fn ws3c_kernel(head_dim: usize) -> Option<&'static std::ffi::CStr> {
+    let asked = std::env::var("SAGEBWD_FORWARD_WGMMA").is_ok_and(|m| m == "ws3c");
+    (asked && head_dim == 64).then_some(c"sage_forward_ws3c")
+}
 /// How a kernel of the warp-specialized BF16 forward walks the work: `Pairs`, one block per
 /// query-block pair and (batch·head) (`sage_forward_ws_bf16`, `_fws*`); `Persistent`, min(tiles,
 /// SMs) blocks that each walk tiles (`sage_forward_ws_bf16_p*`, fpafwd2), heaviest first over the
@@ -294,7 +304,10 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags, s.head_dim) } else { 0 };
     p.flags |= wgmma & !F_WS;
     if wgmma & F_WS != 0 {
-        launch_ws(gpu, k, &p, &quant, s.head_dim)?;
+        match ws3c_kernel(s.head_dim) {
+            Some(kernel) => launch_ws3c(gpu, k, kernel, &p, &quant)?,
+            None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
+        }
         return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
     }
     let groups = wgmma_groups(wgmma);
@@ -343,17 +356,50 @@ fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
 /// parameter. V̂ᵀ is `[B·H_kv·d rows][n_kpad keys]` i8; the map's box is one key block × d rows,
 /// 128-byte swizzled (the layout the P̂V wgmma descriptor reads).
 fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
+    let vmap = int8_v_map(gpu, p, quant, head_dim)?;
+    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, ws_smem_bytes(head_dim), pairs_grid(p))
+}
+
+/// The V̂ᵀ tensor map of the INT8 warp-specialized kernels: `[B·H_kv·d rows][n_kpad keys]` i8, boxes
+/// of one key block × d rows, 128-byte swizzled (the layout the P̂V wgmma descriptor reads).
+fn int8_v_map(gpu: &Gpu, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<crate::tma::TensorMap> {
     let d = &p.dims;
     let v_rows = (d.batch * d.heads_kv) as u64 * head_dim as u64;
-    let vmap = crate::tma::encode_tiled(
+    crate::tma::encode_tiled(
         crate::tma::TmaElem::I8,
         gpu.ptr(&quant.v_hat_t),
         &[d.n_kpad as u64, v_rows],
         &[d.n_kpad as u64],
         &[128, head_dim as u32],
         crate::tma::TmaSwizzle::B128,
-    )?;
-    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, ws_smem_bytes(head_dim), pairs_grid(p))
+    )
+}
+
+/// Threads of a `sage_forward_ws3c*` block: a producer and 3 consumer warpgroups (`WS3_THREADS`).
+const WS3C_THREADS: u32 = 512;
+
+/// Dynamic shared memory of `sage_forward_ws3c*` at d = 64 (`Ws3Smem::kSmemBytes`): Q̂ of three query
+/// blocks, rings of 4 K̂ and V̂ᵀ tiles, 4 full and 4 empty mbarriers, 1 KiB of alignment slack.
+const WS3C_SMEM_BYTES: u32 = (3 * 64 * 64 + 2 * 4 * 128 * 64 + 16 * 4 + 1024) as u32;
+
+/// Launches a 3-consumer INT8 kernel (d = 64): 512 threads per block of 3 query blocks (192 rows),
+/// grid (⌈n_qblk / 3⌉, B·H_q), the V̂ᵀ tensor map first.
+fn launch_ws3c(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev) -> Result<()> {
+    use cudarc::driver::sys;
+    let mut vmap = int8_v_map(gpu, p, quant, 64)?;
+    let grid = ((p.dims.n_qblk as u32).div_ceil(3), (p.dims.batch * p.dims.heads_q) as u32);
+    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
+    let func = k.forward_function(kernel)?;
+    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, WS3C_SMEM_BYTES as i32).result() })?;
+    let mut params = *p;
+    let mut args: [*mut std::ffi::c_void; 2] =
+        [(&mut vmap as *mut crate::tma::TensorMap).cast(), (&mut params as *mut ForwardParams).cast()];
+    let stream = gpu.dev.stream.cu_stream();
+    drv("launch forward (3 consumers)", unsafe {
+        sys::cuLaunchKernel(func, grid.0, grid.1, 1, WS3C_THREADS, 1, 1, WS3C_SMEM_BYTES, stream, args.as_mut_ptr(), std::ptr::null_mut())
+            .result()
+    })
 }
 
 /// A BF16 `[heads][rows][head_dim]` tensor as TMA boxes of 64 columns × 128 rows, 128-byte
