@@ -1362,12 +1362,40 @@ __device__ __forceinline__ KeyBlockCoords staged_block_coords(const Dims& d) {
     return {r / heads, first + r % heads};
 }
 
+// Writes the block's dK, dV (warp w: keys 16w..16w + 15 of key block kb; rows past n_k skipped):
+// BF16 results when the host set dk_out (no GQA), else the FP32 per-query-head partials.
+__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, int kb, int bh, const float (*dv)[4],
+                                            const float (*dk)[4]) {
+    const Dims& d = p.dims;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3, wkey0 = kb * BLOCK_KV + warp * 16;
+#pragma unroll
+    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = wkey0 + g + 8 * h;
+            if (j >= d.n_k) continue;
+            const long idx = ((long)bh * d.n_k + j) * HEAD_DIM + nd * 8 + 2 * t;
+            if (p.dk_out) {
+                // sage_bwd_post_dkdv's arithmetic for a group of one: fl(c·fl(0 + dK)), fl(0 + dV) (the
+                // 0 + turns −0 into +0 as the postprocess's sum does), rounded to BF16.
+                const float k0 = __fmul_rn(p.c, __fadd_rn(0.0f, dk[nd][2 * h])), k1 = __fmul_rn(p.c, __fadd_rn(0.0f, dk[nd][2 * h + 1]));
+                const float v0 = __fadd_rn(0.0f, dv[nd][2 * h]), v1 = __fadd_rn(0.0f, dv[nd][2 * h + 1]);
+                *(u32*)(p.dk_out + idx) = (u32)f32_to_bf16(k0) | ((u32)f32_to_bf16(k1) << 16);
+                *(u32*)(p.dv_out + idx) = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
+            } else {
+                *(float2*)(p.dk_acc + idx) = make_float2(dk[nd][2 * h], dk[nd][2 * h + 1]);
+                *(float2*)(p.dv_acc + idx) = make_float2(dv[nd][2 * h], dv[nd][2 * h + 1]);
+            }
+        }
+}
+
 template <class Path>
 __device__ void staged_backward_main(const BackwardParams& p, unsigned char* smem_ptr) {
     typedef typename Path::Layout Lay;
     const Dims& d = p.dims;
     const KeyBlockCoords at = staged_block_coords(d);
-    const int kb = at.kb, bh = at.bh, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kb = at.kb, bh = at.bh;
     const u32 raw = smem_addr(smem_ptr), smem = (raw + (ALIGN_SLACK - 1)) & ~(u32)(ALIGN_SLACK - 1);
     smem_ptr += smem - raw;  // the layout's offsets count from the 1024-byte aligned start
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
@@ -1432,28 +1460,8 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
     Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
 
-    const int g = lane >> 2, t = lane & 3, wkey0 = kb * BLOCK_KV + warp * 16;
-#pragma unroll
-    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int j = wkey0 + g + 8 * h;
-            if (j >= d.n_k) continue;
-            const long idx = ((long)bh * d.n_k + j) * HEAD_DIM + nd * 8 + 2 * t;
-            if (p.dk_out) {
-                // sage_bwd_post_dkdv's arithmetic for a group of one: fl(c·fl(0 + dK)), fl(0 + dV) (the
-                // 0 + turns −0 into +0 as the postprocess's sum does), rounded to BF16.
-                const float k0 = __fmul_rn(p.c, __fadd_rn(0.0f, dk[nd][2 * h])), k1 = __fmul_rn(p.c, __fadd_rn(0.0f, dk[nd][2 * h + 1]));
-                const float v0 = __fadd_rn(0.0f, dv[nd][2 * h]), v1 = __fadd_rn(0.0f, dv[nd][2 * h + 1]);
-                *(u32*)(p.dk_out + idx) = (u32)f32_to_bf16(k0) | ((u32)f32_to_bf16(k1) << 16);
-                *(u32*)(p.dv_out + idx) = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
-            } else {
-                *(float2*)(p.dk_acc + idx) = make_float2(dk[nd][2 * h], dk[nd][2 * h + 1]);
-                *(float2*)(p.dv_acc + idx) = make_float2(dv[nd][2 * h], dv[nd][2 * h + 1]);
-            }
-        }
+    store_dk_dv(p, kb, bh, dv, dk);
 }
-
 // Every path takes its shared memory from the dynamic allocation (`backward_smem_bytes` and
 // `staged_backward_smem_bytes` in src/backward.rs); a launch with less traps rather than corrupt
 // memory.
@@ -1503,3 +1511,227 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma(Backward
             p.dv_acc[idx] = dv[nt][e];
         }
 }
+
+// ---- fpa, warp-specialized (sm_90a, d = 64): a producer warp and an mbarrier ring ------------------
+// The staged BF16 tile of `StagedBf16` with the block barrier per tile taken out. Warps 0..7 (two
+// consumer warpgroups, threadIdx as in the staged kernel) run the tiles; warp 8 (of a producer
+// warpgroup whose other warps exit) streams Q, dO and
+// L, D of the next query blocks into a ring of WS_STAGES stages. mbarriers:
+//   full[s]      each producer lane: stage s holds its block (cp.async waited for, proxy-fenced);
+//   empty[s]     each consumer warp: its dV, dK of the block in stage s (the last reads) landed;
+//   ds_full[b]   each consumer thread: its bf16(dS)ᵀ words of dS tile b stored and proxy-fenced;
+//   ds_empty[b]  each consumer warp: its dQ product that read dS tile b landed.
+// So the two warpgroups meet only where the data flows (dQ of block qb reads both halves of
+// bf16(dS)ᵀ), through split arrive / wait, and one may run up to a tile ahead of the other.
+// d = 128 keeps the staged kernel for now (its tile needs 255 registers; the consumers get 240).
+#if BWD_WGMMA && FPA_DQ && HEAD_DIM == 64
+#define WS_STAGES 3
+// Registers: launched at 168 per thread (384 threads); setmaxnreg.inc draws only on what
+// setmaxnreg.dec put into the CTA's pool, so the producer warpgroup's 128·(168 − 24) must cover the
+// consumers' 256·(240 − 168): 24 / 240 exactly (with 32 / 240 the consumers' inc never returned: a
+// hang on the H200). The other 3 producer warps exit after giving theirs back.
+#define WS_THREADS (THREADS + 128)
+#define WS_PRODUCER_REGS 24
+#define WS_CONSUMER_REGS 240
+static_assert(128 * (168 - WS_PRODUCER_REGS) >= 2 * 128 * (WS_CONSUMER_REGS - 168), "setmaxnreg: the pool cannot cover the consumers");
+// Offsets from the 1024-aligned start (mirrored by `ws_backward_smem_bytes` in src/backward.rs):
+// the key block (K, V), the ring's operand tiles, two dS tiles (tiles 1024-aligned), the ring's
+// L, D rows, the mbarriers.
+struct WsLayout {
+    static constexpr int stage0 = 4 * BF_KT;
+    static constexpr int stage_bytes = 4 * BF_QT;
+    static constexpr int ds0 = stage0 + WS_STAGES * stage_bytes;
+    static constexpr int ds_bytes = 2 * BLOCK_Q * BLOCK_KV;
+    static constexpr int rows0 = ds0 + 2 * ds_bytes;
+    static constexpr int rows_bytes = 2 * BLOCK_Q * 4;
+    static constexpr int bar0 = rows0 + WS_STAGES * rows_bytes;
+    static constexpr int full = bar0, empty = bar0 + 8 * WS_STAGES;
+    static constexpr int ds_full = bar0 + 16 * WS_STAGES, ds_empty = ds_full + 16;
+    static constexpr int bytes = ds_empty + 16 + ALIGN_SLACK;
+};
+
+// The producer warp's copy of a [64][d] BF16 query tile (rows past n_q zero-filled), 16 chunks per lane.
+__device__ __forceinline__ void ws_stage_query_rows(u32 dst, const u16* x, const Dims& d, int bh, int qb, int lane) {
+    constexpr int CH = HEAD_DIM / 8;
+    const int row0 = qb * BLOCK_Q, valid_rows = d.n_q - row0;
+    const unsigned char* src = (const unsigned char*)(x + ((long)bh * d.n_q + row0) * HEAD_DIM);
+    const StagedBf16::QueryOff off;
+    const int c = lane % CH, r0 = lane / CH;
+#pragma unroll 2  // the producer has WS_PRODUCER_REGS registers: a full unroll spills
+    for (int k = 0; k < BLOCK_Q * CH / 32; ++k) {
+        const int row = r0 + k * (32 / CH);
+        const bool valid = row < valid_rows;
+        cp_async16(dst + off(row, c), valid ? src + row * BF_ROW + c * 16 : src, valid);
+    }
+}
+
+// Producer: block qb0 + i into stage i mod WS_STAGES, once the consumers released its previous block.
+// The copies are waited for and proxy-fenced here (as the staged kernel's threads do before their
+// barrier), so one arrival publishes them to the consumers' wgmma.
+__device__ void ws_produce(const BackwardParams& p, u32 smem, unsigned char* smem_ptr, int bh, int qb0) {
+    const int lane = threadIdx.x & 31;
+    for (int i = 0; i < p.dims.n_qblk - qb0; ++i) {
+        const int s = i % WS_STAGES, use = i / WS_STAGES, qb = qb0 + i;
+        if (use > 0) mbar_wait(smem + WsLayout::empty + 8 * s, (use - 1) & 1);
+        const u32 st = smem + WsLayout::stage0 + s * WsLayout::stage_bytes;
+        ws_stage_query_rows(st, p.op.q, p.dims, bh, qb, lane);
+        ws_stage_query_rows(st + StagedBf16::d_o, p.d_o, p.dims, bh, qb, lane);
+        cp_async_commit();
+        float* rows = (float*)(smem_ptr + WsLayout::rows0 + s * WsLayout::rows_bytes);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const RowConsts rc = load_row_consts(p, bh, qb, lane + 32 * h);
+            rows[lane + 32 * h] = rc.L;
+            rows[BLOCK_Q + lane + 32 * h] = rc.D;
+        }
+        cp_async_wait<0>();
+        fence_proxy_async();
+        mbar_arrive(smem + WsLayout::full + 8 * s);  // every lane: its copies and row stores
+    }
+}
+
+// One consumer tile (block qb = qb0 + i): StagedBf16::scores_p_ds and ::tile with the barrier's
+// work done by the mbarriers. Commit groups as there: [dV, dK of qb − 1], dQ of qb − 1, Sᵀ, dPᵀ.
+__device__ __forceinline__ void ws_tile(const BackwardParams& p, const StagedTile& x, int i, u32 bars_ds_full,
+                                        u32 bars_ds_empty, u32 prev_empty, float (*dv)[4], float (*dk)[4]) {
+    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int buf = i & 1;
+    float s[8][4], prob[8][4], ds[8][4];
+    // dQ of block qb − 1 reads both warpgroups' halves of its bf16(dS)ᵀ; the first tile multiplies a
+    // stale buffer (same commit groups on every tile) and drops the result.
+    if (x.has_prev) mbar_wait(bars_ds_full + 8 * (buf ^ 1), ((i - 1) >> 1) & 1);
+    wgmma_fence();
+    float dq_acc[HEAD_DIM / 16][4];
+    StagedBf16::issue_dq(dq_acc, x.smem, x.prev_ds);
+    wgmma_commit();
+    wg_issue_bf16_keys_by_rows(s, x.smem, x.st, wg);
+    wgmma_commit();
+    wg_issue_bf16_keys_by_rows(ds, x.smem + StagedBf16::v, x.st + StagedBf16::d_o, wg);
+    wgmma_commit();
+    wgmma_wait<2>();  // dV, dK and dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
+    wgmma_fence_regs(dq_acc);
+    if (x.has_prev) {
+        __syncwarp();
+        if (lane == 0) {
+            mbar_arrive(prev_empty);                        // block qb − 1's stage: read for the last time
+            mbar_arrive(bars_ds_empty + 8 * (buf ^ 1));     // its dS tile: read by dQ
+        }
+        StagedBf16::add_dq(p, dq_acc, x.bh, x.qb - 1);
+    }
+    wgmma_wait<1>();
+    wgmma_fence_regs(s);
+    tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
+    wgmma_wait<0>();
+    wgmma_fence_regs(ds);
+    tile_ds_regs<false>(p.dims, x.rows, x.qb, x.kb, prob, ds);
+
+    u32 pa[BLOCK_Q / 16][4], da[BLOCK_Q / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int nt = 2 * ks + (e >> 1), h = e & 1;
+            pa[ks][e] = pack_bf16x2(prob[nt][2 * h], prob[nt][2 * h + 1]);
+            da[ks][e] = pack_bf16x2(ds[nt][2 * h], ds[nt][2 * h + 1]);
+        }
+    StagedBf16::key_products(x.st, pa, da, dv, dk);
+
+    // dS tile buf was last read by dQ of block qb − 2 (both warpgroups, in their tile qb − 1).
+    if (i >= 2) mbar_wait(bars_ds_empty + 8 * buf, ((i - 2) >> 1) & 1);
+    const int g = lane >> 2, t = lane & 3;
+    unsigned char* ds_lane = x.ds + (warp * 16 + g) * StagedBf16::DST_ROW + 4 * t;
+#pragma unroll
+    for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int c = e >> 1, h = e & 1;
+            *(u32*)(ds_lane + 8 * h * StagedBf16::DST_ROW + (((2 * ks + c) ^ g) << 4)) = da[ks][e];
+        }
+    fence_proxy_async();  // the dS stores → the other warpgroup's dQ wgmma (async proxy)
+    mbar_arrive(bars_ds_full + 8 * buf);
+}
+
+__device__ void ws_consume(const BackwardParams& p, u32 smem, unsigned char* smem_ptr, int kb, int bh, int bh_kv,
+                           int qb0) {
+    float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
+    const int n_tiles = p.dims.n_qblk - qb0;
+    const u32 ds_full = smem + WsLayout::ds_full, ds_empty = smem + WsLayout::ds_empty;
+    for (int i = 0; i < n_tiles; ++i) {
+        const int s = i % WS_STAGES, buf = i & 1;
+        mbar_wait(smem + WsLayout::full + 8 * s, (i / WS_STAGES) & 1);
+        StagedTile x;
+        x.smem = smem;
+        x.st = smem + WsLayout::stage0 + s * WsLayout::stage_bytes;
+        x.rows = (const float*)(smem_ptr + WsLayout::rows0 + s * WsLayout::rows_bytes);
+        x.ds = smem_ptr + WsLayout::ds0 + buf * WsLayout::ds_bytes;
+        x.red = nullptr;
+        x.bh = bh;
+        x.bh_kv = bh_kv;
+        x.qb = qb0 + i;
+        x.kb = kb;
+        x.prev_ds = smem + WsLayout::ds0 + (buf ^ 1) * WsLayout::ds_bytes;
+        x.prev_dq_scale = 0.0f;
+        x.has_prev = i > 0;
+        x.next_st = 0;
+        x.has_next = i + 1 < n_tiles;
+        const u32 prev_empty = smem + WsLayout::empty + 8 * ((i + WS_STAGES - 1) % WS_STAGES);
+        ws_tile(p, x, i, ds_full, ds_empty, prev_empty, dv, dk);
+    }
+    if (n_tiles > 0) {  // dQ of the last block, and its dV, dK
+        const int last = n_tiles - 1;
+        mbar_wait(ds_full + 8 * (last & 1), (last >> 1) & 1);
+        float acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        StagedBf16::issue_dq(acc, smem, smem + WsLayout::ds0 + (last & 1) * WsLayout::ds_bytes);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        StagedBf16::add_dq(p, acc, bh, qb0 + last);
+    }
+    StagedBf16::drain(dv, dk);  // on every path, so that ptxas sees dV, dK complete before the stores
+    store_dk_dv(p, kb, bh, dv, dk);
+}
+
+// fpa path (StagedBf16 flags), d = 64, sm_90a: grid and block order as `sage_bwd_main_mma`'s staged
+// paths, WS_THREADS threads.
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) sage_bwd_main_ws(BackwardParams p) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    require_dynamic_smem((u32)WsLayout::bytes);
+    if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();
+    const Dims& d = p.dims;
+    const KeyBlockCoords at = staged_block_coords(d);
+    const int kb = at.kb, bh = at.bh, bh_kv = kv_head_of(d, bh);
+    unsigned char* smem_ptr = smem_raw;
+    const u32 raw = smem_addr(smem_ptr), smem = (raw + (ALIGN_SLACK - 1)) & ~(u32)(ALIGN_SLACK - 1);
+    smem_ptr += smem - raw;
+    const int qb0 = query_block_begin(d, kb);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WS_STAGES; ++s) {
+            mbar_init(smem + WsLayout::full + 8 * s, 32);
+            mbar_init(smem + WsLayout::empty + 8 * s, THREADS / 32);
+        }
+        for (int b = 0; b < 2; ++b) {
+            mbar_init(smem + WsLayout::ds_full + 8 * b, THREADS);
+            mbar_init(smem + WsLayout::ds_empty + 8 * b, THREADS / 32);
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();  // the mbarriers initialized
+    if (threadIdx.x >= THREADS) {
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
+        if (threadIdx.x < THREADS + 32) ws_produce(p, smem, smem_ptr, bh, qb0);
+        return;
+    }
+    setmaxnreg_inc<WS_CONSUMER_REGS>();
+    if (qb0 < d.n_qblk) StagedBf16::stage_key_block(p, smem, bh_kv, kb);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_sync(1, THREADS);  // the key block staged (the consumers only)
+    ws_consume(p, smem, smem_ptr, kb, bh, bh_kv, qb0);
+}
+#endif

@@ -82,6 +82,44 @@ pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usiz
     4 * BLOCK_KV * head_dim + 2 * (stage_operands + rows) + 2 * ds_tile + 2 * (THREADS as usize / 32) * 4 + align_slack
 }
 
+/// Ring stages of the warp-specialized fpa kernel (`WS_STAGES` in backward_main.cu).
+const WS_STAGES: usize = 3;
+/// Threads of the warp-specialized fpa kernel: two consumer warpgroups and a producer warpgroup.
+const WS_THREADS: u32 = THREADS + 128;
+
+/// Dynamic shared memory of `sage_bwd_main_ws` (`WsLayout::bytes`): BF16 K, V; WS_STAGES stages of
+/// BF16 Q, dO; two bf16(dS)ᵀ tiles; WS_STAGES blocks of 64 L and D values; 2·WS_STAGES + 4
+/// mbarriers; the 1024 bytes of alignment slack.
+pub fn ws_backward_smem_bytes(head_dim: usize) -> usize {
+    let (key_block, stage, ds_tile, rows) = (4 * BLOCK_KV * head_dim, 4 * BLOCK_Q * head_dim, 2 * BLOCK_Q * BLOCK_KV, 2 * BLOCK_Q * 4);
+    key_block + WS_STAGES * (stage + rows) + 2 * ds_tile + (2 * WS_STAGES + 4) * 8 + 1024
+}
+
+/// Whether the fpa backward takes the warp-specialized kernel (sm_90a, d = 64; it exists only in
+/// that build): opt-in, `SAGEBWD_BWD_WS=1`. Verified 140/140 on the H200 but 17–28 % slower than the
+/// staged kernel at the training shape (docs/RESULTS-gpu.md, `bwdws`), so not the default.
+fn use_ws_kernel(gpu: &Gpu, staged: Option<StagedBackward>, head_dim: usize) -> bool {
+    staged == Some(StagedBackward::Bf16) && gpu.dev.arch == "sm_90a" && head_dim == 64
+        && std::env::var("SAGEBWD_BWD_WS").is_ok_and(|v| v == "1")
+}
+
+/// A kernel of the backward-main module by name (the warp-specialized one exists only in the
+/// sm_90a build, so `Kernels::load` cannot take it on every GPU), with its dynamic shared memory
+/// limit raised to `smem`.
+fn bwd_main_function(k: &Kernels, name: &std::ffi::CStr, smem: usize) -> Result<sys::CUfunction> {
+    unsafe {
+        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
+        drv("backward module", sys::cuFuncGetModule(module.as_mut_ptr(), k.bwd_main_mma.cu_function()).result())?;
+        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
+        drv(&format!("load function {}", name.to_string_lossy()),
+            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
+        let f = f.assume_init();
+        drv("set smem attribute", sys::cuFuncSetAttribute(
+            f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).result())?;
+        Ok(f)
+    }
+}
+
 /// The gradients on the device, BF16 bits, plus the preprocess's D and dÔ.
 pub struct DeviceGradients {
     pub dq: CudaSlice<u16>,
@@ -180,7 +218,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     // otherwise per-query-head FP32 partials are summed over each group by the postprocess.
     let direct = staged.is_some() && s.heads_q == s.heads_kv;
 
+    let ws = use_ws_kernel(gpu, staged, s.head_dim);
     let smem = match staged {
+        _ if ws => ws_backward_smem_bytes(s.head_dim),
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
         None => backward_smem_bytes(s.head_dim),
     };
@@ -188,9 +228,14 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     if smem > optin {
         return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
     }
-    let func = if gpu.tensor_cores() { &k.bwd_main_mma } else { &k.bwd_main };
-    drv("set smem attribute", func.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32))?;
+    let (main_fn, main_threads) = if ws {
+        (bwd_main_function(k, c"sage_bwd_main_ws", smem)?, WS_THREADS)
+    } else {
+        let func = if gpu.tensor_cores() { &k.bwd_main_mma } else { &k.bwd_main };
+        drv("set smem attribute", func.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32))?;
+        (func.cu_function(), THREADS)
+    };
 
     let bh = s.batch * s.heads_q;
     let plan = if staged == Some(StagedBackward::Sage) && direct {
@@ -289,7 +334,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         };
         let grid = (dims.n_kblk as u32, rows as u32, 1);
         let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
-        gpu.launch_raw(func.cu_function(), grid, THREADS, smem as u32, stream, &mut args)?;
+        gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
         let (mut acc, mut rowsum, mut k_mean) = (dq_acc, ds_rowsum, op.k_mean);
         let (mut dq_rows, mut gd, mut c, mut fl) = (at(gpu.ptr(&dq), q_rows, 2), gd, c, fl);
         let mut args: [*mut std::ffi::c_void; 7] = [
@@ -549,5 +594,7 @@ mod tests {
             assert_eq!(staged_backward_smem_bytes(128, path), 165_952, "{path:?}");
             assert!(staged_backward_smem_bytes(64, path) < 100 * 1024, "{path:?}");
         }
+        // sage_bwd_main_ws's WsLayout::bytes at d = 64: K, V; 3 stages of Q, dO; 2 dS tiles; rows, mbarriers, slack.
+        assert_eq!(ws_backward_smem_bytes(64), 32_768 + 49_152 + 32_768 + 1_536 + 80 + 1_024);
     }
 }
