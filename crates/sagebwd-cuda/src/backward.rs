@@ -103,21 +103,13 @@ fn use_ws_kernel(gpu: &Gpu, staged: Option<StagedBackward>, head_dim: usize) -> 
         && std::env::var("SAGEBWD_BWD_WS").is_ok_and(|v| v == "1")
 }
 
-/// A kernel of the backward-main module by name (the warp-specialized one exists only in the
-/// sm_90a build, so `Kernels::load` cannot take it on every GPU), with its dynamic shared memory
-/// limit raised to `smem`.
+/// `Kernels::backward_main_function(name)` with its dynamic shared memory limit raised to `smem`.
 fn bwd_main_function(k: &Kernels, name: &std::ffi::CStr, smem: usize) -> Result<sys::CUfunction> {
-    unsafe {
-        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
-        drv("backward module", sys::cuFuncGetModule(module.as_mut_ptr(), k.bwd_main_mma.cu_function()).result())?;
-        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
-        drv(&format!("load function {}", name.to_string_lossy()),
-            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
-        let f = f.assume_init();
-        drv("set smem attribute", sys::cuFuncSetAttribute(
-            f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).result())?;
-        Ok(f)
-    }
+    let f = k.backward_main_function(name)?;
+    drv("set smem attribute", unsafe {
+        sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).result()
+    })?;
+    Ok(f)
 }
 
 /// The gradients on the device, BF16 bits, plus the preprocess's D and dÔ.

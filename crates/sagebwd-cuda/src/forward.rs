@@ -357,7 +357,7 @@ fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
 /// 128-byte swizzled (the layout the P̂V wgmma descriptor reads).
 fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
-    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, ws_smem_bytes(head_dim), pairs_grid(p))
+    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, WsShape { smem: ws_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS })
 }
 
 /// The V̂ᵀ tensor map of the INT8 warp-specialized kernels: `[B·H_kv·d rows][n_kpad keys]` i8, boxes
@@ -375,6 +375,9 @@ fn int8_v_map(gpu: &Gpu, p: &ForwardParams, quant: &QuantizedDev, head_dim: usiz
     )
 }
 
+/// Threads of the 2-consumer warp-specialized forwards (INT8 and BF16): a producer and two consumer warpgroups.
+const WS_THREADS: u32 = 384;
+
 /// Threads of a `sage_forward_ws3c*` block: a producer and 3 consumer warpgroups (`WS3_THREADS`).
 const WS3C_THREADS: u32 = 512;
 
@@ -385,21 +388,9 @@ const WS3C_SMEM_BYTES: u32 = (3 * 64 * 64 + 2 * 4 * 128 * 64 + 16 * 4 + 1024) as
 /// Launches a 3-consumer INT8 kernel (d = 64): 512 threads per block of 3 query blocks (192 rows),
 /// grid (⌈n_qblk / 3⌉, B·H_q), the V̂ᵀ tensor map first.
 fn launch_ws3c(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev) -> Result<()> {
-    use cudarc::driver::sys;
-    let mut vmap = int8_v_map(gpu, p, quant, 64)?;
+    let vmap = int8_v_map(gpu, p, quant, 64)?;
     let grid = ((p.dims.n_qblk as u32).div_ceil(3), (p.dims.batch * p.dims.heads_q) as u32);
-    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
-    let func = k.forward_function(kernel)?;
-    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-    drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, WS3C_SMEM_BYTES as i32).result() })?;
-    let mut params = *p;
-    let mut args: [*mut std::ffi::c_void; 2] =
-        [(&mut vmap as *mut crate::tma::TensorMap).cast(), (&mut params as *mut ForwardParams).cast()];
-    let stream = gpu.dev.stream.cu_stream();
-    drv("launch forward (3 consumers)", unsafe {
-        sys::cuLaunchKernel(func, grid.0, grid.1, 1, WS3C_THREADS, 1, 1, WS3C_SMEM_BYTES, stream, args.as_mut_ptr(), std::ptr::null_mut())
-            .result()
-    })
+    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, WsShape { smem: WS3C_SMEM_BYTES, grid, threads: WS3C_THREADS })
 }
 
 /// A BF16 `[heads][rows][head_dim]` tensor as TMA boxes of 64 columns × 128 rows, 128-byte
@@ -444,27 +435,35 @@ fn launch_ws_bf16(
         bf16_panel_map(p.v, d.batch * d.heads_kv, d.n_k, head_dim)?,
     ];
     match grid {
-        Bf16WsGrid::Pairs => launch_ws_kernel(gpu, k, kernel, &mut maps, p, ws_bf16_smem_bytes(head_dim), pairs_grid(p)),
+        Bf16WsGrid::Pairs => launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS }),
         Bf16WsGrid::Persistent => {
             let (pairs, heads) = pairs_grid(p);
             let tiles = pairs * heads;
             let blocks = tiles.min(gpu.dev.sms).max(1);
-            launch_ws_kernel(gpu, k, kernel, &mut maps, p, ws_bf16_persistent_smem_bytes(head_dim), (blocks, 1))
+            launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_persistent_smem_bytes(head_dim), grid: (blocks, 1), threads: WS_THREADS })
         }
     }
 }
 
-/// Launches a warp-specialized kernel of the forward module by name on `grid` blocks of 384 threads,
-/// with `smem` bytes of dynamic shared memory and the tensor maps then `p` as parameters.
+/// How a warp-specialized forward kernel is launched: bytes of dynamic shared memory, grid, threads per block.
+#[derive(Clone, Copy)]
+struct WsShape {
+    smem: u32,
+    grid: (u32, u32),
+    threads: u32,
+}
+
+/// Launches a warp-specialized kernel of the forward module by name as `shape` says, with the
+/// tensor maps then `p` as parameters.
 fn launch_ws_kernel(
     gpu: &Gpu,
     k: &Kernels,
     name: &std::ffi::CStr,
     maps: &mut [crate::tma::TensorMap],
     p: &ForwardParams,
-    smem: u32,
-    grid: (u32, u32),
+    shape: WsShape,
 ) -> Result<()> {
+    let WsShape { smem, grid, threads } = shape;
     use cudarc::driver::sys;
     drv("bind context", gpu.dev.ctx.bind_to_thread())?;
     let func = k.forward_function(name)?;
@@ -474,7 +473,7 @@ fn launch_ws_kernel(
     let mut args: Vec<*mut std::ffi::c_void> = maps.iter_mut().map(|m| (m as *mut crate::tma::TensorMap).cast()).collect();
     args.push((&mut params as *mut ForwardParams).cast());
     drv("launch forward (warp-specialized)", unsafe {
-        sys::cuLaunchKernel(func, grid.0, grid.1, 1, 384, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
+        sys::cuLaunchKernel(func, grid.0, grid.1, 1, threads, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
             .result()
     })
 }

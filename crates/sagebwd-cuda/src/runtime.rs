@@ -341,20 +341,31 @@ pub struct Kernels {
     pub post_dkdv: CudaFunction,
 }
 
+/// The kernel `name` of the module that holds `anchor` (a function `Kernels::load` took).
+fn sibling_function(anchor: &CudaFunction, what: &str, name: &std::ffi::CStr) -> Result<cudarc::driver::sys::CUfunction> {
+    use cudarc::driver::sys;
+    unsafe {
+        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
+        drv(what, sys::cuFuncGetModule(module.as_mut_ptr(), anchor.cu_function()).result())?;
+        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
+        drv(&format!("load function {}", name.to_string_lossy()),
+            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
+        Ok(f.assume_init())
+    }
+}
+
 impl Kernels {
     /// A kernel of the forward module by name, for the ones that exist only in its sm_90a build
     /// (the warp-specialized forwards and their variants), so `load` cannot take them on every
     /// GPU. A hash lookup in the driver.
     pub fn forward_function(&self, name: &std::ffi::CStr) -> Result<cudarc::driver::sys::CUfunction> {
-        use cudarc::driver::sys;
-        unsafe {
-            let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
-            drv("forward module", sys::cuFuncGetModule(module.as_mut_ptr(), self.forward_mma.cu_function()).result())?;
-            let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
-            drv(&format!("load function {}", name.to_string_lossy()),
-                sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
-            Ok(f.assume_init())
-        }
+        sibling_function(&self.forward_mma, "forward module", name)
+    }
+
+    /// A kernel of the backward-main module by name (the warp-specialized backward exists only in
+    /// the sm_90a build), as `forward_function`.
+    pub fn backward_main_function(&self, name: &std::ffi::CStr) -> Result<cudarc::driver::sys::CUfunction> {
+        sibling_function(&self.bwd_main_mma, "backward module", name)
     }
 
     pub fn load(dev: &Device, head_dim: usize) -> Result<Kernels> {
