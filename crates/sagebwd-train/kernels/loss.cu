@@ -115,7 +115,8 @@ xent_staged(u16* logits, long ld, const u32* targets, float* row_loss, int vocab
         mx2 = max_bf16x2(max_bf16x2(mx2, max_bf16x2(w.x, w.y)), max_bf16x2(w.z, w.w));
     }
     float m = fmaxf(bf16_lo(mx2), bf16_hi(mx2));
-    if (threadIdx.x == 0)
+    // The partial chunk's valid logits: read before any barrier, so by the thread that copied it.
+    if (threadIdx.x == full % blockDim.x)
         for (int j = 8 * full; j < vocab; j++) m = fmaxf(m, bf16_to_f32(s_z[j]));
     const float row_max = block_max(m, scratch);  // its barriers also publish every thread's copy
     const float nb = -row_max * LOG2E;
