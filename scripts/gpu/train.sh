@@ -12,6 +12,8 @@
 #      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd (SEED=n: another seed)
 #      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
 #      bash scripts/gpu/train.sh profile          # base, 1024: time per phase (SAGEBWD_PROFILE=1, synchronized)
+#      bash scripts/gpu/train.sh fpa1024 [NAME]   # base, 1024, fpa only, 40 steps: a quick A/B point (log NAME)
+#      bash scripts/gpu/train.sh profile-fpa [NAME] # `profile` with fpa only (log NAME)
 #      bash scripts/gpu/train.sh multi            # 2 GPUs (machine kind nvidia-h200-x2): data-parallel
 #                                                 # throughput, and 2 GPUs × 8 vs 1 GPU × 16 sequences
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
@@ -42,7 +44,7 @@ prepare() {
 }
 
 if [ "${1:-}" = --prepare ]; then shift; prepare "$@"; exit $?; fi
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,16p' "$0"; exit 0; fi
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,18p' "$0"; exit 0; fi
 
 OUT=${OUT:-/tmp/sagebwd-train-out}
 mkdir -p "$OUT"
@@ -82,6 +84,15 @@ while [ $# -gt 0 ]; do
           --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd \
           --name "perf$seq" --runs-dir $RUNS
       done ;;
+    fpa1024)
+      name=fpa1024; case "${2:-}" in ""|check|perf|profile|profile-fpa|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
+      run_logged "$name" $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 40 --warmup 5 --eval-every 1000 \
+        --eval-tokens 16384 --ckpt-every 1000 --preset fpa --name "$name" --runs-dir $RUNS ;;
+    profile-fpa)
+      name=profile-fpa; case "${2:-}" in ""|check|perf|profile|profile-fpa|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
+      SAGEBWD_PROFILE=1 run_logged "$name" $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 20 \
+        --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa --name "$name" --runs-dir $RUNS
+      grep -E "^profile|^  [a-z]" "$OUT/$name.log" >> "$summary" ;;
     profile)
       SAGEBWD_PROFILE=1 run_logged profile $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 20 \
         --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd --name prof --runs-dir $RUNS

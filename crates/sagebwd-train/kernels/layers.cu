@@ -88,12 +88,68 @@ __device__ __forceinline__ void rmsnorm_forward_row(const float* xr, const u16* 
     if (lane == 0) *rstd = rs;
 }
 
+// The same row with all of it in registers (n == V·WARP·ITERS): every load of the row is issued
+// before the first use, where the loop above has one iteration's loads in flight per lane; ncu
+// showed the loop latency-bound (~3.2 TB/s of ~4.8, 41 cycles per issued instruction). Same
+// arithmetic in the same order.
+template <int V, bool ADD, int ITERS>
+__device__ __forceinline__ void rmsnorm_forward_row_regs(const float* xr, const u16* br, float* sr, const float* gain,
+                                                         u16* yr, float* rstd, float eps) {
+    const int lane = threadIdx.x % WARP, n = V * WARP * ITERS;
+    float v[ITERS][V];
+#pragma unroll
+    for (int k = 0; k < ITERS; k++) load_floats<V>(xr + V * (lane + WARP * k), v[k]);
+    if constexpr (ADD) {
+        float b[ITERS][V];
+#pragma unroll
+        for (int k = 0; k < ITERS; k++) load_bf16<V>(br + V * (lane + WARP * k), b[k]);
+#pragma unroll
+        for (int k = 0; k < ITERS; k++) {
+            for (int i = 0; i < V; i++) v[k][i] += b[k][i];
+            store_floats<V>(sr + V * (lane + WARP * k), v[k]);
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ITERS; k++)
+        for (int i = 0; i < V; i++) ss += v[k][i] * v[k][i];
+    const float rs = 1.0f / sqrtf(warp_sum(ss) / n + eps);
+#pragma unroll
+    for (int k = 0; k < ITERS; k++) {
+        float g[V];
+        load_floats<V>(gain + V * (lane + WARP * k), g);
+        for (int i = 0; i < V; i++) v[k][i] = v[k][i] * rs * g[i];
+        store_bf16<V>(yr + V * (lane + WARP * k), v[k]);
+    }
+    if (lane == 0) *rstd = rs;
+}
+
+// Widths whose rows the norm kernels hold in registers (n = 128 · ITERS with 16-byte accesses): the
+// train-check models (128, 256) and small, base, medium (384, 768, 1024). The dispatchers return
+// false for other widths (the loop versions then run). ROW_WIDTHS(F) calls F(n, ITERS) per width.
+#define ROW_WIDTHS(F) F(128, 1) F(256, 2) F(384, 3) F(768, 6) F(1024, 8)
+
+template <bool ADD>
+__device__ __forceinline__ bool rmsnorm_forward_in_registers(const float* xr, const u16* br, float* sr,
+                                                             const float* gain, u16* yr, float* rstd, int n, float eps) {
+#define FORWARD_WIDTH(N, I) \
+    case N: rmsnorm_forward_row_regs<4, ADD, I>(xr, br, sr, gain, yr, rstd, eps); return true;
+    switch (n) {
+        ROW_WIDTHS(FORWARD_WIDTH)
+        default: return false;
+    }
+#undef FORWARD_WIDTH
+}
+
 // `branch` null: normalize x. Otherwise normalize x_out = x + branch (BF16), written to x_out.
 extern "C" __global__ void rmsnorm_forward(const float* x, const u16* branch, float* x_out, const float* gain, u16* y,
                                            float* rstd, int n, long rows, float eps, int vec) {
     const long row = ((long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
     if (row >= rows) return;
     const long o = row * n;
+    if (vec && (branch ? rmsnorm_forward_in_registers<true>(x + o, branch + o, x_out + o, gain, y + o, rstd + row, n, eps)
+                       : rmsnorm_forward_in_registers<false>(x + o, nullptr, nullptr, gain, y + o, rstd + row, n, eps)))
+        return;
     if (branch) {
         if (vec) rmsnorm_forward_row<4, true>(x + o, branch + o, x_out + o, gain, y + o, rstd + row, n, eps);
         else rmsnorm_forward_row<1, true>(x + o, branch + o, x_out + o, gain, y + o, rstd + row, n, eps);
@@ -104,7 +160,8 @@ extern "C" __global__ void rmsnorm_forward(const float* x, const u16* branch, fl
 }
 
 // The RMSNorm backward, with what the next steps need fused in (each would otherwise re-read the
-// FP32 rows): dx += rstd · g ∘ dy − x · rstd³ · (Σ g ∘ dy ∘ x) / n, its BF16 copy dx_bf16 (the operand
+// FP32 rows): from dy (BF16, as the dx products write it — autocast's gradient type; an FP32 dy cost
+// each of the 25 norms 25 MB more to read and its product 25 MB more to write), dx += rstd · g ∘ dy − x · rstd³ · (Σ g ∘ dy ∘ x) / n, its BF16 copy dx_bf16 (the operand
 // of the preceding layer's dx product), and the gain gradient's partial column sums
 // partial[block, c] = Σ_{rows of the block} dy · x · rstd (finished by sum_partials). Block: NORM_WARPS
 // warps over rows_per_block consecutive rows, one warp per row at a time; each warp sums its rows'
@@ -114,23 +171,24 @@ extern "C" __global__ void rmsnorm_forward(const float* x, const u16* branch, fl
 
 // Lane `lane` of a warp takes columns V·lane + V·WARP·k, V at a time (V = 4 needs n % 4 == 0).
 template <int V>
-__device__ __forceinline__ void rmsnorm_backward_rows(const float* dy, const float* x, const float* gain,
+__device__ __forceinline__ void rmsnorm_backward_rows(const u16* dy, const float* x, const float* gain,
                                                       const float* rstd, float* dx, u16* dx_bf16, float* my_gain,
                                                       int n, long rows, long r0, int rows_per_block) {
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     for (long row = r0 + warp; row < min(rows, r0 + rows_per_block); row += NORM_WARPS) {
-        const float *dyr = dy + row * n, *xr = x + row * n;
+        const u16* dyr = dy + row * n;
+        const float* xr = x + row * n;
         float ux = 0.0f;
         for (int c = V * lane; c < n; c += V * WARP) {
             float g[V], xv[V], w[V];
-            load_floats<V>(dyr + c, g), load_floats<V>(xr + c, xv), load_floats<V>(gain + c, w);
+            load_bf16<V>(dyr + c, g), load_floats<V>(xr + c, xv), load_floats<V>(gain + c, w);
             for (int i = 0; i < V; i++) ux += g[i] * w[i] * xv[i];
         }
         const float rs = rstd[row];
         const float coef = rs * rs * rs * warp_sum(ux) / n;
         for (int c = V * lane; c < n; c += V * WARP) {
             float g[V], xv[V], w[V], v[V];
-            load_floats<V>(dyr + c, g), load_floats<V>(xr + c, xv), load_floats<V>(gain + c, w);
+            load_bf16<V>(dyr + c, g), load_floats<V>(xr + c, xv), load_floats<V>(gain + c, w);
             load_floats<V>(dx + row * n + c, v);
             for (int i = 0; i < V; i++) {
                 v[i] += rs * w[i] * g[i] - xv[i] * coef;
@@ -142,8 +200,62 @@ __device__ __forceinline__ void rmsnorm_backward_rows(const float* dy, const flo
     }
 }
 
+// The same rows with each row's dy, x and dx in registers (n == V·WARP·ITERS), all loaded before
+// the first use (ncu: the loop version reached ~3.3 TB/s of ~4.8 at 47 % occupancy). Same
+// arithmetic in the same order.
+template <int V, int ITERS>
+__device__ __forceinline__ void rmsnorm_backward_rows_regs(const u16* dy, const float* x, const float* gain,
+                                                           const float* rstd, float* dx, u16* dx_bf16, float* my_gain,
+                                                           long rows, long r0, int rows_per_block) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n = V * WARP * ITERS;
+    for (long row = r0 + warp; row < min(rows, r0 + rows_per_block); row += NORM_WARPS) {
+        const u16* dyr = dy + row * n;
+        const float* xr = x + row * n;
+        float* dxr = dx + row * n;
+        float g[ITERS][V], xv[ITERS][V], v[ITERS][V];
+#pragma unroll
+        for (int k = 0; k < ITERS; k++) {
+            const int c = V * (lane + WARP * k);
+            load_bf16<V>(dyr + c, g[k]), load_floats<V>(xr + c, xv[k]), load_floats<V>(dxr + c, v[k]);
+        }
+        float ux = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ITERS; k++) {
+            float w[V];
+            load_floats<V>(gain + V * (lane + WARP * k), w);
+            for (int i = 0; i < V; i++) ux += g[k][i] * w[i] * xv[k][i];
+        }
+        const float rs = rstd[row];
+        const float coef = rs * rs * rs * warp_sum(ux) / n;
+#pragma unroll
+        for (int k = 0; k < ITERS; k++) {
+            const int c = V * (lane + WARP * k);
+            float w[V];
+            load_floats<V>(gain + c, w);
+            for (int i = 0; i < V; i++) {
+                v[k][i] += rs * w[i] * g[k][i] - xv[k][i] * coef;
+                my_gain[c + i] += g[k][i] * xv[k][i] * rs;
+            }
+            store_floats<V>(dxr + c, v[k]);
+            store_bf16<V>(dx_bf16 + row * n + c, v[k]);
+        }
+    }
+}
+
+__device__ __forceinline__ bool rmsnorm_backward_in_registers(const u16* dy, const float* x, const float* gain,
+                                                              const float* rstd, float* dx, u16* dx_bf16, float* my_gain,
+                                                              int n, long rows, long r0, int rows_per_block) {
+#define BACKWARD_WIDTH(N, I) \
+    case N: rmsnorm_backward_rows_regs<4, I>(dy, x, gain, rstd, dx, dx_bf16, my_gain, rows, r0, rows_per_block); return true;
+    switch (n) {
+        ROW_WIDTHS(BACKWARD_WIDTH)
+        default: return false;
+    }
+#undef BACKWARD_WIDTH
+}
+
 extern "C" __global__ void __launch_bounds__(NORM_WARPS * WARP)
-rmsnorm_backward(const float* dy, const float* x, const float* gain, const float* rstd, float* dx, u16* dx_bf16,
+rmsnorm_backward(const u16* dy, const float* x, const float* gain, const float* rstd, float* dx, u16* dx_bf16,
                  float* partial, int n, long rows, int rows_per_block, int vec) {
     extern __shared__ float s_gain[];  // [NORM_WARPS][n]
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
@@ -151,8 +263,10 @@ rmsnorm_backward(const float* dy, const float* x, const float* gain, const float
     for (int c = lane; c < n; c += WARP) my_gain[c] = 0.0f;
     __syncwarp();
     const long r0 = (long)blockIdx.x * rows_per_block;
-    if (vec) rmsnorm_backward_rows<4>(dy, x, gain, rstd, dx, dx_bf16, my_gain, n, rows, r0, rows_per_block);
-    else rmsnorm_backward_rows<1>(dy, x, gain, rstd, dx, dx_bf16, my_gain, n, rows, r0, rows_per_block);
+    if (!(vec && rmsnorm_backward_in_registers(dy, x, gain, rstd, dx, dx_bf16, my_gain, n, rows, r0, rows_per_block))) {
+        if (vec) rmsnorm_backward_rows<4>(dy, x, gain, rstd, dx, dx_bf16, my_gain, n, rows, r0, rows_per_block);
+        else rmsnorm_backward_rows<1>(dy, x, gain, rstd, dx, dx_bf16, my_gain, n, rows, r0, rows_per_block);
+    }
     __syncthreads();
     for (int c = threadIdx.x; c < n; c += blockDim.x) {
         float total = 0.0f;

@@ -10,21 +10,46 @@ struct AdamChunk {
     int decay;
 };
 
+// One element's update: g' = g · grad_scale (the clipping factor); m, v moments;
+// p -= lr · (m̂ / (sqrt(v̂) + eps) + decay · p). Returns the new p; updates m and v in place.
+struct AdamStep {
+    float lr, beta1, beta2, eps, decay, bc1, bc2, grad_scale;
+    __device__ __forceinline__ float operator()(float p, float g, float& m, float& v) const {
+        const float gi = g * grad_scale;
+        m = beta1 * m + (1.0f - beta1) * gi;
+        v = beta2 * v + (1.0f - beta2) * gi * gi;
+        const float update = (m / bc1) / (sqrtf(v / bc2) + eps);
+        return p - lr * (update + decay * p);
+    }
+};
+
 // One launch for every tensor (the chunks cover the flat buffers; a tensor's weight decay is wd or
-// 0). g' = g · grad_scale (the clipping factor); m, v moments; p -= lr · (m̂ / (sqrt(v̂) + eps) + wd · p).
+// 0). A chunk whose start and length are multiples of 4 (all of them for dimensions that are) goes 4
+// elements per thread with 16-byte accesses: ncu showed the one-element loop latency-bound (43 cycles
+// per issued instruction, 3.3 TB/s of ~4.8) with only four 4-byte loads in flight per thread.
 extern "C" __global__ void adamw(float* p, u16* p_bf16, const float* g, float* m, float* v, const AdamChunk* chunks,
                                  float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2,
                                  float grad_scale) {
     const AdamChunk c = chunks[blockIdx.x];
-    const float decay = c.decay ? wd : 0.0f;
+    const AdamStep step{lr, beta1, beta2, eps, c.decay ? wd : 0.0f, bc1, bc2, grad_scale};
+    if (((c.start | (long)c.len) & 3) == 0) {
+        for (long i = c.start + 4 * threadIdx.x; i < c.start + c.len; i += 4 * blockDim.x) {
+            const float4 gi = *(const float4*)(g + i), pi = *(const float4*)(p + i);
+            float4 mi = *(const float4*)(m + i), vi = *(const float4*)(v + i);
+            const float4 po = make_float4(step(pi.x, gi.x, mi.x, vi.x), step(pi.y, gi.y, mi.y, vi.y),
+                                          step(pi.z, gi.z, mi.z, vi.z), step(pi.w, gi.w, mi.w, vi.w));
+            *(float4*)(m + i) = mi;
+            *(float4*)(v + i) = vi;
+            *(float4*)(p + i) = po;
+            *(uint2*)(p_bf16 + i) = make_uint2(pack_bf16x2(po.x, po.y), pack_bf16x2(po.z, po.w));
+        }
+        return;
+    }
     for (long i = c.start + threadIdx.x; i < c.start + c.len; i += blockDim.x) {
-        const float gi = g[i] * grad_scale;
-        const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-        const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        float mi = m[i], vi = v[i];
+        const float pi = step(p[i], g[i], mi, vi);
         m[i] = mi;
         v[i] = vi;
-        const float update = (mi / bc1) / (sqrtf(vi / bc2) + eps);
-        const float pi = p[i] - lr * (update + decay * p[i]);
         p[i] = pi;
         p_bf16[i] = f32_to_bf16(pi);
     }

@@ -8,8 +8,10 @@
 //!   per operand, so ≈ 1.6e-3 for a product of two rounded operands). A gradient passes through
 //!   at most 4 products per layer plus the LM head, the BF16 logits and attention, and the forward
 //!   rounds each layer's 2 residual branches (the `wo` and `down` outputs) to BF16 before adding
-//!   them to the FP32 residual (≤ 6L + 5 roundings, 17 for L = 2) whose errors add like
-//!   independent noise: √17 · 1.6e-3 ≈ 6.6e-3. Tolerance 2e-2 (≈ 3σ) for matrices; norm gains are sums over all tokens of products that
+//!   them to the FP32 residual (≤ 6L + 5 roundings, 17 for L = 2); the backward rounds each
+//!   norm's output gradient (the dx products' BF16 output) once more, 2L + 1 single roundings of
+//!   ≈ 1.1e-3 (5 for L = 2). The errors add like independent noise: √(17 · 1.6² + 5 · 1.1²) · 1e-3
+//!   ≈ 7.0e-3. Tolerance 2e-2 (≈ 3σ) for matrices; norm gains are sums over all tokens of products that
 //!   largely cancel, which inflates the relative error of the sum, so they get 5e-2. The loss (a
 //!   mean of log-probabilities, each off by ≈ √(1.6² + 1.1²)·1e-3 ≈ 2e-3 relative in its logits of
 //!   size ~1: the product's operands and the BF16 logits themselves) gets 1e-2 nats.

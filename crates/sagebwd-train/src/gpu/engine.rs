@@ -105,8 +105,9 @@ struct Acts {
     // backward scratch
     dx: Buf<f32>,
     dx_bf16: Buf<u16>,
-    dh: Buf<f32>,
-    d_hidden: Buf<f32>,
+    /// ∂ of a norm's output (BF16, as the dx products write it; read by the RMSNorm backward).
+    dh: Buf<u16>,
+    d_hidden: Buf<u16>,
     d_act: Buf<u16>,
     d_gate_up: Buf<u16>,
     d_o_tok: Buf<u16>,
@@ -470,7 +471,7 @@ impl GpuEngine {
             self.timed("cross-entropy", || self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), n, v, scale, grad_scale.is_some()))?;
             if grad_scale.is_some() {
                 // `logits` now holds ∂logits. Reduction over the padded width: `xent` wrote zeros into the padding columns.
-                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.logits.ptr, vp, head, n, d, vp, Out::F32))?;
+                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.logits.ptr, vp, head, n, d, vp, Out::Bf16))?;
                 self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.logits.ptr, vp, a.hidden.at(c0 * d), n, d, v))?;
             }
         }
@@ -505,7 +506,7 @@ impl GpuEngine {
         self.timed("products: down dx", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::Bf16))?;
         self.timed("products: down dw", || self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d))?;
         self.timed("swiglu", || self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, batch, seq))?;
-        self.timed("products: gate|up dx", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::F32))?;
+        self.timed("products: gate|up dx", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::Bf16))?;
         self.timed("products: gate|up dw", || self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f))?;
         self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.mlp_norm), d, t))?;
         // attention block: out = x + W_o · attention(...)
@@ -526,7 +527,7 @@ impl GpuEngine {
             let k_rows = Rows { per_token: gk as i32, ..q_rows };
             self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.at(gq * hd), k_rows, t * gk, a.partial.ptr, g.at(p.k_norm)))?;
         }
-        self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::F32))?;
+        self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::Bf16))?;
         self.timed("products: qkv dw", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;
         self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.attn_norm), d, t))
     }

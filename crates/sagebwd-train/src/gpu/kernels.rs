@@ -107,12 +107,15 @@ pub struct TrainKernels {
     swiglu_backward_x8: CudaFunction,
     cast_bf16: CudaFunction,
     xent: CudaFunction,
+    xent_staged: CudaFunction,
     adamw: CudaFunction,
     sum_squares: CudaFunction,
     fill_u32: CudaFunction,
 }
 
 const BLOCK: u32 = 256;
+/// Threads of `xent_staged` (`XENT_STAGED_THREADS` in loss.cu).
+const XENT_STAGED_THREADS: u32 = 512;
 /// Rows per chunk of the gain-gradient column sums.
 pub const GAIN_CHUNK_ROWS: usize = 256;
 /// Rows per block of the fused RMSNorm backward (its `rows_per_block`), and its warps (`NORM_WARPS`).
@@ -210,6 +213,7 @@ impl TrainKernels {
             swiglu_backward_x8: f(0, "swiglu_backward_x8")?,
             cast_bf16: f(0, "cast_bf16")?,
             xent: f(1, "xent")?,
+            xent_staged: f(1, "xent_staged")?,
             adamw: f(2, "adamw")?,
             sum_squares: f(2, "sum_squares")?,
             fill_u32: f(2, "fill_u32")?,
@@ -239,7 +243,7 @@ impl TrainKernels {
         launch!(self, rmsnorm_forward, warps(rows), x, branch, x_out, gain, y, rstd, n as i32, rows as i64, eps, vec as i32)
     }
 
-    /// The RMSNorm backward: `dx += ∂/∂x` (FP32), `dx_bf16` = BF16 copy of the new dx, and
+    /// The RMSNorm backward from `dy` (BF16): `dx += ∂/∂x` (FP32), `dx_bf16` = BF16 copy of the new dx, and
     /// `d_gain += Σ_rows dy ∘ x · rstd` through `partial` (≥ ⌈rows / NORM_BLOCK_ROWS⌉ × n floats).
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_backward(&self, dy: u64, x: u64, gain: u64, rstd: u64, dx: u64, dx_bf16: u64, partial: u64, d_gain: u64, n: usize, rows: usize) -> Result<()> {
@@ -251,7 +255,7 @@ impl TrainKernels {
             self.rmsnorm_backward.set_attribute(attr, smem as i32).map_err(|e| cuda_err(&format!("RMSNorm backward of width {n}: {smem} B of shared memory"), e))?;
         }
         let cfg = LaunchConfig { grid_dim: (chunks as u32, 1, 1), block_dim: ((NORM_WARPS * 32) as u32, 1, 1), shared_mem_bytes: smem as u32 };
-        let vec = n % 4 == 0 && [dy, x, gain, dx].iter().all(|p| p % 16 == 0) && dx_bf16 % 8 == 0;
+        let vec = n % 4 == 0 && [x, gain, dx].iter().all(|p| p % 16 == 0) && dy % 8 == 0 && dx_bf16 % 8 == 0;
         launch!(self, rmsnorm_backward, cfg, dy, x, gain, rstd, dx, dx_bf16, partial, n as i32, rows as i64, NORM_BLOCK_ROWS as i32, vec as i32)?;
         self.sum_partials(partial, d_gain, n, chunks)
     }
@@ -327,6 +331,14 @@ impl TrainKernels {
         if ld % 8 != 0 || logits % 16 != 0 || vocab > ld {
             return Err(super::Error::Gpu(format!("xent: row width {ld} (vocabulary {vocab}) must be a multiple of 8 ≥ the vocabulary, rows 16-byte aligned")));
         }
+        // The row staged in shared memory (one DRAM read per logit) when the GPU lets a block hold it
+        // (100.6 KB for GPT-2's vocabulary; H100/H200 allow 227 KB); else the streaming kernel.
+        let smem = ld * 2;
+        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        if std::env::var_os("SAGEBWD_XENT_STREAM").is_none() && self.xent_staged.set_attribute(attr, smem as i32).is_ok() {
+            let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (XENT_STAGED_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
+            return launch!(self, xent_staged, cfg, logits, ld as i64, targets, row_loss, vocab as i32, scale, want_grad as i32);
+        }
         let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         launch!(self, xent, cfg, logits, ld as i64, targets, row_loss, vocab as i32, scale, want_grad as i32)
     }
@@ -335,6 +347,10 @@ impl TrainKernels {
     /// (`n_chunks` of them, on the device; see [`adam_chunks`]).
     #[allow(clippy::too_many_arguments)]
     pub fn adamw(&self, p: u64, p_bf16: u64, g: u64, m: u64, v: u64, chunks: u64, n_chunks: usize, lr: f32, c: &crate::optim::AdamWConfig, bc1: f32, bc2: f32, grad_scale: f32) -> Result<()> {
+        // Chunks with start and length multiples of 4 take 16-byte accesses (optimizer.cu): the buffers must be aligned.
+        if [p, g, m, v].iter().any(|a| a % 16 != 0) || p_bf16 % 8 != 0 {
+            return Err(super::Error::Gpu("adamw: the flat buffers must be 16-byte aligned (the BF16 copy 8-byte)".into()));
+        }
         let cfg = LaunchConfig { grid_dim: (n_chunks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         launch!(self, adamw, cfg, p, p_bf16, g, m, v, chunks, lr, c.beta1, c.beta2, c.eps, c.weight_decay, bc1, bc2, grad_scale)
     }
