@@ -150,9 +150,9 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
         quantize_do(gpu, k, x, d_o, needs)?
     };
     let delta = gpu.alloc_poisoned_f32(rows)?;
-    let warps_per_block = THREADS as usize / 32;
+    let rows_per_block = THREADS as usize / (s.head_dim / 8); // sage_bwd_delta: d/8 lanes per row
     let launch = LaunchConfig {
-        grid_dim: (rows.div_ceil(warps_per_block) as u32, 1, 1),
+        grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -334,7 +334,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             (&mut dq_rows as *mut u64).cast(), (&mut gd as *mut Dims).cast(), (&mut c as *mut f32).cast(),
             (&mut fl as *mut i32).cast(),
         ];
-        let post = grid_stride(rows * n_q * d / 4);  // four elements per thread
+        let post = grid_stride(rows * n_q * d / 8);  // eight elements per thread
         gpu.launch_raw(k.post_dq.cu_function(), post.grid_dim, THREADS, 0, stream, &mut args)?;
     }
     for &side in &streams[1..] {
