@@ -484,12 +484,11 @@ __device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs
 }
 
 // The thread's two rows of a key block (h = 0: elements 0, 1 of each tile; h = 1: elements 2, 3):
-// the row max over the quad into mx (a tree: exact in any order), with FAST_EXP the thread's own
-// minimum into mn, and the online-softmax update m = max(m, rowmax), α = exp2(fl(m_old − m_use)),
-// where m_use (0 for a row masked so far) is what the exponentials subtract.
-template <bool FAST_EXP>
-__device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, float* mx, float* mn, float* m_use) {
-    float mq[4][2], nq[4][2];
+// the row max over the quad into mx (a tree: exact in any order), and the online-softmax update
+// m = max(m, rowmax), α = exp2(fl(m_old − m_use)), where m_use (0 for a row masked so far) is what
+// the exponentials subtract.
+__device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, float* mx, float* m_use) {
+    float mq[4][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -500,13 +499,6 @@ __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, floa
             mq[k][h] = fmaxf(mq[k][h], fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]),
                                              fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
         mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
-        if (FAST_EXP) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                nq[k][h] = fminf(fminf(fminf(t[k][2 * h], t[k][2 * h + 1]), fminf(t[k + 4][2 * h], t[k + 4][2 * h + 1])),
-                                 fminf(fminf(t[k + 8][2 * h], t[k + 8][2 * h + 1]), fminf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
-            mn[h] = fminf(fminf(nq[0][h], nq[1][h]), fminf(nq[2][h], nq[3][h]));
-        }
     }
 #pragma unroll
     for (int o2 = 1; o2 <= 2; o2 <<= 1) {
@@ -525,17 +517,15 @@ __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, floa
 
 // The exponentials of staged_softmax after row_max_update: p = exp2(fl(t − m_use)) into t, the row
 // sums (and with AMAX the row maxima of p into amax) over the quad, l = fl(fl(l·α) + sum).
-template <bool AMAX, bool FAST_EXP>
-__device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, const float* mn, const float* m_use,
-                                                float* amax) {
+template <bool AMAX>
+__device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, const float* m_use, float* amax) {
     float sum[2];
     float ps[4][2], pm[4][2];
 #pragma unroll
     for (int k = 0; k < 4; ++k)
 #pragma unroll
         for (int h = 0; h < 2; ++h) ps[k][h] = pm[k][h] = 0.0f;
-    // One path for every argument since exp2 became exp2_ftz (§4): FAST_EXP and mn are no longer
-    // used (the variants that set it now compile to the same code).
+    // exp2_ftz (§4) is the bare MUFU.EX2: one path for every argument, no subnormal fix-up to skip.
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
@@ -573,16 +563,11 @@ __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, con
 // max by a tree (exact in any order); the row sum in 4 partial sums per thread (the order of this
 // FP32 sum is not fixed by §4). Leaves p = exp2(t − m_new) in t and updates m, α, l in st. With AMAX
 // also gives each row's max p = exp2(rowmax − m_new), the §4 group amax of P̂.
-//
-// FAST_EXP (wgmma path): exp2f with --ftz=false is 4 instructions (a compare and two predicated
-// multiplies around MUFU.EX2, for arguments below −126 whose result is subnormal); when every
-// argument of the warp is ≥ −125, the bare MUFU.EX2 (ex2.approx.ftz) gives the same bits.
-// The test costs a per-thread min of t (exact, order-free) and one warp vote per key block.
-template <bool AMAX, bool FAST_EXP = false>
+template <bool AMAX>
 __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax) {
-    float mx[2], mn[2], m_use[2];
-    row_max_update<FAST_EXP>(t, st, mx, mn, m_use);
-    softmax_exp_sum<AMAX, FAST_EXP>(t, st, mn, m_use, amax);
+    float mx[2], m_use[2];
+    row_max_update(t, st, mx, m_use);
+    softmax_exp_sum<AMAX>(t, st, m_use, amax);
 }
 
 // Key (within the block) of S column e of n-tile nt for this thread, in the permuted order kmap.
@@ -590,30 +575,53 @@ __device__ __forceinline__ int permuted_key(int nt, int e) {
     return (nt >> 1) * 16 + 2 * (nt & 1) + 4 * (threadIdx.x & 3) + (e & 1);
 }
 
+// Keys [0, visible_end(d, r)) are the ones query row r sees (visible(): none past n_q; below
+// n_k, and causal: ≤ r + (n_k − n_q)); the end may be ≤ 0 (nothing visible).
+__device__ __forceinline__ int visible_end(const Dims& d, int r) {
+    if (r >= d.n_q) return 0;
+    return d.causal ? min(d.n_k, r + 1 + (d.n_k - d.n_q)) : d.n_k;
+}
+
 // −∞ on the masked entries of the warp's 16 rows (from row0) × 128 keys (from key0), the keys in
 // the permuted order kmap (INT8 paths) or natural (BF16 paths); only boundary tiles (sequence ends,
-// causal diagonal) pay for the test.
+// causal diagonal) pay for it.
+// Natural order: a row's visible keys are a prefix, so each of the thread's two rows gets one
+// limit per tile, relative to the thread's first key column, and an entry costs one compare of its
+// compile-time column offset with that limit and one select. The per-entry visible() let ptxas
+// pack the compares into predicate bitmasks (P2R, then a LOP3 per entry) and the d = 64 causal BF16
+// forward swung by 12 % from one build to the next (fpafwd3); this form is 26 % fewer instructions
+// in fpp3s and 17 % faster at the training shape (fwd9).
+// Permuted order: kept per entry, as aeae31c: the prefix form (limit from the thread's first column
+// + 4·(lane % 4)) made the INT8 `ws3` forward 3.5 % faster at d = 64 causal N = 1k but 2.4 % slower
+// at N = 4k (ptxas scheduled the whole key loop differently; fwd9's first call).
 template <bool PERMUTED>
 __device__ __forceinline__ void mask_tile(const Dims& d, float (*t)[4], int row0, int key0) {
     const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
     const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
     if (!need_mask) return;
+    if (PERMUTED) {
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (!visible(d, row0 + c_row(e), key0 + permuted_key(nt, e))) t[nt][e] = neg_inf();
+        return;
+    }
+    const int col0 = key0 + 2 * (threadIdx.x & 3);  // key of entry (nt, e) = col0 + 8·nt + (e & 1) (c_col)
+    const int limit[2] = {visible_end(d, row0 + c_row(0)) - col0, visible_end(d, row0 + c_row(2)) - col0};
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int key = PERMUTED ? permuted_key(nt, e) : nt * 8 + c_col(e);
-            if (!visible(d, row0 + c_row(e), key0 + key)) t[nt][e] = neg_inf();
-        }
+        for (int e = 0; e < 4; ++e)
+            if (nt * 8 + (e & 1) >= limit[e >> 1]) t[nt][e] = neg_inf();
 }
 __device__ __forceinline__ void mask_permuted(const Dims& d, float (*t)[4], int row0, int key0) { mask_tile<true>(d, t, row0, key0); }
 
 // Online softmax (staged_softmax) of the permuted scores t, then P̂ of §4 (per row and key block,
 // its scale in st.p_scale) packed straight into the m16n8k32 A fragments of P·V in natural key order.
-template <bool FAST_EXP = false>
 __device__ __forceinline__ void softmax_p_hat(float (*t)[4], RowState& st, u32 (*pa)[4]) {
     float amax[2], inv[2];
-    staged_softmax<true, FAST_EXP>(t, st, amax);
+    staged_softmax<true>(t, st, amax);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const GroupScale g = group_scale(amax[h]);
@@ -775,7 +783,6 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
 #define F_WGMMA (1 << 16)                  // set by the host: launched as the wgmma path
 #define F_WGMMA_SIMPLE (1 << 17)           // ... its unpipelined schedule (for comparison)
 #define F_WGMMA_2WG (1 << 18)              // ... 2 warpgroups (128 query rows) per block, sharing K̂, V̂ᵀ
-#define F_WGMMA_FAST_EXP (1 << 19)         // ... exp2 without the subnormal fix-up when no argument needs it
 
 #ifdef SAGE_WGMMA
 // Row of the permuted K̂ tile that holds key `key` (inverse of kmap: key = 16a + 4b + 2c + e is
@@ -875,7 +882,7 @@ __device__ __forceinline__ void wg_o_update(const ForwardParams& p, float (*o)[4
     for (int nd = 0; nd < O_TILES; ++nd) o_update(o[nd], &acc[4 * nd], st, dq0, dq1);
 }
 
-template <bool PIPE, int WGS, bool FAST_EXP>
+template <bool PIPE, int WGS>
 __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
     const Dims& d = p.dims;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3;
@@ -927,7 +934,7 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
         {
             float t[S_TILES][4];
             wg_scores(d, t, sacc, __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]), row0, key0);
-            softmax_p_hat<FAST_EXP>(t, st, pa);
+            softmax_p_hat(t, st, pa);
             wg_issue_pv(pacc, pa, vt + buf * WG_TILE);
         }
         if (PIPE) {
@@ -979,7 +986,6 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
 //   two IEEE divisions of its scale run beside them instead of after a max over 64 values and two
 //   shuffles; the quantizer needs no clamp to 127 (exp2_ftz is monotone on [−∞, 0], tested
 //   exhaustively: no p exceeds that amax).
-// - FAST_EXP: exp2 without exp2f's subnormal fix-up when no argument of the warp needs it.
 // - In every variant the K̂/V̂ᵀ scales of the next block are loaded a block ahead, and the P̂V
 //   accumulators convert to FP32 by one I2FP.
 
@@ -988,7 +994,6 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
 #define WS_BARS 2                   // named barriers 1, 2: the consumers' ping-pong
 #define F_WS_PINGPONG (1 << 20)
 #define F_WS_EARLY_AMAX (1 << 21)
-#define F_WS_FAST_EXP (1 << 23)
 // A CUtensorMap (128 bytes, 64-byte aligned) as the kernel receives it: src/tma.rs encodes it.
 struct __align__(64) TmaMapParam {
     unsigned long long words[16];
@@ -1101,13 +1106,9 @@ __device__ void ws_producer(const void* vmap, const ForwardParams& p, const Ring
 // The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 0] (the
 // lead's exhaustive device test, sagebwd-gpu-check's ex2 self-test), so every p of the row is
 // ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
-// FAST_EXP: exp2 as the bare MUFU.EX2 (ex2.approx.ftz, the same bits as exp2f for arguments
-// ≥ −126) when every argument of the warp is ≥ −125, decided from a per-thread min of t (exact,
-// order-free) and one vote: saves exp2f's compare and two predicated multiplies per score.
-template <bool FAST_EXP>
 __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4]) {
-    float mx[2], mn[2], m_use[2], inv[2];
-    row_max_update<FAST_EXP>(t, st, mx, mn, m_use);
+    float mx[2], m_use[2], inv[2];
+    row_max_update(t, st, mx, m_use);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         // max_j exp2(fl(t_j − m_use)) = exp2(fl(rowmax − m_use)): fl(· − m_use) and exp2 are
@@ -1116,7 +1117,7 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
         st.p_scale[h] = g.scale;
         inv[h] = g.inv;
     }
-    softmax_exp_sum<false, FAST_EXP>(t, st, mn, m_use, nullptr);
+    softmax_exp_sum<false>(t, st, m_use, nullptr);
 #pragma unroll
     for (int s = 0; s < BLOCK_KV / 32; ++s)
 #pragma unroll
@@ -1169,7 +1170,7 @@ __device__ __forceinline__ void pass_turn(int w) { named_arrive(1 + (w ^ 1), 2 *
 // by softmax_p_hat(_early), P̂V in INT32, O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)). The K̂ and V̂ᵀ
 // scales of block kb + 1 are loaded during block kb: a load issued after a wgmma wait (a "memory"
 // clobber) would put its L2 latency on every block's critical path.
-template <bool EARLY_AMAX, bool FAST_EXP>
+template <bool EARLY_AMAX>
 struct WsInt8 {
     int sacc[64], pacc[HEAD_DIM / 2];
     u32 pa[BLOCK_KV / 32][4];
@@ -1193,8 +1194,8 @@ struct WsInt8 {
     __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
         float t[S_TILES][4];
         wg_scores(d, t, sacc, __fmul_rn(sq, k_sc), row0, key0);
-        if (EARLY_AMAX) softmax_p_hat_early<FAST_EXP>(t, st, pa);
-        else softmax_p_hat<FAST_EXP>(t, st, pa);
+        if (EARLY_AMAX) softmax_p_hat_early(t, st, pa);
+        else softmax_p_hat(t, st, pa);
     }
     __device__ __forceinline__ void pin() { pin_fragments(pa); }
     __device__ __forceinline__ void issue_pv(u32 vt) { wg_issue_pv(pacc, pa, vt); }
@@ -1260,9 +1261,9 @@ __device__ void ws_consume(const ForwardParams& p, const Ring& sm, Mix& mx, int 
     if (qb < d.n_qblk) mma_store(p, st, o, bh, row0);
 }
 
-template <bool PINGPONG, bool EARLY_AMAX, bool FAST_EXP>
+template <bool PINGPONG, bool EARLY_AMAX>
 __device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int bh, int bh_kv, int cta_end) {
-    WsInt8<EARLY_AMAX, FAST_EXP> mx(p, sm.q, w, bh, bh_kv, 2 * blockIdx.x + w, cta_end);
+    WsInt8<EARLY_AMAX> mx(p, sm.q, w, bh, bh_kv, 2 * blockIdx.x + w, cta_end);
     ws_consume<PINGPONG, true>(p, sm, mx, w, bh, cta_end);
 }
 
@@ -1295,11 +1296,10 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
     } else {
         setmaxnreg_inc<240>();
         // The variants measured (RESULTS-gpu.md, fwd3); other flag mixes take the nearest.
-        const bool pp = p.flags & F_WS_PINGPONG, early = p.flags & F_WS_EARLY_AMAX, fast = p.flags & F_WS_FAST_EXP;
-        if (pp) ws_consumer<true, true, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
-        else if (early && fast) ws_consumer<false, true, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
-        else if (early) ws_consumer<false, true, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
-        else ws_consumer<false, false, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        const bool pp = p.flags & F_WS_PINGPONG, early = p.flags & F_WS_EARLY_AMAX;
+        if (pp) ws_consumer<true, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else if (early) ws_consumer<false, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
+        else ws_consumer<false, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
     }
 #else
     __trap();  // not compiled for sm_90a
@@ -1388,10 +1388,9 @@ __device__ __forceinline__ void bf16_pv(float (*o)[4], const u32 (*pa)[4], const
 // The BF16 path's softmax of the base-2 scores t (natural key order): mask, the online softmax
 // (staged_softmax, no amax), and bf16(p) packed as the A fragments of P·V: the accumulators of S
 // tiles 2kk and 2kk + 1 (keys 16kk..16kk + 15) are the m16n8k16 (and wgmma k16) A fragment kk.
-template <bool FAST_EXP = false>
 __device__ __forceinline__ void bf16_softmax(const Dims& d, float (*t)[4], RowState& st, u32 (*pa)[4], int row0, int key0) {
     mask_tile<false>(d, t, row0, key0);
-    staged_softmax<false, FAST_EXP>(t, st, nullptr);
+    staged_softmax<false>(t, st, nullptr);
 #pragma unroll
     for (int kk = 0; kk < BLOCK_KV / 16; ++kk) {
         pa[kk][0] = pack_bf16x2(t[2 * kk][0], t[2 * kk][1]);
@@ -1500,7 +1499,7 @@ __device__ void ws3_consumer(const ForwardParams& p, const Ws3Smem& sm, int w, i
     const int warp = (threadIdx.x >> 5) & 3, qb = WS3_CONSUMERS * blockIdx.x + w;
     const int row0 = qb * BLOCK_Q + warp * 16;
     const int end = qb < d.n_qblk ? key_block_end(d, qb) : 0;
-    WsInt8<EARLY_AMAX, false> mx(p, sm.q, w, bh, bh_kv, qb, end);
+    WsInt8<EARLY_AMAX> mx(p, sm.q, w, bh, bh_kv, qb, end);
     RowState st;
     float o[O_TILES][4];
     start_rows(st, o);
@@ -1862,9 +1861,7 @@ __device__ __forceinline__ void fp_issue_pv(float (*o)[4], const u32 (*pa)[4], u
 }
 
 // t = fl(cλ·S), the mask, the online softmax (staged_softmax: m, α, l) and bf16(p) packed as the
-// A fragments of P·V (bf16_softmax); FAST_EXP: exp2 without the subnormal fix-up when
-// no argument of the warp needs it (same bits).
-template <bool FAST_EXP>
+// A fragments of P·V (bf16_softmax).
 __device__ __forceinline__ void fp_softmax(const Dims& d, float (&sacc)[S_TILES][4], float c_lambda, RowState& st,
                                            u32 (*pa)[4], int row0, int key0) {
     wgmma_fence_regs(sacc);
@@ -1875,7 +1872,7 @@ __device__ __forceinline__ void fp_softmax(const Dims& d, float (&sacc)[S_TILES]
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn(c_lambda, sacc[nt][e]);
-    bf16_softmax<FAST_EXP>(d, t, st, pa, row0, key0);
+    bf16_softmax(d, t, st, pa, row0, key0);
 }
 
 // O = fl(O·α) before the next P·V accumulates onto it; skipped when no row of the warp changed
@@ -1925,7 +1922,7 @@ __device__ __forceinline__ void fp_release_q(const FpSmem& sm, int i) {
 
 // Key block kb (the it-th of the block) of tile i: see the section comment. pa_cur holds P(kb);
 // pa_next receives P(kb + 1).
-template <bool PINGPONG, bool FAST_EXP>
+template <bool PINGPONG>
 __device__ __forceinline__ void fp_step(const ForwardParams& p, const FpSmem& sm, FpConsumer& c, int w, int kb, int it,
                                         int i, u32 (&pa_cur)[BLOCK_KV / 16][4], u32 (&pa_next)[BLOCK_KV / 16][4]) {
     const bool next = kb + 1 < c.end;
@@ -1938,7 +1935,7 @@ __device__ __forceinline__ void fp_step(const ForwardParams& p, const FpSmem& sm
     else wgmma_wait<0>();
     if (PINGPONG) pass_turn(w);
     if (FP_EARLY_Q && kb + 2 == c.end) fp_release_q(sm, i);  // S(end − 1), the tile's last, is done
-    if (next) fp_softmax<FAST_EXP>(p.dims, c.sacc, p.c_lambda, c.st, pa_next, c.row0, (kb + 1) * BLOCK_KV);
+    if (next) fp_softmax(p.dims, c.sacc, p.c_lambda, c.st, pa_next, c.row0, (kb + 1) * BLOCK_KV);
     wgmma_wait<0>();
     wgmma_fence_rows<O_TILES>(c.o);
     __syncwarp();
@@ -1948,7 +1945,7 @@ __device__ __forceinline__ void fp_step(const ForwardParams& p, const FpSmem& sm
 
 // Tile i's first S and softmax (nothing of this warpgroup to overlap them with; the other one's
 // turn keeps the tensor cores busy): P(0) into pa.
-template <bool PINGPONG, bool FAST_EXP>
+template <bool PINGPONG>
 __device__ __forceinline__ void fp_first_block(const ForwardParams& p, const FpSmem& sm, FpConsumer& c, int w, int it,
                                                int i, u32 (&pa)[BLOCK_KV / 16][4]) {
     sm.wait_full(it);
@@ -1957,7 +1954,7 @@ __device__ __forceinline__ void fp_first_block(const ForwardParams& p, const FpS
     if (PINGPONG) pass_turn(w);
     wgmma_wait<0>();
     if (FP_EARLY_Q && c.end == 1) fp_release_q(sm, i);
-    fp_softmax<FAST_EXP>(p.dims, c.sacc, p.c_lambda, c.st, pa, c.row0, 0);
+    fp_softmax(p.dims, c.sacc, p.c_lambda, c.st, pa, c.row0, 0);
 }
 
 // Consumer warpgroup w of the persistent kernel: query block 2·pair + w of each of the block's
@@ -1965,7 +1962,7 @@ __device__ __forceinline__ void fp_first_block(const ForwardParams& p, const FpS
 // tile), so warpgroup 1 passes the first turn once and warpgroup 0 takes the last one once.
 // (Chaining each tile's first S + softmax onto the previous tile's last P·V, FA3's inter-tile
 // overlap, was slower: RESULTS-gpu.md, fpafwd3, commit 73beb5b.)
-template <bool PINGPONG, bool FAST_EXP, bool SNAKE>
+template <bool PINGPONG, bool SNAKE>
 __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
@@ -1983,10 +1980,10 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
         c.qt = sm.q_slot(i) + w * BLOCK_Q * 128;  // the warpgroup's 64 rows of each panel
         start_rows(c.st, c.o);
         sm.wait_q(i);
-        if (c.end > 0) fp_first_block<PINGPONG, FAST_EXP>(p, sm, c, w, it, i, pa[0]);
+        if (c.end > 0) fp_first_block<PINGPONG>(p, sm, c, w, it, i, pa[0]);
         for (int kb = 0; kb < c.end; kb += 2) {
-            fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb, it + kb, i, pa[0], pa[1]);
-            if (kb + 1 < c.end) fp_step<PINGPONG, FAST_EXP>(p, sm, c, w, kb + 1, it + kb + 1, i, pa[1], pa[0]);
+            fp_step<PINGPONG>(p, sm, c, w, kb, it + kb, i, pa[0], pa[1]);
+            if (kb + 1 < c.end) fp_step<PINGPONG>(p, sm, c, w, kb + 1, it + kb + 1, i, pa[1], pa[0]);
         }
         it += c.end;
         if (!FP_EARLY_Q || c.end == 0) fp_release_q(sm, i);  // every S of the tile is done
@@ -1998,7 +1995,7 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
 
 // The persistent BF16 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // FpSmem::kSmemBytes of dynamic shared memory and the tensor maps of Q, K, V.
-template <bool PINGPONG, bool FAST_EXP, bool SNAKE>
+template <bool PINGPONG, bool SNAKE>
 __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, const void* vmap, const ForwardParams& p,
                                         unsigned char* smem) {
 #ifdef SAGE_WGMMA
@@ -2013,24 +2010,23 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
         fp_producer<SNAKE>(qmap, kmap, vmap, sm, p.dims);
     } else {
         setmaxnreg_inc<240>();
-        fp_consumer<PINGPONG, FAST_EXP, SNAKE>(p, sm, wg - 1);
+        fp_consumer<PINGPONG, SNAKE>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define FP_ENTRY(name, PINGPONG, FAST_EXP, SNAKE)                                                                  \
+#define FP_ENTRY(name, PINGPONG, SNAKE)                                                                           \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,                  \
              const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        fp_main<PINGPONG, FAST_EXP, SNAKE>(&qmap, &kmap, &vmap, p, ws_smem);                                      \
+        fp_main<PINGPONG, SNAKE>(&qmap, &kmap, &vmap, p, ws_smem);                                                \
     }
-FP_ENTRY(sage_forward_ws_bf16_p3, true, false, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
-FP_ENTRY(sage_forward_ws_bf16_p1, false, false, false)  // fpp1: the same without ping-pong
-FP_ENTRY(sage_forward_ws_bf16_p3f, true, true, false)   // fpp3f: fpp3 + exp2 without the fix-up when not needed
-FP_ENTRY(sage_forward_ws_bf16_p3s, true, false, true)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
+FP_ENTRY(sage_forward_ws_bf16_p3, true, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p1, false, false)  // fpp1: the same without ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p3s, true, true)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
@@ -2044,10 +2040,9 @@ extern "C" __global__ void __launch_bounds__(WG_MAX_THREADS) sage_forward_mma(Fo
         const int wgs = p.flags & F_WGMMA_2WG ? 2 : 1;
         require_dynamic_smem((u32)WGMMA_SMEM_BYTES(wgs));
         if (blockDim.x != wgs * WG_THREADS) __trap();
-        if (wgs == 2) forward_wgmma<true, 2, false>(p, fwd_smem);
-        else if (p.flags & F_WGMMA_SIMPLE) forward_wgmma<false, 1, false>(p, fwd_smem);
-        else if (p.flags & F_WGMMA_FAST_EXP) forward_wgmma<true, 1, true>(p, fwd_smem);
-        else forward_wgmma<true, 1, false>(p, fwd_smem);
+        if (wgs == 2) forward_wgmma<true, 2>(p, fwd_smem);
+        else if (p.flags & F_WGMMA_SIMPLE) forward_wgmma<false, 1>(p, fwd_smem);
+        else forward_wgmma<true, 1>(p, fwd_smem);
 #else
         __trap();  // not compiled for sm_90a
 #endif

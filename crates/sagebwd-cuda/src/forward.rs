@@ -140,14 +140,12 @@ pub(crate) fn forward_path(flags: i32) -> ForwardPath {
 const F_WGMMA: i32 = 1 << 16;
 const F_WGMMA_SIMPLE: i32 = 1 << 17;
 const F_WGMMA_2WG: i32 = 1 << 18;
-const F_WGMMA_FAST_EXP: i32 = 1 << 19;
 
 /// Flag bits of the warp-specialized kernel `sage_forward_ws` (forward.cu): `F_WS` (host only)
 /// selects that kernel; the others its variant.
 const F_WS: i32 = 1 << 22;
 const F_WS_PINGPONG: i32 = 1 << 20;
 const F_WS_EARLY_AMAX: i32 = 1 << 21;
-const F_WS_FAST_EXP: i32 = 1 << 23;
 
 /// The 3-consumer INT8 kernel (sage64b, d = 64 only) when `SAGEBWD_FORWARD_WGMMA=ws3c` asks for it:
 /// `sage_forward_ws3c` (3 consumer warpgroups of 64 query rows per block, P̂ amax before the
@@ -175,9 +173,8 @@ type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid);
 /// `SAGEBWD_FORWARD_WGMMA` asks for, or None for the mma.sync staged path (`off`): `fpp3`
 /// (`sage_forward_ws_bf16_p3`) persistent, P·V accumulated onto the rescaled O with softmax(kb + 1)
 /// overlapping P·V(kb) in each warpgroup, ping-pong, heaviest tiles first; `fpp1` `fpp3` without
-/// the ping-pong; `fpp3f` `fpp3` with exp2 without its subnormal fix-up when no argument needs it;
-/// `fpp3s` `fpp3` with the tiles dealt to the blocks in a snake (rounds alternate direction: the
-/// static balance of a causal grid, fpafwd3); `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
+/// the ping-pong; `fpp3s` `fpp3` with the tiles dealt to the blocks in a snake (rounds alternate
+/// direction: the static balance of a causal grid, fpafwd3); `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
 /// schedule (S(kb + 1) runs during the O update; ping-pong), `fws1` without the ping-pong, `fws0`
 /// ping-pong with S(kb + 1) issued after the O update, `fws3s` `fws3` with P·V as two n64 products
 /// at d = 128. Other values (the INT8 kernel's variants) give the default, by shape: the fastest
@@ -195,7 +192,6 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
         Ok("fpp3") => Some((c"sage_forward_ws_bf16_p3", Persistent)),
         Ok("fpp3s") => Some(fpp3s),
         Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent)),
-        Ok("fpp3f") => Some((c"sage_forward_ws_bf16_p3f", Persistent)),
         _ => Some(if bf16_persistent_pays(head_dim, n_q, causal) { fpp3s } else { fws3 }),
     }
 }
@@ -211,12 +207,11 @@ fn bf16_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
 
 /// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). The warp-specialized
 /// kernel (a producer warpgroup, two consumer warpgroups): `ws1` plain, `ws13` with the P̂ amax
-/// before the exponentials, `ws13f` that + exp2 without its subnormal fix-up when no argument of
-/// the warp needs it (slower: RESULTS-gpu.md, fwd3), `ws3` = `ws13` + the ping-pong schedule.
+/// before the exponentials, `ws3` = `ws13` + the ping-pong schedule.
 /// Default: `ws3`, the fastest at both head dims (verified in fwd3's third call). The variants of `sage_forward_mma`:
 /// `mma-default` (main's default before fwd3), `pipe2` (two warpgroups of 64 query rows per block
 /// sharing the K̂/V̂ᵀ tiles), `pipe` (one), both overlapping the next block's Q̂K̂ᵀ with this block's
-/// O update; `fast`: `pipe` with the fast exp2; `simple`: no overlap; `off`: mma.sync path.
+/// O update; `simple`: no overlap; `off`: mma.sync path.
 fn wgmma_mode(head_dim: usize) -> Option<i32> {
     let ws = F_WGMMA | F_WS;
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
@@ -224,12 +219,10 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
         Ok("pipe") => Some(F_WGMMA),
         Ok("simple") => Some(F_WGMMA | F_WGMMA_SIMPLE),
         Ok("pipe2") => Some(F_WGMMA | F_WGMMA_2WG),
-        Ok("fast") => Some(F_WGMMA | F_WGMMA_FAST_EXP),
         Ok("mma-default") => Some(if head_dim == 128 { F_WGMMA | F_WGMMA_2WG } else { F_WGMMA }),
         Ok("ws1") => Some(ws),
         Ok("ws3") => Some(ws | F_WS_PINGPONG | F_WS_EARLY_AMAX),
         Ok("ws13") => Some(ws | F_WS_EARLY_AMAX),
-        Ok("ws13f") => Some(ws | F_WS_EARLY_AMAX | F_WS_FAST_EXP),
         _ => Some(ws | F_WS_PINGPONG | F_WS_EARLY_AMAX),
     }
 }
