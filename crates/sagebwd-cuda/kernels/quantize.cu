@@ -147,6 +147,20 @@ __device__ __forceinline__ float block_max_any(float v, float* scratch) {
     return m;
 }
 
+// Max of non-negative values over the `group_warps` warps of group `group` of the block (all the
+// block's threads must call it; groups are consecutive runs of warps). `scratch` holds one float
+// per warp of the block. With one group per block this is block_max_any.
+__device__ __forceinline__ float group_max(float v, float* scratch, int group, int group_warps) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();  // scratch may still be read by a previous call
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const float* mine = scratch + group * group_warps;
+    float m = mine[0];
+    for (int w = 1; w < group_warps; ++w) m = fmaxf(m, mine[w]);
+    return m;
+}
+
 // The BF16 halves of a word as FP32, by instructions the compiler may not merge with earlier
 // identical ones: the register-tile path unpacks its 64 values twice (for amax, then to quantize)
 // rather than keep 64 FP32 values live across the block reduction (twice the registers).
@@ -207,11 +221,17 @@ __device__ __forceinline__ void store_tile8_transposed(i8* dst, long stride, con
 // warps per band of 32 rows at d = 128), so per warp instruction the loads read 4 rows × 128
 // contiguous bytes, the x̂ stores write 4 rows × 64 bytes and the x̂ᵀ stores 8 columns × 32 bytes:
 // whole sectors. No shared-memory tile except the Q rows for b_r.
+//
+// A block may hold several groups side by side (the fused Q/K/V launch puts two B_q groups of Q in
+// one block of a B_kv group's size): `t` is the thread's index within its group, `group` the
+// group's index within the block, `group_warps` its warps. s_kmd is written by the block's first
+// HEAD_DIM threads: the groups of one block share their (batch, head), hence K_m.
 template <bool MEAN>
 __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, int blk, int bh, int row0, long base,
-                                                     int kv, float* s_scratch, double* s_kmd, u16* s_rows) {
+                                                     int kv, int t, int group, int group_warps, float* s_scratch,
+                                                     double* s_kmd, u16* s_rows) {
     constexpr int WARPS_PER_BAND = HEAD_DIM / 64;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = t >> 5, lane = t & 31;
     const int r_first = (warp / WARPS_PER_BAND) * 32 + (lane >> 3) * 8;
     const int c0 = ((warp % WARPS_PER_BAND) * 8 + (lane & 7)) * 8;
     uint4 v[8];
@@ -237,8 +257,8 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
         for (int i = 0; i < 8; ++i) *(uint4*)(s_rows + (r_first + i) * ROW_TILE_STRIDE + c0) = v[i];
         if (threadIdx.x < HEAD_DIM) s_kmd[threadIdx.x] = (double)p.k_mean[kv * HEAD_DIM + threadIdx.x];
     }
-    const GroupScale g = group_scale(block_max_any(amax, s_scratch));
-    if (threadIdx.x == 0) p.scale[(long)bh * p.n_blk + blk] = g.scale;
+    const GroupScale g = group_scale(group_max(amax, s_scratch, group, group_warps));
+    if (t == 0) p.scale[(long)bh * p.n_blk + blk] = g.scale;
 
     // x̂ (quant_bits = the §2.2 quantizer for |x_s| ≤ amax, the INT8 value in the low byte).
     u32 nat[8][2];
@@ -263,9 +283,8 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
         i8* dst = p.x_hat_t + ((long)bh * HEAD_DIM + c0) * p.n_pad + row0 + r_first;
         store_tile8_transposed(dst, p.n_pad, nat);
     }
-    if (p.row_offset && threadIdx.x < p.rows_per_block)
-        p.row_offset[(long)bh * p.n + row0 + threadIdx.x] =
-            row_offset_of_vec(s_rows + threadIdx.x * ROW_TILE_STRIDE, s_kmd, p.c_lambda);
+    if (p.row_offset && t < p.rows_per_block)
+        p.row_offset[(long)bh * p.n + row0 + t] = row_offset_of_vec(s_rows + t * ROW_TILE_STRIDE, s_kmd, p.c_lambda);
 }
 
 // Element-wise path (partial groups, unaligned buffers), any block size of whole warps ≥ HEAD_DIM.
@@ -346,9 +365,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
         if (!full) {
             quantize_group_elementwise(p, blk, bh, row0, rows, base, kv, s_mean, s_scratch);
         } else if (p.head_mean) {
-            quantize_group_tiles<true>(p, blk, bh, row0, base, kv, s_scratch, s_kmd, (u16*)s_dyn);
+            quantize_group_tiles<true>(p, blk, bh, row0, base, kv, threadIdx.x, 0, blockDim.x >> 5, s_scratch, s_kmd,
+                                       (u16*)s_dyn);
         } else {
-            quantize_group_tiles<false>(p, blk, bh, row0, base, kv, s_scratch, s_kmd, (u16*)s_dyn);
+            quantize_group_tiles<false>(p, blk, bh, row0, base, kv, threadIdx.x, 0, blockDim.x >> 5, s_scratch, s_kmd,
+                                        (u16*)s_dyn);
         }
         return;
     }
@@ -455,6 +476,55 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
     if (p.row_offset && threadIdx.x < rows)
         p.row_offset[(long)bh * p.n + row0 + threadIdx.x] =
             row_offset_of(s_x + threadIdx.x * TILE_STRIDE, s_km, p.c_lambda);
+}
+
+// Mirrored by `QuantQkvParams` in src/quantize.rs.
+struct QuantQkvParams {
+    QuantRowsParams k, v, q;  // register-tile jobs: K (smoothed or not), V, Q (with b_r)
+    int k_blocks, v_blocks;   // blocks of the K and V jobs: one B_kv group each
+    int pad[2];
+};
+static_assert(sizeof(QuantQkvParams) == 3 * 104 + 16, "QuantQkvParams layout changed: update src/quantize.rs");
+
+// The kv head of query head bh for b_r's K_m (as in sage_quantize_rows).
+__device__ __forceinline__ int kv_row_of(const QuantRowsParams& p, int bh) {
+    return (bh / p.heads_q) * p.heads_kv + (bh % p.heads_q) / (p.heads_q / p.heads_kv);
+}
+
+// K, V and Q in one launch, for the register-tile layout with every group full (src/quantize.rs
+// checks: n_k a multiple of B_kv, n_q of 2·B_q, aligned buffers, no Q-smoothing, no BF16 copies):
+// the same per-group code as sage_quantize_rows, so the same bits, without two launch gaps and two
+// grid tails. Blocks have a B_kv group's threads (rows_per_block/8 · HEAD_DIM/8). The flat grid
+// holds the K groups first, in reverse order (the heads the K mean read last are still in L2),
+// then V's, then Q's two at a time: block half h quantizes Q group 2·i + h (n_blk is even, so
+// both halves share their (batch, head)). Dynamic shared memory: the Q rows of both groups for b_r.
+extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(QuantQkvParams p) {
+    extern __shared__ __align__(16) unsigned char s_dyn[];
+    __shared__ double s_kmd[HEAD_DIM];
+    __shared__ float s_scratch[THREADS / 32];
+    const int b = blockIdx.x, warps = blockDim.x >> 5;
+    if (b < p.k_blocks) {
+        const int g = p.k_blocks - 1 - b;
+        const int blk = g % p.k.n_blk, bh = g / p.k.n_blk, row0 = blk * p.k.rows_per_block;
+        const long base = ((long)bh * p.k.n + row0) * HEAD_DIM;
+        if (p.k.head_mean)
+            quantize_group_tiles<true>(p.k, blk, bh, row0, base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+        else
+            quantize_group_tiles<false>(p.k, blk, bh, row0, base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+    } else if (b < p.k_blocks + p.v_blocks) {
+        const int g = b - p.k_blocks;
+        const int blk = g % p.v.n_blk, bh = g / p.v.n_blk, row0 = blk * p.v.rows_per_block;
+        const long base = ((long)bh * p.v.n + row0) * HEAD_DIM;
+        quantize_group_tiles<false>(p.v, blk, bh, row0, base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+    } else {
+        const int q_threads = blockDim.x / 2, half = threadIdx.x / q_threads;
+        const int g = 2 * (b - p.k_blocks - p.v_blocks) + half;
+        const int blk = g % p.q.n_blk, bh = g / p.q.n_blk, row0 = blk * p.q.rows_per_block;
+        const long base = ((long)bh * p.q.n + row0) * HEAD_DIM;
+        u16* s_rows = (u16*)s_dyn + half * p.q.rows_per_block * ROW_TILE_STRIDE;
+        quantize_group_tiles<false>(p.q, blk, bh, row0, base, kv_row_of(p.q, bh), threadIdx.x - half * q_threads, half,
+                                    warps / 2, s_scratch, s_kmd, s_rows);
+    }
 }
 
 // Fills n values of a buffer with one 32-bit pattern: NaN poison before kernels write outputs,

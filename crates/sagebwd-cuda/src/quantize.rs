@@ -163,9 +163,14 @@ fn rows_launch(job: &RowsJob, head_dim: usize) -> (u32, u32) {
 }
 
 fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
-    let n_blk = job.n.div_ceil(job.rows_per_block);
     let launch = rows_launch(&job, k.head_dim);
-    let p = QuantRowsParams {
+    launch_rows(gpu, k, &rows_params(gpu, &job), job.bh, launch)
+}
+
+/// The kernel's parameters for a job.
+fn rows_params(gpu: &Gpu, job: &RowsJob) -> QuantRowsParams {
+    let n_blk = job.n.div_ceil(job.rows_per_block);
+    QuantRowsParams {
         x: gpu.ptr(job.x),
         head_mean: job.head_mean.map_or(0, |(m, _)| gpu.ptr(m)),
         block_mean: job.block_mean.map_or(0, |m| gpu.ptr(m)),
@@ -183,8 +188,67 @@ fn quantize_rows(gpu: &Gpu, k: &Kernels, job: RowsJob) -> Result<()> {
         heads_q: job.row_offset.as_ref().map_or(1, |r| r.heads_q as i32),
         heads_kv: job.row_offset.as_ref().map_or(1, |r| r.heads_kv as i32),
         c_lambda: job.row_offset.as_ref().map_or(0.0, |r| r.c_lambda),
-    };
-    launch_rows(gpu, k, &p, job.bh, launch)
+    }
+}
+
+/// Mirror of `QuantQkvParams` in quantize.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct QuantQkvParams {
+    k: QuantRowsParams,
+    v: QuantRowsParams,
+    q: QuantRowsParams,
+    k_blocks: i32,
+    v_blocks: i32,
+    pad: [i32; 2],
+}
+const _: () = assert!(std::mem::size_of::<QuantQkvParams>() == 3 * 104 + 16);
+
+/// Whether `sage_quantize_qkv` can take the K, V and Q jobs: all three on the register-tile layout
+/// (no Q-smoothing, no BF16 transposed copy), every group full with Q's groups in pairs of one
+/// (batch, head), 16-byte aligned inputs. Otherwise the three `sage_quantize_rows` launches.
+fn fused_qkv_applies(gpu: &Gpu, jobs: [&RowsJob; 3]) -> bool {
+    let [kj, vj, qj] = jobs;
+    let tiles = jobs.iter().all(|j| j.block_mean.is_none() && j.transposed.1.is_none());
+    let full = kj.n % kj.rows_per_block == 0 && qj.n % (2 * qj.rows_per_block) == 0 && vj.n == kj.n;
+    let same_threads = kj.rows_per_block == vj.rows_per_block && kj.rows_per_block == 2 * qj.rows_per_block;
+    let aligned = jobs.iter().all(|j| gpu.ptr(j.x) % 16 == 0 && gpu.ptr(j.x_hat) % 8 == 0 && gpu.ptr(j.transposed.0) % 8 == 0);
+    tiles && full && same_threads && aligned && qj.row_offset.is_some() && kj.transposed.2 % 8 == 0 && qj.transposed.2 % 8 == 0
+}
+
+/// K, V and Q quantized in one launch (`sage_quantize_qkv`, the same bits as three
+/// `sage_quantize_rows` launches), when [`fused_qkv_applies`]; else the three launches.
+fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
+    if !fused_qkv_applies(gpu, [&jobs[0], &jobs[1], &jobs[2]]) {
+        for job in jobs {
+            quantize_rows(gpu, k, job)?;
+        }
+        return Ok(());
+    }
+    let [kj, vj, qj] = &jobs;
+    let (kp, vp, qp) = (rows_params(gpu, kj), rows_params(gpu, vj), rows_params(gpu, qj));
+    let k_blocks = kp.n_blk * kj.bh as i32;
+    let v_blocks = vp.n_blk * vj.bh as i32;
+    let q_blocks = qp.n_blk * qj.bh as i32 / 2;
+    let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, pad: [0; 2] };
+    let threads = tile_threads(kj.rows_per_block, k.head_dim);
+    let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32;  // both Q groups' rows for b_r
+    let func = qkv_function(k)?;
+    let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantQkvParams).cast()];
+    let grid = ((k_blocks + v_blocks + q_blocks) as u32, 1, 1);
+    gpu.launch_raw(func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)
+}
+
+/// `sage_quantize_qkv` from the module of `sage_quantize_rows` (a hash lookup in the driver).
+fn qkv_function(k: &Kernels) -> Result<sys::CUfunction> {
+    unsafe {
+        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
+        drv("quantize module", sys::cuFuncGetModule(module.as_mut_ptr(), k.quantize_rows.cu_function()).result())?;
+        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
+        drv("load function sage_quantize_qkv",
+            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), c"sage_quantize_qkv".as_ptr()).result())?;
+        Ok(f.assume_init())
+    }
 }
 
 /// Threads of a register-tile `sage_quantize_rows` block: one per 8 × 8 tile of its rows.
@@ -251,28 +315,26 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
             .launch(mean_cfg)
     })?;
     let (_, c_lambda) = crate::forward::scales(d);
-    quantize_rows(gpu, k, RowsJob {
+    quantize_qkv(gpu, k, [RowsJob {
         x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
         head_mean: Some((&k_mean, 1)), block_mean: None,
         x_hat: &k_hat, scale: &k_scale,
         transposed: (&k_hat_t, &k_t, padded_k(s.n_k)),
         row_offset: None,
-    })?;
-    quantize_rows(gpu, k, RowsJob {
+    }, RowsJob {
         x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
         head_mean: None, block_mean: None,
         x_hat: &v_hat, scale: &v_scale,
         transposed: (&v_hat_t, &v_t, padded_k(s.n_k)),
         row_offset: None,
-    })?;
-    quantize_rows(gpu, k, RowsJob {
+    }, RowsJob {
         x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
         head_mean: None, block_mean: cfg.smooth_q.then_some(&q_mean),
         x_hat: &q_hat, scale: &q_scale,
         transposed: (&q_hat_t, &q_t, padded_q(s.n_q)),
         // b_r = fl(cλ·q_r·K_m) (§3.5) from the staged Q tile
         row_offset: Some(RowOffsets { k_mean: &k_mean, out: &row_offset, heads_q: s.heads_q, heads_kv: s.heads_kv, c_lambda }),
-    })?;
+    }])?;
     Ok(QuantizedDev {
         needs, q_hat, q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat, k_scale: Some(k_scale),
         k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat, v_scale: Some(v_scale),
