@@ -233,22 +233,10 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
     let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, pad: [0; 2] };
     let threads = tile_threads(kj.rows_per_block, k.head_dim);
     let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32;  // both Q groups' rows for b_r
-    let func = qkv_function(k)?;
+    let func = k.quantize_function(c"sage_quantize_qkv")?;
     let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantQkvParams).cast()];
     let grid = ((k_blocks + v_blocks + q_blocks) as u32, 1, 1);
     gpu.launch_raw(func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)
-}
-
-/// `sage_quantize_qkv` from the module of `sage_quantize_rows` (a hash lookup in the driver).
-fn qkv_function(k: &Kernels) -> Result<sys::CUfunction> {
-    unsafe {
-        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
-        drv("quantize module", sys::cuFuncGetModule(module.as_mut_ptr(), k.quantize_rows.cu_function()).result())?;
-        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
-        drv("load function sage_quantize_qkv",
-            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), c"sage_quantize_qkv".as_ptr()).result())?;
-        Ok(f.assume_init())
-    }
 }
 
 /// Threads of a register-tile `sage_quantize_rows` block: one per 8 × 8 tile of its rows.

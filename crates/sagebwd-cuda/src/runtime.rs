@@ -362,6 +362,12 @@ impl Kernels {
         sibling_function(&self.forward_mma, "forward module", name)
     }
 
+    /// A kernel of the quantization module by name (`sage_quantize_qkv`, which `load` does not
+    /// take because only the fused-launch path needs it).
+    pub fn quantize_function(&self, name: &std::ffi::CStr) -> Result<cudarc::driver::sys::CUfunction> {
+        sibling_function(&self.quantize_rows, "quantize module", name)
+    }
+
     /// A kernel of the backward-main module by name (the warp-specialized backward exists only in
     /// the sm_90a build), as `forward_function`.
     pub fn backward_main_function(&self, name: &std::ffi::CStr) -> Result<cudarc::driver::sys::CUfunction> {
