@@ -186,6 +186,14 @@ __device__ __forceinline__ bool visible(const Dims& d, int r, int j) {
     return !d.causal || j <= r + (d.n_k - d.n_q);
 }
 
+// The same rule as one limit per row: for a key j ≥ 0, visible(d, r, j) ⇔ j < visible_end(d, r)
+// (a row's visible keys are a prefix); the end may be ≤ 0 (nothing visible). The BF16 forward's
+// mask compares against it once per row instead of testing every entry (fwd9).
+__device__ __forceinline__ int visible_end(const Dims& d, int r) {
+    if (r >= d.n_q) return 0;
+    return d.causal ? min(d.n_k, r + 1 + (d.n_k - d.n_q)) : d.n_k;
+}
+
 // The operands of the score product (#1 forward / #3 backward), of the β bias and of the BF16
 // products #6, #7 (which take the original Q, K: smoothing belongs to quantization, §1).
 struct ScoreOperands {

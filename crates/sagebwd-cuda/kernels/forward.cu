@@ -575,13 +575,6 @@ __device__ __forceinline__ int permuted_key(int nt, int e) {
     return (nt >> 1) * 16 + 2 * (nt & 1) + 4 * (threadIdx.x & 3) + (e & 1);
 }
 
-// Keys [0, visible_end(d, r)) are the ones query row r sees (visible(): none past n_q; below
-// n_k, and causal: ≤ r + (n_k − n_q)); the end may be ≤ 0 (nothing visible).
-__device__ __forceinline__ int visible_end(const Dims& d, int r) {
-    if (r >= d.n_q) return 0;
-    return d.causal ? min(d.n_k, r + 1 + (d.n_k - d.n_q)) : d.n_k;
-}
-
 // −∞ on the masked entries of the warp's 16 rows (from row0) × 128 keys (from key0), the keys in
 // the permuted order kmap (INT8 paths) or natural (BF16 paths); only boundary tiles (sequence ends,
 // causal diagonal) pay for it.

@@ -334,6 +334,11 @@ __device__ void quantize_group_elementwise(const QuantRowsParams& p, int blk, in
                 row_offset_of(p.x + base + (long)r * HEAD_DIM, p.k_mean + (long)kv * HEAD_DIM, p.c_lambda);
 }
 
+// The kv head of query head bh (whose K_m b_r reads).
+__device__ __forceinline__ int kv_row_of(const QuantRowsParams& p, int bh) {
+    return (bh / p.heads_q) * p.heads_kv + (bh % p.heads_q) / (p.heads_q / p.heads_kv);
+}
+
 // One group = `rows_per_block` consecutive rows × d of one (batch, head). Grid (n_blk, BH).
 // x_s = fl(x − mean); scale from max |x_s| over the valid rows; x̂ = q(x_s). Two layouts of the
 // launch (src/quantize.rs picks them):
@@ -356,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
     const int row0 = blk * p.rows_per_block;
     const int rows = min(p.rows_per_block, p.n - row0);
     const long base = ((long)bh * p.n + row0) * HEAD_DIM;
-    const int kv = p.k_mean ? (bh / p.heads_q) * p.heads_kv + (bh % p.heads_q) / (p.heads_q / p.heads_kv) : 0;
+    const int kv = p.k_mean ? kv_row_of(p, bh) : 0;
 
     if (!p.block_mean && !p.x_t) {
         const bool full = rows == p.rows_per_block && rows % 32 == 0 &&
@@ -486,9 +491,15 @@ struct QuantQkvParams {
 };
 static_assert(sizeof(QuantQkvParams) == 3 * 104 + 16, "QuantQkvParams layout changed: update src/quantize.rs");
 
-// The kv head of query head bh for b_r's K_m (as in sage_quantize_rows).
-__device__ __forceinline__ int kv_row_of(const QuantRowsParams& p, int bh) {
-    return (bh / p.heads_q) * p.heads_kv + (bh % p.heads_q) / (p.heads_q / p.heads_kv);
+// Group g of a job (groups numbered head by head): its block index within the head, the head, its
+// first row and the element offset of that row.
+struct GroupAt {
+    int blk, bh, row0;
+    long base;
+};
+__device__ __forceinline__ GroupAt group_at(const QuantRowsParams& p, int g) {
+    const int blk = g % p.n_blk, bh = g / p.n_blk, row0 = blk * p.rows_per_block;
+    return {blk, bh, row0, ((long)bh * p.n + row0) * HEAD_DIM};
 }
 
 // K, V and Q in one launch, for the register-tile layout with every group full (src/quantize.rs
@@ -504,26 +515,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(Quant
     __shared__ float s_scratch[THREADS / 32];
     const int b = blockIdx.x, warps = blockDim.x >> 5;
     if (b < p.k_blocks) {
-        const int g = p.k_blocks - 1 - b;
-        const int blk = g % p.k.n_blk, bh = g / p.k.n_blk, row0 = blk * p.k.rows_per_block;
-        const long base = ((long)bh * p.k.n + row0) * HEAD_DIM;
+        const GroupAt k = group_at(p.k, p.k_blocks - 1 - b);
         if (p.k.head_mean)
-            quantize_group_tiles<true>(p.k, blk, bh, row0, base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+            quantize_group_tiles<true>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
         else
-            quantize_group_tiles<false>(p.k, blk, bh, row0, base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+            quantize_group_tiles<false>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
     } else if (b < p.k_blocks + p.v_blocks) {
-        const int g = b - p.k_blocks;
-        const int blk = g % p.v.n_blk, bh = g / p.v.n_blk, row0 = blk * p.v.rows_per_block;
-        const long base = ((long)bh * p.v.n + row0) * HEAD_DIM;
-        quantize_group_tiles<false>(p.v, blk, bh, row0, base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+        const GroupAt v = group_at(p.v, b - p.k_blocks);
+        quantize_group_tiles<false>(p.v, v.blk, v.bh, v.row0, v.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
     } else {
         const int q_threads = blockDim.x / 2, half = threadIdx.x / q_threads;
-        const int g = 2 * (b - p.k_blocks - p.v_blocks) + half;
-        const int blk = g % p.q.n_blk, bh = g / p.q.n_blk, row0 = blk * p.q.rows_per_block;
-        const long base = ((long)bh * p.q.n + row0) * HEAD_DIM;
+        const GroupAt q = group_at(p.q, 2 * (b - p.k_blocks - p.v_blocks) + half);
         u16* s_rows = (u16*)s_dyn + half * p.q.rows_per_block * ROW_TILE_STRIDE;
-        quantize_group_tiles<false>(p.q, blk, bh, row0, base, kv_row_of(p.q, bh), threadIdx.x - half * q_threads, half,
-                                    warps / 2, s_scratch, s_kmd, s_rows);
+        quantize_group_tiles<false>(p.q, q.blk, q.bh, q.row0, q.base, kv_row_of(p.q, q.bh), threadIdx.x - half * q_threads,
+                                    half, warps / 2, s_scratch, s_kmd, s_rows);
     }
 }
 
