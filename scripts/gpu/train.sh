@@ -11,9 +11,10 @@
 #      bash scripts/gpu/train.sh perf             # base model, seq 1024 and 4096, fpa and sagebwd
 #      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd (SEED=n: another seed)
 #      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
-#      bash scripts/gpu/train.sh profile          # base, 1024: time per phase (SAGEBWD_PROFILE=1, synchronized)
+#      bash scripts/gpu/train.sh profile          # base, 1024: GPU time per phase (SAGEBWD_PROFILE=1, CUDA events)
 #      bash scripts/gpu/train.sh fpa1024 [NAME]   # base, 1024, fpa only, 40 steps: a quick A/B point (log NAME)
 #      bash scripts/gpu/train.sh profile-fpa [NAME] # `profile` with fpa only (log NAME)
+#      bash scripts/gpu/train.sh profile4096      # `profile` at seq 4096 (batch 4), fpa and sagebwd
 #      bash scripts/gpu/train.sh multi            # 2 GPUs (machine kind nvidia-h200-x2): data-parallel
 #                                                 # throughput, and 2 GPUs × 8 vs 1 GPU × 16 sequences
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
@@ -44,7 +45,7 @@ prepare() {
 }
 
 if [ "${1:-}" = --prepare ]; then shift; prepare "$@"; exit $?; fi
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,18p' "$0"; exit 0; fi
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,19p' "$0"; exit 0; fi
 
 OUT=${OUT:-/tmp/sagebwd-train-out}
 mkdir -p "$OUT"
@@ -85,11 +86,11 @@ while [ $# -gt 0 ]; do
           --name "perf$seq" --runs-dir $RUNS
       done ;;
     fpa1024)
-      name=fpa1024; case "${2:-}" in ""|check|perf|profile|profile-fpa|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
+      name=fpa1024; case "${2:-}" in ""|check|perf|profile|profile-fpa|profile4096|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
       run_logged "$name" $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 40 --warmup 5 --eval-every 1000 \
         --eval-tokens 16384 --ckpt-every 1000 --preset fpa --name "$name" --runs-dir $RUNS ;;
     profile-fpa)
-      name=profile-fpa; case "${2:-}" in ""|check|perf|profile|profile-fpa|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
+      name=profile-fpa; case "${2:-}" in ""|check|perf|profile|profile-fpa|profile4096|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
       SAGEBWD_PROFILE=1 run_logged "$name" $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 20 \
         --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa --name "$name" --runs-dir $RUNS
       grep -E "^profile|^  [a-z]" "$OUT/$name.log" >> "$summary" ;;
@@ -97,6 +98,10 @@ while [ $# -gt 0 ]; do
       SAGEBWD_PROFILE=1 run_logged profile $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 20 \
         --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd --name prof --runs-dir $RUNS
       grep -E "^profile|^  [a-z]" "$OUT/profile.log" >> "$summary" ;;
+    profile4096)
+      SAGEBWD_PROFILE=1 run_logged profile4096 $BIN train --device cuda --model base --seq 4096 --batch 4 --steps 12 \
+        --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd --name prof4k --runs-dir $RUNS
+      grep -E "^profile|^  [a-z]" "$OUT/profile4096.log" >> "$summary" ;;
     corpus)
       steps=$2; shift
       seed=${SEED:-1}

@@ -11,6 +11,7 @@
 //! - backward scratch shared by the layers.
 
 use super::blas::{Blas, Out};
+use super::profile::Profile;
 use super::kernels::{adam_chunks, AdamChunk, HeadsDims, Rows, TrainKernels, GAIN_CHUNK_ROWS, NORM_BLOCK_ROWS, STRIDE_BLOCKS};
 use super::{cuda_err, Error, Result};
 use crate::backend::Attention;
@@ -146,8 +147,8 @@ pub struct GpuEngine {
     /// bytes in use in it before the engine allocated anything.
     pool: Option<Pool>,
     base_used: u64,
-    /// Seconds per phase when `SAGEBWD_PROFILE=1` (each phase synchronized: attribution, not speed).
-    profile: Option<std::cell::RefCell<std::collections::BTreeMap<&'static str, f64>>>,
+    /// GPU time per phase when `SAGEBWD_PROFILE=1`.
+    profile: Option<Profile>,
 }
 
 impl GpuEngine {
@@ -251,22 +252,18 @@ impl GpuEngine {
             acts: None,
             pool,
             base_used,
-            profile: (std::env::var("SAGEBWD_PROFILE").as_deref() == Ok("1")).then(Default::default),
+            profile: Profile::from_env(),
         };
         e.refresh_bf16()?;
         Ok(e)
     }
 
-    /// Runs `f`; with profiling on, synchronizes around it and adds its time to `phase`.
+    /// Runs `f`; with profiling on, adds its GPU time to `phase`.
     fn timed<T>(&self, phase: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let Some(profile) = &self.profile else { return f() };
-        let sync = || self.stream().synchronize().map_err(|e| cuda_err("synchronize", e));
-        sync()?;
-        let t0 = std::time::Instant::now();
-        let r = f()?;
-        sync()?;
-        *profile.borrow_mut().entry(phase).or_default() += t0.elapsed().as_secs_f64();
-        Ok(r)
+        match &self.profile {
+            Some(profile) => profile.time(self.stream(), phase, f),
+            None => f(),
+        }
     }
 
     /// Checked mode of the attention kernels ([`Gpu::set_poison`]): off by default (training);
@@ -406,13 +403,15 @@ impl GpuEngine {
         };
         self.timed("norms: forward", || self.k.rmsnorm_forward(x_in, residual, self.params.at(self.final_norm), a.hidden.ptr, a.rstd_final.ptr, d, t, c.norm_eps))?;
         self.lm_head(a, t, grad_scale)?;
+        if grad_scale.is_some() {
+            self.backward(a, t)?;
+        }
+        // Read after the backward is enqueued, so the GPU never waits for the host mid-step. A
+        // non-finite loss still stops the step: the caller gets the error before any update.
         let row_loss = s.clone_dtoh(&a.row_loss.data).map_err(|e| cuda_err("download losses", e))?;
         let total: f64 = row_loss.iter().map(|&x| x as f64).sum();
         if !total.is_finite() {
             return Err(Error::Diverged(format!("loss {total} on the GPU")));
-        }
-        if grad_scale.is_some() {
-            self.backward(a, t)?;
         }
         // Attention state is only needed by the backward.
         a.layers.iter_mut().for_each(|l| l.attn_out = None);
@@ -547,15 +546,9 @@ impl GpuEngine {
 impl Drop for GpuEngine {
     /// Prints the profile (`SAGEBWD_PROFILE=1`).
     fn drop(&mut self) {
-        let Some(profile) = &self.profile else { return };
-        let p = profile.borrow();
-        let total: f64 = p.values().sum();
-        let products: f64 = p.iter().filter(|(k, _)| k.starts_with("products")).map(|(_, v)| v).sum();
-        eprintln!("profile ({}, phases synchronized): {total:.2} s", self.attention.name());
-        for (phase, secs) in p.iter() {
-            eprintln!("  {phase:<26} {secs:8.3} s  {:5.1} %", 100.0 * secs / total.max(1e-12));
+        if let Some(profile) = &self.profile {
+            profile.print(self.attention.name());
         }
-        eprintln!("  {:<26} {products:8.3} s  {:5.1} %", "products (all)", 100.0 * products / total.max(1e-12));
     }
 }
 
@@ -574,7 +567,10 @@ impl Engine for GpuEngine {
     }
 
     fn loss(&mut self, b: &Batch) -> Result<f64> {
-        Ok(self.run(b, None)? / b.targets.len() as f64)
+        self.profile.as_ref().inspect(|p| p.set_paused(true));
+        let loss = self.run(b, None);
+        self.profile.as_ref().inspect(|p| p.set_paused(false));
+        Ok(loss? / b.targets.len() as f64)
     }
 
     fn grad_norm(&mut self) -> Result<f64> {
@@ -590,7 +586,9 @@ impl Engine for GpuEngine {
         let bc2 = 1.0 - c.beta2.powi(self.adam_t as i32);
         let (chunks, n_chunks) = (self.adam_chunks.ptr, self.adam_chunks.data.len());
         let (p, pb, g, m, v) = (self.params.ptr, self.params_bf16.ptr, self.grads.ptr, self.adam_m.ptr, self.adam_v.ptr);
-        self.timed("optimizer", || self.k.adamw(p, pb, g, m, v, chunks, n_chunks, lr, c, bc1, bc2, grad_scale))
+        self.timed("optimizer", || self.k.adamw(p, pb, g, m, v, chunks, n_chunks, lr, c, bc1, bc2, grad_scale))?;
+        self.profile.as_ref().inspect(|p| p.step_done());
+        Ok(())
     }
 
     fn gradients(&self) -> Result<Weights> {

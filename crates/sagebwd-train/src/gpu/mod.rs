@@ -15,6 +15,7 @@ pub mod check;
 pub mod engine;
 pub mod kernels;
 pub mod parallel;
+mod profile;
 
 pub use engine::GpuEngine;
 
