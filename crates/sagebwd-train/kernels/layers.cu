@@ -313,7 +313,7 @@ extern "C" __global__ void column_sum_partial(const float* a, Rows a_rows, float
 }
 
 // out[c] += Σ_k partial[k, c] (row lanes take every PARTIAL_LANES-th chunk; fixed order).
-extern "C" __global__ void sum_partials(const float* partial, float* out, int n, int chunks) {
+__device__ __forceinline__ void sum_partials_into(const float* partial, float* out, int n, int chunks) {
     __shared__ float s[PARTIAL_LANES][COL_TILE];
     const int c = blockIdx.x * COL_TILE + threadIdx.x;
     float acc = 0.0f;
@@ -324,6 +324,16 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, int n,
     if (threadIdx.y == 0 && c < n) out[c] += total;
 }
 
+extern "C" __global__ void sum_partials(const float* partial, float* out, int n, int chunks) {
+    sum_partials_into(partial, out, n, chunks);
+}
+
+// Two column sums in one launch (blockIdx.y = 0: out0 from partial[0 .. chunks), 1: out1 from the
+// next `chunks` rows): the QK-norm gains' gradients from qkv_heads_backward's block partials.
+extern "C" __global__ void sum_partials_pair(const float* partial, float* out0, float* out1, int n, int chunks) {
+    sum_partials_into(partial + (long)blockIdx.y * chunks * n, blockIdx.y ? out1 : out0, n, chunks);
+}
+
 // ---- Q/K/V heads: QK-norm, rotary, layout --------------------------------------------------
 
 struct HeadsDims {
@@ -331,46 +341,44 @@ struct HeadsDims {
     float eps;
 };
 
-// Slot s of a token's fused projection row `[q heads | k heads | v heads]`: which tensor, which head.
-__device__ __forceinline__ void slot_of(const HeadsDims& d, int s, int& kind, int& h) {
-    if (s < d.heads_q) { kind = 0; h = s; }
-    else if (s < d.heads_q + d.heads_kv) { kind = 1; h = s - d.heads_q; }
-    else { kind = 2; h = s - d.heads_q - d.heads_kv; }
-}
-
-// Offset of (b, h, t) in a `[batch, heads, seq, head_dim]` tensor.
-__device__ __forceinline__ long head_offset(const HeadsDims& d, int heads, int b, int t, int h) {
-    return (((long)b * heads + h) * d.seq + t) * d.head_dim;
-}
-
-// Each head vector (one (token, slot)) is handled by a group of head_dim / 8 consecutive lanes (8 at
+// Each head vector (one (token, head)) is handled by a group of head_dim / 8 consecutive lanes (8 at
 // d = 64, 16 at d = 128; the host checks head_dim / 8 divides 32). Lane j of the group holds the PAIRS
 // rotary pairs (i, i + half), i = PAIRS·j … PAIRS·j + PAIRS − 1: two 8-byte loads or stores per
 // tensor, and the QK-norm sums reduce within the group by shuffles.
+//
+// A group holds ONE TOKEN and walks all of its heads (Q heads, then K heads with the V copy): the
+// rotary table, the gains and the addresses are loaded or computed once per token, not once per
+// head vector, and there is no per-vector "which tensor" selection. A warp's groups hold consecutive
+// positions of one sequence (4 at d = 64), so a head's vectors of the warp are one contiguous piece
+// of the heads layout. (One block per token with one head vector per group was bound by issued
+// instructions: ~40 per BF16 element, most of them that per-vector overhead.)
 #define PAIRS 4
+// Threads per block (kernels.rs HEADS_THREADS: 4 positions per warp at d = 64) and the blocks per SM
+// the registers must allow (64 at most each), so that the base model's grid (16 × 1024 positions /
+// 16 per block = 1,024 blocks) is resident in one wave on 132 SMs (8 × 132 = 1,056).
+#define HEADS_THREADS 128
+#define HEADS_BLOCKS_PER_SM 8
 
-struct HeadLane {
-    long tok;               // b · seq + t
-    int b, t;
-    int slot, kind, h, i0;  // i0: the lane's first pair
-    bool valid;             // false for the lanes past the token's last head vector (they still shuffle)
+struct TokenLane {
+    int tok;     // b · seq + t
+    int b, t;    // t clamped to the sequence's last position: every lane's loads stay in bounds
+    int i0;      // the lane's first pair
+    bool valid;  // false past the sequence's end: such lanes store nothing and add no gain terms
+                 // (they still take part in the shuffles)
 };
 
-// Grid: x over one token's slots × lanes, y = position t, z = sequence b (HeadsDims::launch), so no
-// thread divides by the token count (64-bit divisions made these kernels instruction-bound).
-__device__ __forceinline__ HeadLane head_lane(const HeadsDims& d) {
-    const int lanes = d.head_dim / (2 * PAIRS), slots = d.heads_q + 2 * d.heads_kv;
-    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    HeadLane l;
-    l.valid = idx < slots * lanes;
-    l.b = blockIdx.z;
-    l.t = blockIdx.y;
-    l.tok = (long)l.b * d.seq + l.t;
-    // lanes is a power of two (the host: head_dim / 8 divides 32): a shift, not a 32-bit division.
+// Grid: x over chunks of blockDim.x / lanes positions, y = sequence b (HeadsDims::launch on the host).
+__device__ __forceinline__ TokenLane token_lane(const HeadsDims& d) {
+    const int lanes = d.head_dim / (2 * PAIRS);
+    // lanes is a power of two dividing 32 (the host checks): a shift, and no group straddles a block.
     const int lanes_log2 = __ffs(lanes) - 1;
-    l.slot = l.valid ? idx >> lanes_log2 : 0;
-    slot_of(d, l.slot, l.kind, l.h);
-    l.i0 = PAIRS * (idx & (lanes - 1));
+    const int t = (blockIdx.x * blockDim.x + threadIdx.x) >> lanes_log2;
+    TokenLane l;
+    l.valid = t < d.seq;
+    l.b = blockIdx.y;
+    l.t = min(t, d.seq - 1);
+    l.tok = l.b * d.seq + l.t;
+    l.i0 = PAIRS * (threadIdx.x & (lanes - 1));
     return l;
 }
 
@@ -399,16 +407,24 @@ __device__ __forceinline__ uint2 pack4(const float* v) {
     return make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
 }
 
-__device__ __forceinline__ Pairs load_pairs(const u16* vec, int i0, int half) {
+// `vec` points at the lane's first element (head vector + i0).
+__device__ __forceinline__ Pairs load_pairs(const u16* vec, int half) {
     Pairs p;
-    unpack4(*(const uint2*)(vec + i0), p.a);
-    unpack4(*(const uint2*)(vec + half + i0), p.b);
+    unpack4(*(const uint2*)vec, p.a);
+    unpack4(*(const uint2*)(vec + half), p.b);
     return p;
 }
 
-__device__ __forceinline__ void store_pairs(u16* vec, int i0, int half, const Pairs& p) {
-    *(uint2*)(vec + i0) = pack4(p.a);
-    *(uint2*)(vec + half + i0) = pack4(p.b);
+__device__ __forceinline__ void store_pairs(u16* vec, int half, const Pairs& p) {
+    *(uint2*)vec = pack4(p.a);
+    *(uint2*)(vec + half) = pack4(p.b);
+}
+
+// The lane's elements of a head vector, moved as they are (V: the same BF16 bits).
+__device__ __forceinline__ void copy_pairs(const u16* src, u16* dst, int half) {
+    const uint2 a = *(const uint2*)src, b = *(const uint2*)(src + half);
+    *(uint2*)dst = a;
+    *(uint2*)(dst + half) = b;
 }
 
 __device__ __forceinline__ Pairs load_gain_pairs(const float* gain, int i0, int half) {
@@ -416,138 +432,264 @@ __device__ __forceinline__ Pairs load_gain_pairs(const float* gain, int i0, int 
     return Pairs{{a.x, a.y, a.z, a.w}, {b.x, b.y, b.z, b.w}};
 }
 
-// qkv: `[tokens, (heads_q + 2 heads_kv) · head_dim]` BF16 (the fused projection). Writes Q, K, V as
-// BF16 `[batch, heads, seq, head_dim]`: Q and K normalized (QK-norm, optional) then rotated (half-split
-// pairs, as src/layers/rotary.rs); V copied.
-extern "C" __global__ void qkv_heads_forward(HeadsDims d, const u16* qkv, const float* q_gain, const float* k_gain,
-                                             const float* cos_t, const float* sin_t, u16* q, u16* k, u16* v,
-                                             float* q_rstd, float* k_rstd) {
-    const HeadLane l = head_lane(d);
-    const int hd = d.head_dim, half = hd / 2, slots = d.heads_q + 2 * d.heads_kv;
-    Pairs x = {};
-    if (l.valid) x = load_pairs(qkv + (l.tok * slots + l.slot) * hd, l.i0, half);
-    float ss = 0.0f;
+// The rotary table's cos and sin of the lane's pairs at position t (the same for all heads).
+struct Rotary {
+    float c[PAIRS], s[PAIRS];
+};
+
+__device__ __forceinline__ Rotary load_rotary(const float* cos_t, const float* sin_t, const TokenLane& l, int half) {
+    const int at = l.t * half + l.i0;
+    const float4 c4 = *(const float4*)(cos_t + at), s4 = *(const float4*)(sin_t + at);
+    return Rotary{{c4.x, c4.y, c4.z, c4.w}, {s4.x, s4.y, s4.z, s4.w}};
+}
+
+// The lane's first element of the token's head vectors: in the fused projection row
+// `[q heads | k heads | v heads]` (slot s at row + s · hd), and head 0 of the token in the
+// `[batch, heads, seq, head_dim]` tensors (head h at + h · head_stride). In elements, 32-bit: the
+// host checks that every tensor has < 2^31 elements (HeadsDims::launch).
+struct TokenRows {
+    int row, q_at, kv_at;
+    int head_stride;  // seq · head_dim
+};
+
+__device__ __forceinline__ TokenRows token_rows(const HeadsDims& d, const TokenLane& l) {
+    const int slots = d.heads_q + 2 * d.heads_kv;
+    TokenRows r;
+    r.row = l.tok * slots * d.head_dim + l.i0;
+    r.q_at = (l.b * d.heads_q * d.seq + l.t) * d.head_dim + l.i0;
+    r.kv_at = (l.b * d.heads_kv * d.seq + l.t) * d.head_dim + l.i0;
+    r.head_stride = d.seq * d.head_dim;
+    return r;
+}
+
+// One Q or K head vector (the lane's raw BF16 pairs x_a, x_b): QK-norm (optional; rstd saved by the
+// group's first lane), then rotation (half-split pairs, as src/layers/rotary.rs).
+__device__ __forceinline__ void forward_head(const HeadsDims& d, const TokenLane& l, uint2 x_a, uint2 x_b,
+                                             const Pairs& g, const Rotary& r, u16* y_vec, float* rstd) {
+    const int hd = d.head_dim, half = hd / 2;
+    Pairs x;
+    unpack4(x_a, x.a);
+    unpack4(x_b, x.b);
+    if (d.qk_norm) {  // uniform
+        float ss = 0.0f;
 #pragma unroll
-    for (int p = 0; p < PAIRS; p++) ss += x.a[p] * x.a[p] + x.b[p] * x.b[p];
-    // hd = 8 · lanes is a power of two, so · inv_hd is the division by hd exactly.
-    const float rs = rsqrtf(group_sum(ss, hd / (2 * PAIRS)) * inv_head_dim(hd) + d.eps);
-    if (!l.valid) return;
-    if (l.kind == 2) {  // V: the same BF16 values, moved into the heads layout
-        store_pairs(v + head_offset(d, d.heads_kv, l.b, l.t, l.h), l.i0, half, x);
-        return;
-    }
-    if (d.qk_norm) {
-        const Pairs g = load_gain_pairs(l.kind == 0 ? q_gain : k_gain, l.i0, half);
+        for (int p = 0; p < PAIRS; p++) ss += x.a[p] * x.a[p] + x.b[p] * x.b[p];
+        // hd = 8 · lanes is a power of two, so · inv_hd is the division by hd exactly.
+        const float rs = rsqrtf(group_sum(ss, hd / (2 * PAIRS)) * inv_head_dim(hd) + d.eps);
 #pragma unroll
         for (int p = 0; p < PAIRS; p++) {
             x.a[p] = x.a[p] * rs * g.a[p];
             x.b[p] = x.b[p] * rs * g.b[p];
         }
-        if (l.i0 == 0) (l.kind == 0 ? q_rstd : k_rstd)[l.tok * (l.kind == 0 ? d.heads_q : d.heads_kv) + l.h] = rs;
+        if (l.valid && l.i0 == 0) *rstd = rs;
     }
-    const long t = l.t;
-    const float4 c4 = *(const float4*)(cos_t + t * half + l.i0), s4 = *(const float4*)(sin_t + t * half + l.i0);
-    const float c[PAIRS] = {c4.x, c4.y, c4.z, c4.w}, s[PAIRS] = {s4.x, s4.y, s4.z, s4.w};
     Pairs y;
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) {
-        y.a[p] = x.a[p] * c[p] - x.b[p] * s[p];
-        y.b[p] = x.a[p] * s[p] + x.b[p] * c[p];
+        y.a[p] = x.a[p] * r.c[p] - x.b[p] * r.s[p];
+        y.b[p] = x.a[p] * r.s[p] + x.b[p] * r.c[p];
     }
-    u16* dst = l.kind == 0 ? q + head_offset(d, d.heads_q, l.b, l.t, l.h) : k + head_offset(d, d.heads_kv, l.b, l.t, l.h);
-    store_pairs(dst, l.i0, half, y);
+    if (l.valid) store_pairs(y_vec, half, y);
 }
 
-// The block's token: out[(tok·2 + k)·hd + c] = Σ_h terms of head h (k = 0: the query heads, 1: the
-// key heads), summed in head order (deterministic) through shared memory (`[heads_q + heads_kv][hd]`
-// floats, dynamic). Every thread of the block must call it (one barrier).
-__device__ __forceinline__ void sum_gain_terms_over_heads(const HeadsDims& d, const HeadLane& l, bool has_terms,
-                                                          const Pairs& term, float* out) {
-    extern __shared__ float s_terms[];
+// `heads` consecutive Q (or K) heads of the lane's token, x loaded one head ahead. Head h: x at
+// qkv[x_at + h · hd], y to y[y_at + h · head_stride], rstd to rstd[h]. With v (the K heads), also
+// copies slot x_at + h · hd + v_from_k (V head h) to v[y_at + h · head_stride]. Leaves x_at at the
+// next slot.
+__device__ __forceinline__ void forward_heads(const HeadsDims& d, const TokenLane& l, int heads, int head_stride,
+                                              const u16* qkv, int& x_at, const Pairs& g, const Rotary& r, u16* y,
+                                              int y_at, float* rstd, u16* v, int v_from_k) {
     const int hd = d.head_dim, half = hd / 2;
-    if (has_terms) {
-#pragma unroll
-        for (int p = 0; p < PAIRS; p++) {
-            s_terms[l.slot * hd + l.i0 + p] = term.a[p];
-            s_terms[l.slot * hd + half + l.i0 + p] = term.b[p];
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < 2 * hd; i += blockDim.x) {
-        const int key = i >= hd, c = i - key * hd;
-        const int h0 = key ? d.heads_q : 0, heads = key ? d.heads_kv : d.heads_q;
-        float sum = 0.0f;
-        for (int h = 0; h < heads; h++) sum += s_terms[(h0 + h) * hd + c];
-        out[(l.tok * 2 + key) * hd + c] = sum;
+    uint2 next_a = *(const uint2*)(qkv + x_at), next_b = *(const uint2*)(qkv + x_at + half);
+    for (int h = 0; h < heads; h++) {
+        const uint2 x_a = next_a, x_b = next_b;
+        if (h + 1 < heads) next_a = *(const uint2*)(qkv + x_at + hd), next_b = *(const uint2*)(qkv + x_at + hd + half);
+        forward_head(d, l, x_a, x_b, g, r, y + y_at, rstd + h);
+        // The V copy after the arithmetic: the next head's loads are in flight while it waits.
+        if (v && l.valid) copy_pairs(qkv + x_at + v_from_k, v + y_at, half);
+        x_at += hd, y_at += head_stride;
     }
 }
 
-// The backward of qkv_heads_forward: dQ, dK, dV (BF16, heads layout) → d_qkv (BF16, the fused
-// projection's layout). Inverse rotation (a rotation's Jacobian is the rotation), then the RMSNorm
-// backward with the saved rstd; the gains' gradient terms ∂y_i · x_i · rstd go to gain_terms (FP32),
-// whose column sums are the gains' gradients. When one block holds a whole token (gridDim.x == 1,
-// the host's `gain_terms_per_token`), the block sums them over the heads first, in head order:
-// `[tokens, 2, head_dim]` (query gain, key gain) — 1/heads of the bytes to write and to sum later.
-// Otherwise `[tokens, heads_q + heads_kv, head_dim]`, one row per head.
-extern "C" __global__ void qkv_heads_backward(HeadsDims d, const u16* dq, const u16* dk, const u16* dv,
-                                              const u16* qkv, const float* q_gain, const float* k_gain,
-                                              const float* q_rstd, const float* k_rstd, const float* cos_t,
-                                              const float* sin_t, u16* d_qkv, float* gain_terms) {
-    const HeadLane l = head_lane(d);
-    const int hd = d.head_dim, half = hd / 2, slots = d.heads_q + 2 * d.heads_kv;
-    const bool rotated = l.valid && l.kind != 2;
-    const u16* src = l.kind == 0 ? dq + head_offset(d, d.heads_q, l.b, l.t, l.h)
-                   : l.kind == 1 ? dk + head_offset(d, d.heads_kv, l.b, l.t, l.h)
-                                 : dv + head_offset(d, d.heads_kv, l.b, l.t, l.h);
-    Pairs dy = {};
-    if (l.valid) dy = load_pairs(src, l.i0, half);
-    Pairs dn = dy;  // ∂ of the normalized vector: inverse rotation (V: unchanged)
-    if (rotated) {
-        const long t = l.t;
-        const float4 c4 = *(const float4*)(cos_t + t * half + l.i0), s4 = *(const float4*)(sin_t + t * half + l.i0);
-        const float c[PAIRS] = {c4.x, c4.y, c4.z, c4.w}, s[PAIRS] = {s4.x, s4.y, s4.z, s4.w};
-#pragma unroll
-        for (int p = 0; p < PAIRS; p++) {
-            dn.a[p] = dy.a[p] * c[p] + dy.b[p] * s[p];
-            dn.b[p] = dy.b[p] * c[p] - dy.a[p] * s[p];
-        }
+// qkv: `[tokens, (heads_q + 2 heads_kv) · head_dim]` BF16 (the fused projection). Writes Q, K, V as
+// BF16 `[batch, heads, seq, head_dim]`: Q and K normalized (QK-norm, optional) then rotated; V copied.
+extern "C" __global__ void __launch_bounds__(HEADS_THREADS, HEADS_BLOCKS_PER_SM)
+qkv_heads_forward(HeadsDims d, const u16* __restrict__ qkv, const float* __restrict__ q_gain,
+                  const float* __restrict__ k_gain, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                  u16* __restrict__ q, u16* __restrict__ k, u16* __restrict__ v, float* __restrict__ q_rstd,
+                  float* __restrict__ k_rstd) {
+    const TokenLane l = token_lane(d);
+    const TokenRows at = token_rows(d, l);
+    const int hd = d.head_dim, half = hd / 2;
+    const Rotary r = load_rotary(cos_t, sin_t, l, half);
+    int x_at = at.row;  // Q head 0's slot, then (after the Q loop) K head 0's
+    Pairs g = {};
+    if (d.qk_norm) g = load_gain_pairs(q_gain, l.i0, half);
+    forward_heads(d, l, d.heads_q, at.head_stride, qkv, x_at, g, r, q, at.q_at, q_rstd + l.tok * d.heads_q, nullptr, 0);
+    if (d.qk_norm) g = load_gain_pairs(k_gain, l.i0, half);
+    // A token's V head h follows its K head h by heads_kv slots.
+    forward_heads(d, l, d.heads_kv, at.head_stride, qkv, x_at, g, r, k, at.kv_at, k_rstd + l.tok * d.heads_kv, v,
+                  d.heads_kv * hd);
+}
+
+// The lane's loads for the backward of one Q or K head vector: ∂y and (QK-norm) x and the saved rstd.
+// The loop issues them one head ahead (prefetch), so each warp has two heads' loads in flight.
+struct HeadLoads {
+    uint2 dy_a, dy_b, x_a, x_b;
+    float rs;
+};
+
+// Offsets in elements (32-bit: the host checks that every tensor has < 2^31 elements) keep the
+// loop's addresses to one register each, so the prefetch fits 64 registers (8 blocks per SM).
+template <bool QK_NORM>
+__device__ __forceinline__ HeadLoads load_head(const u16* dy, int dy_at, const u16* x, int x_at, const float* rstd,
+                                               int rstd_at, int half) {
+    HeadLoads h;
+    h.dy_a = *(const uint2*)(dy + dy_at);
+    h.dy_b = *(const uint2*)(dy + dy_at + half);
+    if (QK_NORM) {
+        h.x_a = *(const uint2*)(x + x_at);
+        h.x_b = *(const uint2*)(x + x_at + half);
+        h.rs = rstd[rstd_at];
     }
-    u16* out = d_qkv + (l.tok * slots + l.slot) * hd;
-    if (!d.qk_norm) {  // uniform: no shuffle below
-        if (l.valid) store_pairs(out, l.i0, half, dn);
+    return h;
+}
+
+// ∂ of one Q or K head vector: inverse rotation (a rotation's Jacobian is the rotation), then the
+// RMSNorm backward with the saved rstd. Adds the gains' gradient terms ∂y_i · x_i · rstd to `terms`
+// (the caller walks the heads in order, so `terms` is the token's sum over heads in head order).
+template <bool QK_NORM>
+__device__ __forceinline__ void backward_head(const HeadsDims& d, const TokenLane& l, const HeadLoads& in,
+                                              const Pairs& g, const Rotary& r, u16* dx_vec, Pairs& terms) {
+    const int hd = d.head_dim, half = hd / 2;
+    Pairs dy;
+    unpack4(in.dy_a, dy.a);
+    unpack4(in.dy_b, dy.b);
+    Pairs dn;  // ∂ of the normalized vector
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) {
+        dn.a[p] = dy.a[p] * r.c[p] + dy.b[p] * r.s[p];
+        dn.b[p] = dy.b[p] * r.c[p] - dy.a[p] * r.s[p];
+    }
+    if (!QK_NORM) {
+        if (l.valid) store_pairs(dx_vec, half, dn);
         return;
     }
-    Pairs x = {}, g = {};
-    if (rotated) {
-        x = load_pairs(qkv + (l.tok * slots + l.slot) * hd, l.i0, half);
-        g = load_gain_pairs(l.kind == 0 ? q_gain : k_gain, l.i0, half);
-    }
+    Pairs x;
+    unpack4(in.x_a, x.a);
+    unpack4(in.x_b, x.b);
+    const float rs = in.rs;
     float ux = 0.0f;
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) ux += dn.a[p] * g.a[p] * x.a[p] + dn.b[p] * g.b[p] * x.b[p];
     ux = group_sum(ux, hd / (2 * PAIRS));
-    if (l.valid && l.kind == 2) store_pairs(out, l.i0, half, dn);
-    Pairs term = {};
-    if (rotated) {
-        const float rs = l.kind == 0 ? q_rstd[l.tok * d.heads_q + l.h] : k_rstd[l.tok * d.heads_kv + l.h];
-        const float coef = rs * rs * rs * ux * inv_head_dim(hd);
-        Pairs dx;
+    const float coef = rs * rs * rs * ux * inv_head_dim(hd);
+    const float rs_terms = l.valid ? rs : 0.0f;  // past the end: adds 0
+    Pairs dx;
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) {
+        dx.a[p] = rs * g.a[p] * dn.a[p] - x.a[p] * coef;
+        dx.b[p] = rs * g.b[p] * dn.b[p] - x.b[p] * coef;
+        // __fadd_rn: each term is rounded before the sum (never fused into an FMA), as when the
+        // terms went through memory.
+        terms.a[p] = __fadd_rn(terms.a[p], dn.a[p] * x.a[p] * rs_terms);
+        terms.b[p] = __fadd_rn(terms.b[p], dn.b[p] * x.b[p] * rs_terms);
+    }
+    if (l.valid) store_pairs(dx_vec, half, dx);
+}
+
+// The backward of `heads` consecutive Q (or K) heads of the lane's token, loads one head ahead.
+// Head h: ∂y at dy[dy_at + h · head_stride] (heads layout), x and ∂x at x_at + h · hd of the fused
+// rows (qkv, d_qkv), saved rstd at rstd[rstd_at + h]. With dv (the K heads), also copies dV head h
+// (dv[dy_at + h · head_stride]) to d_qkv[x_at + h · hd + v_from_k]. Leaves x_at at the next slot
+// (Q → K: one offset less to keep in a register across the loop).
+template <bool QK_NORM>
+__device__ __forceinline__ void backward_heads(const HeadsDims& d, const TokenLane& l, int heads, int head_stride,
+                                               const u16* dy, int dy_at, const u16* qkv, int& x_at, const float* rstd,
+                                               int rstd_at, const Pairs& g, const Rotary& r, u16* d_qkv,
+                                               const u16* dv, int v_from_k, Pairs& terms) {
+    const int hd = d.head_dim, half = hd / 2;
+    HeadLoads next = load_head<QK_NORM>(dy, dy_at, qkv, x_at, rstd, rstd_at, half);
+    for (int h = 0; h < heads; h++) {
+        const HeadLoads cur = next;
+        if (h + 1 < heads) next = load_head<QK_NORM>(dy, dy_at + head_stride, qkv, x_at + hd, rstd, rstd_at + 1, half);
+        backward_head<QK_NORM>(d, l, cur, g, r, d_qkv + x_at, terms);
+        // The V copy after the arithmetic: the next head's loads are in flight while it waits.
+        if (dv && l.valid) copy_pairs(dv + dy_at, d_qkv + x_at + v_from_k, half);
+        dy_at += head_stride, x_at += hd, rstd_at++;
+    }
+}
+
+// The warp's sum of `terms` over its tokens, stored by its first group at s_terms[warp][key][:]
+// (`[warps][2][hd]` floats, dynamic shared memory). An xor butterfly: each add commutes, so every
+// lane ends with the same bits (fixed order).
+__device__ __forceinline__ void stage_warp_terms(const HeadsDims& d, const TokenLane& l, Pairs terms, int key) {
+    extern __shared__ float s_terms[];
+    const int hd = d.head_dim, half = hd / 2, lanes = hd / (2 * PAIRS);
+    for (int o = lanes; o < WARP; o <<= 1) {
 #pragma unroll
         for (int p = 0; p < PAIRS; p++) {
-            dx.a[p] = rs * g.a[p] * dn.a[p] - x.a[p] * coef;
-            dx.b[p] = rs * g.b[p] * dn.b[p] - x.b[p] * coef;
-            term.a[p] = dn.a[p] * x.a[p] * rs;
-            term.b[p] = dn.b[p] * x.b[p] * rs;
+            terms.a[p] += __shfl_xor_sync(0xffffffffu, terms.a[p], o);
+            terms.b[p] += __shfl_xor_sync(0xffffffffu, terms.b[p], o);
         }
-        store_pairs(out, l.i0, half, dx);
     }
-    if (gridDim.x == 1) {
-        sum_gain_terms_over_heads(d, l, rotated, term, gain_terms);
-    } else if (rotated) {
-        float* terms = gain_terms + (l.tok * (d.heads_q + d.heads_kv) + l.slot) * hd;
-        *(float4*)(terms + l.i0) = make_float4(term.a[0], term.a[1], term.a[2], term.a[3]);
-        *(float4*)(terms + half + l.i0) = make_float4(term.b[0], term.b[1], term.b[2], term.b[3]);
+    if (threadIdx.x % WARP < lanes) {
+        float* s = s_terms + ((threadIdx.x / WARP) * 2 + key) * hd;
+#pragma unroll
+        for (int p = 0; p < PAIRS; p++) {
+            s[l.i0 + p] = terms.a[p];
+            s[half + l.i0 + p] = terms.b[p];
+        }
     }
+}
+
+// The block's sums of the gain terms over its tokens: partial[(key · blocks + block) · hd + c] (key 0:
+// the query gain, 1: the key gain; blocks = gridDim.x · gridDim.y), summed over the warps in order;
+// sum_partials_pair adds the blocks up. Every thread of the block must call it (one barrier).
+__device__ __forceinline__ void store_block_terms(const HeadsDims& d, float* partial) {
+    extern __shared__ float s_terms[];
+    const int hd = d.head_dim, warps = blockDim.x / WARP;
+    __syncthreads();
+    const int blocks = gridDim.x * gridDim.y, block = blockIdx.y * gridDim.x + blockIdx.x;
+    for (int i = threadIdx.x; i < 2 * hd; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < warps; w++) sum += s_terms[w * 2 * hd + i];
+        const int key = i >= hd, c = i - key * hd;
+        partial[((long)key * blocks + block) * hd + c] = sum;
+    }
+}
+
+// The backward of qkv_heads_forward: dQ, dK, dV (BF16, heads layout) → d_qkv (BF16, the fused
+// projection's layout). With QK-norm, gain_partial receives the block sums of the gains' gradient
+// terms (`[2, blocks, head_dim]`, store_block_terms).
+extern "C" __global__ void __launch_bounds__(HEADS_THREADS, HEADS_BLOCKS_PER_SM)
+qkv_heads_backward(HeadsDims d, const u16* __restrict__ dq, const u16* __restrict__ dk, const u16* __restrict__ dv,
+                   const u16* __restrict__ qkv, const float* __restrict__ q_gain, const float* __restrict__ k_gain,
+                   const float* __restrict__ q_rstd, const float* __restrict__ k_rstd,
+                   const float* __restrict__ cos_t, const float* __restrict__ sin_t, u16* __restrict__ d_qkv,
+                   float* __restrict__ gain_partial) {
+    const TokenLane l = token_lane(d);
+    const TokenRows at = token_rows(d, l);
+    const int hd = d.head_dim, half = hd / 2;
+    const Rotary r = load_rotary(cos_t, sin_t, l, half);
+    int x_at = at.row;  // Q head 0's slot, then (after the Q loop) K head 0's
+    const int v_from_k = d.heads_kv * hd;  // a token's V head h follows its K head h by heads_kv slots
+    const int hs = at.head_stride;
+    Pairs terms = {};
+    if (!d.qk_norm) {  // uniform: two loops without the norm's loads, shuffles and barrier
+        const Pairs no_gain = {};
+        backward_heads<false>(d, l, d.heads_q, hs, dq, at.q_at, qkv, x_at, q_rstd, 0, no_gain, r, d_qkv, nullptr, 0, terms);
+        backward_heads<false>(d, l, d.heads_kv, hs, dk, at.kv_at, qkv, x_at, k_rstd, 0, no_gain, r, d_qkv, dv, v_from_k, terms);
+        return;
+    }
+    const Pairs g_q = load_gain_pairs(q_gain, l.i0, half);
+    backward_heads<true>(d, l, d.heads_q, hs, dq, at.q_at, qkv, x_at, q_rstd, l.tok * d.heads_q, g_q, r, d_qkv, nullptr, 0, terms);
+    stage_warp_terms(d, l, terms, 0);
+    terms = Pairs{};
+    const Pairs g_k = load_gain_pairs(k_gain, l.i0, half);
+    backward_heads<true>(d, l, d.heads_kv, hs, dk, at.kv_at, qkv, x_at, k_rstd, l.tok * d.heads_kv, g_k, r, d_qkv, dv, v_from_k, terms);
+    stage_warp_terms(d, l, terms, 1);
+    store_block_terms(d, gain_partial);
 }
 
 // `[batch, heads, seq, hd]` ↔ `[batch·seq, heads·hd]` (BF16), 8 elements (16 bytes) per thread.

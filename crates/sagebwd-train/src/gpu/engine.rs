@@ -11,8 +11,8 @@
 //! - backward scratch shared by the layers.
 
 use super::blas::{Blas, Out};
+use super::kernels::{adam_chunks, AdamChunk, HeadsDims, TrainKernels, GAIN_CHUNK_ROWS, NORM_BLOCK_ROWS, STRIDE_BLOCKS};
 use super::profile::Profile;
-use super::kernels::{adam_chunks, AdamChunk, HeadsDims, Rows, TrainKernels, GAIN_CHUNK_ROWS, NORM_BLOCK_ROWS, STRIDE_BLOCKS};
 use super::{cuda_err, Error, Result};
 use crate::backend::Attention;
 use crate::config::ModelConfig;
@@ -516,15 +516,14 @@ impl GpuEngine {
         let grads = self.timed("attention backward", || Ok(self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?))?;
         let hdims = self.heads_dims(batch, seq);
         let (dq, dk, dv) = (addr(&grads.dq, &s), addr(&grads.dk, &s), addr(&grads.dv, &s));
+        if c.qk_norm && hdims.gain_partial_len()? > a.gain_terms.data.len() {
+            return Err(Error::Gpu("the QK-norm gain partials do not fit their buffer".into()));
+        }
         self.timed("heads: backward", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.gain_terms.ptr))?;
         drop(grads);
         if c.qk_norm {
-            // gain_terms is `[T, gq + gk, hd]`: the query gain's rows, then the key gain's.
-            let (gq, gk) = hdims.gain_terms_per_token()?;
-            let q_rows = Rows { n: hd as i32, per_token: gq as i32, token_stride: ((gq + gk) * hd) as i64 };
-            self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.ptr, q_rows, t * gq, a.partial.ptr, g.at(p.q_norm)))?;
-            let k_rows = Rows { per_token: gk as i32, ..q_rows };
-            self.timed("norms: QK-norm gain sums", || self.k.column_sums(a.gain_terms.at(gq * hd), k_rows, t * gk, a.partial.ptr, g.at(p.k_norm)))?;
+            // gain_terms holds the heads backward's block partials `[2, blocks, hd]` (query gain, key gain).
+            self.timed("norms: QK-norm gain sums", || self.k.sum_gain_partials(hdims, a.gain_terms.ptr, g.at(p.q_norm), g.at(p.k_norm)))?;
         }
         self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::Bf16))?;
         self.timed("products: qkv dw", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;

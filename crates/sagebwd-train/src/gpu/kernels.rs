@@ -72,21 +72,32 @@ impl HeadsDims {
     fn slots(&self) -> usize {
         (self.heads_q + 2 * self.heads_kv) as usize
     }
-    /// The heads kernels' grid: head_dim / 8 lanes per head vector (layers.cu, `head_lane`), which
-    /// must tile a warp.
+    /// The heads kernels' grid (layers.cu, `token_lane`): head_dim / 8 lanes per token, which must
+    /// tile a warp; HEADS_THREADS per block, so 32 / lanes positions per warp (4 at d = 64); x over
+    /// the positions of a sequence, y over the sequences. The kernels index in 32 bits.
     fn launch(&self) -> Result<LaunchConfig> {
         let lanes = self.head_dim as usize / 8;
         if self.head_dim % 8 != 0 || lanes == 0 || 32 % lanes != 0 {
             return Err(super::Error::Gpu(format!("the heads kernels need a head dimension of 8, 16, …, 256; got {}", self.head_dim)));
         }
-        token_grid(self.slots() * lanes, self.batch as usize, self.seq as usize)
+        let (batch, seq) = (self.batch as usize, self.seq as usize);
+        // The largest tensor is the fused projection `[batch · seq, slots · head_dim]`.
+        if batch * seq * self.slots() * self.head_dim as usize >= 1 << 31 || batch > 65535 {
+            return Err(super::Error::Gpu(format!("the heads kernels index in 32 bits: {batch} × {seq} tokens × {} slots × {} is too large", self.slots(), self.head_dim)));
+        }
+        let positions = HEADS_THREADS as usize / lanes;
+        Ok(LaunchConfig { grid_dim: (seq.div_ceil(positions) as u32, batch as u32, 1), block_dim: (HEADS_THREADS, 1, 1), shared_mem_bytes: 0 })
     }
 
-    /// Rows of QK-norm gain terms per token that `qkv_heads_backward` writes for the query and the
-    /// key gain: one each when a block holds a whole token (it sums its heads first), else one per
-    /// head (layers.cu, `sum_gain_terms_over_heads`).
-    pub fn gain_terms_per_token(&self) -> Result<(usize, usize)> {
-        Ok(if self.launch()?.grid_dim.0 == 1 { (1, 1) } else { (self.heads_q as usize, self.heads_kv as usize) })
+    /// Floats of the QK-norm gain partials `qkv_heads_backward` writes: `[2, blocks, head_dim]`
+    /// (query gain, key gain; one row per block, its tokens' terms summed; layers.cu `store_block_terms`).
+    pub fn gain_partial_len(&self) -> Result<usize> {
+        Ok(2 * self.gain_partial_blocks()? * self.head_dim as usize)
+    }
+
+    fn gain_partial_blocks(&self) -> Result<usize> {
+        let cfg = self.launch()?;
+        Ok((cfg.grid_dim.0 * cfg.grid_dim.1) as usize)
     }
 }
 
@@ -98,6 +109,7 @@ pub struct TrainKernels {
     rmsnorm_backward: CudaFunction,
     column_sum_partial: CudaFunction,
     sum_partials: CudaFunction,
+    sum_partials_pair: CudaFunction,
     qkv_heads_forward: CudaFunction,
     qkv_heads_backward: CudaFunction,
     permute_heads: CudaFunction,
@@ -114,6 +126,8 @@ pub struct TrainKernels {
 }
 
 const BLOCK: u32 = 256;
+/// Threads per block of the heads kernels (`HEADS_THREADS` in layers.cu).
+const HEADS_THREADS: u32 = 128;
 /// Threads of `xent_staged` (`XENT_STAGED_THREADS` in loss.cu).
 const XENT_STAGED_THREADS: u32 = 512;
 /// Rows per chunk of the gain-gradient column sums.
@@ -204,6 +218,7 @@ impl TrainKernels {
             rmsnorm_backward: f(0, "rmsnorm_backward")?,
             column_sum_partial: f(0, "column_sum_partial")?,
             sum_partials: f(0, "sum_partials")?,
+            sum_partials_pair: f(0, "sum_partials_pair")?,
             qkv_heads_forward: f(0, "qkv_heads_forward")?,
             qkv_heads_backward: f(0, "qkv_heads_backward")?,
             permute_heads: f(0, "permute_heads")?,
@@ -283,15 +298,25 @@ impl TrainKernels {
         launch!(self, qkv_heads_forward, cfg, d, qkv, q_gain, k_gain, cos, sin, q, k, v, q_rstd, k_rstd)
     }
 
+    /// With QK-norm, `gain_partial` (≥ [`HeadsDims::gain_partial_len`] floats) receives the block
+    /// partials of the gains' gradients; [`Self::sum_gain_partials`] adds them to the gradients.
     #[allow(clippy::too_many_arguments)]
-    pub fn qkv_heads_backward(&self, d: HeadsDims, dq: u64, dk: u64, dv: u64, qkv: u64, q_gain: u64, k_gain: u64, q_rstd: u64, k_rstd: u64, cos: u64, sin: u64, d_qkv: u64, gain_terms: u64) -> Result<()> {
+    pub fn qkv_heads_backward(&self, d: HeadsDims, dq: u64, dk: u64, dv: u64, qkv: u64, q_gain: u64, k_gain: u64, q_rstd: u64, k_rstd: u64, cos: u64, sin: u64, d_qkv: u64, gain_partial: u64) -> Result<()> {
         let mut cfg = d.launch()?;
-        if cfg.grid_dim.0 == 1 {
-            // The per-head terms of one token, summed over heads in the block (at most 1024 threads
-            // of head_dim / 8 lanes per head vector: ≤ 8192 floats, 32 KB).
-            cfg.shared_mem_bytes = ((d.heads_q + d.heads_kv) * d.head_dim) as u32 * 4;
+        if d.qk_norm != 0 {
+            // Each warp's sums of the terms over its tokens: `[warps][2][head_dim]` floats (≤ 8 KB).
+            cfg.shared_mem_bytes = (HEADS_THREADS / 32) * 2 * d.head_dim as u32 * 4;
         }
-        launch!(self, qkv_heads_backward, cfg, d, dq, dk, dv, qkv, q_gain, k_gain, q_rstd, k_rstd, cos, sin, d_qkv, gain_terms)
+        launch!(self, qkv_heads_backward, cfg, d, dq, dk, dv, qkv, q_gain, k_gain, q_rstd, k_rstd, cos, sin, d_qkv, gain_partial)
+    }
+
+    /// `q_gain_grad[c] += Σ_blocks partial[0, block, c]`, `k_gain_grad[c] += Σ_blocks partial[1, block, c]`
+    /// (fixed order): the QK-norm gains' gradients from `qkv_heads_backward`'s partials, one launch.
+    pub fn sum_gain_partials(&self, d: HeadsDims, partial: u64, q_gain_grad: u64, k_gain_grad: u64) -> Result<()> {
+        let (n, chunks) = (d.head_dim as usize, d.gain_partial_blocks()?);
+        // COL_TILE × PARTIAL_LANES threads (layers.cu); y: which gain.
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, 2, 1), block_dim: (32, 32, 1), shared_mem_bytes: 0 };
+        launch!(self, sum_partials_pair, cfg, partial, q_gain_grad, k_gain_grad, n as i32, chunks as i32)
     }
 
     /// BF16 `[batch, heads, seq, hd]` → `[batch·seq, heads·hd]` (`to_tokens`) or back.
@@ -385,18 +410,30 @@ mod tests {
     }
 
     #[test]
-    fn gain_terms_are_summed_over_heads_when_a_block_holds_a_token() {
-        let dims = |heads_q, heads_kv, head_dim| super::HeadsDims { batch: 2, seq: 8, heads_q, heads_kv, head_dim, qk_norm: 1, eps: 1e-6 };
-        // base (12 heads of 64: 36 slots × 8 lanes = 288 threads) and the train-check model (2 + 1 + 1 heads).
-        assert_eq!(dims(12, 12, 64).gain_terms_per_token().unwrap(), (1, 1));
-        assert_eq!(dims(2, 1, 64).gain_terms_per_token().unwrap(), (1, 1));
-        // 64 + 2·64 slots × 16 lanes = 3072 threads: three blocks per token, one row per head.
-        assert_eq!(dims(64, 64, 128).gain_terms_per_token().unwrap(), (64, 64));
-        // The reducing block's shared memory ([heads_q + heads_kv][hd] floats) stays under 48 KB:
-        // a block holds ≤ 1024 threads of head_dim / 8 lanes per slot, so (heads_q + heads_kv) · hd ≤ 8192.
-        let widest = dims(40, 44, 64);
-        assert_eq!(widest.launch().unwrap().grid_dim.0, 1);
-        assert!((widest.heads_q + widest.heads_kv) * widest.head_dim * 4 <= 48 << 10);
+    fn heads_grid_gives_each_warp_whole_tokens_of_one_sequence() {
+        let dims = |batch, seq, heads_q, heads_kv, head_dim| super::HeadsDims { batch, seq, heads_q, heads_kv, head_dim, qk_norm: 1, eps: 1e-6 };
+        // base: 8 lanes per token at d = 64, 16 positions per 128-thread block: 64 blocks per
+        // sequence, 1,024 in all (resident in one wave at 8 blocks per SM on 132 SMs).
+        let base = dims(16, 1024, 12, 12, 64);
+        let cfg = base.launch().unwrap();
+        assert_eq!((cfg.grid_dim, cfg.block_dim), ((64, 16, 1), (128, 1, 1)));
+        assert_eq!(base.gain_partial_len().unwrap(), 2 * 1024 * 64);
+        // train-check's odd length: 203 positions → 13 blocks, the last one partly past the end.
+        assert_eq!(dims(2, 203, 2, 1, 64).launch().unwrap().grid_dim, (13, 2, 1));
+        // d = 128: 16 lanes, 8 positions per block.
+        assert_eq!(dims(1, 4096, 16, 16, 128).launch().unwrap().grid_dim, (512, 1, 1));
+        assert!(dims(1, 64, 2, 1, 96).launch().is_err(), "96 / 8 = 12 lanes do not tile a warp");
+        // 32-bit indices: the fused projection must hold < 2^31 elements.
+        assert!(dims(64, 8192, 32, 32, 128).launch().is_err());
+    }
+
+    #[test]
+    fn gain_partials_fit_the_per_head_terms_buffer() {
+        // engine.rs passes its `[tokens, heads_q + heads_kv, head_dim]` gain-terms buffer: blocks ≤ tokens.
+        for (batch, seq, hq, hkv, hd) in [(16, 1024, 12, 12, 64), (2, 203, 2, 1, 64), (1, 1, 1, 1, 8), (3, 5, 4, 1, 256)] {
+            let d = super::HeadsDims { batch, seq, heads_q: hq, heads_kv: hkv, head_dim: hd, qk_norm: 1, eps: 1e-6 };
+            assert!(d.gain_partial_len().unwrap() <= (batch * seq * (hq + hkv) * hd) as usize);
+        }
     }
 
     #[test]
