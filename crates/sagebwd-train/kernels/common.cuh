@@ -58,29 +58,3 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch, Op op) {
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, scratch, SumOp()); }
 __device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce(v, scratch, MaxOp()); }
 
-// A set of rows of width `n`: row r starts at `(r / per_token) * token_stride + (r % per_token) * n`.
-// Plain matrices have per_token = 1 and token_stride = n; the query head vectors of a fused
-// `[tokens, q | k | v]` projection have per_token = heads and token_stride = the fused width.
-struct Rows {
-    int n;
-    int per_token;
-    long token_stride;
-};
-
-// Rows row, row + stride, row + 2·stride, … of a Rows set: one division at the start, not a 64-bit
-// division per row (which made the column sums compute-bound).
-struct RowWalk {
-    long token;
-    int slot;
-    long token_step;
-    int slot_step;
-    __device__ RowWalk(const Rows& r, long row, int stride)
-        : token(row / r.per_token), slot((int)(row % r.per_token)), token_step(stride / r.per_token),
-          slot_step(stride % r.per_token) {}
-    __device__ long offset(const Rows& r) const { return token * r.token_stride + (long)slot * r.n; }
-    __device__ void next(const Rows& r) {
-        token += token_step;
-        slot += slot_step;
-        if (slot >= r.per_token) { slot -= r.per_token; token++; }
-    }
-};

@@ -275,13 +275,12 @@ rmsnorm_backward(const u16* dy, const float* x, const float* gain, const float* 
     }
 }
 
-// Column sums run on blocks of COL_TILE columns × ROW_LANES row lanes: 32 consecutive columns keep each
-// row's loads coalesced, and the row lanes give every block 8 independent load streams (a thread per
-// column alone would walk its rows one dependent load at a time). The lanes' sums meet in shared
-// memory in a fixed order, so the result does not depend on scheduling.
+// Sums of partial rows run on blocks of COL_TILE columns × PARTIAL_LANES row lanes: 32 consecutive
+// columns keep each row's loads coalesced, and the row lanes give each of the few blocks (one per 32
+// columns) many independent loads in flight (a thread per column alone would walk its rows one
+// dependent load at a time). The lanes' sums meet in shared memory in a fixed order, so the result
+// does not depend on scheduling.
 #define COL_TILE 32
-#define ROW_LANES 8
-// sum_partials' row lanes: its few blocks (one per 32 columns) each need many loads in flight.
 #define PARTIAL_LANES 32
 
 template <int LANES>
@@ -291,25 +290,6 @@ __device__ __forceinline__ float sum_row_lanes(float v, float (*s)[COL_TILE]) {
     float total = 0.0f;
     for (int k = 0; k < LANES; k++) total += s[k][threadIdx.x];
     return total;
-}
-
-// partial[chunk, c] = Σ_{rows r of the chunk} a[r, c]: column sums in fixed-order partial sums (the
-// QK-norm gains' gradients, from the terms qkv_heads_backward writes). Grid: x over column tiles, y
-// over chunks of rows.
-extern "C" __global__ void column_sum_partial(const float* a, Rows a_rows, float* partial, long rows, int rows_per_chunk) {
-    __shared__ float s[ROW_LANES][COL_TILE];
-    const int c = blockIdx.x * COL_TILE + threadIdx.x;
-    const int n = a_rows.n;
-    const long r0 = (long)blockIdx.y * rows_per_chunk;
-    const long r1 = min(rows, r0 + rows_per_chunk);
-    float acc = 0.0f;
-    if (c < n) {
-        RowWalk walk(a_rows, r0 + threadIdx.y, ROW_LANES);
-#pragma unroll 4
-        for (long r = r0 + threadIdx.y; r < r1; r += ROW_LANES, walk.next(a_rows)) acc += a[walk.offset(a_rows) + c];
-    }
-    const float total = sum_row_lanes<ROW_LANES>(acc, s);
-    if (threadIdx.y == 0 && c < n) partial[(long)blockIdx.y * n + c] = total;
 }
 
 // out[c] += Σ_k partial[k, c] (row lanes take every PARTIAL_LANES-th chunk; fixed order).

@@ -11,7 +11,7 @@
 //! - backward scratch shared by the layers.
 
 use super::blas::{Blas, Out};
-use super::kernels::{adam_chunks, AdamChunk, HeadsDims, TrainKernels, GAIN_CHUNK_ROWS, NORM_BLOCK_ROWS, STRIDE_BLOCKS};
+use super::kernels::{adam_chunks, AdamChunk, HeadsDims, TrainKernels, NORM_BLOCK_ROWS, STRIDE_BLOCKS};
 use super::profile::Profile;
 use super::{cuda_err, Error, Result};
 use crate::backend::Attention;
@@ -114,7 +114,9 @@ struct Acts {
     d_o_tok: Buf<u16>,
     d_o: CudaSlice<u16>,
     d_qkv: Buf<u16>,
-    gain_terms: Buf<f32>,
+    /// The QK-norm gains' gradient partials of `qkv_heads_backward` (`[2, blocks, head_dim]`).
+    gain_partial: Buf<f32>,
+    /// The RMSNorm backward's gain-gradient partials.
     partial: Buf<f32>,
 }
 
@@ -343,8 +345,7 @@ impl GpuEngine {
                 act: poisoned(&self.k, &s, t * f)?,
             });
         }
-        let max_gain_n = d.max(hd);
-        let max_gain_rows = t * c.n_heads.max(1);
+        let gain_partial_len = if c.qk_norm { self.heads_dims(batch, seq).gain_partial_len()? } else { 1 };
         self.acts = Some(Acts {
             batch,
             seq,
@@ -366,8 +367,8 @@ impl GpuEngine {
             d_o_tok: poisoned(&self.k, &s, t * qw)?,
             d_o: poisoned::<u16>(&self.k, &s, t * qw)?.data,
             d_qkv: poisoned(&self.k, &s, t * w)?,
-            gain_terms: poisoned(&self.k, &s, t * (qw + kvw))?,
-            partial: poisoned(&self.k, &s, (max_gain_rows.div_ceil(GAIN_CHUNK_ROWS) * max_gain_n).max(t.div_ceil(NORM_BLOCK_ROWS) * d))?,
+            gain_partial: poisoned(&self.k, &s, gain_partial_len)?,
+            partial: poisoned(&self.k, &s, t.div_ceil(NORM_BLOCK_ROWS) * d)?,
         });
         Ok(())
     }
@@ -516,14 +517,14 @@ impl GpuEngine {
         let grads = self.timed("attention backward", || Ok(self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?))?;
         let hdims = self.heads_dims(batch, seq);
         let (dq, dk, dv) = (addr(&grads.dq, &s), addr(&grads.dk, &s), addr(&grads.dv, &s));
-        if c.qk_norm && hdims.gain_partial_len()? > a.gain_terms.data.len() {
+        if c.qk_norm && hdims.gain_partial_len()? > a.gain_partial.data.len() {
             return Err(Error::Gpu("the QK-norm gain partials do not fit their buffer".into()));
         }
-        self.timed("heads: backward", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.gain_terms.ptr))?;
+        self.timed("heads: backward", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.gain_partial.ptr))?;
         drop(grads);
         if c.qk_norm {
-            // gain_terms holds the heads backward's block partials `[2, blocks, hd]` (query gain, key gain).
-            self.timed("norms: QK-norm gain sums", || self.k.sum_gain_partials(hdims, a.gain_terms.ptr, g.at(p.q_norm), g.at(p.k_norm)))?;
+            // The heads backward's block partials `[2, blocks, hd]` (query gain, key gain).
+            self.timed("norms: QK-norm gain sums", || self.k.sum_gain_partials(hdims, a.gain_partial.ptr, g.at(p.q_norm), g.at(p.k_norm)))?;
         }
         self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::Bf16))?;
         self.timed("products: qkv dw", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;

@@ -38,22 +38,6 @@ pub fn compile_all(arch: &str) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
-/// `Rows` of common.cuh: row `r` of width `n` starts at `(r / per_token) · token_stride + (r % per_token) · n`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct Rows {
-    pub n: i32,
-    pub per_token: i32,
-    pub token_stride: i64,
-}
-unsafe impl DeviceRepr for Rows {}
-
-impl Rows {
-    pub fn plain(n: usize) -> Rows {
-        Rows { n: n as i32, per_token: 1, token_stride: n as i64 }
-    }
-}
-
 /// `HeadsDims` of layers.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -107,7 +91,6 @@ pub struct TrainKernels {
     embed_backward: CudaFunction,
     rmsnorm_forward: CudaFunction,
     rmsnorm_backward: CudaFunction,
-    column_sum_partial: CudaFunction,
     sum_partials: CudaFunction,
     sum_partials_pair: CudaFunction,
     qkv_heads_forward: CudaFunction,
@@ -130,8 +113,6 @@ const BLOCK: u32 = 256;
 const HEADS_THREADS: u32 = 128;
 /// Threads of `xent_staged` (`XENT_STAGED_THREADS` in loss.cu).
 const XENT_STAGED_THREADS: u32 = 512;
-/// Rows per chunk of the gain-gradient column sums.
-pub const GAIN_CHUNK_ROWS: usize = 256;
 /// Rows per block of the fused RMSNorm backward (its `rows_per_block`), and its warps (`NORM_WARPS`).
 pub const NORM_BLOCK_ROWS: usize = 32;
 const NORM_WARPS: usize = 8;
@@ -216,7 +197,6 @@ impl TrainKernels {
             embed_backward: f(0, "embed_backward")?,
             rmsnorm_forward: f(0, "rmsnorm_forward")?,
             rmsnorm_backward: f(0, "rmsnorm_backward")?,
-            column_sum_partial: f(0, "column_sum_partial")?,
             sum_partials: f(0, "sum_partials")?,
             sum_partials_pair: f(0, "sum_partials_pair")?,
             qkv_heads_forward: f(0, "qkv_heads_forward")?,
@@ -280,16 +260,6 @@ impl TrainKernels {
         // COL_TILE × PARTIAL_LANES threads (layers.cu).
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, 1, 1), block_dim: (32, 32, 1), shared_mem_bytes: 0 };
         launch!(self, sum_partials, cfg, partial, out, n as i32, chunks as i32)
-    }
-
-    /// `out[c] += Σ_rows a[row, c]` through `partial` (≥ ⌈rows / GAIN_CHUNK_ROWS⌉ × n floats of scratch).
-    pub fn column_sums(&self, a: u64, a_rows: Rows, rows: usize, partial: u64, out: u64) -> Result<()> {
-        let n = a_rows.n as usize;
-        let chunks = rows.div_ceil(GAIN_CHUNK_ROWS);
-        // COL_TILE × ROW_LANES threads (layers.cu).
-        let cfg = LaunchConfig { grid_dim: (n.div_ceil(32) as u32, chunks as u32, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
-        launch!(self, column_sum_partial, cfg, a, a_rows, partial, rows as i64, GAIN_CHUNK_ROWS as i32)?;
-        self.sum_partials(partial, out, n, chunks)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -425,15 +395,6 @@ mod tests {
         assert!(dims(1, 64, 2, 1, 96).launch().is_err(), "96 / 8 = 12 lanes do not tile a warp");
         // 32-bit indices: the fused projection must hold < 2^31 elements.
         assert!(dims(64, 8192, 32, 32, 128).launch().is_err());
-    }
-
-    #[test]
-    fn gain_partials_fit_the_per_head_terms_buffer() {
-        // engine.rs passes its `[tokens, heads_q + heads_kv, head_dim]` gain-terms buffer: blocks ≤ tokens.
-        for (batch, seq, hq, hkv, hd) in [(16, 1024, 12, 12, 64), (2, 203, 2, 1, 64), (1, 1, 1, 1, 8), (3, 5, 4, 1, 256)] {
-            let d = super::HeadsDims { batch, seq, heads_q: hq, heads_kv: hkv, head_dim: hd, qk_norm: 1, eps: 1e-6 };
-            assert!(d.gain_partial_len().unwrap() <= (batch * seq * (hq + hkv) * hd) as usize);
-        }
     }
 
     #[test]
