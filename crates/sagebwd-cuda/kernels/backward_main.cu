@@ -1119,6 +1119,26 @@ __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[
 #ifndef FPA_STAGES_NEXT
 #define FPA_STAGES_NEXT (HEAD_DIM == 64)
 #endif
+// fpabwd10 (sm_90a tile only; 0 restores the previous code): FPA_PREFIX_MASK masks a diagonal tile by
+// two compares per entry against per-key row limits (ds_masked), FPA_STSM_DS stores bf16(dS)ᵀ by
+// stmatrix (4 instructions per thread instead of 16), FPA_PRED_RED predicates the dQ reductions
+// instead of branching around each (add_dq_pred), FPA_DESC_WORDS builds the tile's wgmma descriptors
+// once per operand tile and advances them per k-step by one add (DescWords). d = 64 only by default:
+// all four together measured −3 to −5 % backward time at every d = 64 shape, but −0.9 to +1.6 % at
+// d = 128 (not faster beyond noise) in the same call (RESULTS-gpu.md, fpabwd10); verified at both.
+#define FPA_FEWER_INSTR_DEFAULT (HEAD_DIM == 64)
+#ifndef FPA_PREFIX_MASK
+#define FPA_PREFIX_MASK FPA_FEWER_INSTR_DEFAULT
+#endif
+#ifndef FPA_STSM_DS
+#define FPA_STSM_DS FPA_FEWER_INSTR_DEFAULT
+#endif
+#ifndef FPA_PRED_RED
+#define FPA_PRED_RED FPA_FEWER_INSTR_DEFAULT
+#endif
+#ifndef FPA_DESC_WORDS
+#define FPA_DESC_WORDS FPA_FEWER_INSTR_DEFAULT
+#endif
 #if BWD_WGMMA
 __device__ __forceinline__ void wgmma_bf16_ss_tt(float (&d)[8][4], u64 a_desc, u64 b_desc, int acc) {
     wgmma_bf16_ss_tt_n64(d, a_desc, b_desc, acc);
@@ -1188,6 +1208,85 @@ struct StagedBf16 {
 #pragma unroll
         for (int np = 0; np < HEAD_DIM / 32; ++np) red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, acc + 2 * np);
     }
+    // add_dq (the same reductions) with each one guarded by its row's predicate (r < n_q) instead of
+    // a branch around it. The staged tile's; the ws kernel keeps add_dq.
+    static __device__ __forceinline__ void add_dq_pred(const BackwardParams& p, const float (*acc)[4], int bh, int qb) {
+#if FPA_PRED_RED
+        int r_lo;
+        float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
+        const bool lo = r_lo < p.dims.n_q, hi = r_lo + 8 < p.dims.n_q;
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 16; ++n) {  // columns 8n.. of the warp's half
+            red_add_f32x2_if(lo, dq_lo + 8 * n, acc[n][0], acc[n][1]);
+            red_add_f32x2_if(hi, dq_lo + 8 * HEAD_DIM + 8 * n, acc[n][2], acc[n][3]);
+        }
+#else
+        add_dq(p, acc, bh, qb);
+#endif
+    }
+#endif
+
+#if FPA_DQ && FPA_DESC_WORDS
+    // issue_dq with the descriptors advanced by DescWords (the same products).
+    static __device__ __forceinline__ void issue_dq_words(float (&acc)[HEAD_DIM / 16][4], u32 smem, u32 dst_tile) {
+        const int col0 = (threadIdx.x >> 7) * (HEAD_DIM / 2);
+        const u32 b0 = smem + (col0 / 64) * (BLOCK_KV * 128) + (col0 % 64) * 2;
+        const DescWords a = desc_words(mnmajor_desc(dst_tile, BLOCK_KV * DST_ROW));
+        const DescWords b = desc_words(mnmajor_desc(b0, BLOCK_KV * 128));
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_KV / 16; ++ks) wgmma_bf16_ss_tt(acc, a.at(ks * 16 * DST_ROW), b.at(ks * 16 * 128), ks);
+    }
+#endif
+#if BWD_WGMMA && FPA_DESC_WORDS
+    // wg_issue_bf16_keys_by_rows (A = key rows 64wg.. of a [128][d] tile, B = a [64][d] tile, both
+    // WgKmajor: k-step ks at atom column ks / 4, byte 32·(ks mod 4)) with DescWords.
+    static __device__ __forceinline__ void issue_keys_by_rows(float (&acc)[8][4], u32 a_tile, u32 b_tile, int wg) {
+        const DescWords a = desc_words(kmajor_desc(a_tile + 64 * wg * 128, 128));
+        const DescWords b = desc_words(kmajor_desc(b_tile, 128));
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
+            wgmma_bf16_ss_n64(acc, a.at((ks / 4) * (BLOCK_KV * 128) + 32 * (ks % 4)), b.at((ks / 4) * (BLOCK_Q * 128) + 32 * (ks % 4)), ks);
+    }
+#endif
+
+#if BWD_WGMMA
+    // dS = fl(P·fl(dP − D)) (ds: dPᵀ in, dS out) as tile_ds_regs<false>, then P and dS of hidden entries
+    // → 0 by the prefix form of visible(): entry (nt, e) is row row0 + o (row0 = 64qb + 2t; o = 8nt +
+    // e mod 2, a compile-time offset) of key j_h = wkey0 + g + 8h (h = e div 2), and visible ⇔ first_h ≤
+    // o < rows_left, with rows_left = n_q − row0 and first_h = j_h − (n_k − n_q) − row0 (causal), 0 (not),
+    // BLOCK_Q (j_h ≥ n_k: above every o). Two compares with an immediate and two selects per entry,
+    // where visible()'s per-entry row and key arithmetic became predicate bitmasks (as in fwd9's forward).
+    static __device__ __forceinline__ void ds_masked(const Dims& d, const float* rows, int qb, int kb,
+                                                     float (&prob)[8][4], float (&ds)[8][4]) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        const int wkey0 = kb * BLOCK_KV + (threadIdx.x >> 5) * 16;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const float2 D = *(const float2*)(rows + BLOCK_Q + 8 * nt + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));
+        }
+        const int last_key = wkey0 + 15;
+        const bool need_mask = last_key >= d.n_k || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q));
+        if (need_mask) {  // warp-uniform: only tiles on the diagonal or past n_k
+            const int row0 = qb * BLOCK_Q + 2 * t, rows_left = d.n_q - row0;
+            int first[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int j = wkey0 + g + 8 * h;
+                first[h] = j >= d.n_k ? BLOCK_Q : (d.causal ? j - (d.n_k - d.n_q) - row0 : 0);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int o = 8 * nt + (e & 1);
+                    const bool hidden = o < first[e >> 1] || o >= rows_left;
+                    prob[nt][e] = hidden ? 0.0f : prob[nt][e];
+                    ds[nt][e] = hidden ? 0.0f : ds[nt][e];
+                }
+        }
+    }
 #endif
 
     // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of the warp's 16 keys × the 64 rows → P (t = fl(cλ·S), §4) and dS
@@ -1202,12 +1301,22 @@ struct StagedBf16 {
         // Issued on every tile so that the commit groups are the same each time (ptxas serializes
         // the pipeline otherwise); the first tile's result (of a stale buffer) is not added.
         float dq_acc[HEAD_DIM / 16][4];
+#if FPA_DESC_WORDS
+        issue_dq_words(dq_acc, x.smem, x.prev_ds);
+#else
         issue_dq(dq_acc, x.smem, x.prev_ds);
+#endif
         wgmma_commit();
 #endif
+#if FPA_DESC_WORDS
+        issue_keys_by_rows(s, x.smem, x.st, wg);
+        wgmma_commit();
+        issue_keys_by_rows(ds, x.smem + v, x.st + d_o, wg);
+#else
         wg_issue_bf16_keys_by_rows(s, x.smem, x.st, wg);
         wgmma_commit();
         wg_issue_bf16_keys_by_rows(ds, x.smem + v, x.st + d_o, wg);
+#endif
         wgmma_commit();
 #if FPA_DQ
         wgmma_wait<2>();  // dV, dK and dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
@@ -1216,14 +1325,18 @@ struct StagedBf16 {
             if (x.has_next) stage_query_block(p, x.next_st, x.bh, x.qb + 1);  // the stage block qb − 1 used
             cp_async_commit();
         }
-        if (x.has_prev) add_dq(p, dq_acc, x.bh, x.qb - 1);  // block-uniform
+        if (x.has_prev) add_dq_pred(p, dq_acc, x.bh, x.qb - 1);  // block-uniform
 #endif
         wgmma_wait<1>();  // Sᵀ done (and the previous tile's dV, dK); dPᵀ may still run
         wgmma_fence_regs(s);
         tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
         wgmma_wait<0>();
         wgmma_fence_regs(ds);
+#if FPA_PREFIX_MASK
+        ds_masked(p.dims, x.rows, x.qb, x.kb, prob, ds);
+#else
         tile_ds_regs<false>(p.dims, x.rows, x.qb, x.kb, prob, ds);
+#endif
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int key_row = warp * 16 + (mi & 1) * 8 + r;
@@ -1252,6 +1365,21 @@ struct StagedBf16 {
 #endif
     }
 
+#if BWD_WGMMA && FPA_DESC_WORDS
+    // key_products with DescWords (the same products).
+    static __device__ __forceinline__ void key_products_words(u32 st, const u32 (*pa)[4], const u32 (*da)[4],
+                                                              float (*dv)[4], float (*dk)[4]) {
+        const DescWords o = desc_words(mnmajor_desc(st + d_o, BLOCK_Q * 128));
+        const DescWords q = desc_words(mnmajor_desc(st, BLOCK_Q * 128));
+        wgmma_fence();  // pa, da just written
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks) wgmma_bf16_rs_tb(dv, pa[ks], o.at(ks * 16 * 128));
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks) wgmma_bf16_rs_tb(dk, da[ks], q.at(ks * 16 * 128));
+        wgmma_commit();
+    }
+#endif
+
     // The dV, dK products of the last tile() are complete and their accumulators readable (before
     // the next barrier (a), after which the stage they read is restaged).
     static __device__ __forceinline__ void drain(float (*dv)[4], float (*dk)[4]) {
@@ -1267,7 +1395,6 @@ struct StagedBf16 {
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        const int g = lane >> 2, t = lane & 3;
         float prob[8][4], ds[8][4];
         scores_p_ds(p, x, prob, ds);
 
@@ -1280,10 +1407,25 @@ struct StagedBf16 {
                 pa[ks][i] = pack_bf16x2(prob[nt][2 * h], prob[nt][2 * h + 1]);
                 da[ks][i] = pack_bf16x2(ds[nt][2 * h], ds[nt][2 * h + 1]);
             }
+#if BWD_WGMMA && FPA_DESC_WORDS
+        key_products_words(x.st, pa, da, dv, dk);
+#else
         key_products(x.st, pa, da, dv, dk);
+#endif
 
         // Word (key g + 8h, rows 16ks + 8c + 2t, +1) of bf16(dS)ᵀ at row 16w + g + 8h, chunk 2ks + c
         // (swizzled by the key's low bits, g: the 128-byte swizzle).
+#if BWD_WGMMA && FPA_STSM_DS
+        // By stmatrix: da[ks][i] is the 8 × 8 matrix (keys 16w + 8h.., rows 16ks + 8c..), c = i div 2,
+        // h = i mod 2, in the fragment layout stmatrix takes; lane l addresses its row l mod 8 (key
+        // 16w + 8h + l mod 8, same swizzle) of matrix i = l div 8.
+        const int m = lane >> 3, r = lane & 7;
+        const u32 ds_row = smem_addr(x.ds) + (warp * 16 + 8 * (m & 1) + r) * DST_ROW;
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+            stmatrix_x4(ds_row + (((2 * ks + (m >> 1)) ^ r) << 4), da[ks][0], da[ks][1], da[ks][2], da[ks][3]);
+#else
+        const int g = lane >> 2, t = lane & 3;
         unsigned char* ds_lane = x.ds + (warp * 16 + g) * DST_ROW + 4 * t;
 #pragma unroll
         for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
@@ -1292,6 +1434,7 @@ struct StagedBf16 {
                 const int c = i >> 1, h = i & 1;
                 *(u32*)(ds_lane + 8 * h * DST_ROW + (((2 * ks + c) ^ g) << 4)) = da[ks][i];
             }
+#endif
         return 0.0f;
     }
 
@@ -1302,11 +1445,15 @@ struct StagedBf16 {
 #if FPA_DQ
         float acc[HEAD_DIM / 16][4];
         wgmma_fence();
+#if FPA_DESC_WORDS
+        issue_dq_words(acc, smem, dst_tile);
+#else
         issue_dq(acc, smem, dst_tile);
+#endif
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_regs(acc);
-        add_dq(p, acc, bh, qb);
+        add_dq_pred(p, acc, bh, qb);
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         u32 da[BLOCK_KV / 16][4];

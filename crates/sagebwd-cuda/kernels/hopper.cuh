@@ -289,3 +289,30 @@ __device__ __forceinline__ void wgmma_bf16_ss_tt_n64(float (&d)[8][4], u64 a_des
         : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// fpabwd10: fewer instructions in the fpa backward tile: guarded dQ reductions, dS stores by
+// stmatrix, wgmma descriptors advanced per k-step by one add.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// *addr += {x, y} as red_add_f32x2 on sm_90, only where `pred`, with the predicate inside the asm: a C
+// `if` around the asm became a BSSY/BRA/BSYNC triple per reduction, this a single predicated branch.
+__device__ __forceinline__ void red_add_f32x2_if(bool pred, float* addr, float x, float y) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p red.global.add.v2.f32 [%1], {%2, %3};\n}\n"
+                 ::"r"((int)pred), "l"(addr), "f"(x), "f"(y) : "memory");
+}
+// Four 8 × 8 b16 matrices to shared memory: register i of each lane holds matrix i in the mma
+// fragment layout (row lane / 4, columns 2·(lane mod 4), + 1; the lower column at the lower
+// address); lane l gives the address of row l mod 8 of matrix l / 8 (16 bytes).
+__device__ __forceinline__ void stmatrix_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+// A wgmma descriptor as its two 32-bit words, so that the k-steps of one operand tile are one 32-bit
+// add each (to the start address, bits 0–13 of lo) instead of the whole descriptor recomputed from
+// the address. The add cannot carry out of the field: shared addresses stay below 256 KB.
+struct DescWords {
+    u32 lo, hi;
+    // The descriptor of the same tile `bytes` (a multiple of 16) further on.
+    __device__ __forceinline__ u64 at(u32 bytes) const { return ((u64)hi << 32) | (u64)(lo + (bytes >> 4)); }
+};
+__device__ __forceinline__ DescWords desc_words(u64 desc) { return {(u32)desc, (u32)(desc >> 32)}; }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
