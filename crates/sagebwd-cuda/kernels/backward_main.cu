@@ -789,6 +789,12 @@ __device__ __forceinline__ void wg_issue_bf16_keys_by_rows(float (&acc)[8][4], u
 // "INT8 sagebwd backward at d64"); these replace shared helpers whose SASS did the same arithmetic in
 // more, or more serial, instructions. Every value they produce is bit-identical to the old one.
 
+// float(acc) in the dV, dK, dQ dequantizations (|acc| ≤ 127²·128 < 2^22: both forms below are exact).
+// d = 64: one I2FP (1 issue slot; sage10's call: backward −2.3 / −3.1 % at the training shape N1k / N4k
+// against i2f_exact, verified); d = 128 keeps i2f_exact (VIADD + FADD, off the conversion pipe), the form
+// timed there (the I2FP variant is verified at d = 128 too but was not timed).
+__device__ __forceinline__ float sage10_i2f(int a) { return HEAD_DIM == 64 ? (float)a : i2f_exact(a); }
+
 // Max of a warp tile's 32 values (|values| with ABS), as 4 independent chains and a 2-level tree:
 // fmax is exact and order-free, so the result is the sequential loop's; the chains cut the latency
 // (one serial FMNMX chain of 32 before).
@@ -883,7 +889,7 @@ __device__ __forceinline__ void sage10_add_dq(const BackwardParams& p, const int
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 16; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(i2f_exact(acc[n][e]), scale);
+        for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(sage10_i2f(acc[n][e]), scale);
     int r_lo;
     float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
     if ((qb + 1) * BLOCK_Q <= p.dims.n_q) {  // block-uniform
@@ -1024,7 +1030,7 @@ struct StagedSage {
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) out[nt][e] = __fadd_rn(out[nt][e], __fmul_rn(i2f_exact(acc[i & 1][nt][e]), scale));
+                for (int e = 0; e < 4; ++e) out[nt][e] = __fadd_rn(out[nt][e], __fmul_rn(sage10_i2f(acc[i & 1][nt][e]), scale));
         }
     }
 #endif
