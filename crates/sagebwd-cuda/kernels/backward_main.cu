@@ -784,6 +784,144 @@ __device__ __forceinline__ void wg_issue_bf16_keys_by_rows(float (&acc)[8][4], u
 #define SAGE_EARLY_DQ 0
 #endif
 
+// ---- sage10: helpers of the staged sage tile (fewer CUDA-core instructions per tile) ---------------
+// At d = 64 the sage tile is bound by its CUDA-core work, not by the tensor cores (docs/RESULTS-gpu.md,
+// "INT8 sagebwd backward at d64"); these replace shared helpers whose SASS did the same arithmetic in
+// more, or more serial, instructions. Every value they produce is bit-identical to the old one.
+
+// float(acc) in the dV, dK, dQ dequantizations (|acc| ≤ 127²·128 < 2^22: both forms below are exact).
+// d = 64: one I2FP (1 issue slot; sage10's call: backward −2.3 / −3.1 % at the training shape N1k / N4k
+// against i2f_exact, verified); d = 128 keeps i2f_exact (VIADD + FADD, off the conversion pipe), the form
+// timed there (the I2FP variant is verified at d = 128 too but was not timed).
+__device__ __forceinline__ float sage10_i2f(int a) { return HEAD_DIM == 64 ? (float)a : i2f_exact(a); }
+
+// Max of a warp tile's 32 values (|values| with ABS), as 4 independent chains and a 2-level tree:
+// fmax is exact and order-free, so the result is the sequential loop's; the chains cut the latency
+// (one serial FMNMX chain of 32 before).
+template <bool ABS>
+__device__ __forceinline__ float sage10_tile_max(const float (*v)[4]) {
+    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) m[e] = fmaxf(m[e], ABS ? fabsf(v[nt][e]) : v[nt][e]);
+    return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+}
+
+// block_max2 with the per-warp partials read back as float4 (red is 16-byte aligned) and combined
+// as a tree; the same barrier and the same caller contract for `red`.
+__device__ __forceinline__ void sage10_block_max2(float& a, float& b, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        b = fmaxf(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) {
+        red[warp] = a;
+        red[THREADS / 32 + warp] = b;
+    }
+    __syncthreads();
+    static_assert(THREADS / 32 == 8, "sage10_block_max2 reads 8 partials per value");
+    const float4* r4 = (const float4*)red;
+    const float4 a0 = r4[0], a1 = r4[1], b0 = r4[2], b1 = r4[3];
+    a = fmaxf(fmaxf(fmaxf(a0.x, a0.y), fmaxf(a0.z, a0.w)), fmaxf(fmaxf(a1.x, a1.y), fmaxf(a1.z, a1.w)));
+    b = fmaxf(fmaxf(fmaxf(b0.x, b0.y), fmaxf(b0.z, b0.w)), fmaxf(fmaxf(b1.x, b1.y), fmaxf(b1.z, b1.w)));
+}
+
+// group_scale(amax_p) and group_scale(amax_ds) with one division per lane instead of four per
+// thread: lane k (mod 4) computes quotient k (0: amax_p/127, 1: 127/amax_p, 2: amax_ds/127,
+// 3: 127/amax_ds; 0 for an all-zero group, as group_scale) and lanes 0..3 broadcast theirs. The
+// same __fdiv_rn on the same operands, so the same bits; every lane holds both amax (block max).
+__device__ __forceinline__ void sage10_group_scales(float amax_p, float amax_ds, GroupScale& sp, GroupScale& sds) {
+    const int k = threadIdx.x & 3;
+    const float amax = k < 2 ? amax_p : amax_ds;
+    const bool inv = k & 1;
+    float q = __fdiv_rn(inv ? 127.0f : amax, inv ? amax : 127.0f);
+    if (amax == 0.0f) q = 0.0f;
+    sp.scale = __shfl_sync(0xffffffffu, q, 0);
+    sp.inv = __shfl_sync(0xffffffffu, q, 1);
+    sds.scale = __shfl_sync(0xffffffffu, q, 2);
+    sds.inv = __shfl_sync(0xffffffffu, q, 3);
+}
+
+// The causal / n_k mask of tile_ds_regs (permuted row order) as one key limit per row: key j ≥ 0
+// of row r is visible iff j < visible_end(d, r) (common.cuh). The lane's keys are wkey0 + g + 8h,
+// so each entry is one compare of 8h against the row's limit less wkey0 + g. Sets P = dS = 0 where
+// masked, as before; returns whether the warp's tile needed a mask (warp-uniform).
+__device__ __forceinline__ bool sage10_mask(const Dims& d, int qb, int kb, float (*prob)[4], float (*ds)[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wkey0 = kb * BLOCK_KV + (threadIdx.x >> 5) * 16;
+    const int last_key = wkey0 + 15;
+    const bool need_mask = last_key >= d.n_k || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q));
+    if (need_mask) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int lim = visible_end(d, qb * BLOCK_Q + qrow_of(nt, 2 * t + c)) - (wkey0 + g);
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    if (8 * h >= lim) prob[nt][2 * h + c] = ds[nt][2 * h + c] = 0.0f;
+            }
+    }
+    return need_mask;
+}
+
+// dS = fl(P·fl(dP − D)) of tile_ds_regs (dp in, dS out), without its mask.
+__device__ __forceinline__ void sage10_ds_regs(const float* rows, const float (*prob)[4], float (*ds)[4]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const float2 D = *(const float2*)(rows + BLOCK_Q + qrow_of(nt, 2 * t));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));
+    }
+}
+
+// Adds fl(float(acc)·scale) of the warp's 16 × d/2 dQ tile of block qb (rows 16(w mod 4).., columns
+// (w div 4)·d/2..; acc[2np + j]: columns 16np + 8j.., as red_add_dq16) to the FP32 accumulator.
+// A block whose 64 rows are all below n_q (every one but a ragged last) takes a branch-free path
+// from one lane pointer; before, every 8-byte reduction sat in its own guarded branch with its
+// address rebuilt inside (~200 instructions per tile at d = 64, now ~70).
+__device__ __forceinline__ void sage10_add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
+    float val[HEAD_DIM / 16][4];
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 16; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(sage10_i2f(acc[n][e]), scale);
+    int r_lo;
+    float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
+    if ((qb + 1) * BLOCK_Q <= p.dims.n_q) {  // block-uniform
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 16; ++n) {
+            red_add_f32x2(dq_lo + 8 * n, val[n][0], val[n][1]);
+            red_add_f32x2(dq_lo + 8 * HEAD_DIM + 8 * n, val[n][2], val[n][3]);
+        }
+    } else {
+#pragma unroll
+        for (int np = 0; np < HEAD_DIM / 32; ++np) red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, val + 2 * np);
+    }
+}
+
+#if BWD_WGMMA
+// wgmma descriptors as one low word per operand block plus compile-time offsets. A shared address
+// a is a multiple of 16 below 2^18 (228 KB), so kmajor_desc(a + off) = kmajor_desc(a) + off/16 in
+// the low word (start address a >> 4 < 2^14 never carries into bit 16, the LBO field) and the high
+// word is a constant of the row width. Before, each of the tile's 28 descriptors was rebuilt from
+// its address (add, mask, shift, or, then two moves to uniform registers).
+__device__ __forceinline__ u32 sage10_desc_lo(u32 addr) { return (u32)kmajor_desc(addr, 128); }
+
+// = wg_kstep_desc<ROWS, ROW_BYTES>(base + tile_off, row0, ks) for lo = sage10_desc_lo(base).
+template <int ROWS, int ROW_BYTES>
+__device__ __forceinline__ u64 sage10_kstep_desc(u32 lo, u32 tile_off, int row0, int ks) {
+    constexpr int ATOM = ROW_BYTES < 128 ? ROW_BYTES : 128, STEPS = ATOM / 32;
+    const u32 hi = (u32)(kmajor_desc(0, ATOM) >> 32);  // a constant
+    const u32 off = tile_off + (ks / STEPS) * (ROWS * ATOM) + 32 * (ks % STEPS);
+    return ((u64)hi << 32) | (u64)(lo + (off >> 4) + row0 * (ATOM / 16));
+}
+#endif
+
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
     // Key block: K̂, K̂ᵀ (BF_KT bytes each), V (2·BF_KT); stage: Q̂, dO (2·BF_QT), dÔᵀ, Q̂ᵀ; dŜ bytes.
@@ -843,38 +981,45 @@ struct StagedSage {
 #if BWD_WGMMA
     // Issues Sᵀ = K̂ Q̂ᵀ (#3, exact INT32) and then dPᵀ = V dOᵀ (#5, FP32) of warpgroup wg's 64 keys ×
     // the 64 rows (permuted), as two commit groups: P can be computed while dPᵀ runs.
-    static __device__ __forceinline__ void wg_issue_scores_dp(int (&s)[8][4], float (&dp)[8][4], u32 smem, u32 st, int wg) {
+    // Descriptors from the low words of the key block (smem_lo) and the stage (st_lo).
+    static __device__ __forceinline__ void wg_issue_scores_dp(int (&s)[8][4], float (&dp)[8][4], u32 smem_lo, u32 st_lo, int wg) {
         wgmma_fence();  // the accumulators were last written by the previous tile's code
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 32; ++ks)
-            wgmma_s8_ss_n64(s, wg_kstep_desc<BLOCK_KV, HEAD_DIM>(smem, 64 * wg, ks), wg_kstep_desc<BLOCK_Q, HEAD_DIM>(st, 0, ks), ks);
+            wgmma_s8_ss_n64(s, sage10_kstep_desc<BLOCK_KV, HEAD_DIM>(smem_lo, 0, 64 * wg, ks),
+                            sage10_kstep_desc<BLOCK_Q, HEAD_DIM>(st_lo, 0, 0, ks), ks);
         wgmma_commit();
-        wg_issue_bf16_keys_by_rows(dp, smem + v, st + d_o, wg);
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks)  // = wg_issue_bf16_keys_by_rows(dp, smem + v, st + d_o, wg)
+            wgmma_bf16_ss_n64(dp, sage10_kstep_desc<BLOCK_KV, BF_ROW>(smem_lo, v, 64 * wg, ks),
+                              sage10_kstep_desc<BLOCK_Q, BF_ROW>(st_lo, d_o, 0, ks), ks);
         wgmma_commit();
     }
 
     // Issues acc = a (the warp's 16 keys × 64 rows: 2 k-steps of A fragments) · columns 32c..32c + 31
     // of the [d][64] tile at bt (K-major, rows contiguous), exact INT32, as one commit group.
-    static __device__ __forceinline__ void wg_issue_chunk(int (&acc)[4][4], const u32 (*a)[4], u32 bt, int c) {
+    // of the [d][64] tile at byte bt_off of the stage whose descriptor low word is st_lo.
+    static __device__ __forceinline__ void wg_issue_chunk(int (&acc)[4][4], const u32 (*a)[4], u32 st_lo, u32 bt_off, int c) {
         wgmma_fence();  // acc was read, a written, by ordinary instructions since the last wgmma
 #pragma unroll
-        for (int ks = 0; ks < BLOCK_Q / 32; ++ks) wgmma_s8_rs_n32(acc, a[ks], wg_kstep_desc<HEAD_DIM, BLOCK_Q>(bt, 32 * c, ks), ks);
+        for (int ks = 0; ks < BLOCK_Q / 32; ++ks)
+            wgmma_s8_rs_n32(acc, a[ks], sage10_kstep_desc<HEAD_DIM, BLOCK_Q>(st_lo, bt_off, 32 * c, ks), ks);
         wgmma_commit();
     }
 
     // dV += P̂ᵀ dÔ (#4) and dK += dŜᵀ Q̂ (#7) of the tile: out[nd][e] = fl(out + fl(float(acc)·scale)),
     // acc exact over the tile's 64 rows (§2.3). 2·d/32 chunks of 32 columns (dV's, then dK's), two
     // in flight, so that one chunk's dequantization overlaps the next chunk's product.
-    static __device__ __forceinline__ void wg_key_products(u32 st, const u32 (*pa)[4], const u32 (*da)[4], float scale_v,
+    static __device__ __forceinline__ void wg_key_products(u32 st_lo, const u32 (*pa)[4], const u32 (*da)[4], float scale_v,
                                                            float scale_k, float (*dv)[4], float (*dk)[4]) {
         constexpr int C = HEAD_DIM / 32, N = 2 * C;
         int acc[2][4][4];
-        wg_issue_chunk(acc[0], pa, st + dot, 0);
+        wg_issue_chunk(acc[0], pa, st_lo, dot, 0);
 #pragma unroll
         for (int i = 0; i < N; ++i) {
             const int j = i + 1;
             if (j < N) {
-                wg_issue_chunk(acc[j & 1], j < C ? pa : da, st + (j < C ? dot : qt), j % C);
+                wg_issue_chunk(acc[j & 1], j < C ? pa : da, st_lo, j < C ? dot : qt, j % C);
                 wgmma_wait<1>();
             } else {
                 wgmma_wait<0>();
@@ -885,7 +1030,7 @@ struct StagedSage {
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) out[nt][e] = __fadd_rn(out[nt][e], __fmul_rn(i2f_exact(acc[i & 1][nt][e]), scale));
+                for (int e = 0; e < 4; ++e) out[nt][e] = __fadd_rn(out[nt][e], __fmul_rn(sage10_i2f(acc[i & 1][nt][e]), scale));
         }
     }
 #endif
@@ -922,27 +1067,29 @@ struct StagedSage {
         int s_acc[8][4];
         float ds[8][4];
         float prob[8][4];
+        float amax_p;
 #if BWD_WGMMA
+        const u32 smem_lo = sage10_desc_lo(x.smem), st_lo = sage10_desc_lo(x.st);
 #if SAGE_EARLY_DQ
         // Issued on every tile (the same commit groups each time, or ptxas serializes); the first
         // tile's result (of a stale buffer) is not added.
         int dq_acc[HEAD_DIM / 16][4];
         wgmma_fence();
-        issue_dq(dq_acc, x.smem, x.prev_ds);
+        issue_dq(dq_acc, smem_lo, sage10_desc_lo(x.prev_ds));
         wgmma_commit();
 #endif
-        wg_issue_scores_dp(s_acc, ds, x.smem, x.st, warp >> 2);
+        wg_issue_scores_dp(s_acc, ds, smem_lo, st_lo, warp >> 2);
 #if SAGE_EARLY_DQ
         wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
-        if (x.has_prev) add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);  // block-uniform
+        if (x.has_prev) sage10_add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);  // block-uniform
 #endif
         wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
         wgmma_fence_regs(s_acc);
         tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
+        amax_p = sage10_tile_max<false>(prob);  // while dPᵀ runs; redone below if the tile is masked
         wgmma_wait<0>();
         wgmma_fence_regs(ds);
-        tile_ds_regs<true>(d, x.rows, x.qb, x.kb, prob, ds);
 #else
         {
             const int mi = lane >> 3, r = lane & 7;
@@ -951,18 +1098,15 @@ struct StagedSage {
             keys_by_rows<HEAD_DIM / 16, HEAD_DIM, true>(s_acc, x.smem + key_row * HEAD_DIM, x8, x.st + q_row * HEAD_DIM, x8);
             keys_by_rows<HEAD_DIM / 8, BF_ROW, true>(ds, x.smem + v + key_row * BF_ROW, r, x.st + d_o + q_row * BF_ROW, r);
         }
-        tile_p_ds_regs<true>(d, x.rows, x.qb, x.kb, s_acc, s_qk, prob, ds);
+        tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
+        amax_p = sage10_tile_max<false>(prob);
 #endif
-        float amax_p = 0.0f, amax_ds = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                amax_p = fmaxf(amax_p, prob[nt][e]);
-                amax_ds = fmaxf(amax_ds, fabsf(ds[nt][e]));
-            }
-        block_max2(amax_p, amax_ds, x.red);  // (b)
-        const GroupScale sc_p = group_scale(amax_p), sc_ds = group_scale(amax_ds);
+        sage10_ds_regs(x.rows, prob, ds);
+        if (sage10_mask(d, x.qb, x.kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
+        float amax_ds = sage10_tile_max<true>(ds);
+        sage10_block_max2(amax_p, amax_ds, x.red);  // (b)
+        GroupScale sc_p, sc_ds;
+        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
 
         u32 pa[2][4], da[2][4];
         // dŜ byte addresses of this lane for rows 4t + 2b + c (b = n-tile parity, c = column parity)
@@ -998,7 +1142,7 @@ struct StagedSage {
                         ds_out[(i >> 1) * 2 + (i & 1)][16 * (n0 >> 1) * BLOCK_KV + 8 * h] = (unsigned char)qd[i];
                 }
 #if BWD_WGMMA
-        wg_key_products(x.st, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
+        wg_key_products(st_lo, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
 #else
         key_product(x.st + dot, pa, __fmul_rn(sc_p.scale, s_do), dv);
         key_product(x.st + qt, da, __fmul_rn(sc_ds.scale, s_q), dk);
@@ -1008,27 +1152,14 @@ struct StagedSage {
 
 #if BWD_WGMMA_DQ
     // Issues acc = dŜ K̂ (#6, exact INT32): M = the 64 rows, N = warpgroup wg's half of d (K̂ᵀ rows
-    // wg·d/2..), K = the 128 keys; A = the dŜ byte tile at ds_tile.
-    static __device__ __forceinline__ void issue_dq(int (&acc)[HEAD_DIM / 16][4], u32 smem, u32 ds_tile) {
+    // wg·d/2..), K = the 128 keys; A = the dŜ byte tile; smem_lo, ds_lo: descriptor low words of the
+    // key block and of the dŜ tile.
+    static __device__ __forceinline__ void issue_dq(int (&acc)[HEAD_DIM / 16][4], u32 smem_lo, u32 ds_lo) {
         const int wg = threadIdx.x >> 7;
 #pragma unroll
         for (int ks = 0; ks < BLOCK_KV / 32; ++ks)
-            wgmma_s8_ss(acc, wg_kstep_desc<BLOCK_Q, BLOCK_KV>(ds_tile, 0, ks),
-                        wg_kstep_desc<HEAD_DIM, BLOCK_KV>(smem + kt, wg * (HEAD_DIM / 2), ks), ks);
-    }
-    // Adds fl(float(acc)·scale) of a landed dQ tile of block qb to the FP32 accumulator (§2.3).
-    static __device__ __forceinline__ void add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
-        int r_lo;
-        float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
-#pragma unroll
-        for (int np = 0; np < HEAD_DIM / 32; ++np) {
-            float val[2][4];
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) val[j][e] = __fmul_rn(i2f_exact(acc[2 * np + j][e]), scale);
-            red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, val);
-        }
+            wgmma_s8_ss(acc, sage10_kstep_desc<BLOCK_Q, BLOCK_KV>(ds_lo, 0, 0, ks),
+                        sage10_kstep_desc<HEAD_DIM, BLOCK_KV>(smem_lo, kt, wg * (HEAD_DIM / 2), ks), ks);
     }
 #endif
 
@@ -1040,11 +1171,11 @@ struct StagedSage {
 #if BWD_WGMMA_DQ
         int acc[HEAD_DIM / 16][4];
         wgmma_fence();
-        issue_dq(acc, smem, ds_tile);
+        issue_dq(acc, sage10_desc_lo(smem), sage10_desc_lo(ds_tile));
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_regs(acc);
-        add_dq(p, acc, scale, bh, qb);
+        sage10_add_dq(p, acc, scale, bh, qb);
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int c0 = (warp >> 2) * (HEAD_DIM / 2);
