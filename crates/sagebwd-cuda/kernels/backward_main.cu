@@ -589,27 +589,6 @@ __device__ __forceinline__ void store_row_consts(float* rows, const RowConsts& r
     rows[BLOCK_Q + threadIdx.x] = rc.D;
 }
 
-// Block-wide max of two non-negative values; `red` holds 2·(THREADS/32) floats. The caller's
-// barriers keep `red` from being rewritten before everyone has read it (see staged_backward_main).
-__device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-        b = fmaxf(b, __shfl_xor_sync(0xffffffffu, b, o));
-    }
-    const int warp = threadIdx.x >> 5;
-    if ((threadIdx.x & 31) == 0) {
-        red[warp] = a;
-        red[THREADS / 32 + warp] = b;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < THREADS / 32; ++w) {
-        a = fmaxf(a, red[w]);
-        b = fmaxf(b, red[THREADS / 32 + w]);
-    }
-}
-
 __device__ __forceinline__ void mma_acc(int* c, const u32* a, const u32* b) { mma_s8(c, a, b); }
 __device__ __forceinline__ void mma_acc(float* c, const u32* a, const u32* b) { mma_bf16(c, a, b); }
 
@@ -808,9 +787,10 @@ __device__ __forceinline__ float sage10_tile_max(const float (*v)[4]) {
     return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
 }
 
-// block_max2 with the per-warp partials read back as float4 (red is 16-byte aligned) and combined
-// as a tree; the same barrier and the same caller contract for `red`.
-__device__ __forceinline__ void sage10_block_max2(float& a, float& b, float* red) {
+// Block-wide max of two non-negative values; `red` (16-byte aligned) holds 2·(THREADS/32) floats. The
+// caller's barriers keep `red` from being rewritten before everyone has read it (see
+// staged_backward_main). The per-warp partials are read back as float4 and combined as a tree.
+__device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
@@ -822,7 +802,7 @@ __device__ __forceinline__ void sage10_block_max2(float& a, float& b, float* red
         red[THREADS / 32 + warp] = b;
     }
     __syncthreads();
-    static_assert(THREADS / 32 == 8, "sage10_block_max2 reads 8 partials per value");
+    static_assert(THREADS / 32 == 8, "block_max2 reads 8 partials per value");
     const float4* r4 = (const float4*)red;
     const float4 a0 = r4[0], a1 = r4[1], b0 = r4[2], b1 = r4[3];
     a = fmaxf(fmaxf(fmaxf(a0.x, a0.y), fmaxf(a0.z, a0.w)), fmaxf(fmaxf(a1.x, a1.y), fmaxf(a1.z, a1.w)));
@@ -1104,7 +1084,7 @@ struct StagedSage {
         sage10_ds_regs(x.rows, prob, ds);
         if (sage10_mask(d, x.qb, x.kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
         float amax_ds = sage10_tile_max<true>(ds);
-        sage10_block_max2(amax_p, amax_ds, x.red);  // (b)
+        block_max2(amax_p, amax_ds, x.red);  // (b)
         GroupScale sc_p, sc_ds;
         sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
 
