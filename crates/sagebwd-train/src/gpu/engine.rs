@@ -151,8 +151,6 @@ pub struct GpuEngine {
     base_used: u64,
     /// GPU time per phase when `SAGEBWD_PROFILE=1`.
     profile: Option<Profile>,
-    /// `SAGEBWD_HEAD_DW=vocab`: the LM head's weight gradient over the vocabulary only (for A/B timing).
-    head_dw_exact_width: bool,
 }
 
 impl GpuEngine {
@@ -259,7 +257,6 @@ impl GpuEngine {
             pool,
             base_used,
             profile: Profile::from_env(),
-            head_dw_exact_width: std::env::var("SAGEBWD_HEAD_DW").as_deref() == Ok("vocab"),
         };
         e.refresh_bf16()?;
         Ok(e)
@@ -477,12 +474,11 @@ impl GpuEngine {
             if grad_scale.is_some() {
                 // `logits` now holds ∂logits. Reduction over the padded width: `xent` wrote zeros into the padding columns.
                 self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.logits.ptr, vp, head, n, d, vp, Out::Bf16))?;
-                // Also over the padded width (an odd width costs cuBLASLt ~1/3 of this product's speed): the
-                // padding columns of ∂logits are exactly zero, so the `vp − v` gradient rows past the table get
-                // `+ 0` and keep their values — the next tensors' gradients (tied: layer 0's), or the zero
-                // padding at the end of `grads` (untied head, the last tensor).
-                let width = if self.head_dw_exact_width { v } else { vp };
-                self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.logits.ptr, vp, a.hidden.at(c0 * d), n, d, width))?;
+                // Also over the padded width (at the odd width cuBLASLt ran it at 504 TFLOP/s, padded at 832: +3.5 %
+                // tok/s, docs/RESULTS.md session 10): the padding columns of ∂logits are exactly zero, so the
+                // `vp − v` gradient rows past the table get `+ 0` and keep their values — the next tensors'
+                // gradients (tied: layer 0's), or the zero padding at the end of `grads` (untied head, the last tensor).
+                self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.logits.ptr, vp, a.hidden.at(c0 * d), n, d, vp))?;
             }
         }
         Ok(())
