@@ -902,6 +902,19 @@ __device__ __forceinline__ u64 sage10_kstep_desc(u32 lo, u32 tile_off, int row0,
 }
 #endif
 
+// ---- sage11: query-block staging with per-thread copy offsets computed once per CTA ------------
+// The staged driver stages block qb + 1 through a QueryStager<Path> built before its query loop. This
+// default asks the path every time (its stage_query_block rebuilds every address from threadIdx);
+// a path may specialize it to keep the per-thread parts of its copies (swizzled destinations, source
+// offsets, row limits) in registers: StagedSage at d = 64 on sm_90a, below its section.
+template <class Path>
+struct QueryStager {
+    __device__ __forceinline__ QueryStager(const BackwardParams&, int) {}
+    __device__ __forceinline__ void operator()(const BackwardParams& p, u32 st, int bh, int qb) const {
+        Path::stage_query_block(p, st, bh, qb);
+    }
+};
+
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
     // Key block: K̂, K̂ᵀ (BF_KT bytes each), V (2·BF_KT); stage: Q̂, dO (2·BF_QT), dÔᵀ, Q̂ᵀ; dŜ bytes.
@@ -1188,6 +1201,67 @@ struct StagedSage {
 #endif
     }
 };
+
+#if BWD_WGMMA && HEAD_DIM == 64
+// StagedSage::stage_query_block (wgmma layout, d = 64) with its per-thread parts computed once per CTA:
+// before, ~90 instructions per tile rebuilt 5 swizzled destinations and 5 guarded 64-bit sources
+// (ptxas rematerialized them in the loop); now per tile a block-uniform base per tile and per copy an
+// add (and for Q̂, dO a compare and a select). The same chunks go to the same bytes as before; an
+// invalid row (past n_q) is zero-filled from the tile's first byte as before. d = 128 keeps the
+// default: its kernel is at 254 registers and has none to hold these.
+template <>
+struct QueryStager<StagedSage> {
+    // One 16-byte chunk per thread of Q̂ [64][64 B] and of each [64][64 B] transposed tile (dÔᵀ, Q̂ᵀ),
+    // two of dO [64][128 B] (rows tid/8 and tid/8 + 32).
+    static_assert(THREADS == 256 && BLOCK_Q == 64, "QueryStager<StagedSage>: one chunk per thread per 64-byte tile");
+    u32 src_rows;   // threadIdx·16: the chunk's byte in a tile of contiguous rows (Q̂: row tid/4; dO: row tid/8)
+    u32 src_t;      // (tid/4)·n_qpad + (tid mod 4)·16: its byte in a transposed tile (row tid/4 < d: always valid)
+    u32 dst_q, dst_do, dst_t;  // its destinations in a stage (WgKmajor, as stage_query_block)
+    int row_q, row_do;         // its Q̂ row and its first dO row
+
+    __device__ __forceinline__ QueryStager(const BackwardParams& p, int) {
+        const int tid = threadIdx.x;
+        src_rows = 16u * tid;
+        src_t = (u32)((tid >> 2) * p.dims.n_qpad + (tid & 3) * 16);
+        row_q = tid >> 2;
+        row_do = tid >> 3;
+        dst_q = WgKmajor<BLOCK_Q, HEAD_DIM, true>()(row_q, tid & 3);
+        dst_do = StagedSage::d_o + WgKmajor<BLOCK_Q, BF_ROW, true>()(row_do, tid & 7);
+        dst_t = WgKmajor<HEAD_DIM, BLOCK_Q, false>()(tid >> 2, tid & 3);
+        // Each through an identity shuffle: ptxas rematerializes a value from threadIdx inside the loop
+        // when it can (it did: the first version saved 17 of ~90 instructions), not across a SHFL.
+        src_rows = opaque(src_rows);
+        src_t = opaque(src_t);
+        dst_q = opaque(dst_q);
+        dst_do = opaque(dst_do);
+        dst_t = opaque(dst_t);
+        row_q = opaque(row_q);
+        row_do = opaque(row_do);
+    }
+    template <class T>
+    static __device__ __forceinline__ T opaque(T v) { return __shfl_sync(0xffffffffu, v, threadIdx.x & 31); }
+
+    // cp.async of the chunk at byte `off` of the tile at `tile`, or a zero fill (source: the tile's start).
+    static __device__ __forceinline__ void copy(u32 dst, const void* tile, u32 off, bool valid) {
+        cp_async16(dst, (const unsigned char*)tile + (valid ? off : 0u), valid);
+    }
+
+    __device__ __forceinline__ void operator()(const BackwardParams& p, u32 st, int bh, int qb) const {
+        const Dims& d = p.dims;
+        const int row0 = qb * BLOCK_Q, rows = d.n_q - row0;  // rows ≥ `rows` are past n_q
+        const long t_off = (long)bh * HEAD_DIM * d.n_qpad + row0;
+        const i8* q_hat = p.op.q_hat + ((long)bh * d.n_q + row0) * HEAD_DIM;
+        const u16* d_o = p.d_o + ((long)bh * d.n_q + row0) * HEAD_DIM;
+        copy(st + dst_q, q_hat, src_rows, row_q < rows);
+        // Row tid/8 + 32 of dO: 32 rows (4 096 bytes) further in the source and, as 32 is a multiple of
+        // the permutation's 16 rows and of the 128-byte swizzle's 8, 4 096 bytes further in the tile.
+        copy(st + dst_do, d_o, src_rows, row_do < rows);
+        copy(st + dst_do + 32 * BF_ROW, d_o, src_rows + 32 * BF_ROW, row_do + 32 < rows);
+        copy(st + StagedSage::dot + dst_t, p.tr.do_hat_t + t_off, src_t, true);
+        copy(st + StagedSage::qt + dst_t, p.tr.q_hat_t + t_off, src_t, true);
+    }
+};
+#endif
 
 // ---- bf16: #3 to #7 all BF16 ---------------------------------------------------------------------
 // acc[n] (16 rows × 8 columns, n = 0..2·NP − 1) += a (KS k-steps of 16 in registers, A fragments) ·
@@ -1675,6 +1749,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
     if (threadIdx.x < BLOCK_Q && qb0 < d.n_qblk) store_row_consts(rows_of(0), load_row_consts(p, bh, qb0, threadIdx.x));
 
     float dq_scale = 0.0f;  // of the pending dQ tile
+    const QueryStager<Path> stage_next(p, bh);  // stages block qb + 1 (sage11)
     for (int qb = qb0; qb < d.n_qblk; ++qb) {
         const int buf = (qb - qb0) & 1;
         const bool has_next = qb + 1 < d.n_qblk;
@@ -1683,7 +1758,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
         if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
 #endif
         __syncthreads();     // (a)
-        if (has_next && !Path::STAGES_NEXT) Path::stage_query_block(p, stage(buf ^ 1), bh, qb + 1);
+        if (has_next && !Path::STAGES_NEXT) stage_next(p, stage(buf ^ 1), bh, qb + 1);
         cp_async_commit();
         RowConsts next_rc = {pos_inf(), 0.0f};
         if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
