@@ -1308,12 +1308,14 @@ __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[
 // two compares per entry against per-key row limits (ds_masked), FPA_STSM_DS stores bf16(dS)ᵀ by
 // stmatrix (4 instructions per thread instead of 16), FPA_PRED_RED predicates the dQ reductions
 // instead of branching around each (add_dq_pred), FPA_DESC_WORDS builds the tile's wgmma descriptors
-// once per operand tile and advances them per k-step by one add (DescWords). d = 64 only by default:
-// all four together measured −3 to −5 % backward time at every d = 64 shape, but −0.9 to +1.6 % at
-// d = 128 (not faster beyond noise) in the same call (RESULTS-gpu.md, fpabwd10); verified at both.
+// once per operand tile and advances them per k-step by one add (DescWords). All four at d = 64: −3 to
+// −5 % backward time at every d = 64 shape (fpabwd10). d = 128 (255 registers, 0 spill with any subset):
+// the mask and the descriptors measured −1.9 to −2.6 % at every row of the fpa sweep; adding stmatrix
+// and the predicated reductions (which ptxas still branches around at d = 128) lost most of that
+// (0.0 to −1.8 %) in the same call, so those two are d = 64 only (RESULTS-gpu.md, fpa11).
 #define FPA_FEWER_INSTR_DEFAULT (HEAD_DIM == 64)
 #ifndef FPA_PREFIX_MASK
-#define FPA_PREFIX_MASK FPA_FEWER_INSTR_DEFAULT
+#define FPA_PREFIX_MASK 1
 #endif
 #ifndef FPA_STSM_DS
 #define FPA_STSM_DS FPA_FEWER_INSTR_DEFAULT
@@ -1322,7 +1324,7 @@ __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[
 #define FPA_PRED_RED FPA_FEWER_INSTR_DEFAULT
 #endif
 #ifndef FPA_DESC_WORDS
-#define FPA_DESC_WORDS FPA_FEWER_INSTR_DEFAULT
+#define FPA_DESC_WORDS 1
 #endif
 #if BWD_WGMMA
 __device__ __forceinline__ void wgmma_bf16_ss_tt(float (&d)[8][4], u64 a_desc, u64 b_desc, int acc) {
