@@ -114,7 +114,8 @@ struct Acts {
     d_o_tok: Buf<u16>,
     d_o: CudaSlice<u16>,
     d_qkv: Buf<u16>,
-    /// The QK-norm gains' gradient partials of `qkv_heads_backward` (`[2, blocks, head_dim]`).
+    /// The QK-norm gains' gradient partials of `qkv_heads_backward` (`[2, blocks, head_dim]`), sized by
+    /// `HeadsDims::gain_partial_len` for this batch shape (`ensure_acts` reallocates per shape).
     gain_partial: Buf<f32>,
     /// The RMSNorm backward's gain-gradient partials.
     partial: Buf<f32>,
@@ -523,9 +524,6 @@ impl GpuEngine {
         let grads = self.timed("attention backward", || Ok(self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?))?;
         let hdims = self.heads_dims(batch, seq);
         let (dq, dk, dv) = (addr(&grads.dq, &s), addr(&grads.dk, &s), addr(&grads.dv, &s));
-        if c.qk_norm && hdims.gain_partial_len()? > a.gain_partial.data.len() {
-            return Err(Error::Gpu("the QK-norm gain partials do not fit their buffer".into()));
-        }
         self.timed("heads: backward", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.gain_partial.ptr))?;
         drop(grads);
         if c.qk_norm {
