@@ -245,10 +245,14 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
     }
 }
 
-/// Where the persistent INT8 kernel (`wsp3s`) is the default: every shape until the device call
-/// measures it (sfwd12).
-fn int8_persistent_pays(_head_dim: usize, _n_q: usize, _causal: bool) -> bool {
-    true
+/// Where the persistent INT8 kernel (`wsp3s`) is the default: where it beat the pairs kernel `ws3`
+/// in sfwd12's call (H200, same binary and call): causal N ≤ 4k at both head dims (−4 to −8 %;
+/// training shape N 1k and 4k −7.6 / −7.9 % of the forward incl. quantization), non-causal d = 64
+/// N = 1k (−3.8 %) and d = 128 N ≤ 4k (−3.9 / −2.1 %). Non-causal d = 64 N = 4k was a tie (+0.1 %: the
+/// pair-major order reads K̂, V̂ᵀ of ~132 heads at once where the pairs grid keeps one head's in L2),
+/// and N > 4k was not measured: `ws3` there (RESULTS-gpu.md, sfwd12).
+fn int8_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
+    n_q <= if causal || head_dim == 128 { 4096 } else { 1024 }
 }
 
 /// The wgmma flag bits when the forward takes the sm_90a wgmma path: staged INT8 products without
