@@ -1050,11 +1050,10 @@ __device__ __forceinline__ void ws_load_k(const ForwardParams& p, u32 kt, int bh
     }
 }
 
-// Q̂ rows of the NQ query blocks of this thread block (rows past n_q zero-filled).
+// Q̂ rows r0.. of NQ query blocks (rows past n_q zero-filled).
 template <int NQ>
-__device__ __forceinline__ void ws_load_q(const ForwardParams& p, u32 qt, int bh, int tid) {
+__device__ __forceinline__ void ws_load_q_rows(const ForwardParams& p, u32 qt, int bh, int r0, int tid) {
     const Dims& d = p.dims;
-    const int r0 = NQ * blockIdx.x * BLOCK_Q;
     const i8* qg = p.op.q_hat + ((long)bh * d.n_q + r0) * HEAD_DIM;
 #pragma unroll
     for (int i = tid; i < NQ * BLOCK_Q * FK_CH; i += WG_THREADS) {
@@ -1063,6 +1062,11 @@ __device__ __forceinline__ void ws_load_q(const ForwardParams& p, u32 qt, int bh
         cp_async16(qt + swizzled_offset(row * HEAD_DIM + c * 16, HEAD_DIM), valid ? qg + row * HEAD_DIM + c * 16 : p.op.q_hat,
                    valid);
     }
+}
+// Q̂ rows of the NQ query blocks of this thread block.
+template <int NQ>
+__device__ __forceinline__ void ws_load_q(const ForwardParams& p, u32 qt, int bh, int tid) {
+    ws_load_q_rows<NQ>(p, qt, bh, NQ * blockIdx.x * BLOCK_Q, tid);
 }
 
 // This thread's cp.async group of a stage has landed: fence it for the wgmma (async proxy) and arrive.
@@ -1198,6 +1202,52 @@ struct WsInt8 {
         v_sc = v_sc_next;
     }
 };
+
+// One tile of the persistent INT8 kernel (sfwd12) for consumer warpgroup w: ws_consume's loop
+// (below, the same steps and the same arithmetic) over the `end` key blocks of its query block
+// (rows from row0), which are the it0-th to the (it0 + end − 1)-th key blocks of the block's ring
+// (counted over all its tiles); O and the row state in o, st (started by the caller). PINGPONG:
+// end + 1 turns per tile; the caller passes the first and takes the last. (ws_consume itself does
+// not call this: at d = 128 ptxas then scheduled the BF16 `fws*` kernels' stage addresses
+// differently, so it keeps its own copy and their SASS stays unchanged.)
+template <bool PINGPONG, bool OVERLAP, class Mix, class Ring>
+__device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, int w, int row0, int it0, int end,
+                                        RowState& st, float (*o)[4]) {
+    if (end > 0) {
+        sm.wait_full(it0);
+        if (PINGPONG) take_turn(w);
+        mx.issue_scores(sm.k_stage(it0 % Ring::kStages));
+        if (PINGPONG) pass_turn(w);
+        wgmma_wait<0>();
+    }
+    for (int kb = 0; kb < end; ++kb) {
+        const int s = (it0 + kb) % Ring::kStages, s1 = (it0 + kb + 1) % Ring::kStages;
+        const bool next = kb + 1 < end;
+        mx.begin_block(kb, next);
+        mx.softmax(d, st, row0, kb * BLOCK_KV);
+        if (OVERLAP && next) sm.wait_full(it0 + kb + 1);
+        mx.pin();
+        if (PINGPONG) take_turn(w);
+        mx.issue_pv(sm.v_stage(s));
+        if (OVERLAP && next) mx.issue_scores(sm.k_stage(s1));
+        if (OVERLAP && next) wgmma_wait<1>();  // P·V(kb) done; S(kb + 1) may still run
+        else wgmma_wait<0>();
+        // The turn passes once P·V(kb) is done (FA3 passes it right after the issue; a bar.arrive
+        // with two wgmma groups in flight made ptxas serialize every wgmma, C7514).
+        if (PINGPONG) pass_turn(w);
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
+        mx.o_update(o, st);
+        if (!OVERLAP && next) {
+            sm.wait_full(it0 + kb + 1);
+            if (PINGPONG) take_turn(w);
+            mx.issue_scores(sm.k_stage(s1));
+            if (PINGPONG) pass_turn(w);
+        }
+        wgmma_wait<0>();
+        mx.end_block();
+    }
+}
 
 // A consumer warpgroup w of the warp-specialized forward: query block 2·blockIdx.x + w, the
 // products and softmax of `Mix` on the stages of `Ring`. OVERLAP (the `pipe` schedule): S(kb + 1)
@@ -2020,6 +2070,164 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
 FP_ENTRY(sage_forward_ws_bf16_p3, true, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
 FP_ENTRY(sage_forward_ws_bf16_p1, false, false)  // fpp1: the same without ping-pong
 FP_ENTRY(sage_forward_ws_bf16_p3s, true, true)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
+
+// ---------------------------------------------------------------------------------------------
+// Persistent INT8 forward (sfwd12), kernels `sage_forward_ws_p*`: sage_forward_ws (ws3: ping-pong,
+// early amax, S(kb + 1) overlapping the O update; WsInt8 and ws_tile unchanged, so the same bits)
+// on the persistent grid of the BF16 kernel (FpTile, fp_tile, fp_block_tile): min(tiles, SMs)
+// blocks walk the tiles (query-block pair, batch·head) heaviest first (SNAKE: rounds alternate
+// direction). The producer warpgroup streams Q̂ of the next tile into one of two Q slots and K̂, V̂ᵀ
+// of every key block of every tile through one ring (its stage counter runs over all the block's
+// tiles), so the next tile's loads overlap this tile's last blocks and O stores. A Q slot is
+// loaded with the tile's first key block (same cp.async group: that stage's "full" barrier covers
+// it) and released by the consumers (8 warps) at the tile's end. Tiles without key blocks (causal,
+// N_q > N_k) load and release no Q slot: slots and their phases count the tiles with key blocks
+// (j), so the producer never waits on a slot for a tile whose last stage it has not completed yet.
+// The per-block scales (q_scale of the query block, k/v scales of key block 0) are loaded per tile
+// by WsInt8's constructor.
+#define WSP_STAGES (HEAD_DIM == 128 ? 4 : 8)  // 4 × 32 KB or 8 × 16 KB of K̂ and V̂ᵀ
+#define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
+
+#ifdef SAGE_WGMMA
+// WsRing's layout and interface (stage indices s, counters kb over the block's key blocks) with two
+// Q̂ slots (the j-th tile with key blocks uses slot j & 1) and their "empty" mbarriers after the
+// stages' ones.
+struct WspSmem {
+    static constexpr int kStages = WSP_STAGES;
+    static constexpr int kSmemBytes = 2 * WSP_Q_BYTES + 2 * WSP_STAGES * WG_TILE + 8 * (2 * WSP_STAGES + 2) + 1024;
+    u32 q, k, v, full, empty, q_empty;
+    __device__ __forceinline__ WspSmem(unsigned char* smem) {
+        q = (smem_addr(smem) + 1023u) & ~1023u;
+        k = q + 2 * WSP_Q_BYTES;
+        v = k + WSP_STAGES * WG_TILE;
+        full = v + WSP_STAGES * WG_TILE;
+        empty = full + 8 * WSP_STAGES;
+        q_empty = empty + 8 * WSP_STAGES;
+    }
+    __device__ __forceinline__ u32 q_slot(int i) const { return q + (i & 1) * WSP_Q_BYTES; }
+    __device__ __forceinline__ u32 k_stage(int s) const { return k + s * WG_TILE; }
+    __device__ __forceinline__ u32 v_stage(int s) const { return v + s * WG_TILE; }
+    __device__ __forceinline__ u32 full_bar(int s) const { return full + 8 * s; }
+    __device__ __forceinline__ u32 empty_bar(int s) const { return empty + 8 * s; }
+    __device__ __forceinline__ u32 q_empty_bar(int i) const { return q_empty + 8 * (i & 1); }
+    __device__ __forceinline__ void wait_full(int kb) const { mbar_wait(full_bar(kb % WSP_STAGES), (kb / WSP_STAGES) & 1); }
+    // Producer: the previous use of the stage of the it-th key block / of the j-th Q slot was released.
+    __device__ __forceinline__ void wait_empty(int it) const {
+        if (it >= WSP_STAGES) mbar_wait(empty_bar(it % WSP_STAGES), ((it / WSP_STAGES) - 1) & 1);
+    }
+    __device__ __forceinline__ void wait_q_empty(int i) const {
+        if (i >= 2) mbar_wait(q_empty_bar(i), ((i >> 1) - 1) & 1);  // i = j
+    }
+    // One thread: "full" completes on the 128 producer arrivals + the TMA's (with its bytes), the
+    // "empty" ones on one arrival per consumer warp (8).
+    __device__ __forceinline__ void init() const {
+        for (int s = 0; s < WSP_STAGES; ++s) {
+            mbar_init(full_bar(s), WG_THREADS + 1);
+            mbar_init(empty_bar(s), 8);
+        }
+        for (int s = 0; s < 2; ++s) mbar_init(q_empty + 8 * s, 8);
+        fence_mbar_init();
+    }
+};
+
+// The producer warpgroup (ws_producer's loads, over all the block's tiles): stage `it` is completed
+// after stage it + 1 was issued (two in flight), across tile boundaries too.
+template <bool SNAKE>
+__device__ void wsp_producer(const void* vmap, const ForwardParams& p, const WspSmem& sm) {
+    const Dims& d = p.dims;
+    const int tid = threadIdx.x, n_tiles = fp_tile_count(d);  // tid 0..127
+    int it = 0, j = 0;
+    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
+        const FpTile x = fp_tile(d, t);
+        if (x.end == 0) continue;
+        const int bh_kv = kv_head_of(d, x.bh);
+        sm.wait_q_empty(j);
+        for (int kb = 0; kb < x.end; ++kb, ++it) {
+            const int s = it % WSP_STAGES;
+            sm.wait_empty(it);
+            if (tid == 0) {
+                mbar_arrive_expect_tx(sm.full_bar(s), WG_TILE);
+                tma_load_2d(sm.v_stage(s), vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full_bar(s));
+            }
+            if (kb == 0) ws_load_q_rows<2>(p, sm.q_slot(j), x.bh, 2 * x.pair * BLOCK_Q, tid);
+            ws_load_k(p, sm.k_stage(s), bh_kv, kb, tid);
+            cp_async_commit();
+            if (it > 0) {
+                cp_async_wait<1>();  // stage it − 1 (it may still be in flight)
+                ws_complete_stage(sm.full_bar((it - 1) % WSP_STAGES));
+            }
+        }
+        ++j;
+    }
+    if (it > 0) {
+        cp_async_wait<0>();
+        ws_complete_stage(sm.full_bar((it - 1) % WSP_STAGES));
+    }
+}
+
+// Consumer warpgroup w: query block 2·pair + w of each of the block's tiles, one ws_tile each with
+// WsInt8<early amax> (the per-tile scales), then its Q slot released and O stored. Ping-pong: the
+// turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
+// first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
+// so it has turns iff any tile has.
+template <bool SNAKE>
+__device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
+    const Dims& d = p.dims;
+    const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
+    const bool turns = (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
+    if (turns && w == 1) pass_turn(1);
+    int it = 0, j = 0;
+    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
+        const FpTile x = fp_tile(d, t);
+        const int qb = 2 * x.pair + w, row0 = qb * BLOCK_Q + warp * 16;
+        WsInt8<true> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
+        RowState st;
+        float o[O_TILES][4];
+        start_rows(st, o);
+        ws_tile<true, true>(d, sm, mx, w, row0, it, x.end, st, o);
+        it += x.end;
+        if (x.end > 0) {
+            __syncwarp();
+            if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(j));  // every S of the tile is done
+            ++j;
+        }
+        if (qb < d.n_qblk) mma_store(p, st, o, x.bh, row0);
+    }
+    if (turns && w == 0) take_turn(0);
+}
+#endif  // SAGE_WGMMA
+
+// The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
+// WspSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
+template <bool SNAKE>
+__device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& p, unsigned char* smem) {
+#ifdef SAGE_WGMMA
+    require_dynamic_smem((u32)WspSmem::kSmemBytes);
+    if (blockDim.x != WS_THREADS) __trap();
+    const WspSmem sm(smem);
+    if (threadIdx.x == 0) sm.init();
+    __syncthreads();
+    const int wg = threadIdx.x >> 7;
+    if (wg == 0) {
+        setmaxnreg_dec<24>();
+        wsp_producer<SNAKE>(vmap, p, sm);
+    } else {
+        setmaxnreg_inc<240>();
+        wsp_consumer<SNAKE>(p, sm, wg - 1);
+    }
+#else
+    __trap();  // not compiled for sm_90a
+#endif
+}
+
+#define WSP_ENTRY(name, SNAKE)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
+        name(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
+        extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
+        wsp_main<SNAKE>(&vmap, p, ws_smem);                                                                       \
+    }
+WSP_ENTRY(sage_forward_ws_p3s, true)  // wsp3s: ws3 persistent, snake tile order
+WSP_ENTRY(sage_forward_ws_p3, false)  // wsp3: ws3 persistent, plain stride
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

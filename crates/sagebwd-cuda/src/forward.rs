@@ -227,6 +227,34 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
     }
 }
 
+/// How the INT8 warp-specialized forward (`sage_forward_ws*`, ws3's schedule) walks the work:
+/// `None`, one block per query-block pair and (batch·head) (`sage_forward_ws`); or the persistent
+/// kernel to launch on min(tiles, SMs) blocks (sfwd12): `wsp3s` (`sage_forward_ws_p3s`, snake tile
+/// order) or `wsp3` (`sage_forward_ws_p3`, plain stride). `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`,
+/// `ws13`) keeps the pairs grid; `wsp3s` / `wsp3` ask for a persistent one; otherwise the default
+/// by shape (`int8_persistent_pays`). Only with the ping-pong + early-amax flags (ws3).
+fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
+    if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
+        return None;
+    }
+    match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
+        Ok("wsp3s") => Some(c"sage_forward_ws_p3s"),
+        Ok("wsp3") => Some(c"sage_forward_ws_p3"),
+        Ok("ws3") => None,
+        _ => int8_persistent_pays(head_dim, n_q, causal).then_some(c"sage_forward_ws_p3s"),
+    }
+}
+
+/// Where the persistent INT8 kernel (`wsp3s`) is the default: where it beat the pairs kernel `ws3`
+/// in sfwd12's call (H200, same binary and call): causal N ≤ 4k at both head dims (−4 to −8 %;
+/// training shape N 1k and 4k −7.6 / −7.9 % of the forward incl. quantization), non-causal d = 64
+/// N = 1k (−3.8 %) and d = 128 N ≤ 4k (−3.9 / −2.1 %). Non-causal d = 64 N = 4k was a tie (+0.1 %: the
+/// pair-major order reads K̂, V̂ᵀ of ~132 heads at once where the pairs grid keeps one head's in L2),
+/// and N > 4k was not measured: `ws3` there (RESULTS-gpu.md, sfwd12).
+fn int8_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
+    n_q <= if causal || head_dim == 128 { 4096 } else { 1024 }
+}
+
 /// The wgmma flag bits when the forward takes the sm_90a wgmma path: staged INT8 products without
 /// Q-smoothing (that variant keeps the mma.sync path), on a device compiled for sm_90a.
 fn wgmma_flags(gpu: &Gpu, flags: i32, head_dim: usize) -> i32 {
@@ -299,7 +327,10 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     if wgmma & F_WS != 0 {
         match ws3c_kernel(s.head_dim) {
             Some(kernel) => launch_ws3c(gpu, k, kernel, &p, &quant)?,
-            None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
+            None => match int8_persistent_kernel(s.head_dim, s.n_q, x.causal, wgmma) {
+                Some(kernel) => launch_wsp(gpu, k, kernel, &p, &quant, s.head_dim)?,
+                None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
+            },
         }
         return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
     }
@@ -351,6 +382,23 @@ fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
 fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
     launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, WsShape { smem: ws_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS })
+}
+
+/// Dynamic shared memory of the persistent INT8 kernels (`WspSmem::kSmemBytes`): two slots of Q̂ of
+/// two query blocks, rings of `WSP_STAGES` (4 at d = 128, 8 at d = 64) K̂ and V̂ᵀ tiles of 128 × d
+/// bytes, the full / empty mbarriers of the stages and the two Q-empty ones, 1 KiB of alignment slack.
+fn wsp_smem_bytes(head_dim: usize) -> u32 {
+    let stages = if head_dim == 128 { 4 } else { 8 };
+    (2 * 2 * 64 * head_dim + 2 * stages * 128 * head_dim + 8 * (2 * stages + 2) + 1024) as u32
+}
+
+/// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
+/// the V̂ᵀ tensor map as its first parameter (as `sage_forward_ws`).
+fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
+    let vmap = int8_v_map(gpu, p, quant, head_dim)?;
+    let (pairs, heads) = pairs_grid(p);
+    let blocks = (pairs * heads).min(gpu.dev.sms).max(1);
+    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, WsShape { smem: wsp_smem_bytes(head_dim), grid: (blocks, 1), threads: WS_THREADS })
 }
 
 /// The V̂ᵀ tensor map of the INT8 warp-specialized kernels: `[B·H_kv·d rows][n_kpad keys]` i8, boxes
