@@ -790,12 +790,21 @@ __device__ __forceinline__ float sage10_tile_max(const float (*v)[4]) {
 // Block-wide max of two non-negative values; `red` (16-byte aligned) holds 2·(THREADS/32) floats. The
 // caller's barriers keep `red` from being rewritten before everyone has read it (see
 // staged_backward_main). The per-warp partials are read back as float4 and combined as a tree.
+// sbwd12 (d = 64, sm_90a): the warp step as one redux.sync max of the bits per value: a and b are
+// per-thread maxima from 0 (sage10_tile_max: never NaN, never below +0), and non-negative floats
+// order as their bit patterns, so the u32 max is the fmax, bit for bit (5 serial shuffle + fmax steps
+// before).
 __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
+#if HEAD_DIM == 64 && defined(SAGE_WGMMA)
+    a = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(a)));
+    b = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(b)));
+#else
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
         b = fmaxf(b, __shfl_xor_sync(0xffffffffu, b, o));
     }
+#endif
     const int warp = threadIdx.x >> 5;
     if ((threadIdx.x & 31) == 0) {
         red[warp] = a;
