@@ -1087,7 +1087,9 @@ struct StagedSage {
                                                  float (*dk)[4]) {
         const Dims& d = p.dims;
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if !SBWD12_DS_STSM
         const int g = lane >> 2, t = lane & 3;
+#endif
         const float s_q = p.op.q_scale[x.bh * d.n_qblk + x.qb], s_do = p.do_scale[x.bh * d.n_qblk + x.qb];
         const float s_k = p.op.k_scale[x.bh_kv * d.n_kblk + x.kb];
         const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
