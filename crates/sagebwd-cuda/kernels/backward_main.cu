@@ -790,12 +790,21 @@ __device__ __forceinline__ float sage10_tile_max(const float (*v)[4]) {
 // Block-wide max of two non-negative values; `red` (16-byte aligned) holds 2·(THREADS/32) floats. The
 // caller's barriers keep `red` from being rewritten before everyone has read it (see
 // staged_backward_main). The per-warp partials are read back as float4 and combined as a tree.
+// sbwd12 (d = 64, sm_90a): the warp step as one redux.sync max of the bits per value: a and b are
+// per-thread maxima from 0 (sage10_tile_max: never NaN, never below +0), and non-negative floats
+// order as their bit patterns, so the u32 max is the fmax, bit for bit (5 serial shuffle + fmax steps
+// before).
 __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
+#if HEAD_DIM == 64 && defined(SAGE_WGMMA)
+    a = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(a)));
+    b = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(b)));
+#else
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
         b = fmaxf(b, __shfl_xor_sync(0xffffffffu, b, o));
     }
+#endif
     const int warp = threadIdx.x >> 5;
     if ((threadIdx.x & 31) == 0) {
         red[warp] = a;
@@ -914,6 +923,32 @@ struct QueryStager {
         Path::stage_query_block(p, st, bh, qb);
     }
 };
+
+// ---- sbwd12: the dŜ tile by stmatrix at d = 64 -----------------------------------------------
+// The Sᵀ accumulator gives lane (g, t) keys g and g + 8 of the warp's 16 (one 16-byte chunk of a dŜ
+// row) for rows 4t + c (+ 16, 2 per n-tile): 32 one-byte stores per thread per tile before. Stored
+// instead as 16-bit pairs {key g, key g + 8} by two stmatrix.trans, each 16-byte chunk of dŜ holds its
+// 16 keys in the order byte 2g + h = key g + 8h; K̂ᵀ (dQ's B, K = the keys) gets the same order in
+// every 16-byte chunk, once per CTA in its first tile. dQ's INT32 sums over the keys are exact, so
+// the order of their terms does not change a bit. Only with the early wgmma dQ at d = 64 (the d = 128
+// kernel was not timed with it).
+#define SBWD12_DS_STSM (SAGE_EARLY_DQ && HEAD_DIM == 64)
+#if SBWD12_DS_STSM
+// Byte 2g + h of every 16-byte chunk of this warpgroup's half of the K̂ᵀ tile (rows wg·d/2.., the
+// rows its dQ wgmma reads) := byte g + 8h. In place, each thread its own two chunks; then the proxy
+// fence (the caller's next barrier makes it visible to the next dQ wgmma).
+__device__ __forceinline__ void sbwd12_interleave_kt(u32 kt_tile) {
+    static_assert(THREADS == 256 && HEAD_DIM / 2 * BLOCK_KV == 2 * 128 * 16, "two chunks per thread");
+    const u32 a = kt_tile + (threadIdx.x >> 7) * (HEAD_DIM / 2 * BLOCK_KV) + 16 * (threadIdx.x & 127);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const uint4 w = ld_shared_u4(a + 2048 * k);
+        st_shared_u4(a + 2048 * k, make_uint4(interleave_bytes<false>(w.x, w.z), interleave_bytes<true>(w.x, w.z),
+                                              interleave_bytes<false>(w.y, w.w), interleave_bytes<true>(w.y, w.w)));
+    }
+    fence_proxy_async();
+}
+#endif
 
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
@@ -1052,7 +1087,9 @@ struct StagedSage {
                                                  float (*dk)[4]) {
         const Dims& d = p.dims;
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if !SBWD12_DS_STSM
         const int g = lane >> 2, t = lane & 3;
+#endif
         const float s_q = p.op.q_scale[x.bh * d.n_qblk + x.qb], s_do = p.do_scale[x.bh * d.n_qblk + x.qb];
         const float s_k = p.op.k_scale[x.bh_kv * d.n_kblk + x.kb];
         const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
@@ -1076,6 +1113,9 @@ struct StagedSage {
         wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
         if (x.has_prev) sage10_add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);  // block-uniform
+#if SBWD12_DS_STSM
+        else sbwd12_interleave_kt(x.smem + kt);  // the CTA's first tile; block (b) below is the barrier
+#endif
 #endif
         wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
         wgmma_fence_regs(s_acc);
@@ -1102,6 +1142,7 @@ struct StagedSage {
         sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
 
         u32 pa[2][4], da[2][4];
+#if !SBWD12_DS_STSM
         // dŜ byte addresses of this lane for rows 4t + 2b + c (b = n-tile parity, c = column parity)
         // at key 16w + g; other n-tiles and keys g + 8 are compile-time offsets (16 rows keep the
         // swizzle term).
@@ -1118,6 +1159,7 @@ struct StagedSage {
                 ds_out[2 * b + c] = x.ds + row * BLOCK_KV + (swz_ds(row, warp) << 4) + g;
 #endif
             }
+#endif
 #pragma unroll
         for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -1129,11 +1171,34 @@ struct StagedSage {
                     u32 qd[4] = {quant_bits(ds[n0][2 * h], sc_ds.inv), quant_bits(ds[n0][2 * h + 1], sc_ds.inv),
                                  quant_bits(ds[n0 + 1][2 * h], sc_ds.inv), quant_bits(ds[n0 + 1][2 * h + 1], sc_ds.inv)};
                     da[s][2 * half + h] = pack_lo_bytes(qd[0], qd[1], qd[2], qd[3]);
+#if !SBWD12_DS_STSM
                     // The same four bytes into dŜ[row][key]: key 16w + g + 8h, rows qrow_of(n, 2t + {0,1}).
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
                         ds_out[(i >> 1) * 2 + (i & 1)][16 * (n0 >> 1) * BLOCK_KV + 8 * h] = (unsigned char)qd[i];
+#endif
                 }
+#if SBWD12_DS_STSM
+        {
+            // n-tile nt's register: {dŜ(row c = 0: key g, key g + 8), (row c = 1: the same)} from the two
+            // A words of its n-tile pair (h = 0, 1: bytes (nt, c) at 2(nt mod 2) + c). Matrix i of a store is
+            // n-tile i (+ 4 in the second): rows 16(i div 2) + 2(i mod 2) + 4t + c (32 rows further in the
+            // second); lane l gives row j = l mod 8 (t = j div 2, c = j mod 2) of matrix l / 8.
+            u32 sd[8];
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    sd[4 * s + 2 * half] = interleave_bytes<false>(da[s][2 * half], da[s][2 * half + 1]);
+                    sd[4 * s + 2 * half + 1] = interleave_bytes<true>(da[s][2 * half], da[s][2 * half + 1]);
+                }
+            const int j = lane & 7, mi = lane >> 3;
+            const int row = 16 * (mi >> 1) + 2 * (mi & 1) + 4 * (j >> 1) + (j & 1);
+            const u32 ds_row = smem_addr(x.ds) + row * BLOCK_KV + ((warp ^ (row & 7)) << 4);
+            stmatrix_x4_trans(ds_row, sd[0], sd[1], sd[2], sd[3]);
+            stmatrix_x4_trans(ds_row + 32 * BLOCK_KV, sd[4], sd[5], sd[6], sd[7]);
+        }
+#endif
 #if BWD_WGMMA
         wg_key_products(st_lo, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
 #else

@@ -316,3 +316,30 @@ struct DescWords {
 };
 __device__ __forceinline__ DescWords desc_words(u64 desc) { return {(u32)desc, (u32)(desc >> 32)}; }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// sbwd12: the INT8 backward's dŜ tile by stmatrix at d = 64 (StagedSage, backward_main.cu).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// stmatrix_x4 with .trans: lane (g, t)'s register i goes to matrix i transposed, its lower 16 bits
+// to memory row 2t, its upper 16 bits to row 2t + 1, both at 16-bit element g of the row (lane l
+// gives the address of row l mod 8 of matrix l / 8, 16 bytes).
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+// Bytes {a.b[k], b.b[k], a.b[k + 1], b.b[k + 1]} for k = 0 (HI false) or 2 (HI true).
+template <bool HI>
+__device__ __forceinline__ u32 interleave_bytes(u32 a, u32 b) {
+    u32 r;
+    if (HI) asm("prmt.b32 %0, %1, %2, 0x7362;" : "=r"(r) : "r"(a), "r"(b));
+    else asm("prmt.b32 %0, %1, %2, 0x5140;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ uint4 ld_shared_u4(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_shared_u4(u32 addr, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
