@@ -107,17 +107,26 @@ fn use_ws_kernel(gpu: &Gpu, staged: Option<StagedBackward>, head_dim: usize) -> 
 /// backward_main.cu, fpab12): `SAGEBWD_BWD_PERSIST=1` on, `0` off (the plain grid of
 /// `sage_bwd_main_mma`, one CTA per key block and head); unset: the measured default
 /// [`persist_default`].
-fn use_persistent(path: StagedBackward, head_dim: usize, causal: bool) -> bool {
+fn use_persistent(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
     match std::env::var("SAGEBWD_BWD_PERSIST").ok().as_deref() {
         Some("1") => true,
         Some("0") => false,
-        _ => persist_default(path, head_dim, causal),
+        _ => persist_default(path, head_dim, causal, n_q),
     }
 }
 
-/// Where the persistent grid measured faster than the plain one (docs/RESULTS-gpu.md, fpab12).
-fn persist_default(_path: StagedBackward, _head_dim: usize, _causal: bool) -> bool {
-    false
+/// Where the persistent grid measured faster than the plain one in both runs of fpab12's call
+/// (docs/RESULTS-gpu.md, fpab12; N 1024 and 4096 measured): causal only (short, uneven items, where
+/// the per-item prologue and epilogue weigh most) — fpa at d = 64 and sagebwd at d = 64 at N ≤ 1024
+/// (−2.6 to −3.3 %; at N 4096 they were +0.2 to +1.6 % slower), fpa at d = 128 at N ≤ 4096 (−2.3 %,
+/// −2.4 %). Not causal it was 0 to +3.5 %, sagebwd at d = 128 (its persistent kernel spills) +1.2
+/// to +2.5 %: the plain grid there.
+fn persist_default(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
+    causal && match (path, head_dim) {
+        (StagedBackward::Bf16, 64) | (StagedBackward::Sage, 64) => n_q <= 1024,
+        (StagedBackward::Bf16, 128) => n_q <= 4096,
+        _ => false,
+    }
 }
 
 /// `Kernels::backward_main_function(name)` with its dynamic shared memory limit raised to `smem`.
@@ -238,7 +247,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     if smem > optin {
         return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
     }
-    let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal));
+    let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
     let (main_fn, main_threads) = if ws {
         (bwd_main_function(k, c"sage_bwd_main_ws", smem)?, WS_THREADS)
     } else if persist {
@@ -616,6 +625,16 @@ mod tests {
         assert!(choose_groups(&mha(1, 2, 64, 64)).count <= 2);
         assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), GroupPolicy::Count(1)), GroupPlan::one(40));
         assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), GroupPolicy::Count(3)), GroupPlan { count: 3, rows: 14 });
+    }
+
+    #[test]
+    fn persistent_grid_default_only_where_measured_faster() {
+        use StagedBackward::{Bf16, Sage};
+        assert!(persist_default(Bf16, 64, true, 1024) && persist_default(Sage, 64, true, 1024));
+        assert!(!persist_default(Bf16, 64, true, 4096) && !persist_default(Sage, 64, true, 4096));
+        assert!(persist_default(Bf16, 128, true, 1024) && persist_default(Bf16, 128, true, 4096));
+        assert!(!persist_default(Bf16, 128, true, 16384) && !persist_default(Sage, 128, true, 1024));
+        assert!(!persist_default(Bf16, 64, false, 1024) && !persist_default(Bf16, 128, false, 1024));
     }
 
     #[test]
