@@ -1750,6 +1750,16 @@ struct KeyBlockCoords {
 // of heads (about CAUSAL_CHUNK_CTAS CTAs) and inside a chunk every head's kb = 0 comes first, then kb = 1…
 // Heaviest first: the grid ends on its lightest blocks (a short tail), while a chunk's Q, dO and dQ
 // rows stay in L2 for the key blocks of its heads.
+// staged_item_coords: the same order for work item `linear` of n_kb × rows (the persistent grid's
+// items are these linear indices; staged_block_coords is it at blockIdx.y · gridDim.x + blockIdx.x).
+__device__ __forceinline__ KeyBlockCoords staged_item_coords(const Dims& d, int linear, int n_kb, int rows) {
+    if (!d.causal) return {linear % n_kb, linear / n_kb};
+    const int chunk_heads = max(1, CAUSAL_CHUNK_CTAS / n_kb);
+    const int first = linear / (chunk_heads * n_kb) * chunk_heads;  // the chunk's first head
+    const int heads = min(chunk_heads, rows - first);
+    const int r = linear - first * n_kb;  // within the chunk: heads × n_kb, key block slowest
+    return {r / heads, first + r % heads};
+}
 __device__ __forceinline__ KeyBlockCoords staged_block_coords(const Dims& d) {
     if (!d.causal) return {(int)blockIdx.x, (int)blockIdx.y};
     const int n_kb = gridDim.x, rows = gridDim.y;
@@ -1862,6 +1872,138 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
 
     store_dk_dv(p, kb, bh, dv, dk);
 }
+// fpab12: a persistent grid (kernels sage_bwd_main_persist_{sage,bf16}; SAGEBWD_BWD_PERSIST in src/backward.rs). The grid
+// is (G, 1) with G ≤ the CTAs that fit at once; CTA c starts on item c of the n_kblk × rows items (in
+// staged_item_coords' order: heaviest first) and claims each next one from a counter (dynamic, as the
+// hardware's block scheduler hands out the blocks of the plain grid: the tail stays short): one
+// atomicAdd by thread 0 while the finished item's last dQ runs, broadcast through shared memory at the
+// barrier that follows it. Past that barrier no warp reads the item's shared memory any more, so the
+// next item's key block, first query block (cp.async) and row constants are issued before the
+// finished item's dK, dV stores, which go out while those loads fly. The counter is the 32-bit word
+// after the dQ accumulator's rows·n_q·d floats (the host allocates and zeroes it). The plain grid
+// (n_kblk, rows) of sage_bwd_main_mma, one item per CTA, keeps staged_backward_main unchanged.
+template <class Path>
+__device__ __forceinline__ void staged_prologue(const BackwardParams& p, u32 smem, int kb, int bh) {
+    const Dims& d = p.dims;
+    const int qb0 = query_block_begin(d, kb);
+    if (qb0 < d.n_qblk) {
+        Path::stage_key_block(p, smem, kv_head_of(d, bh), kb);
+        Path::stage_query_block(p, smem + Path::Layout::stage0, bh, qb0);
+    }
+    cp_async_commit();
+}
+
+template <class Path>
+__device__ void staged_backward_persist(const BackwardParams& p, unsigned char* smem_ptr) {
+    typedef typename Path::Layout Lay;
+    const Dims& d = p.dims;
+    const u32 raw = smem_addr(smem_ptr), smem = (raw + (ALIGN_SLACK - 1)) & ~(u32)(ALIGN_SLACK - 1);
+    smem_ptr += smem - raw;  // the layout's offsets count from the 1024-byte aligned start
+    const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
+    const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
+
+    const int n_rows = d.batch * d.heads_q, n_items = d.n_kblk * n_rows;
+    __shared__ int next_item;  // the claimed item, thread 0 → the CTA
+    int item = blockIdx.x;
+    if (item >= n_items) return;  // (the host launches at most n_items CTAs)
+    KeyBlockCoords at = staged_item_coords(d, item, d.n_kblk, n_rows);
+
+    staged_prologue<Path>(p, smem, at.kb, at.bh);
+    if (threadIdx.x < BLOCK_Q && query_block_begin(d, at.kb) < d.n_qblk)
+        store_row_consts(rows_of(0), load_row_consts(p, at.bh, query_block_begin(d, at.kb), threadIdx.x));
+    // Its per-thread parts do not depend on the head (the head goes to each call).
+    const QueryStager<Path> stage_next(p, at.bh);  // stages block qb + 1 (sage11)
+    for (;;) {
+    const int kb = at.kb, bh = at.bh;
+
+    float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
+
+    const int bh_kv = kv_head_of(d, bh);
+    const int qb0 = query_block_begin(d, kb);
+
+    float dq_scale = 0.0f;  // of the pending dQ tile
+    for (int qb = qb0; qb < d.n_qblk; ++qb) {
+        const int buf = (qb - qb0) & 1;
+        const bool has_next = qb + 1 < d.n_qblk;
+        cp_async_wait<0>();  // this thread's copies of block qb are done
+#if BWD_WGMMA
+        if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
+#endif
+        __syncthreads();     // (a)
+        if (has_next && !Path::STAGES_NEXT) stage_next(p, stage(buf ^ 1), bh, qb + 1);
+        cp_async_commit();
+        RowConsts next_rc = {pos_inf(), 0.0f};
+        if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
+
+        StagedTile x;
+        x.smem = smem;
+        x.st = stage(buf);
+        x.rows = rows_of(buf);
+        x.ds = smem_ptr + Lay::ds0 + buf * Lay::ds_bytes;
+        x.red = (float*)(smem_ptr + Lay::red);
+        x.bh = bh;
+        x.bh_kv = bh_kv;
+        x.qb = qb;
+        x.kb = kb;
+        x.prev_ds = smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes;
+        x.has_prev = qb > qb0;
+        x.prev_dq_scale = dq_scale;
+        x.next_st = stage(buf ^ 1);
+        x.has_next = has_next;
+        const float tile_dq_scale = Path::tile(p, x, dv, dk);
+        if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
+        if (qb > qb0 && !Path::DQ_IN_TILE) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
+        if (!Path::STAGES_NEXT) Path::drain(dv, dk);  // before the next (a): block qb + 2 is staged into this block's stage
+        dq_scale = tile_dq_scale;
+    }
+    cp_async_wait<0>();
+#if BWD_WGMMA
+    if (Path::WGMMA_DQ) fence_proxy_async();  // the dS stores → dQ's wgmma reads
+#endif
+    __syncthreads();  // dS of the last block complete
+    int claimed = n_items;
+    if (threadIdx.x == 0)
+        claimed = (int)atomicAdd((unsigned*)(p.dq_acc + (long)n_rows * d.n_q * HEAD_DIM), 1u) + (int)gridDim.x;
+    if (qb0 < d.n_qblk)
+        Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
+    Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
+
+    if (threadIdx.x == 0) next_item = claimed;
+    __syncthreads();  // every warp done with this item's shared memory; next_item visible
+    item = next_item;
+    if (item < n_items) {
+        at = staged_item_coords(d, item, d.n_kblk, n_rows);
+        staged_prologue<Path>(p, smem, at.kb, at.bh);
+        const int nqb0 = query_block_begin(d, at.kb);
+        RowConsts rc = {pos_inf(), 0.0f};
+        if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) rc = load_row_consts(p, at.bh, nqb0, threadIdx.x);
+        store_dk_dv(p, kb, bh, dv, dk);  // while the next item's loads fly
+        if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) store_row_consts(rows_of(0), rc);
+    } else {
+        store_dk_dv(p, kb, bh, dv, dk);
+        return;
+    }
+    }
+}
+// The staged paths on the persistent grid, one entry per path (registers are allocated per kernel;
+// sage_bwd_main_mma's code and registers stay as they were).
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage(BackwardParams p) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
+    require_dynamic_smem((u32)StagedSage::Layout::bytes);
+    staged_backward_persist<StagedSage>(p, smem_raw);
+}
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16(BackwardParams p) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();
+    require_dynamic_smem((u32)StagedBf16::Layout::bytes);
+    staged_backward_persist<StagedBf16>(p, smem_raw);
+}
+
 // Every path takes its shared memory from the dynamic allocation (`backward_smem_bytes` and
 // `staged_backward_smem_bytes` in src/backward.rs); a launch with less traps rather than corrupt
 // memory.

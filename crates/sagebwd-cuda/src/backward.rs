@@ -103,6 +103,32 @@ fn use_ws_kernel(gpu: &Gpu, staged: Option<StagedBackward>, head_dim: usize) -> 
         && std::env::var("SAGEBWD_BWD_WS").is_ok_and(|v| v == "1")
 }
 
+/// Whether a staged backward runs on the persistent grid (`sage_bwd_main_persist_{sage,bf16}`,
+/// backward_main.cu, fpab12): `SAGEBWD_BWD_PERSIST=1` on, `0` off (the plain grid of
+/// `sage_bwd_main_mma`, one CTA per key block and head); unset: the measured default
+/// [`persist_default`].
+fn use_persistent(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
+    match std::env::var("SAGEBWD_BWD_PERSIST").ok().as_deref() {
+        Some("1") => true,
+        Some("0") => false,
+        _ => persist_default(path, head_dim, causal, n_q),
+    }
+}
+
+/// Where the persistent grid measured faster than the plain one in both runs of fpab12's call
+/// (docs/RESULTS-gpu.md, fpab12; N 1024 and 4096 measured): causal only (short, uneven items, where
+/// the per-item prologue and epilogue weigh most) — fpa at d = 64 and sagebwd at d = 64 at N ≤ 1024
+/// (−2.6 to −3.3 %; at N 4096 they were +0.2 to +1.6 % slower), fpa at d = 128 at N ≤ 4096 (−2.3 %,
+/// −2.4 %). Not causal it was 0 to +3.5 %, sagebwd at d = 128 (its persistent kernel spills) +1.2
+/// to +2.5 %: the plain grid there.
+fn persist_default(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
+    causal && match (path, head_dim) {
+        (StagedBackward::Bf16, 64) | (StagedBackward::Sage, 64) => n_q <= 1024,
+        (StagedBackward::Bf16, 128) => n_q <= 4096,
+        _ => false,
+    }
+}
+
 /// `Kernels::backward_main_function(name)` with its dynamic shared memory limit raised to `smem`.
 fn bwd_main_function(k: &Kernels, name: &std::ffi::CStr, smem: usize) -> Result<sys::CUfunction> {
     let f = k.backward_main_function(name)?;
@@ -187,7 +213,8 @@ impl GroupBuffers {
             None
         };
         let do_hat_t = if plan.count > 1 { Some(gpu.alloc_poisoned_i8(rows * d * pq)?) } else { None };
-        let dq_acc = gpu.alloc_f32(rows * s.n_q * d)?;
+        // + the persistent grid's work counter (and padding to 16 bytes) after the rows.
+        let dq_acc = gpu.alloc_f32(rows * s.n_q * d + 4)?;
         let ds_rowsum = gpu.alloc_f32(if dq_corr { rows * s.n_q } else { 1 })?;
         Ok(GroupBuffers { qk_hat_t, do_hat_t, dq_acc, ds_rowsum })
     }
@@ -220,8 +247,12 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     if smem > optin {
         return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
     }
+    let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
     let (main_fn, main_threads) = if ws {
         (bwd_main_function(k, c"sage_bwd_main_ws", smem)?, WS_THREADS)
+    } else if persist {
+        let name = if staged == Some(StagedBackward::Sage) { c"sage_bwd_main_persist_sage" } else { c"sage_bwd_main_persist_bf16" };
+        (bwd_main_function(k, name, smem)?, THREADS)
     } else {
         let func = if gpu.tensor_cores() { &k.bwd_main_mma } else { &k.bwd_main };
         drv("set smem attribute", func.set_attribute(
@@ -242,6 +273,21 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     // Σ dS is read only with the dQ correction (by the kernels' flag checks): else one unused element.
     let dq_corr = fl & crate::F_DQ_CORR != 0;
     let sets = (0..plan.buffer_sets()).map(|_| GroupBuffers::new(gpu, s, &plan, qk_hat_t, dq_corr)).collect::<Result<Vec<_>>>()?;
+    // The persistent grid: as many CTAs as fit at once (at most one per work item), and its work
+    // counter, the word after the dQ accumulator's rows (zeroed with the accumulator per group when
+    // there are several; here for one group, whose accumulator the preprocess zeroes by rows).
+    let persist_ctas = if persist {
+        let mut per_sm: std::ffi::c_int = 0;
+        drv("occupancy", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, main_fn, main_threads as i32, smem).result()
+        })?;
+        if plan.count == 1 {
+            gpu.fill_on(k, gpu.ptr(&sets[0].dq_acc) + (bh * s.n_q * s.head_dim * 4) as u64, 16, 0, gpu.main_stream())?;
+        }
+        per_sm.max(1) as usize * gpu.dev.sms as usize
+    } else {
+        0
+    };
     // One group: its dQ accumulator covers every row and the preprocess zeroes it.
     let dq_zero = (plan.count == 1).then(|| gpu.ptr(&sets[0].dq_acc));
     let Preprocessed { do_quant, delta } = preprocess(gpu, k, x, &fwd.o, d_o, qd.needs, dq_zero)?;
@@ -324,7 +370,8 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             c_lambda,
             c,
         };
-        let grid = (dims.n_kblk as u32, rows as u32, 1);
+        let items = dims.n_kblk as usize * rows;
+        let grid = if persist { (items.min(persist_ctas).max(1) as u32, 1, 1) } else { (dims.n_kblk as u32, rows as u32, 1) };
         let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
         gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
         let (mut acc, mut rowsum, mut k_mean) = (dq_acc, ds_rowsum, op.k_mean);
@@ -578,6 +625,16 @@ mod tests {
         assert!(choose_groups(&mha(1, 2, 64, 64)).count <= 2);
         assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), GroupPolicy::Count(1)), GroupPlan::one(40));
         assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), GroupPolicy::Count(3)), GroupPlan { count: 3, rows: 14 });
+    }
+
+    #[test]
+    fn persistent_grid_default_only_where_measured_faster() {
+        use StagedBackward::{Bf16, Sage};
+        assert!(persist_default(Bf16, 64, true, 1024) && persist_default(Sage, 64, true, 1024));
+        assert!(!persist_default(Bf16, 64, true, 4096) && !persist_default(Sage, 64, true, 4096));
+        assert!(persist_default(Bf16, 128, true, 1024) && persist_default(Bf16, 128, true, 4096));
+        assert!(!persist_default(Bf16, 128, true, 16384) && !persist_default(Sage, 128, true, 1024));
+        assert!(!persist_default(Bf16, 64, false, 1024) && !persist_default(Bf16, 128, false, 1024));
     }
 
     #[test]
