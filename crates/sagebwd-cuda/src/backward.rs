@@ -284,7 +284,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         if plan.count == 1 {
             gpu.fill_on(k, gpu.ptr(&sets[0].dq_acc) + (bh * s.n_q * s.head_dim * 4) as u64, 16, 0, gpu.main_stream())?;
         }
-        per_sm.max(1) as usize * gpu.dev.sms as usize
+        per_sm.max(1) as usize * gpu.dev.persistent_sms as usize
     } else {
         0
     };

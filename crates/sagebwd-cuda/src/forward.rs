@@ -397,7 +397,7 @@ fn wsp_smem_bytes(head_dim: usize) -> u32 {
 fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
     let (pairs, heads) = pairs_grid(p);
-    let blocks = (pairs * heads).min(gpu.dev.sms).max(1);
+    let blocks = (pairs * heads).min(gpu.dev.persistent_sms).max(1);
     launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, WsShape { smem: wsp_smem_bytes(head_dim), grid: (blocks, 1), threads: WS_THREADS })
 }
 
@@ -480,7 +480,7 @@ fn launch_ws_bf16(
         Bf16WsGrid::Persistent => {
             let (pairs, heads) = pairs_grid(p);
             let tiles = pairs * heads;
-            let blocks = tiles.min(gpu.dev.sms).max(1);
+            let blocks = tiles.min(gpu.dev.persistent_sms).max(1);
             launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_persistent_smem_bytes(head_dim), grid: (blocks, 1), threads: WS_THREADS })
         }
     }
