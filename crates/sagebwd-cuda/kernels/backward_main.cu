@@ -962,9 +962,13 @@ __device__ __forceinline__ void sbwd12_interleave_kt(u32 kt_tile) {
 // descriptor built in vector registers and moved by 2 R2UR (+ VIADD, IMAD.MOV) per wgmma. Broadcast
 // from lane 0 by a full-mask shuffle (as CUTLASS's canonical_warp_group_idx), it is uniform to ptxas
 // and the descriptors live in uniform registers. The same value, so the same operands.
+// Measured (sbwd13's call, docs/RESULTS-gpu.md): at d = 64 alone it made the backward 0.6–1.8 % SLOWER
+// (ptxas re-executes the shuffle in every tile, right before the first wgmma), so it is off there; at
+// d = 128 it is on, as part of the configuration that measured faster (with the dŜ stmatrix and the
+// redux amax: −0.8 to −2.5 %); its own share at d = 128 was not separated.
 #if BWD_WGMMA
 #ifndef SBWD13_UNIFORM_WG
-#define SBWD13_UNIFORM_WG 1
+#define SBWD13_UNIFORM_WG (HEAD_DIM == 128)
 #endif
 __device__ __forceinline__ int sbwd13_wg() {
 #if SBWD13_UNIFORM_WG
