@@ -790,12 +790,12 @@ __device__ __forceinline__ float sage10_tile_max(const float (*v)[4]) {
 // Block-wide max of two non-negative values; `red` (16-byte aligned) holds 2·(THREADS/32) floats. The
 // caller's barriers keep `red` from being rewritten before everyone has read it (see
 // staged_backward_main). The per-warp partials are read back as float4 and combined as a tree.
-// sbwd12 (d = 64, sm_90a): the warp step as one redux.sync max of the bits per value: a and b are
+// sbwd12 (sm_90a; d = 64, and d = 128 since sbwd13): the warp step as one redux.sync max of the bits per value: a and b are
 // per-thread maxima from 0 (sage10_tile_max: never NaN, never below +0), and non-negative floats
 // order as their bit patterns, so the u32 max is the fmax, bit for bit (5 serial shuffle + fmax steps
 // before).
 __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
-#if HEAD_DIM == 64 && defined(SAGE_WGMMA)
+#if defined(SAGE_WGMMA)  // sbwd13: d = 128 too
     a = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(a)));
     b = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(b)));
 #else
@@ -930,23 +930,52 @@ struct QueryStager {
 // instead as 16-bit pairs {key g, key g + 8} by two stmatrix.trans, each 16-byte chunk of dŜ holds its
 // 16 keys in the order byte 2g + h = key g + 8h; K̂ᵀ (dQ's B, K = the keys) gets the same order in
 // every 16-byte chunk, once per CTA in its first tile. dQ's INT32 sums over the keys are exact, so
-// the order of their terms does not change a bit. Only with the early wgmma dQ at d = 64 (the d = 128
-// kernel was not timed with it).
-#define SBWD12_DS_STSM (SAGE_EARLY_DQ && HEAD_DIM == 64)
+// the order of their terms does not change a bit. Only with the early wgmma dQ; at d = 64 (sbwd12) and,
+// since sbwd13, at d = 128 (SBWD13_DS_STSM_D128, below).
+// sbwd13: d = 128 too (the dŜ tile is [64][128] bytes at both head dims; the K̂ᵀ half of a warpgroup is
+// d/2 rows of 128 bytes: 2 chunks per thread at d = 64, 4 at d = 128).
+#ifndef SBWD13_DS_STSM_D128
+#define SBWD13_DS_STSM_D128 1
+#endif
+#define SBWD12_DS_STSM (SAGE_EARLY_DQ && (HEAD_DIM == 64 || SBWD13_DS_STSM_D128))
 #if SBWD12_DS_STSM
 // Byte 2g + h of every 16-byte chunk of this warpgroup's half of the K̂ᵀ tile (rows wg·d/2.., the
 // rows its dQ wgmma reads) := byte g + 8h. In place, each thread its own two chunks; then the proxy
 // fence (the caller's next barrier makes it visible to the next dQ wgmma).
 __device__ __forceinline__ void sbwd12_interleave_kt(u32 kt_tile) {
-    static_assert(THREADS == 256 && HEAD_DIM / 2 * BLOCK_KV == 2 * 128 * 16, "two chunks per thread");
+    constexpr int CHUNKS = HEAD_DIM / 2 * BLOCK_KV / (128 * 16);  // per thread: 2 at d = 64, 4 at d = 128
+    static_assert(THREADS == 256 && HEAD_DIM / 2 * BLOCK_KV == CHUNKS * 128 * 16, "whole chunks per thread");
     const u32 a = kt_tile + (threadIdx.x >> 7) * (HEAD_DIM / 2 * BLOCK_KV) + 16 * (threadIdx.x & 127);
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < CHUNKS; ++k) {
         const uint4 w = ld_shared_u4(a + 2048 * k);
         st_shared_u4(a + 2048 * k, make_uint4(interleave_bytes<false>(w.x, w.z), interleave_bytes<true>(w.x, w.z),
                                               interleave_bytes<false>(w.y, w.w), interleave_bytes<true>(w.y, w.w)));
     }
     fence_proxy_async();
+}
+#endif
+
+// ---- sbwd13: the warpgroup index as a value ptxas knows is warp-uniform --------------------------
+// threadIdx.x / 128 is the same in every lane of a warp, but ptxas does not know it: each wgmma whose
+// descriptor depends on it (Sᵀ's and dPᵀ's A: K̂, V rows 64·wg; dQ's B: K̂ᵀ rows wg·d/2) had its
+// descriptor built in vector registers and moved by 2 R2UR (+ VIADD, IMAD.MOV) per wgmma. Broadcast
+// from lane 0 by a full-mask shuffle (as CUTLASS's canonical_warp_group_idx), it is uniform to ptxas
+// and the descriptors live in uniform registers. The same value, so the same operands.
+// Measured (sbwd13's call, docs/RESULTS-gpu.md): at d = 64 alone it made the backward 0.6–1.8 % SLOWER
+// (ptxas re-executes the shuffle in every tile, right before the first wgmma), so it is off there; at
+// d = 128 it is on, as part of the configuration that measured faster (with the dŜ stmatrix and the
+// redux amax: −0.8 to −2.5 %); its own share at d = 128 was not separated.
+#if BWD_WGMMA
+#ifndef SBWD13_UNIFORM_WG
+#define SBWD13_UNIFORM_WG (HEAD_DIM == 128)
+#endif
+__device__ __forceinline__ int sbwd13_wg() {
+#if SBWD13_UNIFORM_WG
+    return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0);
+#else
+    return threadIdx.x >> 7;
+#endif
 }
 #endif
 
@@ -1108,7 +1137,7 @@ struct StagedSage {
         issue_dq(dq_acc, smem_lo, sage10_desc_lo(x.prev_ds));
         wgmma_commit();
 #endif
-        wg_issue_scores_dp(s_acc, ds, smem_lo, st_lo, warp >> 2);
+        wg_issue_scores_dp(s_acc, ds, smem_lo, st_lo, sbwd13_wg());
 #if SAGE_EARLY_DQ
         wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
@@ -1213,7 +1242,7 @@ struct StagedSage {
     // wg·d/2..), K = the 128 keys; A = the dŜ byte tile; smem_lo, ds_lo: descriptor low words of the
     // key block and of the dŜ tile.
     static __device__ __forceinline__ void issue_dq(int (&acc)[HEAD_DIM / 16][4], u32 smem_lo, u32 ds_lo) {
-        const int wg = threadIdx.x >> 7;
+        const int wg = sbwd13_wg();
 #pragma unroll
         for (int ks = 0; ks < BLOCK_KV / 32; ++ks)
             wgmma_s8_ss(acc, sage10_kstep_desc<BLOCK_Q, BLOCK_KV>(ds_lo, 0, 0, ks),
