@@ -2208,7 +2208,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
 // the integer max by VIMNMX3 (Hopper's three-input min/max, 16 per row instead of 31 FMNMX): with
 // sc ≥ 0 (a product of non-negative scales) x ↦ fl(float(x)·sc) is non-decreasing, so the max
 // commutes with it, bit for bit (sc = +0: every t is ±0 and the sign of the max follows the max of
-// acc, as FMNMX's −0 < +0). Boundary tiles keep the max over the masked t.
+// acc, as FMNMX's −0 < +0). Boundary tiles, and a non-finite sc (0·∞ would differ), keep the max over t.
 __device__ __forceinline__ bool wspx_need_mask(const Dims& d, int row0, int key0) {
     const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
     return last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
@@ -2289,7 +2289,7 @@ struct WsxInt8 {
         for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn((float)sacc[4 * nt + e], sc);
-        if (IMAX && !wspx_need_mask(d, row0, key0)) {
+        if (IMAX && sc <= 3.40282347e38f && !wspx_need_mask(d, row0, key0)) {  // sc finite (not NaN, not +∞)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 // Row h's 32 accumulators of this thread (entry i = element 2h + i % 2 of n-tile i / 2),
