@@ -2330,6 +2330,15 @@ __device__ __forceinline__ bool wspx_next(const Dims& d, int n_tiles, int& i, Fp
     return false;
 }
 
+// The consumers' release of Q slot j, as soon as the tile's last S is done: before the wait for
+// the next tile's first stage in the tile's last block. (Released after that wait, as in a first
+// version, it deadlocked: the producer completes a stage only after issuing the next one, which for a
+// next tile of one key block is the first stage of the tile after it, whose Q slot is this one.)
+__device__ __forceinline__ void wspx_release_q(const WspSmem& sm, int j) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(j));
+}
+
 template <bool SNAKE, bool IMAX>
 __device__ void wspx_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
     const Dims& d = p.dims;
@@ -2358,6 +2367,7 @@ __device__ void wspx_consumer(const ForwardParams& p, const WspSmem& sm, int w) 
             }
             mx.sq = mx.sq_next;
             mx.end_block();  // k_sc, v_sc of block 0
+            if (x.end == 1) wspx_release_q(sm, j);  // S(0), the tile's only S, is done
             int i2 = i;
             FpTile y;
             const bool xnext = wspx_next<SNAKE>(d, n_tiles, i2, y);
@@ -2377,12 +2387,10 @@ __device__ void wspx_consumer(const ForwardParams& p, const WspSmem& sm, int w) 
                 else wgmma_wait<0>();
                 pass_turn(w);
                 __syncwarp();
-                if ((threadIdx.x & 31) == 0) {
-                    mbar_arrive(sm.empty_bar(s));                 // K(kb), V(kb) read by this warp
-                    if (!next) mbar_arrive(sm.q_empty_bar(j));  // every S of the tile is done
-                }
+                if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
                 mx.o_update(o, st);
                 wgmma_wait<0>();
+                if (kb + 2 == end) wspx_release_q(sm, j);  // S(end − 1), the tile's last, is done
                 if (next) mx.end_block();
             }
             have_s = xnext;
