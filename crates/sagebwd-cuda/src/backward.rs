@@ -118,13 +118,14 @@ fn use_persistent(path: StagedBackward, head_dim: usize, causal: bool, n_q: usiz
 /// Where the persistent grid measured faster than the plain one in both runs of fpab12's call
 /// (docs/RESULTS-gpu.md, fpab12; N 1024 and 4096 measured): causal only (short, uneven items, where
 /// the per-item prologue and epilogue weigh most) — fpa at d = 64 and sagebwd at d = 64 at N ≤ 1024
-/// (−2.6 to −3.3 %; at N 4096 they were +0.2 to +1.6 % slower), fpa at d = 128 at N ≤ 4096 (−2.3 %,
-/// −2.4 %). Not causal it was 0 to +3.5 %, sagebwd at d = 128 (its persistent kernel spills) +1.2
-/// to +2.5 %: the plain grid there.
+/// (−2.6 to −3.3 %; at N 4096 they were +0.2 to +1.6 % slower), fpa at d = 128 at N ≤ 1024 (−2.4 %).
+/// Not causal it was 0 to +3.5 %, sagebwd at d = 128 (its persistent kernel spills) +1.2 to +2.5 %: the
+/// plain grid there. fpa at d = 128 causal N 4096 measured −2.3 % in fpab12's call but +3.7 % in the
+/// session's final call (both repeats, RESULTS.md session 11): the plain grid there too.
 fn persist_default(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
     causal && match (path, head_dim) {
         (StagedBackward::Bf16, 64) | (StagedBackward::Sage, 64) => n_q <= 1024,
-        (StagedBackward::Bf16, 128) => n_q <= 4096,
+        (StagedBackward::Bf16, 128) => n_q <= 1024,
         _ => false,
     }
 }
