@@ -633,7 +633,7 @@ mod tests {
         use StagedBackward::{Bf16, Sage};
         assert!(persist_default(Bf16, 64, true, 1024) && persist_default(Sage, 64, true, 1024));
         assert!(!persist_default(Bf16, 64, true, 4096) && !persist_default(Sage, 64, true, 4096));
-        assert!(persist_default(Bf16, 128, true, 1024) && persist_default(Bf16, 128, true, 4096));
+        assert!(persist_default(Bf16, 128, true, 1024) && !persist_default(Bf16, 128, true, 4096));
         assert!(!persist_default(Bf16, 128, true, 16384) && !persist_default(Sage, 128, true, 1024));
         assert!(!persist_default(Bf16, 64, false, 1024) && !persist_default(Bf16, 128, false, 1024));
     }
