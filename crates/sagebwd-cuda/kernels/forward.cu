@@ -2195,217 +2195,11 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
     }
     if (turns && w == 0) take_turn(0);
 }
-
-// ---- sfwd13: cross-tile overlap (kernel `sage_forward_ws_p4s`, `wsp4s`). wsp3s's tiles, ring,
-// producer and arithmetic (the same WsInt8 steps, the same bits), but the first S of each tile
-// after the block's first is issued behind the previous tile's last P̂V, like S(kb + 1) inside a
-// tile, and runs during that tile's last O update: a warpgroup's tiles chain with no exposed
-// first block (wait for the stage, take the turn, S latency). The next tile's scales (q_scale,
-// k/v scales of its block 0) are loaded a block ahead like k/v_sc_next. Turns: the block's first
-// tile with key blocks takes end + 1 per warpgroup, every later one end (its first S rides in the
-// previous tile's last turn); both warpgroups walk the same tiles, so the counts stay equal.
-// IMAX: on tiles that need no mask, the row maxima of t = fl(float(acc)·sc) as fl(float(max acc)·sc),
-// the integer max by VIMNMX3 (Hopper's three-input min/max, 16 per row instead of 31 FMNMX): with
-// sc ≥ 0 (a product of non-negative scales) x ↦ fl(float(x)·sc) is non-decreasing, so the max
-// commutes with it, bit for bit (sc = +0: every t is ±0 and the sign of the max follows the max of
-// acc, as FMNMX's −0 < +0). Boundary tiles, and a non-finite sc (0·∞ would differ), keep the max over t.
-__device__ __forceinline__ bool wspx_need_mask(const Dims& d, int row0, int key0) {
-    const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
-    return last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
-}
-// The thread's maxima of its two rows of t (row_max_update's tree, before the quad reduction).
-__device__ __forceinline__ void wspx_thread_max(float (*t)[4], float* mx) {
-    float mq[4][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            mq[k][h] = fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1]));
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            mq[k][h] = fmaxf(mq[k][h], fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]),
-                                             fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
-        mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
-    }
-}
-// softmax_p_hat_early with the thread's row maxima mx given (before the quad reduction).
-__device__ __forceinline__ void softmax_p_hat_early_mx(float (*t)[4], RowState& st, u32 (*pa)[4], float* mx) {
-    float m_use[2], inv[2];
-#pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
-        mx[0] = fmaxf(mx[0], a0);
-        mx[1] = fmaxf(mx[1], a1);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(st.m[h], mx[h]);
-        m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
-        st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
-        st.m[h] = m_new;
-        const GroupScale g = group_scale(exp2_ftz(__fsub_rn(mx[h], m_use[h])));
-        st.p_scale[h] = g.scale;
-        inv[h] = g.inv;
-    }
-    softmax_exp_sum<false>(t, st, m_use, nullptr);
-#pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
-}
-
-template <bool IMAX>
-struct WsxInt8 {
-    int sacc[64], pacc[HEAD_DIM / 2];
-    u32 pa[BLOCK_KV / 32][4];
-    u32 qt;
-    float sq, k_sc, v_sc, sq_next, k_sc_next, v_sc_next;
-    const float *k_scales, *v_scales;
-    // Tile (bh, qb) of the q slot at q_tile: pointers only (its scales are loaded by prefetch_tile).
-    __device__ __forceinline__ void set_tile(const ForwardParams& p, u32 q_tile, int w, int bh_kv) {
-        qt = q_tile + w * WG_Q_TILE;
-        k_scales = p.op.k_scale + bh_kv * p.dims.n_kblk;
-        v_scales = p.v_scale + bh_kv * p.dims.n_kblk;
-    }
-    // The scales of a tile's block 0 (and its q_scale) into the *_next registers.
-    __device__ __forceinline__ void prefetch_tile(const ForwardParams& p, int bh, int bh_kv, int qb) {
-        const Dims& d = p.dims;
-        sq_next = qb < d.n_qblk ? __fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda) : 0.0f;
-        k_sc_next = p.op.k_scale[bh_kv * d.n_kblk];
-        v_sc_next = p.v_scale[bh_kv * d.n_kblk];
-    }
-    __device__ __forceinline__ void begin_block(int kb) {
-        k_sc_next = k_scales[kb + 1];
-        v_sc_next = v_scales[kb + 1];
-    }
-    __device__ __forceinline__ void issue_scores(u32 q, u32 kt) { wg_issue_scores(sacc, q, kt); }
-    __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
-        float t[S_TILES][4];
-        const float sc = __fmul_rn(sq, k_sc);
-        float mx[2];
-#pragma unroll
-        for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn((float)sacc[4 * nt + e], sc);
-        if (IMAX && sc <= 3.40282347e38f && !wspx_need_mask(d, row0, key0)) {  // sc finite (not NaN, not +∞)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                // Row h's 32 accumulators of this thread (entry i = element 2h + i % 2 of n-tile i / 2),
-                // reduced by a tree of depth 4: 32 → 11 → 4 → 1.
-                int a[11];
-#pragma unroll
-                for (int k = 0; k < 11; ++k) {
-                    const int i = 3 * k;
-                    const int x0 = sacc[4 * (i >> 1) + 2 * h + (i & 1)], x1 = sacc[4 * ((i + 1) >> 1) + 2 * h + ((i + 1) & 1)];
-                    a[k] = k < 10 ? __vimax3_s32(x0, x1, sacc[4 * ((i + 2) >> 1) + 2 * h + ((i + 2) & 1)]) : max(x0, x1);
-                }
-                const int m = max(__vimax3_s32(__vimax3_s32(a[0], a[1], a[2]), __vimax3_s32(a[3], a[4], a[5]),
-                                               __vimax3_s32(a[6], a[7], a[8])),
-                                  max(a[9], a[10]));
-                mx[h] = __fmul_rn((float)m, sc);
-            }
-        } else {
-            mask_permuted(d, t, row0, key0);
-            wspx_thread_max(t, mx);
-        }
-        softmax_p_hat_early_mx(t, st, pa, mx);
-    }
-    __device__ __forceinline__ void issue_pv(u32 vt) { wg_issue_pv(pacc, pa, vt); }
-    __device__ __forceinline__ void o_update(float (*o)[4], const RowState& st) { ws_o_update(o, pacc, st, v_sc); }
-    __device__ __forceinline__ void end_block() {
-        k_sc = k_sc_next;
-        v_sc = v_sc_next;
-    }
-};
-
-// The next tile with key blocks after the block's i-th (its index in i, FpTile in y); false if none.
-template <bool SNAKE>
-__device__ __forceinline__ bool wspx_next(const Dims& d, int n_tiles, int& i, FpTile& y) {
-    for (int t = fp_block_tile<SNAKE>(++i); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
-        y = fp_tile(d, t);
-        if (y.end > 0) return true;
-    }
-    return false;
-}
-
-// The consumers' release of Q slot j, as soon as the tile's last S is done: before the wait for
-// the next tile's first stage in the tile's last block. (Released after that wait, as in a first
-// version, it deadlocked: the producer completes a stage only after issuing the next one, which for a
-// next tile of one key block is the first stage of the tile after it, whose Q slot is this one.)
-__device__ __forceinline__ void wspx_release_q(const WspSmem& sm, int j) {
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(j));
-}
-
-template <bool SNAKE, bool IMAX>
-__device__ void wspx_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
-    const Dims& d = p.dims;
-    const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
-    const bool turns = (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
-    if (turns && w == 1) pass_turn(1);
-    WsxInt8<IMAX> mx;
-    int it = 0, j = 0;
-    bool have_s = false;  // S of the tile's block 0 issued and finished (in mx.sacc)
-    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
-        const FpTile x = fp_tile(d, t);
-        const int qb = 2 * x.pair + w, row0 = qb * BLOCK_Q + warp * 16;
-        RowState st;
-        float o[O_TILES][4];
-        start_rows(st, o);
-        if (x.end > 0) {
-            const int bh_kv = kv_head_of(d, x.bh);
-            mx.set_tile(p, sm.q_slot(j), w, bh_kv);
-            if (!have_s) {
-                mx.prefetch_tile(p, x.bh, bh_kv, qb);
-                sm.wait_full(it);
-                take_turn(w);
-                mx.issue_scores(mx.qt, sm.k_stage(it % WSP_STAGES));
-                pass_turn(w);
-                wgmma_wait<0>();
-            }
-            mx.sq = mx.sq_next;
-            mx.end_block();  // k_sc, v_sc of block 0
-            if (x.end == 1) wspx_release_q(sm, j);  // S(0), the tile's only S, is done
-            int i2 = i;
-            FpTile y;
-            const bool xnext = wspx_next<SNAKE>(d, n_tiles, i2, y);
-            const int end = x.end;
-            for (int kb = 0; kb < end; ++kb) {
-                const int s = (it + kb) % WSP_STAGES, s1 = (it + kb + 1) % WSP_STAGES;
-                const bool next = kb + 1 < end, more = next || xnext;
-                if (next) mx.begin_block(kb);
-                else if (xnext) mx.prefetch_tile(p, y.bh, kv_head_of(d, y.bh), 2 * y.pair + w);
-                mx.softmax(d, st, row0, kb * BLOCK_KV);
-                if (more) sm.wait_full(it + kb + 1);
-                pin_fragments(mx.pa);
-                take_turn(w);
-                mx.issue_pv(sm.v_stage(s));
-                if (more) mx.issue_scores(next ? mx.qt : sm.q_slot(j + 1) + w * WG_Q_TILE, sm.k_stage(s1));
-                if (more) wgmma_wait<1>();  // P·V(kb) done; S(kb + 1) may still run
-                else wgmma_wait<0>();
-                pass_turn(w);
-                __syncwarp();
-                if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
-                mx.o_update(o, st);
-                wgmma_wait<0>();
-                if (kb + 2 == end) wspx_release_q(sm, j);  // S(end − 1), the tile's last, is done
-                if (next) mx.end_block();
-            }
-            have_s = xnext;
-            it += end;
-            ++j;
-        }
-        if (qb < d.n_qblk) mma_store(p, st, o, x.bh, row0);
-    }
-    if (turns && w == 0) take_turn(0);
-}
 #endif  // SAGE_WGMMA
 
 // The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // WspSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
-template <bool SNAKE, int XTILE = 0>
+template <bool SNAKE>
 __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& p, unsigned char* smem) {
 #ifdef SAGE_WGMMA
     require_dynamic_smem((u32)WspSmem::kSmemBytes);
@@ -2419,8 +2213,7 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         wsp_producer<SNAKE>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        if (XTILE) wspx_consumer<SNAKE, XTILE == 2>(p, sm, wg - 1);
-        else wsp_consumer<SNAKE>(p, sm, wg - 1);
+        wsp_consumer<SNAKE>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
@@ -2435,16 +2228,6 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
     }
 WSP_ENTRY(sage_forward_ws_p3s, true)  // wsp3s: ws3 persistent, snake tile order
 WSP_ENTRY(sage_forward_ws_p3, false)  // wsp3: ws3 persistent, plain stride
-extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
-    sage_forward_ws_p4s(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {
-    extern __shared__ __align__(128) unsigned char ws_smem[];
-    wsp_main<true, 2>(&vmap, p, ws_smem);  // wsp4s: wsp3s + cross-tile overlap + integer row max (sfwd13)
-}
-extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
-    sage_forward_ws_p4o(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {
-    extern __shared__ __align__(128) unsigned char ws_smem[];
-    wsp_main<true, 1>(&vmap, p, ws_smem);  // wsp4o: wsp3s + cross-tile overlap only (sfwd13)
-}
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
