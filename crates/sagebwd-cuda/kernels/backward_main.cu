@@ -1828,34 +1828,19 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, int kb, int
         }
 }
 
+// The query-block loop of one work item (key block kb of head bh, its key block and first query block
+// staged, the row constants of qb0 stored): every tile, dQ of all blocks but the last, then the
+// barrier after which the last block's dS is complete. Returns the pending dQ tile's scale. Shared by
+// the plain grid (staged_backward_main) and the persistent one (staged_backward_persist).
 template <class Path>
-__device__ void staged_backward_main(const BackwardParams& p, unsigned char* smem_ptr) {
+__device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                   const QueryStager<Path>& stage_next, int kb, int bh, int bh_kv,
+                                                   int qb0, float (*dv)[4], float (*dk)[4]) {
     typedef typename Path::Layout Lay;
     const Dims& d = p.dims;
-    const KeyBlockCoords at = staged_block_coords(d);
-    const int kb = at.kb, bh = at.bh;
-    const u32 raw = smem_addr(smem_ptr), smem = (raw + (ALIGN_SLACK - 1)) & ~(u32)(ALIGN_SLACK - 1);
-    smem_ptr += smem - raw;  // the layout's offsets count from the 1024-byte aligned start
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
-
-    float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
-#pragma unroll
-    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
-
-    const int bh_kv = kv_head_of(d, bh);
-    const int qb0 = query_block_begin(d, kb);
-    if (qb0 < d.n_qblk) {
-        Path::stage_key_block(p, smem, bh_kv, kb);
-        Path::stage_query_block(p, stage(0), bh, qb0);
-    }
-    cp_async_commit();
-    if (threadIdx.x < BLOCK_Q && qb0 < d.n_qblk) store_row_consts(rows_of(0), load_row_consts(p, bh, qb0, threadIdx.x));
-
     float dq_scale = 0.0f;  // of the pending dQ tile
-    const QueryStager<Path> stage_next(p, bh);  // stages block qb + 1 (sage11)
     for (int qb = qb0; qb < d.n_qblk; ++qb) {
         const int buf = (qb - qb0) & 1;
         const bool has_next = qb + 1 < d.n_qblk;
@@ -1895,6 +1880,37 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
     if (Path::WGMMA_DQ) fence_proxy_async();  // the dS stores → dQ's wgmma reads
 #endif
     __syncthreads();  // dS of the last block complete
+    return dq_scale;
+}
+
+template <class Path>
+__device__ void staged_backward_main(const BackwardParams& p, unsigned char* smem_ptr) {
+    typedef typename Path::Layout Lay;
+    const Dims& d = p.dims;
+    const KeyBlockCoords at = staged_block_coords(d);
+    const int kb = at.kb, bh = at.bh;
+    const u32 raw = smem_addr(smem_ptr), smem = (raw + (ALIGN_SLACK - 1)) & ~(u32)(ALIGN_SLACK - 1);
+    smem_ptr += smem - raw;  // the layout's offsets count from the 1024-byte aligned start
+    const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
+    const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
+
+    float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
+
+    const int bh_kv = kv_head_of(d, bh);
+    const int qb0 = query_block_begin(d, kb);
+    if (qb0 < d.n_qblk) {
+        Path::stage_key_block(p, smem, bh_kv, kb);
+        Path::stage_query_block(p, stage(0), bh, qb0);
+    }
+    cp_async_commit();
+    if (threadIdx.x < BLOCK_Q && qb0 < d.n_qblk) store_row_consts(rows_of(0), load_row_consts(p, bh, qb0, threadIdx.x));
+
+    const QueryStager<Path> stage_next(p, bh);  // stages block qb + 1 (sage11)
+    const float dq_scale = staged_query_loop<Path>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
     if (qb0 < d.n_qblk)
         Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
     Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
@@ -1943,79 +1959,38 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
     // Its per-thread parts do not depend on the head (the head goes to each call).
     const QueryStager<Path> stage_next(p, at.bh);  // stages block qb + 1 (sage11)
     for (;;) {
-    const int kb = at.kb, bh = at.bh;
+        const int kb = at.kb, bh = at.bh;
 
-    float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
+        float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
 #pragma unroll
-    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
+        for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
 
-    const int bh_kv = kv_head_of(d, bh);
-    const int qb0 = query_block_begin(d, kb);
+        const int qb0 = query_block_begin(d, kb);
+        const float dq_scale = staged_query_loop<Path>(p, smem, smem_ptr, stage_next, kb, bh, kv_head_of(d, bh), qb0, dv, dk);
+        int claimed = n_items;
+        if (threadIdx.x == 0)
+            claimed = (int)atomicAdd((unsigned*)(p.dq_acc + (long)n_rows * d.n_q * HEAD_DIM), 1u) + (int)gridDim.x;
+        if (qb0 < d.n_qblk)
+            Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
+        Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
 
-    float dq_scale = 0.0f;  // of the pending dQ tile
-    for (int qb = qb0; qb < d.n_qblk; ++qb) {
-        const int buf = (qb - qb0) & 1;
-        const bool has_next = qb + 1 < d.n_qblk;
-        cp_async_wait<0>();  // this thread's copies of block qb are done
-#if BWD_WGMMA
-        if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
-#endif
-        __syncthreads();     // (a)
-        if (has_next && !Path::STAGES_NEXT) stage_next(p, stage(buf ^ 1), bh, qb + 1);
-        cp_async_commit();
-        RowConsts next_rc = {pos_inf(), 0.0f};
-        if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
-
-        StagedTile x;
-        x.smem = smem;
-        x.st = stage(buf);
-        x.rows = rows_of(buf);
-        x.ds = smem_ptr + Lay::ds0 + buf * Lay::ds_bytes;
-        x.red = (float*)(smem_ptr + Lay::red);
-        x.bh = bh;
-        x.bh_kv = bh_kv;
-        x.qb = qb;
-        x.kb = kb;
-        x.prev_ds = smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes;
-        x.has_prev = qb > qb0;
-        x.prev_dq_scale = dq_scale;
-        x.next_st = stage(buf ^ 1);
-        x.has_next = has_next;
-        const float tile_dq_scale = Path::tile(p, x, dv, dk);
-        if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
-        if (qb > qb0 && !Path::DQ_IN_TILE) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
-        if (!Path::STAGES_NEXT) Path::drain(dv, dk);  // before the next (a): block qb + 2 is staged into this block's stage
-        dq_scale = tile_dq_scale;
-    }
-    cp_async_wait<0>();
-#if BWD_WGMMA
-    if (Path::WGMMA_DQ) fence_proxy_async();  // the dS stores → dQ's wgmma reads
-#endif
-    __syncthreads();  // dS of the last block complete
-    int claimed = n_items;
-    if (threadIdx.x == 0)
-        claimed = (int)atomicAdd((unsigned*)(p.dq_acc + (long)n_rows * d.n_q * HEAD_DIM), 1u) + (int)gridDim.x;
-    if (qb0 < d.n_qblk)
-        Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
-    Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
-
-    if (threadIdx.x == 0) next_item = claimed;
-    __syncthreads();  // every warp done with this item's shared memory; next_item visible
-    item = next_item;
-    if (item < n_items) {
-        at = staged_item_coords(d, item, d.n_kblk, n_rows);
-        staged_prologue<Path>(p, smem, at.kb, at.bh);
-        const int nqb0 = query_block_begin(d, at.kb);
-        RowConsts rc = {pos_inf(), 0.0f};
-        if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) rc = load_row_consts(p, at.bh, nqb0, threadIdx.x);
-        store_dk_dv(p, kb, bh, dv, dk);  // while the next item's loads fly
-        if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) store_row_consts(rows_of(0), rc);
-    } else {
-        store_dk_dv(p, kb, bh, dv, dk);
-        return;
-    }
+        if (threadIdx.x == 0) next_item = claimed;
+        __syncthreads();  // every warp done with this item's shared memory; next_item visible
+        item = next_item;
+        if (item < n_items) {
+            at = staged_item_coords(d, item, d.n_kblk, n_rows);
+            staged_prologue<Path>(p, smem, at.kb, at.bh);
+            const int nqb0 = query_block_begin(d, at.kb);
+            RowConsts rc = {pos_inf(), 0.0f};
+            if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) rc = load_row_consts(p, at.bh, nqb0, threadIdx.x);
+            store_dk_dv(p, kb, bh, dv, dk);  // while the next item's loads fly
+            if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) store_row_consts(rows_of(0), rc);
+        } else {
+            store_dk_dv(p, kb, bh, dv, dk);
+            return;
+        }
     }
 }
 // The staged paths on the persistent grid, one entry per path (registers are allocated per kernel;
