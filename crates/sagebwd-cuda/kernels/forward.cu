@@ -2227,7 +2227,6 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         wsp_main<SNAKE>(&vmap, p, ws_smem);                                                                       \
     }
 WSP_ENTRY(sage_forward_ws_p3s, true)  // wsp3s: ws3 persistent, snake tile order
-WSP_ENTRY(sage_forward_ws_p3, false)  // wsp3: ws3 persistent, plain stride
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

@@ -123,11 +123,8 @@ fn use_persistent(path: StagedBackward, head_dim: usize, causal: bool, n_q: usiz
 /// plain grid there. fpa at d = 128 causal N 4096 measured −2.3 % in fpab12's call but +3.7 % in the
 /// session's final call (both repeats, RESULTS.md session 11): the plain grid there too.
 fn persist_default(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
-    causal && match (path, head_dim) {
-        (StagedBackward::Bf16, 64) | (StagedBackward::Sage, 64) => n_q <= 1024,
-        (StagedBackward::Bf16, 128) => n_q <= 1024,
-        _ => false,
-    }
+    let measured_faster = matches!((path, head_dim), (_, 64) | (StagedBackward::Bf16, 128));
+    causal && measured_faster && n_q <= 1024
 }
 
 /// `Kernels::backward_main_function(name)` with its dynamic shared memory limit raised to `smem`.

@@ -230,8 +230,8 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// How the INT8 warp-specialized forward (`sage_forward_ws*`, ws3's schedule) walks the work:
 /// `None`, one block per query-block pair and (batch·head) (`sage_forward_ws`); or the persistent
 /// kernel to launch on min(tiles, SMs) blocks (sfwd12): `wsp3s` (`sage_forward_ws_p3s`, snake tile
-/// order) or `wsp3` (`sage_forward_ws_p3`, plain stride). `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`,
-/// `ws13`) keeps the pairs grid; `wsp3s` / `wsp3` ask for a persistent one; otherwise the default
+/// order; sfwd12's plain-stride `wsp3` was never faster and is gone). `SAGEBWD_FORWARD_WGMMA=ws3` (or
+/// `ws1`, `ws13`) keeps the pairs grid; `wsp3s` asks for the persistent one; otherwise the default
 /// by shape (`int8_persistent_pays`). Only with the ping-pong + early-amax flags (ws3).
 fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
@@ -239,7 +239,6 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
     }
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("wsp3s") => Some(c"sage_forward_ws_p3s"),
-        Ok("wsp3") => Some(c"sage_forward_ws_p3"),
         Ok("ws3") => None,
         _ => int8_persistent_pays(head_dim, n_q, causal).then_some(c"sage_forward_ws_p3s"),
     }
