@@ -155,7 +155,7 @@ __device__ void tile_dv_dk(const BackwardParams& p, BackwardShared& s, const Til
             int acc = 0;
             for (int r = 0; r < rows; ++r)
                 acc += quantize(s.p[r][jl], sc.p.inv) * (int)p.do_hat[(q_row0 + r) * HEAD_DIM + c];
-            dv[i] = __fadd_rn(dv[i], dequant(acc, sc.p.scale, s_do));
+            dv[i] = dequant_add(acc, sc.p.scale, s_do, dv[i]);
         } else {
             float sum = 0.0f;
             for (int r = 0; r < rows; ++r)
@@ -166,7 +166,7 @@ __device__ void tile_dv_dk(const BackwardParams& p, BackwardShared& s, const Til
             int acc = 0;
             for (int r = 0; r < rows; ++r)
                 acc += quantize(s.ds[r][jl], sc.ds.inv) * (int)p.op.q_hat[(q_row0 + r) * HEAD_DIM + c];
-            dk[i] = __fadd_rn(dk[i], dequant(acc, sc.ds.scale, s_q));
+            dk[i] = dequant_add(acc, sc.ds.scale, s_q, dk[i]);
         } else {
             float sum = 0.0f;
             for (int r = 0; r < rows; ++r)
@@ -342,7 +342,7 @@ __device__ void mma_tile_dv_dk(const BackwardParams& p, BackwardShared& s, const
             int acc[4] = {0, 0, 0, 0};
             tile_s8_a<BLOCK_Q>(acc, pa, ReadI8(), vdo8, nt * 8);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dv[nt][e] = __fadd_rn(dv[nt][e], dequant(acc[e], sc.p.scale, s_do));
+            for (int e = 0; e < 4; ++e) dv[nt][e] = dequant_add(acc[e], sc.p.scale, s_do, dv[nt][e]);
         }
     } else {
         u32 pa[BLOCK_Q / 16][4];
@@ -365,7 +365,7 @@ __device__ void mma_tile_dv_dk(const BackwardParams& p, BackwardShared& s, const
             tile_s8_a<BLOCK_Q>(acc, da, ReadI8(), vq8, nt * 8);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                dk[nt][e] = __fadd_rn(dk[nt][e], dequant(acc[e], sc.ds.scale, s_q));
+                dk[nt][e] = dequant_add(acc[e], sc.ds.scale, s_q, dk[nt][e]);
                 if (smooth_q)
                     dk[nt][e] = __fadd_rn(dk[nt][e], __fmul_rn(s.colsum[k_loc0 + c_row(e)], s.q_mean[nt * 8 + c_col(e)]));
             }
@@ -1064,7 +1064,7 @@ struct StagedSage {
         wgmma_commit();
     }
 
-    // dV += P̂ᵀ dÔ (#4) and dK += dŜᵀ Q̂ (#7) of the tile: out[nd][e] = fl(out + fl(float(acc)·scale)),
+    // dV += P̂ᵀ dÔ (#4) and dK += dŜᵀ Q̂ (#7) of the tile: out[nd][e] = fma(float(acc), scale, out),
     // acc exact over the tile's 64 rows (§2.3). 2·d/32 chunks of 32 columns (dV's, then dK's), two
     // in flight, so that one chunk's dequantization overlaps the next chunk's product.
     static __device__ __forceinline__ void wg_key_products(u32 st_lo, const u32 (*pa)[4], const u32 (*da)[4], float scale_v,
@@ -1087,13 +1087,13 @@ struct StagedSage {
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) out[nt][e] = __fadd_rn(out[nt][e], __fmul_rn(sage10_i2f(acc[i & 1][nt][e]), scale));
+                for (int e = 0; e < 4; ++e) out[nt][e] = __fmaf_rn(sage10_i2f(acc[i & 1][nt][e]), scale, out[nt][e]);
         }
     }
 #endif
 
     // acc[nd] (16 keys × 8 columns per d-tile) = A (the warp's P̂ᵀ or dŜᵀ, 16 keys × 64 rows) · B, B
-    // from a [d][64] stage tile (dÔᵀ or Q̂ᵀ); out[nd][e] = fl(out + fl(float(acc)·scale)).
+    // from a [d][64] stage tile (dÔᵀ or Q̂ᵀ); out[nd][e] = fma(float(acc), scale, out) (§2.3).
     static __device__ __forceinline__ void key_product(u32 bt, const u32 (*a)[4], float scale, float (*out)[4]) {
         const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
 #pragma unroll
@@ -1105,7 +1105,7 @@ struct StagedSage {
             mma_s8(acc, a[0], b);
             mma_s8(acc, a[1], b + 2);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) out[nd][e] = __fadd_rn(out[nd][e], __fmul_rn(i2f_exact(acc[e]), scale));
+            for (int e = 0; e < 4; ++e) out[nd][e] = __fmaf_rn(i2f_exact(acc[e]), scale, out[nd][e]);
         }
     }
 

@@ -99,6 +99,11 @@ __device__ __forceinline__ int quantize(float x, float inv) {
 __device__ __forceinline__ float dequant(int acc, float sa, float sb) {
     return __fmul_rn((float)acc, __fmul_rn(sa, sb));
 }
+// Dequantize-and-accumulate (§2.3, products #2, #4, #7): fma(float(acc), fl(sa · sb), sum), one
+// rounding — the explicit __fmaf_rn, since the kernels compile with --fmad=false.
+__device__ __forceinline__ float dequant_add(int acc, float sa, float sb, float sum) {
+    return __fmaf_rn((float)acc, __fmul_rn(sa, sb), sum);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Block-wide max of non-negative values (all THREADS threads must call it). `scratch` holds

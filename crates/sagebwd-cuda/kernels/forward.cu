@@ -93,17 +93,16 @@ __device__ void forward_pv(const ForwardParams& p, ForwardShared& s, float* o_ac
         const int e = threadIdx.x + i * THREADS;
         const int rl = e / HEAD_DIM, c = e % HEAD_DIM;
         const float* prow = s.tile[rl];
-        float pv;
         if (int8) {
             int acc = 0;
             for (int j = 0; j < keys; ++j) acc += (int)prow[j] * (int)p.v_hat[(v_row0 + j) * HEAD_DIM + c];
-            pv = dequant(acc, s.p_scale[rl], s_v);
+            o_acc[i] = dequant_add(acc, s.p_scale[rl], s_v, __fmul_rn(o_acc[i], s.alpha[rl]));
         } else {
-            pv = 0.0f;
+            float pv = 0.0f;
             for (int j = 0; j < keys; ++j)
                 pv = __fadd_rn(pv, __fmul_rn(prow[j], bf16_to_f32(p.v[(v_row0 + j) * HEAD_DIM + c])));
+            o_acc[i] = __fadd_rn(__fmul_rn(o_acc[i], s.alpha[rl]), pv);
         }
-        o_acc[i] = __fadd_rn(__fmul_rn(o_acc[i], s.alpha[rl]), pv);
     }
 }
 
@@ -339,7 +338,7 @@ __device__ void mma_pv(const ForwardParams& p, const RowState& st, float (*o)[4]
             tile_s8_a<BLOCK_KV>(acc, pa, ReadI8(), vv, nt * 8);
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                o[nt][e] = __fadd_rn(__fmul_rn(o[nt][e], st.alpha[e >> 1]), dequant(acc[e], st.p_scale[e >> 1], s_v));
+                o[nt][e] = dequant_add(acc[e], st.p_scale[e >> 1], s_v, __fmul_rn(o[nt][e], st.alpha[e >> 1]));
         }
     } else {
         const View vp = view(p16, BLOCK_KV, 1, 16, BLOCK_KV);
@@ -631,12 +630,12 @@ __device__ __forceinline__ void softmax_p_hat(float (*t)[4], RowState& st, u32 (
             }
 }
 
-// O = fl(fl(O·α) + fl(float(acc)·fl(s_P·s_V))) for one 16 × 8 d-tile (dq0, dq1: fl(s_P·s_V) of the
+// O = fma(float(acc), fl(s_P·s_V), fl(O·α)) (§2.3) for one 16 × 8 d-tile (dq0, dq1: fl(s_P·s_V) of the
 // thread's rows g, g + 8); float(acc) by the exact two-instruction trick.
 __device__ __forceinline__ void o_update(float* o4, const int* acc4, const RowState& st, float dq0, float dq1) {
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-        o4[e] = __fadd_rn(__fmul_rn(o4[e], st.alpha[e >> 1]), __fmul_rn(i2f_exact(acc4[e]), e < 2 ? dq0 : dq1));
+        o4[e] = __fmaf_rn(i2f_exact(acc4[e]), e < 2 ? dq0 : dq1, __fmul_rn(o4[e], st.alpha[e >> 1]));
 }
 
 // SMOOTH_Q is a template parameter: as a run-time flag the compiler predicated its per-score
@@ -724,7 +723,7 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
         // Online softmax (staged_softmax), P̂ packed into A fragments.
         u32 pa[BLOCK_KV / 32][4];
         softmax_p_hat(t, st, pa);
-        // O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) per d-tile.
+        // O = fma(float(acc), fl(s_P·s_V), fl(O·α)) per d-tile (§2.3).
         const float s_v = p.v_scale[bh_kv * d.n_kblk + kb];
         const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
         const u32 vbase = vs + buf * FK_TILE + r * BLOCK_KV;
@@ -856,7 +855,7 @@ __device__ __forceinline__ void wg_scores(const Dims& d, float (*t)[4], const in
     mask_permuted(d, t, row0, key0);
 }
 
-// O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) from the finished P̂V accumulators of block kb.
+// O = fma(float(acc), fl(s_P·s_V), fl(O·α)) from the finished P̂V accumulators of block kb.
 __device__ __forceinline__ void wg_o_update(const ForwardParams& p, float (*o)[4], const int (&acc)[HEAD_DIM / 2],
                                             const RowState& st, int bh_kv, int kb) {
     const float s_v = p.v_scale[bh_kv * p.dims.n_kblk + kb];
@@ -868,7 +867,7 @@ __device__ __forceinline__ void wg_o_update(const ForwardParams& p, float (*o)[4
         for (int nd = 0; nd < O_TILES; ++nd)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                o[nd][e] = __fadd_rn(o[nd][e], __fmul_rn(i2f_exact(acc[4 * nd + e]), e < 2 ? dq0 : dq1));
+                o[nd][e] = __fmaf_rn(i2f_exact(acc[4 * nd + e]), e < 2 ? dq0 : dq1, o[nd][e]);
         return;
     }
 #pragma unroll
@@ -1133,29 +1132,30 @@ __device__ __forceinline__ void pin_fragments(u32 (&pa)[S][4]) {
         for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[s][i]));
 }
 
-// O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)) (wg_o_update's arithmetic) with s_V given (loaded a
-// block ahead) and float(acc) by a plain conversion: |acc| ≤ 127²·128 < 2²⁴ is exact, and on sm_90
-// it is one I2FP (the two-instruction trick of i2f_exact avoided sm_80's slow I2F).
-// O = fl(fl(O·α) + pv(nd, e)) for the warp's 16 rows × d, pv the key block's FP32 contribution;
-// when no row of the warp changed its max, α = 1 and fl(O·1) = O exactly: the multiply is skipped.
-template <class Pv>
-__device__ __forceinline__ void o_rescale_add(float (*o)[4], const RowState& st, Pv pv) {
+// O = add(nd, e, fl(O·α)) for the warp's 16 rows × d, `add` adding the key block's contribution to
+// the rescaled O; when no row of the warp changed its max, α = 1 and fl(O·1) = O exactly: the
+// multiply is skipped.
+template <class Add>
+__device__ __forceinline__ void o_rescale_add(float (*o)[4], const RowState& st, Add add) {
     if (__all_sync(0xffffffffu, st.alpha[0] == 1.0f && st.alpha[1] == 1.0f)) {
 #pragma unroll
         for (int nd = 0; nd < O_TILES; ++nd)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) o[nd][e] = __fadd_rn(o[nd][e], pv(nd, e));
+            for (int e = 0; e < 4; ++e) o[nd][e] = add(nd, e, o[nd][e]);
         return;
     }
 #pragma unroll
     for (int nd = 0; nd < O_TILES; ++nd)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[nd][e] = __fadd_rn(__fmul_rn(o[nd][e], st.alpha[e >> 1]), pv(nd, e));
+        for (int e = 0; e < 4; ++e) o[nd][e] = add(nd, e, __fmul_rn(o[nd][e], st.alpha[e >> 1]));
 }
 
+// O = fma(float(acc), fl(s_P·s_V), fl(O·α)) (wg_o_update's arithmetic, §2.3) with s_V given (loaded a
+// block ahead) and float(acc) by a plain conversion: |acc| ≤ 127²·128 < 2²⁴ is exact, and on sm_90
+// it is one I2FP (the two-instruction trick of i2f_exact avoided sm_80's slow I2F).
 __device__ __forceinline__ void ws_o_update(float (*o)[4], const int (&acc)[HEAD_DIM / 2], const RowState& st, float s_v) {
     const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
-    o_rescale_add(o, st, [&](int nd, int e) { return __fmul_rn((float)acc[4 * nd + e], e < 2 ? dq0 : dq1); });
+    o_rescale_add(o, st, [&](int nd, int e, float base) { return __fmaf_rn((float)acc[4 * nd + e], e < 2 ? dq0 : dq1, base); });
 }
 
 // Ping-pong turn of consumer warpgroup w: wait for it (named barrier 1 + w, completed by the
@@ -1164,7 +1164,7 @@ __device__ __forceinline__ void take_turn(int w) { named_sync(1 + w, 2 * WG_THRE
 __device__ __forceinline__ void pass_turn(int w) { named_arrive(1 + (w ^ 1), 2 * WG_THREADS); }
 
 // The INT8 products of a consumer warpgroup (the wgmma path's arithmetic): S = Q̂ K̂ᵀ in INT32, P̂
-// by softmax_p_hat(_early), P̂V in INT32, O = fl(O·α) + fl(float(acc)·fl(s_P·s_V)). The K̂ and V̂ᵀ
+// by softmax_p_hat(_early), P̂V in INT32, O = fma(float(acc), fl(s_P·s_V), fl(O·α)). The K̂ and V̂ᵀ
 // scales of block kb + 1 are loaded during block kb: a load issued after a wgmma wait (a "memory"
 // clobber) would put its L2 latency on every block's critical path.
 template <bool EARLY_AMAX>
@@ -1715,7 +1715,7 @@ struct WsBf16 {
     }
     __device__ __forceinline__ void o_update(float (*o)[4], const RowState& st) {
         wgmma_fence_regs(pacc);
-        o_rescale_add(o, st, [&](int nd, int e) { return pacc[nd][e]; });
+        o_rescale_add(o, st, [&](int nd, int e, float base) { return __fadd_rn(base, pacc[nd][e]); });
     }
 };
 

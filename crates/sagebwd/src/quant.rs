@@ -39,6 +39,12 @@ pub fn dequant(acc: i32, s_a: f32, s_b: f32) -> f32 {
     acc as f32 * (s_a * s_b)
 }
 
+/// Dequantize-and-accumulate (ALGORITHM.md §2.3, products #2, #4, #7): `fma(float(acc), fl(s_a · s_b),
+/// sum)`, one rounding (`f32::mul_add` is the IEEE fused multiply-add, as `__fmaf_rn` in the kernels).
+pub fn dequant_add(acc: i32, s_a: f32, s_b: f32, sum: f32) -> f32 {
+    (acc as f32).mul_add(s_a * s_b, sum)
+}
+
 /// Quantizes `rows` rows of `width` values (a row-major block) as one group into `out`.
 pub fn quantize_block(block: &[f32], out: &mut [i8]) -> f32 {
     let g = GroupScale::of(block.iter().copied());

@@ -4,7 +4,7 @@
 
 use crate::config::{Config, Precision, Product};
 use crate::error::Result;
-use crate::quant::{dequant, quantize_rows, GroupScale};
+use crate::quant::{dequant, dequant_add, quantize_rows, GroupScale};
 use crate::reference::visible_keys;
 use crate::tensor::{bf16, Inputs, Shape};
 use rayon::prelude::*;
@@ -386,7 +386,7 @@ impl<'a> HeadCtx<'a> {
                             axpy_i8(&mut pv_i, g.quantize(p), self.row(self.v_hat, j0 + jj));
                         }
                         for (ov, &acc) in orow.iter_mut().zip(&pv_i) {
-                            *ov = *ov * alpha + dequant(acc, g.scale, self.v_scale[kb]);
+                            *ov = dequant_add(acc, g.scale, self.v_scale[kb], *ov * alpha);
                         }
                     } else {
                         pv_f.fill(0.0);
@@ -577,7 +577,7 @@ impl<'a> HeadCtx<'a> {
             // #4 dV += Pᵀ dO
             if cfg.is_int8(Product::Dv) {
                 self.tile_t_times_i8(&mut acc_i, &blk.p_hat, blk.rows, j0, |i| self.row(self.do_hat, r0 + i));
-                dv.iter_mut().zip(&acc_i).for_each(|(x, &a)| *x += dequant(a, blk.p_scale[kb], self.do_scale[qb]));
+                dv.iter_mut().zip(&acc_i).for_each(|(x, &a)| *x = dequant_add(a, blk.p_scale[kb], self.do_scale[qb], *x));
             } else {
                 self.tile_t_times_f32(&mut acc_f, &blk.p_bf, blk.rows, j0, |i| self.row(self.d_o, r0 + i));
                 dv.iter_mut().zip(&acc_f).for_each(|(x, a)| *x += a);
@@ -585,7 +585,7 @@ impl<'a> HeadCtx<'a> {
             // #7 dK += dSᵀ Q
             if cfg.is_int8(Product::Dk) {
                 self.tile_t_times_i8(&mut acc_i, &blk.ds_hat, blk.rows, j0, |i| self.row(self.q_hat, r0 + i));
-                dk.iter_mut().zip(&acc_i).for_each(|(x, &a)| *x += dequant(a, blk.ds_scale[kb], self.q_scale[qb]));
+                dk.iter_mut().zip(&acc_i).for_each(|(x, &a)| *x = dequant_add(a, blk.ds_scale[kb], self.q_scale[qb], *x));
                 if cfg.smooth_q {
                     let qm = &self.q_mean[qb * d..(qb + 1) * d];
                     for (jj, dkj) in dk.chunks_mut(d).enumerate() {
