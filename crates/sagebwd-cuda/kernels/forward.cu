@@ -106,7 +106,7 @@ __device__ void forward_pv(const ForwardParams& p, ForwardShared& s, float* o_ac
     }
 }
 
-// Final step: O = fl(O / l) as BF16; lse2 = fl(m + log2 l), the LSE of the true scores: an INT8 #1
+// Final step: O = fl(O · fl(1/l)) as BF16 (§4); lse2 = fl(m + log2 l), the LSE of the true scores: an INT8 #1
 // scored the smoothed K, so the row offset b_r is added back once (§4); the exported natural LSE is
 // fl(lse2 · ln 2). A row with no visible key gets O = 0, lse2 = lse = +∞.
 __device__ void forward_store(const ForwardParams& p, ForwardShared& s, const float* o_acc, int bh, int qb) {
@@ -117,7 +117,7 @@ __device__ void forward_store(const ForwardParams& p, ForwardShared& s, const fl
         const int r = qb * BLOCK_Q + rl;
         if (r >= p.dims.n_q) continue;
         const float l = s.l[rl];
-        const float o = l == 0.0f ? 0.0f : __fdiv_rn(o_acc[i], l);
+        const float o = l == 0.0f ? 0.0f : __fmul_rn(o_acc[i], __frcp_rn(l));
         p.o[((long)bh * p.dims.n_q + r) * HEAD_DIM + c] = f32_to_bf16(o);
     }
     if (threadIdx.x < BLOCK_Q) {
@@ -375,17 +375,17 @@ __device__ __forceinline__ void store_lse_rows(const ForwardParams& p, const Row
     }
 }
 
-// O = fl(O / l) as BF16, lse2 (+ b_r after an INT8 #1), lse = fl(lse2·ln 2); empty rows: 0, +∞.
+// O = fl(O · fl(1/l)) as BF16, lse2 (+ b_r after an INT8 #1), lse = fl(lse2·ln 2); empty rows: 0, +∞.
 __device__ void mma_store(const ForwardParams& p, const RowState& st, float (*o)[4], int bh, int row0) {
     const Dims& d = p.dims;
+    const float r_l[2] = {__frcp_rn(st.l[0]), __frcp_rn(st.l[1])};  // fl(1/l) once per row
 #pragma unroll
     for (int nt = 0; nt < O_TILES; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = row0 + c_row(e);
             if (r >= d.n_q) continue;
-            const float l = st.l[e >> 1];
-            const float v = l == 0.0f ? 0.0f : __fdiv_rn(o[nt][e], l);
+            const float v = st.l[e >> 1] == 0.0f ? 0.0f : __fmul_rn(o[nt][e], r_l[e >> 1]);
             p.o[((long)bh * d.n_q + r) * HEAD_DIM + nt * 8 + c_col(e)] = f32_to_bf16(v);
         }
     store_lse_rows(p, st, bh, row0);
@@ -1928,7 +1928,7 @@ __device__ __forceinline__ void fp_rescale(float (*o)[4], const RowState& st) {
         for (int e = 0; e < 4; ++e) o[nd][e] = __fmul_rn(o[nd][e], st.alpha[e >> 1]);
 }
 
-// mma_store's results (O = fl(O / l) as BF16, lse2, lse; empty rows 0, +∞) with each thread's
+// mma_store's results (O = fl(O · fl(1/l)) as BF16, lse2, lse; empty rows 0, +∞) with each thread's
 // two adjacent columns stored as one 32-bit word (pack_bf16x2 = f32_to_bf16 on finite values).
 __device__ void fp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0) {
     const Dims& d = p.dims;
@@ -1936,12 +1936,12 @@ __device__ void fp_store(const ForwardParams& p, const RowState& st, const float
     for (int h = 0; h < 2; ++h) {
         const int r = row0 + c_row(2 * h);
         if (r >= d.n_q) continue;
-        const float l = st.l[h];
+        const float l = st.l[h], r_l = __frcp_rn(l);
         u16* dst = p.o + ((long)bh * d.n_q + r) * HEAD_DIM + c_col(0);
 #pragma unroll
         for (int nt = 0; nt < O_TILES; ++nt) {
-            const float lo = l == 0.0f ? 0.0f : __fdiv_rn(o[nt][2 * h], l);
-            const float hi = l == 0.0f ? 0.0f : __fdiv_rn(o[nt][2 * h + 1], l);
+            const float lo = l == 0.0f ? 0.0f : __fmul_rn(o[nt][2 * h], r_l);
+            const float hi = l == 0.0f ? 0.0f : __fmul_rn(o[nt][2 * h + 1], r_l);
             *(u32*)(dst + nt * 8) = pack_bf16x2(lo, hi);
         }
     }

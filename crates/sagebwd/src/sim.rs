@@ -405,7 +405,8 @@ impl<'a> HeadCtx<'a> {
                     *lse_r = f32::INFINITY;
                     return;
                 }
-                orow.iter_mut().for_each(|x| *x = (self.r16)(*x / l));
+                let r_l = 1.0 / l; // O = fl(O · fl(1/l)), ALGORITHM.md §4
+                orow.iter_mut().for_each(|x| *x = (self.r16)(*x * r_l));
                 *lse2_r = m + l.log2();
                 if prec == Precision::Int8 {
                     *lse2_r += self.row_offset[r]; // back to the true (unsmoothed) scores
