@@ -4,9 +4,10 @@
 // The kernels need NO CUDA header: NVRTC provides the built-in variables, intrinsics, math
 // functions and atomics, and everything else is defined here. They are compiled with
 // `--fmad=false`, so that every `a * b + c` the specification writes as two FP32 operations
-// (`fl(fl(x·inv))`, `fl(fl(O·α) + PV)`, ...) is two rounded operations, exactly as the CPU
-// simulator does them. Products of two BF16 values are exact in FP32, so the BF16 products lose
-// nothing from this.
+// (`fl(fl(O·α) + PV)`, ...) is two rounded operations, exactly as the CPU simulator does them;
+// where it writes one fused operation (the quantizer's exact `x·inv`, §2.2; dequantize-and-
+// accumulate, §2.3) the kernels call `__fmaf_rn` explicitly. Products of two BF16 values are exact
+// in FP32, so the BF16 products lose nothing from this.
 //
 // Compile-time constants (NVRTC `-D` options): HEAD_DIM (64 or 128). The block sizes are the
 // method's defaults, B_q = 64 and B_kv = 128 (ALGORITHM.md §2.1); the host rejects others.
@@ -87,10 +88,13 @@ __device__ __forceinline__ GroupScale group_scale(float amax) {
     return g;
 }
 
-// clamp(rne(fl(x · inv)), −127, 127): the product is rounded to FP32 first (no FMA), then
-// rounded to the nearest integer with ties to even (rintf is round-to-nearest-even).
+// clamp(rne(x · inv), −127, 127) with the product exact (ALGORITHM.md §2.2): fma(x, inv, 1.5·2^23)
+// rounds the exact x·inv + 1.5·2^23 once, to the nearest integer with ties to even (ulp 1 on
+// [2^23, 2^24), and 1.5·2^23 is even) when |x·inv| < 2^22; subtracting 1.5·2^23 again is exact.
+// For |x·inv| ≥ 2^22 (never the case for |x| ≤ amax, where |x·inv| ≤ 127(1 + 2^-24)) the result
+// keeps the sign of x·inv and a magnitude ≥ 2^21, so the clamp still gives ±127.
 __device__ __forceinline__ int quantize(float x, float inv) {
-    float y = rintf(__fmul_rn(x, inv));
+    float y = __fsub_rn(__fmaf_rn(x, inv, 12582912.0f), 12582912.0f);
     y = fminf(fmaxf(y, -127.0f), 127.0f);
     return (int)y;
 }
@@ -479,12 +483,13 @@ __device__ __forceinline__ u32 pack_lo_bytes(u32 a, u32 b, u32 c, u32 d) {
 }
 
 // quantize(x, inv) of the §2.2 quantizer for |x| ≤ amax with inv = fl(127/amax), the result in the
-// low byte of the returned bits (two's complement): y = fl(x·inv) has |y| ≤ 127(1 + 2^-24) (so the
-// clamp to [−127, 127] can never act: the rounding of y is at most 127 in magnitude), and
-// fl(y + 1.5·2^23) rounds y to the nearest integer, ties to even (the addition's own rounding, =
-// rintf), giving the bits 0x4B400000 + n. inv = 0 (an all-zero group) gives n = 0.
+// low byte of the returned bits (two's complement): the exact y = x·inv has |y| ≤ 127(1 + 2^-24) (so
+// the clamp to [−127, 127] can never act: the rounding of y is at most 127 in magnitude), and
+// fma(x, inv, 1.5·2^23) rounds y + 1.5·2^23 once, to the nearest integer, ties to even (ulp 1 there,
+// 1.5·2^23 even), giving the bits 0x4B400000 + n: one instruction. inv = 0 (an all-zero group) gives
+// n = 0.
 __device__ __forceinline__ u32 quant_bits(float x, float inv) {
-    return __float_as_uint(__fadd_rn(__fmul_rn(x, inv), 12582912.0f));
+    return __float_as_uint(__fmaf_rn(x, inv, 12582912.0f));
 }
 
 // quant(x, inv) of the four accumulator values (n0, 2h), (n0, 2h + 1), (n0 + 1, 2h), (n0 + 1, 2h + 1),

@@ -449,12 +449,12 @@ __device__ __forceinline__ int k_swz(int key, int c) { return swz_i8_permuted(ke
 __device__ __forceinline__ int v_swz(int dd, int c) { return swz_rows8(dd, c); }
 
 // quantize(x, inv) of common.cuh for 0 ≤ x ≤ amax with inv = fl(127/amax) (P̂ of §4), with the
-// result in the low byte of the returned bits: y = fl(x·inv) ∈ [0, 2^23); fl(y + 2^23) rounds y to
-// the nearest integer, ties to even (the addition's own rounding, = rintf), as 2^23 + n. The clamp
-// to [−127, 127] can never act here: x·inv ≤ amax·(127/amax)(1 + 2^-24) = 127(1 + 2^-24), whose
-// rounding is < 127.5, so n ≤ 127 (and x ≥ 0 gives n ≥ 0); it is left out (one instruction per score).
+// result in the low byte of the returned bits: fma(x, inv, 2^23) rounds the exact x·inv + 2^23 once,
+// to the nearest integer, ties to even (ulp 1 on [2^23, 2^24), 2^23 even), as 2^23 + n (§2.2: the
+// product is not rounded first). The clamp to [−127, 127] can never act here: x·inv ≤ amax·(127/amax)
+// (1 + 2^-24) = 127(1 + 2^-24) < 127.5, so n ≤ 127 (and x ≥ 0 gives n ≥ 0); it is left out.
 __device__ __forceinline__ u32 quant_pos_bits(float x, float inv) {
-    return __float_as_uint(__fadd_rn(__fmul_rn(x, inv), 8388608.0f));
+    return __float_as_uint(__fmaf_rn(x, inv, 8388608.0f));
 }
 struct QuantPosBits {
     __device__ __forceinline__ u32 operator()(float x, float inv) const { return quant_pos_bits(x, inv); }

@@ -79,7 +79,8 @@ impl Dims {
 }
 
 /// The NVRTC options of one compilation. `--fmad=false`: the specification's `fl(fl(a·b) + c)`
-/// must not become one fused multiply-add (ALGORITHM.md §2.2); IEEE division and square root.
+/// must not become one fused multiply-add (where it writes one — the quantizer's rounding, §2.2,
+/// dequantize-and-accumulate, §2.3 — the kernels call `__fmaf_rn`); IEEE division and square root.
 pub fn nvrtc_options(arch: &str, head_dim: usize) -> Vec<String> {
     vec![
         format!("--gpu-architecture={arch}"),

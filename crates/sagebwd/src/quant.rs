@@ -25,10 +25,14 @@ impl GroupScale {
         GroupScale::from_amax(values.into_iter().fold(0.0f32, |m, x| m.max(x.abs())))
     }
 
-    /// `clamp(rne(fl(x · inv)), −127, 127)`. The product is rounded to f32 first (no FMA).
+    /// `clamp(rne(x · inv), −127, 127)` with the product **exact**, not rounded to f32 first
+    /// (ALGORITHM.md §2.2). The product of two f32 values is exact in f64 (24 + 24 significand bits
+    /// ≤ 53, exponents far inside f64's range), so this is the kernels' one FMA
+    /// `fma(x, inv, 1.5·2²³) − 1.5·2²³` (= `x.mul_add(inv, 1.5·2²³) − 1.5·2²³` for |x·inv| < 2²²;
+    /// tested below) without a software FMA.
     #[inline]
     pub fn quantize(&self, x: f32) -> i8 {
-        let y = x * self.inv;
+        let y = x as f64 * self.inv as f64;
         y.round_ties_even().clamp(-127.0, 127.0) as i8
     }
 }
@@ -87,12 +91,114 @@ mod tests {
         }
     }
 
+    /// The kernels' rounding: one FMA with the magic constant 1.5·2²³ (any sign) or 2²³ (x ≥ 0).
+    fn fma_rule(x: f32, inv: f32) -> i8 {
+        const M: f32 = 12_582_912.0;
+        (x.mul_add(inv, M) - M).clamp(-127.0, 127.0) as i8
+    }
+    fn fma_rule_pos(x: f32, inv: f32) -> i8 {
+        const M: f32 = 8_388_608.0;
+        (x.mul_add(inv, M) - M) as i8
+    }
+    /// The rule before 2026-12-01: the product rounded to f32, then to an integer.
+    fn old_rule(x: f32, inv: f32) -> i8 {
+        (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8
+    }
+
+    #[test]
+    fn product_is_exact_before_rounding_to_an_integer() {
+        // Double rounding: fl(x·inv) lands exactly on k + ½ while the exact product does not.
+        // inv = 1 − 2⁻²⁴ (the f32 below 1) = fl(127/amax) for amax = 127 + 2⁻¹⁷ (one ulp above 127).
+        let amax = f32::from_bits(127.0f32.to_bits() + 1);
+        let g = GroupScale::from_amax(amax);
+        assert_eq!(g.inv, 1.0 - f32::EPSILON / 2.0);
+        // x = 2.5 + 2⁻²²: exact x·inv = 2.5 + 0.375·2⁻²² − 2⁻⁴⁶, which f32 (ulp 2⁻²² there) rounds to
+        // 2.5, and rne(2.5) = 2; the exact product is above 2.5, so x̂ = 3.
+        let x = f32::from_bits(2.5f32.to_bits() + 1);
+        assert_eq!(x * g.inv, 2.5);
+        assert_eq!(old_rule(x, g.inv), 2);
+        assert_eq!(g.quantize(x), 3);
+        assert_eq!(g.quantize(-x), -3);
+        assert_eq!(fma_rule(x, g.inv), 3);
+        assert_eq!(fma_rule_pos(x, g.inv), 3);
+        // And from below: inv = 1 + 2⁻²³ = fl(127/amax) for amax = 127 − 2⁻¹⁶ (two ulps below 127),
+        // x = 3.5 − 2⁻²¹: exact x·inv = 3.5 − 0.25·2⁻²² − 2⁻⁴⁴, which f32 rounds to 3.5 (rne → 4); the
+        // exact product is below 3.5, so x̂ = 3.
+        let g = GroupScale::from_amax(f32::from_bits(127.0f32.to_bits() - 2));
+        assert_eq!(g.inv, 1.0 + f32::EPSILON);
+        let x = f32::from_bits(3.5f32.to_bits() - 2);
+        assert_eq!(x * g.inv, 3.5);
+        assert_eq!(old_rule(x, g.inv), 4);
+        assert_eq!(g.quantize(x), 3);
+        assert_eq!(g.quantize(-x), -3);
+        assert_eq!(fma_rule(-x, g.inv), -3);
+        assert_eq!(fma_rule_pos(x, g.inv), 3);
+        // Exact ties still go to even.
+        let one = GroupScale::from_amax(127.0);
+        for (x, q) in [(0.5f32, 0i8), (1.5, 2), (2.5, 2), (126.5, 126), (-0.5, 0), (-1.5, -2), (-126.5, -126)] {
+            assert_eq!(one.quantize(x), q);
+            assert_eq!(fma_rule(x, one.inv), q);
+        }
+    }
+
+    #[test]
+    fn f64_product_equals_the_kernels_fma() {
+        // Pseudo-random groups over a wide range of magnitudes: the simulator's f64 rule, the kernels'
+        // FMA (both magic constants) agree on every entry |x| ≤ amax, the largest entry maps to
+        // ±127, and the old rule differs somewhere (so a one-sided revert would be caught above).
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut differ = 0;
+        for _ in 0..2000 {
+            let e = (next() % 120) as i32 - 60;
+            let amax = (1.0 + (next() >> 40) as f32 / (1u64 << 24) as f32) * 2f32.powi(e);
+            let g = GroupScale::from_amax(amax);
+            assert_eq!(g.quantize(amax), 127);
+            assert_eq!(g.quantize(-amax), -127);
+            assert_eq!(fma_rule(amax, g.inv), 127);
+            assert_eq!(fma_rule_pos(amax, g.inv), 127);
+            for _ in 0..200 {
+                let u = (next() >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+                // Half the entries near a half-integer step, where double rounding can show.
+                let x = if next() & 1 == 0 {
+                    u * amax
+                } else {
+                    let k = (next() % 127) as f32 + 0.5;
+                    let t = f32::from_bits((k / g.inv).to_bits().wrapping_add((next() % 5) as u32).wrapping_sub(2));
+                    t.min(amax)
+                };
+                for x in [x, -x] {
+                    let q = g.quantize(x);
+                    assert_eq!(q, fma_rule(x, g.inv), "x {x:e} inv {:e}", g.inv);
+                    assert!((-127..=127).contains(&q));
+                    if x >= 0.0 {
+                        assert_eq!(q, fma_rule_pos(x, g.inv));
+                    }
+                    differ += (q != old_rule(x, g.inv)) as usize;
+                }
+            }
+        }
+        assert!(differ > 0);
+    }
+
     #[test]
     fn zero_group_has_zero_scale_and_no_nan() {
         let (q, s) = quantize_rows(&[0.0; 8], 4, 2);
         assert_eq!(s, vec![0.0]);
         assert!(q.iter().all(|&v| v == 0));
         assert_eq!(dequant(0, 0.0, 5.0), 0.0);
+        // inv = 0: every entry (and the kernels' FMA, masked zeros included) gives 0.
+        let g = GroupScale::from_amax(0.0);
+        for x in [0.0f32, -0.0, 1.0] {
+            assert_eq!(g.quantize(x), 0);
+            assert_eq!(fma_rule(x, g.inv), 0);
+            assert_eq!(fma_rule_pos(x.abs(), g.inv), 0);
+        }
     }
 
     #[test]
