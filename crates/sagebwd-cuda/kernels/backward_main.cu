@@ -1944,21 +1944,27 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
     const Dims& d = p.dims;
     const u32 raw = smem_addr(smem_ptr), smem = (raw + (ALIGN_SLACK - 1)) & ~(u32)(ALIGN_SLACK - 1);
     smem_ptr += smem - raw;  // the layout's offsets count from the 1024-byte aligned start
-    const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
 
     const int n_rows = d.batch * d.heads_q, n_items = d.n_kblk * n_rows;
-    __shared__ int next_item;  // the claimed item, thread 0 → the CTA
+    __shared__ int next_claim;  // the counter's value claimed by thread 0 (the next item − gridDim.x), → the CTA
     int item = blockIdx.x;
     if (item >= n_items) return;  // (the host launches at most n_items CTAs)
-    KeyBlockCoords at = staged_item_coords(d, item, d.n_kblk, n_rows);
-
-    staged_prologue<Path>(p, smem, at.kb, at.bh);
-    if (threadIdx.x < BLOCK_Q && query_block_begin(d, at.kb) < d.n_qblk)
-        store_row_consts(rows_of(0), load_row_consts(p, at.bh, query_block_begin(d, at.kb), threadIdx.x));
+    const KeyBlockCoords first = staged_item_coords(d, item, d.n_kblk, n_rows);
+    staged_prologue<Path>(p, smem, first.kb, first.bh);
+    if (threadIdx.x < BLOCK_Q && query_block_begin(d, first.kb) < d.n_qblk)
+        store_row_consts(rows_of(0), load_row_consts(p, first.bh, query_block_begin(d, first.kb), threadIdx.x));
     // Its per-thread parts do not depend on the head (the head goes to each call).
-    const QueryStager<Path> stage_next(p, at.bh);  // stages block qb + 1 (sage11)
+    const QueryStager<Path> stage_next(p, first.bh);  // stages block qb + 1 (sage11)
     for (;;) {
+        // pbwd13: the item (and so kb, bh, qb0, the query loop's qb) as a value ptxas knows is
+        // warp-uniform, as in the plain grid where they come from blockIdx: broadcast from lane 0 by a
+        // full-mask shuffle at the top of every item. Carried as before (the coordinates, updated in the
+        // divergent row-constant tail of the last item), ptxas computed the query loop's counters, stage
+        // addresses and wgmma descriptors in vector registers and moved them by R2UR before every wgmma
+        // (+20 to +40 registers over the plain kernel, 56–96 B of spill in the INT8 kernel at d = 128).
+        item = __shfl_sync(0xffffffffu, item, 0);
+        const KeyBlockCoords at = staged_item_coords(d, item, d.n_kblk, n_rows);
         const int kb = at.kb, bh = at.bh;
 
         float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
@@ -1969,22 +1975,25 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
 
         const int qb0 = query_block_begin(d, kb);
         const float dq_scale = staged_query_loop<Path>(p, smem, smem_ptr, stage_next, kb, bh, kv_head_of(d, bh), qb0, dv, dk);
-        int claimed = n_items;
-        if (threadIdx.x == 0)
-            claimed = (int)atomicAdd((unsigned*)(p.dq_acc + (long)n_rows * d.n_q * HEAD_DIM), 1u) + (int)gridDim.x;
+        // The claim: the atomic's result is first used by the shared store after the last dQ and the
+        // drain, so its latency runs under them (pbwd13: adding gridDim.x here made warp 0 wait for the
+        // atomic right after issuing it, before its part of the last dQ; gridDim.x is added after the
+        // barrier instead).
+        int claimed = 0;
+        if (threadIdx.x == 0) claimed = (int)atomicAdd((unsigned*)(p.dq_acc + (long)n_rows * d.n_q * HEAD_DIM), 1u);
         if (qb0 < d.n_qblk)
             Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
         Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
 
-        if (threadIdx.x == 0) next_item = claimed;
-        __syncthreads();  // every warp done with this item's shared memory; next_item visible
-        item = next_item;
+        if (threadIdx.x == 0) next_claim = claimed;
+        __syncthreads();  // every warp done with this item's shared memory; next_claim visible
+        item = next_claim + (int)gridDim.x;
         if (item < n_items) {
-            at = staged_item_coords(d, item, d.n_kblk, n_rows);
-            staged_prologue<Path>(p, smem, at.kb, at.bh);
-            const int nqb0 = query_block_begin(d, at.kb);
+            const KeyBlockCoords nt = staged_item_coords(d, item, d.n_kblk, n_rows);
+            staged_prologue<Path>(p, smem, nt.kb, nt.bh);
+            const int nqb0 = query_block_begin(d, nt.kb);
             RowConsts rc = {pos_inf(), 0.0f};
-            if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) rc = load_row_consts(p, at.bh, nqb0, threadIdx.x);
+            if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) rc = load_row_consts(p, nt.bh, nqb0, threadIdx.x);
             store_dk_dv(p, kb, bh, dv, dk);  // while the next item's loads fly
             if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) store_row_consts(rows_of(0), rc);
         } else {
