@@ -1938,17 +1938,40 @@ __device__ __forceinline__ void staged_prologue(const BackwardParams& p, u32 sme
     cp_async_commit();
 }
 
+// pbwd13: the item (and so kb, bh, qb0, the query loop's qb) as a value ptxas knows is warp-uniform, as
+// in the plain grid where they come from blockIdx: broadcast from lane 0 by a full-mask shuffle at the
+// top of every item. Carried as fpab12 had it (the coordinates, updated in the divergent row-constant
+// tail of the last item), ptxas kept the query loop's counters, stage addresses and wgmma descriptors in
+// vector registers and moved them by R2UR before every wgmma: +20 to +40 registers over the plain
+// kernel, 56–96 B of spill in the INT8 kernel at d = 128, a slower tile where items are long. With it the
+// query loop is within −4 to +1 % of the plain kernel's instructions at d = 64 and 128, no spill. Also the
+// claim's gridDim.x is added after the barrier (added at the atomic, warp 0 waited for the atomic right
+// after issuing it, before its part of the last dQ). Measured (pbwd13's call, docs/RESULTS-gpu.md):
+// faster than the plain grid in both runs for the BF16 path at d = 64, 128 and the INT8 path at d = 128
+// (−0.7 to −4.3 %), but for the INT8 path at d = 64 slower than fpab12's form (+0.4 to +1.0 % at causal
+// N 1k, where fpab12's is the default) and than the plain grid at N 4k: there fpab12's form is kept.
+template <class Path>
+struct PersistUniformItem {
+    static constexpr bool value = true;
+};
+#if HEAD_DIM == 64
+template <>
+struct PersistUniformItem<StagedSage> {
+    static constexpr bool value = false;
+};
+#endif
+
 template <class Path>
 __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* smem_ptr) {
     typedef typename Path::Layout Lay;
+    constexpr bool UNIFORM = PersistUniformItem<Path>::value;
     const Dims& d = p.dims;
     const u32 raw = smem_addr(smem_ptr), smem = (raw + (ALIGN_SLACK - 1)) & ~(u32)(ALIGN_SLACK - 1);
     smem_ptr += smem - raw;  // the layout's offsets count from the 1024-byte aligned start
-    const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
 
     const int n_rows = d.batch * d.heads_q, n_items = d.n_kblk * n_rows;
-    __shared__ int next_item;  // the claimed item, thread 0 → the CTA
+    __shared__ int next_item;  // the claimed item (UNIFORM: the counter's value, the item − gridDim.x), thread 0 → the CTA
     int item = blockIdx.x;
     if (item >= n_items) return;  // (the host launches at most n_items CTAs)
     KeyBlockCoords at = staged_item_coords(d, item, d.n_kblk, n_rows);
@@ -1959,6 +1982,10 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
     // Its per-thread parts do not depend on the head (the head goes to each call).
     const QueryStager<Path> stage_next(p, at.bh);  // stages block qb + 1 (sage11)
     for (;;) {
+        if (UNIFORM) {
+            item = __shfl_sync(0xffffffffu, item, 0);
+            at = staged_item_coords(d, item, d.n_kblk, n_rows);
+        }
         const int kb = at.kb, bh = at.bh;
 
         float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
@@ -1969,16 +1996,16 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
 
         const int qb0 = query_block_begin(d, kb);
         const float dq_scale = staged_query_loop<Path>(p, smem, smem_ptr, stage_next, kb, bh, kv_head_of(d, bh), qb0, dv, dk);
-        int claimed = n_items;
+        int claimed = UNIFORM ? 0 : n_items;
         if (threadIdx.x == 0)
-            claimed = (int)atomicAdd((unsigned*)(p.dq_acc + (long)n_rows * d.n_q * HEAD_DIM), 1u) + (int)gridDim.x;
+            claimed = (int)atomicAdd((unsigned*)(p.dq_acc + (long)n_rows * d.n_q * HEAD_DIM), 1u) + (UNIFORM ? 0 : (int)gridDim.x);
         if (qb0 < d.n_qblk)
             Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
         Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
 
         if (threadIdx.x == 0) next_item = claimed;
         __syncthreads();  // every warp done with this item's shared memory; next_item visible
-        item = next_item;
+        item = next_item + (UNIFORM ? (int)gridDim.x : 0);
         if (item < n_items) {
             at = staged_item_coords(d, item, d.n_kblk, n_rows);
             staged_prologue<Path>(p, smem, at.kb, at.bh);
