@@ -87,14 +87,11 @@ __device__ void load_row_state(const BackwardParams& p, BackwardShared& s, int b
     __syncthreads();
 }
 
-// P = exp2(fma(a, sc, −L)) (t = fl(a·sc), score_factor; §5), dP (#5), dS = fl(P·fl(dP − D)) for the
-// tile; returns the per-tile scales.
+// P = exp2(t − lse2), dP (#5), dS = fl(P·fl(dP − D)) for the tile; returns the per-tile scales.
 __device__ TileScales tile_p_ds(const BackwardParams& p, BackwardShared& s, int bh, int bh_kv, int qb, int kb) {
     const bool int8_qk = p.flags & F_QK_BWD, int8_dp = p.flags & F_DP, smooth_q = p.flags & F_SMOOTH_Q;
     const float s_do = p.do_scale[bh * p.dims.n_qblk + qb];
     const float s_v = p.v_scale[bh_kv * p.dims.n_kblk + kb];
-    const int qs = bh * p.dims.n_qblk + qb, ks = bh_kv * p.dims.n_kblk + kb;
-    const float s_t = score_scale(p.op, int8_qk, qs, ks, p.c_lambda, smooth_q);  // t = fl(a·s_t)
     float amax_p = 0.0f, amax_ds = 0.0f;
     for (int e = threadIdx.x; e < BLOCK_Q * BLOCK_KV; e += THREADS) {
         const int rl = e / BLOCK_KV, jl = e % BLOCK_KV;
@@ -102,8 +99,9 @@ __device__ TileScales tile_p_ds(const BackwardParams& p, BackwardShared& s, int 
         float prob = 0.0f, ds = 0.0f;
         if (visible(p.dims, r, j)) {
             const long q_row = (long)bh * p.dims.n_q + r, k_row = (long)bh_kv * p.dims.n_k + j;
-            const float a = score_factor(p.op, int8_qk, q_row, k_row, qs, ks, p.c_lambda, smooth_q, s.beta[jl]);
-            prob = exp2_ftz(__fmaf_rn(a, s_t, -s.lse2[rl]));  // exp2(fma(a, sc, −L))
+            const float t = score(p.op, int8_qk, q_row, k_row, bh * p.dims.n_qblk + qb,
+                                  bh_kv * p.dims.n_kblk + kb, p.c_lambda, smooth_q, s.beta[jl]);
+            prob = exp2_ftz(__fsub_rn(t, s.lse2[rl]));  // exp2(t − L)
             const float dp = int8_dp
                 ? dequant(dot_i8(p.do_hat + q_row * HEAD_DIM, p.v_hat + k_row * HEAD_DIM), s_do, s_v)
                 : dot_bf16(p.d_o + q_row * HEAD_DIM, p.v + k_row * HEAD_DIM);
@@ -262,7 +260,6 @@ __device__ TileScales mma_tile_p_ds(const BackwardParams& p, BackwardShared& s, 
     const long k_off = ((long)bh_kv * d.n_k + key0 + k_loc0) * HEAD_DIM;
     const bool int8_qk = p.flags & F_QK_BWD, int8_dp = p.flags & F_DP, smooth_q = p.flags & F_SMOOTH_Q;
     const float s_qk = __fmul_rn(__fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda), p.op.k_scale[bh_kv * d.n_kblk + kb]);
-    const float s_t = !int8_qk ? p.c_lambda : smooth_q ? 1.0f : s_qk;  // t = fl(a·s_t), score_scale
     const float s_do = p.do_scale[bh * d.n_qblk + qb], s_v = p.v_scale[bh_kv * d.n_kblk + kb];
     const View vq8 = view(p.op.q_hat + q_off, HEAD_DIM, 1, n_rows, HEAD_DIM);
     const View vk8 = view(p.op.k_hat + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
@@ -280,13 +277,13 @@ __device__ TileScales mma_tile_p_ds(const BackwardParams& p, BackwardShared& s, 
             int acc[4] = {0, 0, 0, 0};
             tile_s8(acc, ReadI8(), vq8, 0, ReadI8(), vk8, nt * 8, HEAD_DIM);
             for (int e = 0; e < 4; ++e) {
-                t[e] = (float)acc[e];  // the factor a of t = fl(a·sc) (§5)
-                if (smooth_q) t[e] = __fadd_rn(__fmul_rn(t[e], s_qk), __fmul_rn(p.c_lambda, s.beta[k_loc0 + nt * 8 + c_col(e)]));
+                t[e] = __fmul_rn((float)acc[e], s_qk);
+                if (smooth_q) t[e] = __fadd_rn(t[e], __fmul_rn(p.c_lambda, s.beta[k_loc0 + nt * 8 + c_col(e)]));
             }
         } else {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             tile_bf16(acc, ReadBf16(), vq, 0, ReadBf16(), vk, nt * 8, HEAD_DIM);
-            for (int e = 0; e < 4; ++e) t[e] = acc[e];
+            for (int e = 0; e < 4; ++e) t[e] = __fmul_rn(p.c_lambda, acc[e]);
         }
         if (int8_dp) {
             int acc[4] = {0, 0, 0, 0};
@@ -301,7 +298,7 @@ __device__ TileScales mma_tile_p_ds(const BackwardParams& p, BackwardShared& s, 
             const int rl = r_loc0 + c_row(e), jl = k_loc0 + nt * 8 + c_col(e);
             float prob = 0.0f, ds = 0.0f;
             if (visible(d, qb * BLOCK_Q + rl, key0 + jl)) {
-                prob = exp2_ftz(__fmaf_rn(t[e], s_t, -s.lse2[rl]));  // exp2(fma(a, sc, −L))
+                prob = exp2_ftz(__fsub_rn(t[e], s.lse2[rl]));
                 ds = __fmul_rn(prob, __fsub_rn(dp[e], s.delta[rl]));
             }
             s.p[rl][jl] = prob;
@@ -624,9 +621,8 @@ __device__ __forceinline__ void keys_by_rows(Acc (*acc)[4], u32 a_lane, int a_x,
     }
 }
 
-// P = exp2(fma(S, scale, −L)) of the warp's transposed tile (§5: t = fl(S·scale) fused into the
-// subtraction, one rounding; s: the Sᵀ accumulators, scale = fl(fl(s_Q·cλ)·s_K) for INT8, cλ for
-// BF16), not yet masked (S is finite, so scale = 0 gives −L: no NaN).
+// P = exp2(fl(fl(S·scale) − L)) of the warp's transposed tile (s: the Sᵀ accumulators, scale =
+// fl(fl(s_Q·cλ)·s_K) for INT8, cλ for BF16), not yet masked.
 template <bool PERMUTED, class Acc>
 __device__ __forceinline__ void tile_p_regs(const float* rows, const Acc (*s)[4], float scale, float (*prob)[4]) {
     const int t = threadIdx.x & 3;
@@ -635,7 +631,7 @@ __device__ __forceinline__ void tile_p_regs(const float* rows, const Acc (*s)[4]
         const float2 L = *(const float2*)(rows + tile_row<PERMUTED>(nt, 2 * t));  // rows rl, rl + 1 (even)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            prob[nt][e] = exp2_ftz(__fmaf_rn((float)s[nt][e], scale, -((e & 1) ? L.y : L.x)));  // exp2(fma(S, sc, −L))
+            prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s[nt][e], scale), (e & 1) ? L.y : L.x));  // exp2(t − L)
     }
 }
 

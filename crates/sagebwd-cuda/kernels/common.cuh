@@ -213,28 +213,35 @@ struct ScoreOperands {
     const float* row_offset;  // [B, Hq, Nq] b_r = fl(cλ·q_r·K_m) (§3.5)
 };
 
-// Base-2 score t[r, j] = fl(a·sc) of ALGORITHM.md §4 as its two factors, so that the softmax can
-// take exp2(fma(a, sc, −m)) with one rounding (§4, §5). score_scale: sc = fl(fl(s_Q·cλ)·s_K) (INT8),
-// cλ (BF16), ≥ 0. score_factor (visible entries only): a = float(acc) of the smoothed operands
-// (INT8, exact; t is lower than the true score by b_r), the FP32 sum of Q·K (BF16). With Q-smoothing
-// (INT8) the unfused form stays: a = t = fl(fl(float(acc)·sc) + fl(cλ·β)) and sc = 1, so that
-// fma(t, 1, −m) = fl(t − m).
+// Base-2 score t[r, j] of ALGORITHM.md §4 (visible entries only). INT8: of the smoothed operands
+// (lower than the true score by b_r), plus the Q-smoothing bias fl(cλ·β) when on; BF16: of Q and K.
+__device__ __forceinline__ float score(const ScoreOperands& op, bool int8, long q_row, long k_row,
+                                       int q_scale_idx, int k_scale_idx, float c_lambda,
+                                       bool smooth_q, float beta_j) {
+    if (int8) {
+        int acc = dot_i8(op.q_hat + q_row * HEAD_DIM, op.k_hat + k_row * HEAD_DIM);
+        float s = __fmul_rn(__fmul_rn(op.q_scale[q_scale_idx], c_lambda), op.k_scale[k_scale_idx]);
+        float t = __fmul_rn((float)acc, s);
+        if (smooth_q) t = __fadd_rn(t, __fmul_rn(c_lambda, beta_j));
+        return t;
+    }
+    return __fmul_rn(c_lambda, dot_bf16(op.q + q_row * HEAD_DIM, op.k + k_row * HEAD_DIM));
+}
+
+// The forward's score t[r, j] as two factors t = fl(a·sc), for its softmax p = exp2(fma(a, sc, −m))
+// (§4: fused for INT8 #1 without Q-smoothing). score_scale: sc = fl(fl(s_Q·cλ)·s_K) there, else 1.
+// score_factor (visible entries only): a = float(acc) there (exact), else a = t itself (score()),
+// so that fma(t, 1, −m) = fl(t − m), the unfused form §4 keeps for BF16 #1 and Q-smoothing.
 __device__ __forceinline__ float score_scale(const ScoreOperands& op, bool int8, int q_scale_idx, int k_scale_idx,
                                              float c_lambda, bool smooth_q) {
-    if (!int8) return c_lambda;
-    if (smooth_q) return 1.0f;
+    if (!int8 || smooth_q) return 1.0f;
     return __fmul_rn(__fmul_rn(op.q_scale[q_scale_idx], c_lambda), op.k_scale[k_scale_idx]);
 }
 __device__ __forceinline__ float score_factor(const ScoreOperands& op, bool int8, long q_row, long k_row,
                                               int q_scale_idx, int k_scale_idx, float c_lambda,
                                               bool smooth_q, float beta_j) {
-    if (int8) {
-        const float a = (float)dot_i8(op.q_hat + q_row * HEAD_DIM, op.k_hat + k_row * HEAD_DIM);
-        if (!smooth_q) return a;
-        const float s = score_scale(op, true, q_scale_idx, k_scale_idx, c_lambda, false);
-        return __fadd_rn(__fmul_rn(a, s), __fmul_rn(c_lambda, beta_j));
-    }
-    return dot_bf16(op.q + q_row * HEAD_DIM, op.k + k_row * HEAD_DIM);
+    if (int8 && !smooth_q) return (float)dot_i8(op.q_hat + q_row * HEAD_DIM, op.k_hat + k_row * HEAD_DIM);
+    return score(op, int8, q_row, k_row, q_scale_idx, k_scale_idx, c_lambda, smooth_q, beta_j);
 }
 
 // β[b, j] = Σ_d Q_m[b] · K_s[j] with the FP32 K_s = fl(K − K_m) (ALGORITHM.md §3 step 4). Summed

@@ -237,7 +237,7 @@ __device__ float mma_scores(const ForwardParams& p, const ForwardMmaShared& s, f
     const long q_off = (long)bh * d.n_q * HEAD_DIM, k_off = ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
     const int n_rows = d.n_q - row0, n_keys = d.n_k - key0;
     // The warp's Q fragments are loaded once per key block and reused for all 16 key tiles.
-    float sc_out = p.c_lambda;
+    float sc_out = 1.0f;  // BF16 #1 (and Q-smoothing): t itself, not fused (§4)
     if (int8) {
         const View vq = view(p.op.q_hat + q_off + (long)row0 * HEAD_DIM, HEAD_DIM, 1, n_rows, HEAD_DIM);
         const View vk = view(p.op.k_hat + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
@@ -279,7 +279,7 @@ __device__ float mma_scores(const ForwardParams& p, const ForwardMmaShared& s, f
                 mma_bf16(acc, qa[ks], b);
             }
 #pragma unroll
-            for (int e = 0; e < 4; ++e) t[nt][e] = acc[e];
+            for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn(p.c_lambda, acc[e]);
         }
     }
 #pragma unroll
@@ -495,12 +495,11 @@ __device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs
 }
 
 // The thread's two rows of a key block (h = 0: elements 0, 1 of each tile; h = 1: elements 2, 3):
-// the max of the score factors a over the quad into mx (a tree: exact in any order), and the
-// online-softmax update m = max(m, fl(mx·sc)) — the row max of t = fl(a·sc), since rounding is
-// monotone and sc ≥ 0 (§4) —, α = exp2(fl(m_old − m_use)), where m_use (0 for a row masked so far)
-// is what the exponentials subtract.
-// thread_row_max: the thread's part (no shuffles; fp_softmax calls it in a branch), quad_max_update
-// the rest.
+// the row max over the quad into mx (a tree: exact in any order), and the online-softmax update
+// m = max(m, rowmax), α = exp2(fl(m_old − m_use)), where m_use (0 for a row masked so far) is what
+// the exponentials subtract. FUSED (INT8 #1, §4): t holds the score factors a of t = fl(a·sc), mx
+// their max, and the row max of the scores is fl(mx·sc) (rounding is monotone, sc ≥ 0).
+// thread_row_max: the thread's part, quad_max_update the rest.
 __device__ __forceinline__ void thread_row_max(const float (*t)[4], float* mx) {
     float mq[4][2];
 #pragma unroll
@@ -530,15 +529,44 @@ __device__ __forceinline__ void quad_max_update(RowState& st, float* mx, float* 
         st.m[h] = m_new;
     }
 }
-__device__ __forceinline__ void row_max_update(const float (*t)[4], RowState& st, float* mx, float* m_use, float sc) {
-    thread_row_max(t, mx);
-    quad_max_update(st, mx, m_use, sc);
+template <bool FUSED>
+__device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, float* mx, float* m_use, float sc) {
+    if constexpr (FUSED) {
+        thread_row_max(t, mx);
+        quad_max_update(st, mx, m_use, sc);
+    } else {  // the BF16 forward: main's code, so that its SASS stays as it was
+        float mq[4][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                mq[k][h] = fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1]));
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                mq[k][h] = fmaxf(mq[k][h], fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]),
+                                                 fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
+            mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
+        }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
+            mx[0] = fmaxf(mx[0], a0);
+            mx[1] = fmaxf(mx[1], a1);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float m_new = fmaxf(st.m[h], mx[h]);
+            m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
+            st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
+            st.m[h] = m_new;
+        }
+    }
 }
 
-// The exponentials of staged_softmax after row_max_update: p = exp2(fma(a, sc, −m_use)) (one
-// rounding, §4) into t, the row sums (and with AMAX the row maxima of p into amax) over the quad,
-// l = fl(fl(l·α) + sum).
-template <bool AMAX>
+// The exponentials of staged_softmax after row_max_update: p = exp2(fl(t − m_use)), FUSED (INT8
+// #1, §4) p = exp2(fma(a, sc, −m_use)) (one rounding), into t, the row sums (and with AMAX the row
+// maxima of p into amax) over the quad, l = fl(fl(l·α) + sum).
+template <bool AMAX, bool FUSED>
 __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, const float* m_use, float* amax, float sc) {
     float sum[2];
     float ps[4][2], pm[4][2];
@@ -552,9 +580,9 @@ __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, con
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int h = e >> 1, k = nt & 3;
-            // A masked a = −∞ needs no select: sc > 0 in a masked tile (mask_tile), so
-            // fma(−∞, sc, −m_use) = −∞ and exp2_ftz(−∞) = +0.
-            const float pj = exp2_ftz(__fmaf_rn(t[nt][e], sc, -m_use[h]));
+            // A masked t = −∞ needs no select: fl(−∞ − m_use) = −∞ and exp2_ftz(−∞) = +0; FUSED: sc > 0
+            // in a masked tile (mask_permuted), so fma(−∞, sc, −m_use) = −∞.
+            const float pj = exp2_ftz(FUSED ? __fmaf_rn(t[nt][e], sc, -m_use[h]) : __fsub_rn(t[nt][e], m_use[h]));
             t[nt][e] = pj;
             ps[k][h] = __fadd_rn(ps[k][h], pj);
             if (AMAX) pm[k][h] = fmaxf(pm[k][h], pj);
@@ -579,17 +607,18 @@ __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, con
     for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
 }
 
-// Online softmax of the staged paths (as mma_softmax), on the warp's score factors t[S_TILES][4]
-// (a with t = fl(a·sc): float(acc) or the FP32 S; −∞ where masked), any key order: the thread's two
-// rows (h = 0: row g, elements 0, 1; h = 1: row g + 8, elements 2, 3) together, so that their
-// dependent chains interleave; the row max by a tree (exact in any order); the row sum in 4 partial
-// sums per thread (the order of this FP32 sum is not fixed by §4). Leaves p = exp2(fma(a, sc, −m_new))
-// in t and updates m, α, l in st. With AMAX also gives each row's max p, the §4 group amax of P̂.
-template <bool AMAX>
+// Online softmax of the staged paths (as mma_softmax), on the warp's S accumulators t[S_TILES][4]
+// (base-2 scores, −∞ where masked; FUSED, the INT8 forward: the factors a = float(acc) of t =
+// fl(a·sc)), any key order: the thread's two rows (h = 0: row g, elements 0, 1; h = 1: row g + 8,
+// elements 2, 3) together, so that their dependent chains interleave; the row max by a tree (exact
+// in any order); the row sum in 4 partial sums per thread (the order of this FP32 sum is not fixed
+// by §4). Leaves p = exp2(t − m_new) (FUSED: exp2(fma(a, sc, −m_new))) in t and updates m, α, l in
+// st. With AMAX also gives each row's max p, the §4 group amax of P̂.
+template <bool AMAX, bool FUSED>
 __device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax, float sc) {
     float mx[2], m_use[2];
-    row_max_update(t, st, mx, m_use, sc);
-    softmax_exp_sum<AMAX>(t, st, m_use, amax, sc);
+    row_max_update<FUSED>(t, st, mx, m_use, sc);
+    softmax_exp_sum<AMAX, FUSED>(t, st, m_use, amax, sc);
 }
 
 // Key (within the block) of S column e of n-tile nt for this thread, in the permuted order kmap.
@@ -609,11 +638,11 @@ __device__ __forceinline__ int permuted_key(int nt, int e) {
 // Permuted order: kept per entry, as aeae31c: the prefix form (limit from the thread's first column
 // + 4·(lane % 4)) made the INT8 `ws3` forward 3.5 % faster at d = 64 causal N = 1k but 2.4 % slower
 // at N = 4k (ptxas scheduled the whole key loop differently; fwd9's first call).
-// The mask works on the score factors a (t = fl(a·sc)): a masked a = −∞ must meet sc > 0 in
-// fma(a, sc, −m) (−∞·0 is NaN). sc = 0 (an all-zero Q̂ or K̂ block) makes every t of the tile ±0:
-// a masked tile then takes a = 0, sc = 1 instead, the same t = 0 and the same fma(0, 1, −m) = −m.
-// Tiles without a mask see no −∞ and keep sc = 0 (fma(a, 0, −m) = −m). Only the INT8 (permuted)
-// callers can have sc = 0; the BF16 ones pass sc = cλ > 0 and skip the test.
+// The permuted (INT8 forward) callers mask the score factors a (t = fl(a·sc), §4): a masked a = −∞
+// must meet sc > 0 in fma(a, sc, −m) (−∞·0 is NaN). sc = 0 (an all-zero Q̂ or K̂ block) makes every
+// t of the tile ±0: a masked tile then takes a = 0, sc = 1 instead, the same t = 0 and the same
+// fma(0, 1, −m) = −m. Tiles without a mask see no −∞ and keep sc = 0 (fma(a, 0, −m) = −m). The
+// natural-order (BF16) callers mask t and pass a dummy sc.
 __device__ __forceinline__ bool tile_needs_mask(const Dims& d, int row0, int key0) {
     const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
     return last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
@@ -621,6 +650,19 @@ __device__ __forceinline__ bool tile_needs_mask(const Dims& d, int row0, int key
 template <bool PERMUTED>
 __device__ __forceinline__ void mask_tile(const Dims& d, float (*t)[4], int row0, int key0, float& sc,
                                           float fill = neg_inf()) {
+    if constexpr (!PERMUTED) {  // the BF16 forward: main's code, so that its SASS stays as it was
+        const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
+        const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
+        if (!need_mask) return;
+        const int col0 = key0 + 2 * (threadIdx.x & 3);  // key of entry (nt, e) = col0 + 8·nt + (e & 1) (c_col)
+        const int limit[2] = {visible_end(d, row0 + c_row(0)) - col0, visible_end(d, row0 + c_row(2)) - col0};
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (nt * 8 + (e & 1) >= limit[e >> 1]) t[nt][e] = neg_inf();
+        return;
+    }
     if (!tile_needs_mask(d, row0, key0)) return;
     if (PERMUTED && sc == 0.0f) {
 #pragma unroll
@@ -654,7 +696,7 @@ __device__ __forceinline__ void mask_permuted(const Dims& d, float (*t)[4], int 
 // natural key order.
 __device__ __forceinline__ void softmax_p_hat(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
     float amax[2], inv[2];
-    staged_softmax<true>(t, st, amax, sc);
+    staged_softmax<true, true>(t, st, amax, sc);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const GroupScale g = group_scale(amax[h]);
@@ -1149,7 +1191,7 @@ __device__ void ws_producer(const void* vmap, const ForwardParams& p, const Ring
 // self-test), so every p of the row is ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
 __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
     float mx[2], m_use[2], inv[2];
-    row_max_update(t, st, mx, m_use, sc);
+    row_max_update<true>(t, st, mx, m_use, sc);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         // max_j exp2(fma(a_j, sc, −m_use)) = exp2(fma(a_max, sc, −m_use)): fma with sc ≥ 0 and exp2
@@ -1158,7 +1200,7 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
         st.p_scale[h] = g.scale;
         inv[h] = g.inv;
     }
-    softmax_exp_sum<false>(t, st, m_use, nullptr, sc);
+    softmax_exp_sum<false, true>(t, st, m_use, nullptr, sc);
 #pragma unroll
     for (int s = 0; s < BLOCK_KV / 32; ++s)
 #pragma unroll
@@ -1430,10 +1472,10 @@ __device__ __forceinline__ void bf16_tile_load(u32 dst, const u16* src, int n_ro
     }
 }
 
-// S = Q Kᵀ for the warp's 16 rows × 128 keys, the factors a = S of the base-2 scores t = fl(cλ·S)
-// (unmasked; §4: the softmax fuses cλ into its fma). Lane (mi = lane / 8, r = lane % 8) addresses
-// row nt·8 + r, chunk 4·cg + mi: the x4 load gives the B fragments of k-steps 2cg and 2cg + 1.
-__device__ __forceinline__ void bf16_scores(float (*t)[4], const u32 (*qa)[4], u32 kbuf, int mi, int r) {
+// S = Q Kᵀ for the warp's 16 rows × 128 keys as base-2 scores t = fl(cλ·S) (unmasked). Lane
+// (mi = lane / 8, r = lane % 8) addresses row nt·8 + r, chunk 4·cg + mi: the x4 load gives the
+// B fragments of k-steps 2cg and 2cg + 1.
+__device__ __forceinline__ void bf16_scores(float (*t)[4], const u32 (*qa)[4], u32 kbuf, int mi, int r, float c_lambda) {
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt) {
         const u32 rowa = kbuf + (nt * 8 + r) * FB_ROW;
@@ -1446,7 +1488,7 @@ __device__ __forceinline__ void bf16_scores(float (*t)[4], const u32 (*qa)[4], u
             mma_bf16(acc, qa[2 * cg + 1], b + 2);
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) t[nt][e] = acc[e];
+        for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn(c_lambda, acc[e]);
     }
 }
 
@@ -1474,8 +1516,13 @@ __device__ __forceinline__ void bf16_pv(float (*o)[4], const u32 (*pa)[4], const
     }
 }
 
-// bf16(p) of t as the A fragments of P·V (bf16_softmax, fp_softmax).
-__device__ __forceinline__ void bf16_pack_p(const float (*t)[4], u32 (*pa)[4]) {
+// The BF16 path's softmax of the base-2 scores t (natural key order): mask, the online softmax
+// (staged_softmax, no amax), and bf16(p) packed as the A fragments of P·V: the accumulators of S
+// tiles 2kk and 2kk + 1 (keys 16kk..16kk + 15) are the m16n8k16 (and wgmma k16) A fragment kk.
+__device__ __forceinline__ void bf16_softmax(const Dims& d, float (*t)[4], RowState& st, u32 (*pa)[4], int row0, int key0) {
+    float unused = 1.0f;  // BF16 #1: t itself, not fused (§4)
+    mask_tile<false>(d, t, row0, key0, unused);
+    staged_softmax<false, false>(t, st, nullptr, 1.0f);
 #pragma unroll
     for (int kk = 0; kk < BLOCK_KV / 16; ++kk) {
         pa[kk][0] = pack_bf16x2(t[2 * kk][0], t[2 * kk][1]);
@@ -1483,18 +1530,6 @@ __device__ __forceinline__ void bf16_pack_p(const float (*t)[4], u32 (*pa)[4]) {
         pa[kk][2] = pack_bf16x2(t[2 * kk + 1][0], t[2 * kk + 1][1]);
         pa[kk][3] = pack_bf16x2(t[2 * kk + 1][2], t[2 * kk + 1][3]);
     }
-}
-
-// The BF16 path's softmax of the score factors t = S (base-2 scores fl(cλ·S), natural key order):
-// mask, the online softmax (staged_softmax, no amax; p = exp2(fma(S, cλ, −m))), and bf16(p) packed
-// as the A fragments of P·V: the accumulators of S tiles 2kk and 2kk + 1 (keys 16kk..16kk + 15) are
-// the m16n8k16 (and wgmma k16) A fragment kk.
-__device__ __forceinline__ void bf16_softmax(const Dims& d, float (*t)[4], RowState& st, u32 (*pa)[4], int row0, int key0,
-                                             float c_lambda) {
-    float sc = c_lambda;  // > 0: mask_tile never changes it
-    mask_tile<false>(d, t, row0, key0, sc);
-    staged_softmax<false>(t, st, nullptr, sc);
-    bf16_pack_p(t, pa);
 }
 
 __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
@@ -1533,9 +1568,9 @@ __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
         cp_async_commit();
 
         float t[S_TILES][4];
-        bf16_scores(t, qa, ks + (kb & 1) * FB_TILE, mi, r);
+        bf16_scores(t, qa, ks + (kb & 1) * FB_TILE, mi, r, p.c_lambda);
         u32 pa[BLOCK_KV / 16][4];
-        bf16_softmax(d, t, st, pa, row0, key0, p.c_lambda);
+        bf16_softmax(d, t, st, pa, row0, key0);
         cp_async_wait<1>();  // this thread's copies of V(kb) (K(kb + 1) may still be in flight)
         __syncthreads();     // (b): everyone's V(kb) visible
         bf16_pv(o, pa, st, vs, mi, r);
@@ -1727,7 +1762,7 @@ __device__ __forceinline__ void fp_issue_scores(float (&sacc)[S_TILES][4], u32 q
 // The BF16 products of a consumer warpgroup (Mix of ws_consume).
 template <bool SPLIT_PV>
 struct WsBf16 {
-    float sacc[S_TILES][4];  // S, then p
+    float sacc[S_TILES][4];  // S, then t, then p
     float pacc[O_TILES][4];  // PV_block
     u32 pa[BLOCK_KV / 16][4];
     u32 qt;
@@ -1741,7 +1776,11 @@ struct WsBf16 {
     __device__ __forceinline__ void issue_scores(u32 kt) { fp_issue_scores(sacc, qt, kt); }
     __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
         wgmma_fence_regs(sacc);
-        bf16_softmax(d, sacc, st, pa, row0, key0, c_lambda);
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sacc[nt][e] = __fmul_rn(c_lambda, sacc[nt][e]);
+        bf16_softmax(d, sacc, st, pa, row0, key0);
     }
     __device__ __forceinline__ void pin() { pin_fragments(pa); }
     // O_block = P V: k-step ks is keys 16ks..16ks + 15, i.e. V rows at byte 16ks·128 of each panel.
@@ -1953,56 +1992,19 @@ __device__ __forceinline__ void fp_issue_pv(float (*o)[4], const u32 (*pa)[4], u
     wgmma_commit();
 }
 
-// The mask, the online softmax of t = fl(cλ·S) (bf16_softmax's arithmetic: m, α, l; p = exp2(fma(S, cλ,
-// −m))) and bf16(p) packed as the A fragments of P·V. p goes to its own registers t and S is only
-// read: writing the S accumulators while P·V(kb) is in flight would make ptxas serialize the
-// wgmmas (C7515). So the mask cannot put −∞ into S: a masked tile takes its row max over a masked
-// copy in t, and every tile computes p = exp2(fma(S, cλ, −m_use)) from S, a masked one then zeroing
-// its masked p before the sums (a masked S is finite: its p is finite or +∞, replaced, never summed).
+// t = fl(cλ·S), the mask, the online softmax (staged_softmax: m, α, l) and bf16(p) packed as the
+// A fragments of P·V (bf16_softmax).
 __device__ __forceinline__ void fp_softmax(const Dims& d, float (&sacc)[S_TILES][4], float c_lambda, RowState& st,
                                            u32 (*pa)[4], int row0, int key0) {
     wgmma_fence_regs(sacc);
+    // t in its own registers: writing the S accumulators while P·V(kb) is in flight would make
+    // ptxas serialize the wgmmas (C7515).
     float t[S_TILES][4];
-    float mx[2], m_use[2];
-    float sc = c_lambda;  // > 0: mask_tile never changes it
-    const bool masked = tile_needs_mask(d, row0, key0);
-    if (masked) {
-#pragma unroll
-        for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) t[nt][e] = sacc[nt][e];
-        mask_tile<false>(d, t, row0, key0, sc);
-        thread_row_max(t, mx);
-    } else {
-        thread_row_max(sacc, mx);
-    }
-    quad_max_update(st, mx, m_use, c_lambda);
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) t[nt][e] = exp2_ftz(__fmaf_rn(sacc[nt][e], c_lambda, -m_use[e >> 1]));
-    if (masked) mask_tile<false>(d, t, row0, key0, sc, 0.0f);
-    // The row sums as softmax_exp_sum's (4 partial sums per thread, then the quad).
-    float ps[4][2], sum[2];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) ps[k][h] = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ps[nt & 3][e >> 1] = __fadd_rn(ps[nt & 3][e >> 1], t[nt][e]);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
-#pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        const float s0 = __shfl_xor_sync(0xffffffffu, sum[0], o2), s1 = __shfl_xor_sync(0xffffffffu, sum[1], o2);
-        sum[0] = __fadd_rn(sum[0], s0);
-        sum[1] = __fadd_rn(sum[1], s1);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
-    bf16_pack_p(t, pa);
+        for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn(c_lambda, sacc[nt][e]);
+    bf16_softmax(d, t, st, pa, row0, key0);
 }
 
 // O = fl(O·α) before the next P·V accumulates onto it; skipped when no row of the warp changed

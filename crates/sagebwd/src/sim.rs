@@ -337,7 +337,8 @@ impl<'a> HeadCtx<'a> {
     /// product, as its two factors `(a, sc)`: INT8 `a = float(acc)` (exact) of the smoothed operands
     /// (off by `−b_r` from the true score), `sc = fl(fl(s_Q·cλ)·s_K)`; BF16 `a` = the FP32 sum of Q·K,
     /// `sc = cλ`. With Q-smoothing (INT8) `a = t` itself (β added) and `sc = 1`, so that
-    /// `fma(a, sc, −m) = fl(t − m)`: the unfused form the specification keeps there.
+    /// `fma(a, sc, −m) = fl(t − m)`: the unfused form the specification keeps there. The INT8 forward
+    /// fuses (`fma(a, sc, −m)`, §4); every other use takes `t` ([`Self::score`]).
     #[inline]
     fn score_parts(&self, prec: Precision, r: usize, j: usize) -> (f32, f32) {
         let (qb, kb) = (r / self.cfg.block_q, j / self.cfg.block_kv);
@@ -353,6 +354,13 @@ impl<'a> HeadCtx<'a> {
             }
             Precision::Bf16 => (dot_f32(self.row(self.q, r), self.row(self.k, j)), self.c_log2e),
         }
+    }
+
+    /// The score `t[r, j] = fl(a · sc)` itself.
+    #[inline]
+    fn score(&self, prec: Precision, r: usize, j: usize) -> f32 {
+        let (a, sc) = self.score_parts(prec, r, j);
+        a * sc
     }
 
     /// ALGORITHM.md §4, one query row at a time (rows are independent).
@@ -378,11 +386,15 @@ impl<'a> HeadCtx<'a> {
                     for (jj, aj) in a.iter_mut().enumerate() {
                         *aj = self.score_parts(prec, r, j0 + jj);
                     }
-                    // The row max of t = fl(a·sc); then p = exp2(fma(a, sc, −m_new)), one rounding.
+                    // The row max of t = fl(a·sc); then p = exp2(fma(a, sc, −m_new)), one rounding, for
+                    // INT8 #1 (§4); BF16 #1: p = exp2(fl(t − m_new)).
                     let m_new = a.iter().fold(m, |acc, &(x, sc)| acc.max(x * sc));
                     let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
                     let alpha = (m - m_use).exp2();
-                    t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| *p = x.mul_add(sc, -m_use).exp2()); // t holds p
+                    let fused = prec == Precision::Int8;
+                    t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| {
+                        *p = if fused { x.mul_add(sc, -m_use) } else { x * sc - m_use }.exp2() // t holds p
+                    });
                     l = l * alpha + t.iter().sum::<f32>();
                     let kb = j0 / bkv;
                     if int8 {
@@ -501,8 +513,7 @@ impl<'a> HeadCtx<'a> {
                         continue;
                     }
                     let j = j0 + jj;
-                    let (a, sc) = self.score_parts(qk, r, j);
-                    *pi = a.mul_add(sc, -lse2_used[i]).exp2(); // exp2(fma(a, sc, −L)), §5
+                    *pi = (self.score(qk, r, j) - lse2_used[i]).exp2();
                     let dp = match dp_prec {
                         Precision::Bf16 => dot_f32(self.row(self.d_o, r), self.row(self.v, j)),
                         Precision::Int8 => dequant(

@@ -262,7 +262,7 @@ fn bad_configuration_is_an_error() {
 }
 
 /// A query block of all-zero rows has s_Q = 0, so its INT8 score scale fl(fl(s_Q·cλ)·s_K) is 0 and
-/// the fused softmax argument fma(a, 0, −m) of ALGORITHM.md §4/§5 is −m (no −∞·0 = NaN: masked keys
+/// the fused softmax argument fma(a, 0, −m) of ALGORITHM.md §4 is −m (no −∞·0 = NaN: masked keys
 /// never enter the product). Those rows attend uniformly to their visible keys (t = 0, as in the
 /// exact reference, where their scores are 0 too), and everything stays finite and accurate.
 #[test]
