@@ -232,6 +232,22 @@ __device__ __forceinline__ float score(const ScoreOperands& op, bool int8, long 
     return __fmul_rn(c_lambda, dot_bf16(op.q + q_row * HEAD_DIM, op.k + k_row * HEAD_DIM));
 }
 
+// The forward's score t[r, j] as two factors t = fl(a·sc), for its softmax p = exp2(fma(a, sc, −m))
+// (§4: fused for INT8 #1 without Q-smoothing). score_scale: sc = fl(fl(s_Q·cλ)·s_K) there, else 1.
+// score_factor (visible entries only): a = float(acc) there (exact), else a = t itself (score()),
+// so that fma(t, 1, −m) = fl(t − m), the unfused form §4 keeps for BF16 #1 and Q-smoothing.
+__device__ __forceinline__ float score_scale(const ScoreOperands& op, bool int8, int q_scale_idx, int k_scale_idx,
+                                             float c_lambda, bool smooth_q) {
+    if (!int8 || smooth_q) return 1.0f;
+    return __fmul_rn(__fmul_rn(op.q_scale[q_scale_idx], c_lambda), op.k_scale[k_scale_idx]);
+}
+__device__ __forceinline__ float score_factor(const ScoreOperands& op, bool int8, long q_row, long k_row,
+                                              int q_scale_idx, int k_scale_idx, float c_lambda,
+                                              bool smooth_q, float beta_j) {
+    if (int8 && !smooth_q) return (float)dot_i8(op.q_hat + q_row * HEAD_DIM, op.k_hat + k_row * HEAD_DIM);
+    return score(op, int8, q_row, k_row, q_scale_idx, k_scale_idx, c_lambda, smooth_q, beta_j);
+}
+
 // β[b, j] = Σ_d Q_m[b] · K_s[j] with the FP32 K_s = fl(K − K_m) (ALGORITHM.md §3 step 4). Summed
 // in FP64 (the products are exact there) and rounded once, as the simulator does.
 __device__ __forceinline__ float beta_of(const float* s_qm, const u16* k_row, const float* km) {

@@ -39,35 +39,41 @@ __device__ __forceinline__ int key_block_end(const Dims& d, int qb) {
     return min(d.n_kblk, j_max / BLOCK_KV + 1);
 }
 
-// Step 1: the base-2 scores of the tile (−∞ where masked).
-__device__ void forward_scores(const ForwardParams& p, ForwardShared& s, int bh, int bh_kv, int qb, int kb) {
+// Step 1: the factors a of the tile's base-2 scores t = fl(a·sc) (score_factor, −∞ where masked);
+// returns sc.
+__device__ float forward_scores(const ForwardParams& p, ForwardShared& s, int bh, int bh_kv, int qb, int kb) {
     const bool int8 = p.flags & F_QK, smooth_q = p.flags & F_SMOOTH_Q;
+    const int qs = bh * p.dims.n_qblk + qb, ks = bh_kv * p.dims.n_kblk + kb;
     for (int e = threadIdx.x; e < BLOCK_Q * BLOCK_KV; e += THREADS) {
         const int rl = e / BLOCK_KV, jl = e % BLOCK_KV;
         const int r = qb * BLOCK_Q + rl, j = kb * BLOCK_KV + jl;
-        float t = neg_inf();
+        float a = neg_inf();
         if (visible(p.dims, r, j))
-            t = score(p.op, int8, (long)bh * p.dims.n_q + r, (long)bh_kv * p.dims.n_k + j,
-                      bh * p.dims.n_qblk + qb, bh_kv * p.dims.n_kblk + kb, p.c_lambda, smooth_q, s.beta[jl]);
-        s.tile[rl][jl] = t;
+            a = score_factor(p.op, int8, (long)bh * p.dims.n_q + r, (long)bh_kv * p.dims.n_k + j, qs, ks, p.c_lambda,
+                             smooth_q, s.beta[jl]);
+        s.tile[rl][jl] = a;
     }
+    return score_scale(p.op, int8, qs, ks, p.c_lambda, smooth_q);
 }
 
 // Step 2: online-softmax update of one row; leaves in the tile the P operand of #2 (P̂ as a float
 // when INT8, with its per-row scale, else bf16(p)).
-__device__ void forward_softmax_row(const ForwardParams& p, ForwardShared& s, int rl) {
+// The tile holds the factors a and sc the scale of t = fl(a·sc): the row max is fl(max a · sc) (a
+// row masked in this tile: −∞·sc, −∞ or NaN for sc = 0, and fmaxf keeps m_old), p = exp2(fma(a, sc,
+// −m_use)) on visible entries only (the select: a masked −∞ never meets sc = 0 in the fma).
+__device__ void forward_softmax_row(const ForwardParams& p, ForwardShared& s, int rl, float sc) {
     float* row = s.tile[rl];
     float mx = neg_inf();
     for (int j = 0; j < BLOCK_KV; ++j) mx = fmaxf(mx, row[j]);
     const float m_old = s.m[rl];
-    const float m_new = fmaxf(m_old, mx);
+    const float m_new = fmaxf(m_old, __fmul_rn(mx, sc));
     const float m_use = m_new == neg_inf() ? 0.0f : m_new;
     float sum = 0.0f, amax = 0.0f;
     for (int j = 0; j < BLOCK_KV; ++j) {
-        const float pj = row[j] == neg_inf() ? 0.0f : exp2_ftz(__fsub_rn(row[j], m_use));
+        const float pj = row[j] == neg_inf() ? 0.0f : exp2_ftz(__fmaf_rn(row[j], sc, -m_use));
         row[j] = pj;
         sum = __fadd_rn(sum, pj);
-        amax = fmaxf(amax, pj);  // = exp2(rowmax − m_new), the §4 group amax
+        amax = fmaxf(amax, pj);  // the §4 group amax
     }
     const float alpha = exp2_ftz(__fsub_rn(m_old, m_use));
     s.alpha[rl] = alpha;
@@ -162,9 +168,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_forward(ForwardParams
                 : 0.0f;
         }
         __syncthreads();
-        forward_scores(p, s, bh, bh_kv, qb, kb);
+        const float sc = forward_scores(p, s, bh, bh_kv, qb, kb);
         __syncthreads();
-        if (threadIdx.x < BLOCK_Q) forward_softmax_row(p, s, threadIdx.x);
+        if (threadIdx.x < BLOCK_Q) forward_softmax_row(p, s, threadIdx.x, sc);
         __syncthreads();
         forward_pv(p, s, o_acc, bh_kv, kb);
         __syncthreads();
@@ -221,15 +227,17 @@ __device__ __forceinline__ float group_sum(float v) {
     return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// S for this warp's 16 rows × 128 keys, as base-2 scores t (−∞ where masked).
-__device__ void mma_scores(const ForwardParams& p, const ForwardMmaShared& s, float (*t)[4], int bh, int bh_kv,
-                           int qb, int kb, int row0) {
+// S for this warp's 16 rows × 128 keys, as the factors a of the base-2 scores t = fl(a·sc)
+// (score_factor; −∞ where masked); returns sc.
+__device__ float mma_scores(const ForwardParams& p, const ForwardMmaShared& s, float (*t)[4], int bh, int bh_kv,
+                            int qb, int kb, int row0) {
     const Dims& d = p.dims;
     const bool int8 = p.flags & F_QK, smooth_q = p.flags & F_SMOOTH_Q;
     const int key0 = kb * BLOCK_KV;
     const long q_off = (long)bh * d.n_q * HEAD_DIM, k_off = ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
     const int n_rows = d.n_q - row0, n_keys = d.n_k - key0;
     // The warp's Q fragments are loaded once per key block and reused for all 16 key tiles.
+    float sc_out = 1.0f;  // BF16 #1 (and Q-smoothing): t itself, not fused (§4)
     if (int8) {
         const View vq = view(p.op.q_hat + q_off + (long)row0 * HEAD_DIM, HEAD_DIM, 1, n_rows, HEAD_DIM);
         const View vk = view(p.op.k_hat + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
@@ -249,11 +257,12 @@ __device__ void mma_scores(const ForwardParams& p, const ForwardMmaShared& s, fl
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                float v = __fmul_rn((float)acc[e], sc);
-                if (smooth_q) v = __fadd_rn(v, __fmul_rn(p.c_lambda, s.beta[nt * 8 + c_col(e)]));
+                float v = (float)acc[e];
+                if (smooth_q) v = __fadd_rn(__fmul_rn(v, sc), __fmul_rn(p.c_lambda, s.beta[nt * 8 + c_col(e)]));
                 t[nt][e] = v;
             }
         }
+        sc_out = smooth_q ? 1.0f : sc;
     } else {
         const View vq = view(p.op.q + q_off + (long)row0 * HEAD_DIM, HEAD_DIM, 1, n_rows, HEAD_DIM);
         const View vk = view(p.op.k + k_off, HEAD_DIM, 1, n_keys, HEAD_DIM);
@@ -278,31 +287,34 @@ __device__ void mma_scores(const ForwardParams& p, const ForwardMmaShared& s, fl
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             if (!visible(d, row0 + c_row(e), key0 + nt * 8 + c_col(e))) t[nt][e] = neg_inf();
+    return sc_out;
 }
 
-// Online-softmax update of the thread's two rows; writes the P operand of #2 to the warp's tile.
+// Online-softmax update of the thread's two rows (t: the factors a, sc: the scale of t = fl(a·sc);
+// row max fl(max a · sc), p = exp2(fma(a, sc, −m_use)) on visible entries only, as
+// forward_softmax_row); writes the P operand of #2 to the warp's tile.
 __device__ void mma_softmax(const ForwardParams& p, float (*t)[4], RowState& st, i8 (*p8)[BLOCK_KV],
-                            u16 (*p16)[BLOCK_KV]) {
+                            u16 (*p16)[BLOCK_KV], float sc) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // h = 0: row g (elements 0, 1); h = 1: row g + 8 (2, 3)
         float mx = neg_inf();
 #pragma unroll
         for (int nt = 0; nt < S_TILES; ++nt) mx = fmaxf(mx, fmaxf(t[nt][2 * h], t[nt][2 * h + 1]));
         mx = group_max(mx);
-        const float m_new = fmaxf(st.m[h], mx);
+        const float m_new = fmaxf(st.m[h], __fmul_rn(mx, sc));
         const float m_use = m_new == neg_inf() ? 0.0f : m_new;
         float sum = 0.0f, amax = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                const float pj = t[nt][e] == neg_inf() ? 0.0f : exp2_ftz(__fsub_rn(t[nt][e], m_use));
+                const float pj = t[nt][e] == neg_inf() ? 0.0f : exp2_ftz(__fmaf_rn(t[nt][e], sc, -m_use));
                 t[nt][e] = pj;
                 sum = __fadd_rn(sum, pj);
                 amax = fmaxf(amax, pj);
             }
         sum = group_sum(sum);
-        amax = group_max(amax);  // = exp2(rowmax − m_new), the §4 group amax
+        amax = group_max(amax);  // the §4 group amax
         st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use));
         st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum);
         st.m[h] = m_new;
@@ -415,8 +427,8 @@ __device__ void forward_mma_gather(const ForwardParams& p, ForwardMmaShared& s) 
         }
         __syncthreads();
         float t[S_TILES][4];
-        mma_scores(p, s, t, bh, bh_kv, qb, kb, row0);
-        mma_softmax(p, t, st, s.p8[warp], s.p16[warp]);
+        const float sc = mma_scores(p, s, t, bh, bh_kv, qb, kb, row0);
+        mma_softmax(p, t, st, s.p8[warp], s.p16[warp], sc);
         __syncwarp();
         mma_pv(p, st, o, s.p8[warp], s.p16[warp], bh_kv, kb);
         __syncwarp();  // the tile is rewritten by the next key block
@@ -485,8 +497,10 @@ __device__ __forceinline__ void fast_load(const ForwardParams& p, u32 ks, u32 vs
 // The thread's two rows of a key block (h = 0: elements 0, 1 of each tile; h = 1: elements 2, 3):
 // the row max over the quad into mx (a tree: exact in any order), and the online-softmax update
 // m = max(m, rowmax), α = exp2(fl(m_old − m_use)), where m_use (0 for a row masked so far) is what
-// the exponentials subtract.
-__device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, float* mx, float* m_use) {
+// the exponentials subtract. FUSED (INT8 #1, §4): t holds the score factors a of t = fl(a·sc), mx
+// their max, and the row max of the scores is fl(mx·sc) (rounding is monotone, sc ≥ 0).
+// thread_row_max: the thread's part, quad_max_update the rest.
+__device__ __forceinline__ void thread_row_max(const float (*t)[4], float* mx) {
     float mq[4][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -499,6 +513,8 @@ __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, floa
                                              fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
         mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
     }
+}
+__device__ __forceinline__ void quad_max_update(RowState& st, float* mx, float* m_use, float sc) {
 #pragma unroll
     for (int o2 = 1; o2 <= 2; o2 <<= 1) {
         const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
@@ -507,17 +523,51 @@ __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, floa
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(st.m[h], mx[h]);
+        const float m_new = fmaxf(st.m[h], __fmul_rn(mx[h], sc));
         m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
         st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
         st.m[h] = m_new;
     }
 }
+template <bool FUSED>
+__device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, float* mx, float* m_use, float sc) {
+    if constexpr (FUSED) {
+        thread_row_max(t, mx);
+        quad_max_update(st, mx, m_use, sc);
+    } else {  // the BF16 forward: main's code, so that its SASS stays as it was
+        float mq[4][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                mq[k][h] = fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1]));
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                mq[k][h] = fmaxf(mq[k][h], fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]),
+                                                 fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
+            mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
+        }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
+            mx[0] = fmaxf(mx[0], a0);
+            mx[1] = fmaxf(mx[1], a1);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float m_new = fmaxf(st.m[h], mx[h]);
+            m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
+            st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
+            st.m[h] = m_new;
+        }
+    }
+}
 
-// The exponentials of staged_softmax after row_max_update: p = exp2(fl(t − m_use)) into t, the row
-// sums (and with AMAX the row maxima of p into amax) over the quad, l = fl(fl(l·α) + sum).
-template <bool AMAX>
-__device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, const float* m_use, float* amax) {
+// The exponentials of staged_softmax after row_max_update: p = exp2(fl(t − m_use)), FUSED (INT8
+// #1, §4) p = exp2(fma(a, sc, −m_use)) (one rounding), into t, the row sums (and with AMAX the row
+// maxima of p into amax) over the quad, l = fl(fl(l·α) + sum).
+template <bool AMAX, bool FUSED>
+__device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, const float* m_use, float* amax, float sc) {
     float sum[2];
     float ps[4][2], pm[4][2];
 #pragma unroll
@@ -530,8 +580,9 @@ __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, con
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int h = e >> 1, k = nt & 3;
-            // A masked t = −∞ needs no select: fl(−∞ − m_use) = −∞ and exp2_ftz(−∞) = +0.
-            const float pj = exp2_ftz(__fsub_rn(t[nt][e], m_use[h]));
+            // A masked t = −∞ needs no select: fl(−∞ − m_use) = −∞ and exp2_ftz(−∞) = +0; FUSED: sc > 0
+            // in a masked tile (mask_permuted), so fma(−∞, sc, −m_use) = −∞.
+            const float pj = exp2_ftz(FUSED ? __fmaf_rn(t[nt][e], sc, -m_use[h]) : __fsub_rn(t[nt][e], m_use[h]));
             t[nt][e] = pj;
             ps[k][h] = __fadd_rn(ps[k][h], pj);
             if (AMAX) pm[k][h] = fmaxf(pm[k][h], pj);
@@ -548,7 +599,7 @@ __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, con
         sum[1] = __fadd_rn(sum[1], s1);
         if (AMAX) {
             const float a0 = __shfl_xor_sync(0xffffffffu, amax[0], o2), a1 = __shfl_xor_sync(0xffffffffu, amax[1], o2);
-            amax[0] = fmaxf(amax[0], a0);  // = exp2(rowmax − m_new), the §4 group amax
+            amax[0] = fmaxf(amax[0], a0);  // the §4 group amax (the max p)
             amax[1] = fmaxf(amax[1], a1);
         }
     }
@@ -557,16 +608,17 @@ __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, con
 }
 
 // Online softmax of the staged paths (as mma_softmax), on the warp's S accumulators t[S_TILES][4]
-// (base-2 scores, −∞ where masked), any key order: the thread's two rows (h = 0: row g, elements
-// 0, 1; h = 1: row g + 8, elements 2, 3) together, so that their dependent chains interleave; the row
-// max by a tree (exact in any order); the row sum in 4 partial sums per thread (the order of this
-// FP32 sum is not fixed by §4). Leaves p = exp2(t − m_new) in t and updates m, α, l in st. With AMAX
-// also gives each row's max p = exp2(rowmax − m_new), the §4 group amax of P̂.
-template <bool AMAX>
-__device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax) {
+// (base-2 scores, −∞ where masked; FUSED, the INT8 forward: the factors a = float(acc) of t =
+// fl(a·sc)), any key order: the thread's two rows (h = 0: row g, elements 0, 1; h = 1: row g + 8,
+// elements 2, 3) together, so that their dependent chains interleave; the row max by a tree (exact
+// in any order); the row sum in 4 partial sums per thread (the order of this FP32 sum is not fixed
+// by §4). Leaves p = exp2(t − m_new) (FUSED: exp2(fma(a, sc, −m_new))) in t and updates m, α, l in
+// st. With AMAX also gives each row's max p, the §4 group amax of P̂.
+template <bool AMAX, bool FUSED>
+__device__ __forceinline__ void staged_softmax(float (*t)[4], RowState& st, float* amax, float sc) {
     float mx[2], m_use[2];
-    row_max_update(t, st, mx, m_use);
-    softmax_exp_sum<AMAX>(t, st, m_use, amax);
+    row_max_update<FUSED>(t, st, mx, m_use, sc);
+    softmax_exp_sum<AMAX, FUSED>(t, st, m_use, amax, sc);
 }
 
 // Key (within the block) of S column e of n-tile nt for this thread, in the permuted order kmap.
@@ -586,17 +638,45 @@ __device__ __forceinline__ int permuted_key(int nt, int e) {
 // Permuted order: kept per entry, as aeae31c: the prefix form (limit from the thread's first column
 // + 4·(lane % 4)) made the INT8 `ws3` forward 3.5 % faster at d = 64 causal N = 1k but 2.4 % slower
 // at N = 4k (ptxas scheduled the whole key loop differently; fwd9's first call).
-template <bool PERMUTED>
-__device__ __forceinline__ void mask_tile(const Dims& d, float (*t)[4], int row0, int key0) {
+// The permuted (INT8 forward) callers mask the score factors a (t = fl(a·sc), §4): a masked a = −∞
+// must meet sc > 0 in fma(a, sc, −m) (−∞·0 is NaN). sc = 0 (an all-zero Q̂ or K̂ block) makes every
+// t of the tile ±0: a masked tile then takes a = 0, sc = 1 instead, the same t = 0 and the same
+// fma(0, 1, −m) = −m. Tiles without a mask see no −∞ and keep sc = 0 (fma(a, 0, −m) = −m). The
+// natural-order (BF16) callers mask t and pass a dummy sc.
+__device__ __forceinline__ bool tile_needs_mask(const Dims& d, int row0, int key0) {
     const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
-    const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
-    if (!need_mask) return;
+    return last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
+}
+template <bool PERMUTED>
+__device__ __forceinline__ void mask_tile(const Dims& d, float (*t)[4], int row0, int key0, float& sc,
+                                          float fill = neg_inf()) {
+    if constexpr (!PERMUTED) {  // the BF16 forward: main's code, so that its SASS stays as it was
+        const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
+        const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
+        if (!need_mask) return;
+        const int col0 = key0 + 2 * (threadIdx.x & 3);  // key of entry (nt, e) = col0 + 8·nt + (e & 1) (c_col)
+        const int limit[2] = {visible_end(d, row0 + c_row(0)) - col0, visible_end(d, row0 + c_row(2)) - col0};
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (nt * 8 + (e & 1) >= limit[e >> 1]) t[nt][e] = neg_inf();
+        return;
+    }
+    if (!tile_needs_mask(d, row0, key0)) return;
+    if (PERMUTED && sc == 0.0f) {
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) t[nt][e] = 0.0f;
+        sc = 1.0f;
+    }
     if (PERMUTED) {
 #pragma unroll
         for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                if (!visible(d, row0 + c_row(e), key0 + permuted_key(nt, e))) t[nt][e] = neg_inf();
+                if (!visible(d, row0 + c_row(e), key0 + permuted_key(nt, e))) t[nt][e] = fill;
         return;
     }
     const int col0 = key0 + 2 * (threadIdx.x & 3);  // key of entry (nt, e) = col0 + 8·nt + (e & 1) (c_col)
@@ -605,15 +685,18 @@ __device__ __forceinline__ void mask_tile(const Dims& d, float (*t)[4], int row0
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            if (nt * 8 + (e & 1) >= limit[e >> 1]) t[nt][e] = neg_inf();
+            if (nt * 8 + (e & 1) >= limit[e >> 1]) t[nt][e] = fill;
 }
-__device__ __forceinline__ void mask_permuted(const Dims& d, float (*t)[4], int row0, int key0) { mask_tile<true>(d, t, row0, key0); }
+__device__ __forceinline__ void mask_permuted(const Dims& d, float (*t)[4], int row0, int key0, float& sc) {
+    mask_tile<true>(d, t, row0, key0, sc);
+}
 
-// Online softmax (staged_softmax) of the permuted scores t, then P̂ of §4 (per row and key block,
-// its scale in st.p_scale) packed straight into the m16n8k32 A fragments of P·V in natural key order.
-__device__ __forceinline__ void softmax_p_hat(float (*t)[4], RowState& st, u32 (*pa)[4]) {
+// Online softmax (staged_softmax) of the permuted score factors t (scale sc), then P̂ of §4 (per row
+// and key block, its scale in st.p_scale) packed straight into the m16n8k32 A fragments of P·V in
+// natural key order.
+__device__ __forceinline__ void softmax_p_hat(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
     float amax[2], inv[2];
-    staged_softmax<true>(t, st, amax);
+    staged_softmax<true, true>(t, st, amax, sc);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const GroupScale g = group_scale(amax[h]);
@@ -694,8 +777,9 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
         cp_async_wait<1>();  // this thread's copies of block kb are done
         __syncthreads();     // everyone's copies (and β) are visible
 
-        // S = Q̂ K̂ᵀ (INT32, exact) → t, base 2, permuted key order.
-        const float sc = __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]);
+        // S = Q̂ K̂ᵀ (INT32, exact) → the score factors a = float(acc) (t = fl(a·sc), §4), permuted
+        // key order; with Q-smoothing t itself (β added) and sc = 1: the unfused fl(t − m).
+        float sc = __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]);
         const u32 kbase = ks + buf * FK_TILE + krow * HEAD_DIM;
         float t[S_TILES][4];
 #pragma unroll
@@ -714,15 +798,16 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
                 const int key = (nt >> 1) * 16 + 2 * (nt & 1) + 4 * tq + (e & 1);
                 // I2F here (one issue slot; the conversion pipe has room for these 64 per key
                 // block), the two-instruction exact trick in the P·V epilogue.
-                float v = __fmul_rn((float)acc[e], sc);
-                if (smooth_q) v = __fadd_rn(v, __fmul_rn(c_lambda, beta[key]));
+                float v = (float)acc[e];
+                if (smooth_q) v = __fadd_rn(__fmul_rn(v, sc), __fmul_rn(c_lambda, beta[key]));
                 t[nt][e] = v;
             }
         }
-        mask_permuted(d, t, row0, key0);
+        if (smooth_q) sc = 1.0f;
+        mask_permuted(d, t, row0, key0, sc);
         // Online softmax (staged_softmax), P̂ packed into A fragments.
         u32 pa[BLOCK_KV / 32][4];
-        softmax_p_hat(t, st, pa);
+        softmax_p_hat(t, st, pa, sc);
         // O = fma(float(acc), fl(s_P·s_V), fl(O·α)) per d-tile (§2.3).
         const float s_v = p.v_scale[bh_kv * d.n_kblk + kb];
         const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
@@ -846,13 +931,14 @@ __device__ __forceinline__ void wg_issue_pv(int (&acc)[HEAD_DIM / 2], const u32 
     wgmma_commit();
 }
 
-// Base-2 scores t = fl(float(acc)·sc) of the finished S accumulators, masked where needed.
-__device__ __forceinline__ void wg_scores(const Dims& d, float (*t)[4], const int (&acc)[64], float sc, int row0, int key0) {
+// The score factors a = float(acc) of the finished S accumulators (base-2 scores t = fl(a·sc), §4),
+// masked where needed (which may set sc = 1, mask_tile).
+__device__ __forceinline__ void wg_scores(const Dims& d, float (*t)[4], const int (&acc)[64], float& sc, int row0, int key0) {
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) t[nt][e] = __fmul_rn((float)acc[4 * nt + e], sc);
-    mask_permuted(d, t, row0, key0);
+        for (int e = 0; e < 4; ++e) t[nt][e] = (float)acc[4 * nt + e];
+    mask_permuted(d, t, row0, key0, sc);
 }
 
 // O = fma(float(acc), fl(s_P·s_V), fl(O·α)) from the finished P̂V accumulators of block kb.
@@ -925,8 +1011,9 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
         u32 pa[BLOCK_KV / 32][4];
         {
             float t[S_TILES][4];
-            wg_scores(d, t, sacc, __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]), row0, key0);
-            softmax_p_hat(t, st, pa);
+            float sc = __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]);
+            wg_scores(d, t, sacc, sc, row0, key0);
+            softmax_p_hat(t, st, pa, sc);
             wg_issue_pv(pacc, pa, vt + buf * WG_TILE);
         }
         if (PIPE) {
@@ -974,9 +1061,9 @@ __device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
 // - warpgroups 1, 2, the consumers (setmaxnreg 240): query block 2·blockIdx.x + w, the `pipe`
 //   schedule of forward_wgmma. With PINGPONG (FA3), named barriers make the two warpgroups issue
 //   their wgmmas in turn, so one warpgroup's softmax runs while the other's products run.
-// - EARLY_AMAX: the P̂ group amax as exp2(rowmax − m_new) (§4) before the exponentials, so the
-//   two IEEE divisions of its scale run beside them instead of after a max over 64 values and two
-//   shuffles; the quantizer needs no clamp to 127 (exp2_ftz is monotone on [−∞, 0], tested
+// - EARLY_AMAX: the P̂ group amax as exp2(fma(a_max, sc, −m_new)) (§4) before the exponentials, so
+//   the two IEEE divisions of its scale run beside them instead of after a max over 64 values and
+//   two shuffles; the quantizer needs no clamp to 127 (exp2_ftz is monotone on [−∞, 1], tested
 //   exhaustively: no p exceeds that amax).
 // - In every variant the K̂/V̂ᵀ scales of the next block are loaded a block ahead, and the P̂V
 //   accumulators convert to FP32 by one I2FP.
@@ -1099,21 +1186,21 @@ __device__ void ws_producer(const void* vmap, const ForwardParams& p, const Ring
 }
 
 // P̂ with the group amax known before the exponentials (EARLY_AMAX above); otherwise softmax_p_hat.
-// The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 0] (the
-// lead's exhaustive device test, sagebwd-gpu-check's ex2 self-test), so every p of the row is
-// ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
-__device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4]) {
+// The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 1] (the fused
+// argument exceeds 0 by at most ½ ulp of the row max; sagebwd-gpu-check's exhaustive ex2
+// self-test), so every p of the row is ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
+__device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
     float mx[2], m_use[2], inv[2];
-    row_max_update(t, st, mx, m_use);
+    row_max_update<true>(t, st, mx, m_use, sc);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        // max_j exp2(fl(t_j − m_use)) = exp2(fl(rowmax − m_use)): fl(· − m_use) and exp2 are
-        // monotone (a masked row gives exp2(−∞) = 0, as the max over its zeros).
-        const GroupScale g = group_scale(exp2_ftz(__fsub_rn(mx[h], m_use[h])));
+        // max_j exp2(fma(a_j, sc, −m_use)) = exp2(fma(a_max, sc, −m_use)): fma with sc ≥ 0 and exp2
+        // are monotone (a masked row gives exp2(−∞) = 0, as the max over its zeros; sc > 0 there).
+        const GroupScale g = group_scale(exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h])));
         st.p_scale[h] = g.scale;
         inv[h] = g.inv;
     }
-    softmax_exp_sum<false>(t, st, m_use, nullptr);
+    softmax_exp_sum<false, true>(t, st, m_use, nullptr, sc);
 #pragma unroll
     for (int s = 0; s < BLOCK_KV / 32; ++s)
 #pragma unroll
@@ -1190,9 +1277,10 @@ struct WsInt8 {
     __device__ __forceinline__ void issue_scores(u32 kt) { wg_issue_scores(sacc, qt, kt); }
     __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
         float t[S_TILES][4];
-        wg_scores(d, t, sacc, __fmul_rn(sq, k_sc), row0, key0);
-        if (EARLY_AMAX) softmax_p_hat_early(t, st, pa);
-        else softmax_p_hat(t, st, pa);
+        float sc = __fmul_rn(sq, k_sc);
+        wg_scores(d, t, sacc, sc, row0, key0);
+        if (EARLY_AMAX) softmax_p_hat_early(t, st, pa, sc);
+        else softmax_p_hat(t, st, pa, sc);
     }
     __device__ __forceinline__ void pin() { pin_fragments(pa); }
     __device__ __forceinline__ void issue_pv(u32 vt) { wg_issue_pv(pacc, pa, vt); }
@@ -1432,8 +1520,9 @@ __device__ __forceinline__ void bf16_pv(float (*o)[4], const u32 (*pa)[4], const
 // (staged_softmax, no amax), and bf16(p) packed as the A fragments of P·V: the accumulators of S
 // tiles 2kk and 2kk + 1 (keys 16kk..16kk + 15) are the m16n8k16 (and wgmma k16) A fragment kk.
 __device__ __forceinline__ void bf16_softmax(const Dims& d, float (*t)[4], RowState& st, u32 (*pa)[4], int row0, int key0) {
-    mask_tile<false>(d, t, row0, key0);
-    staged_softmax<false>(t, st, nullptr);
+    float unused = 1.0f;  // BF16 #1: t itself, not fused (§4)
+    mask_tile<false>(d, t, row0, key0, unused);
+    staged_softmax<false, false>(t, st, nullptr, 1.0f);
 #pragma unroll
     for (int kk = 0; kk < BLOCK_KV / 16; ++kk) {
         pa[kk][0] = pack_bf16x2(t[2 * kk][0], t[2 * kk][1]);

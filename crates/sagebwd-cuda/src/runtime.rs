@@ -353,7 +353,7 @@ pub struct Kernels {
     pub bwd_main: CudaFunction,
     pub bwd_main_mma: CudaFunction,
     pub mma_selftest: CudaFunction,
-    /// `exp2_ftz` monotone and ≤ 1 on [−∞, 0] (`Gpu::ex2_selftest`).
+    /// `exp2_ftz` monotone on [−∞, 1] and ≤ 1 on [−∞, 0] (`Gpu::ex2_selftest`).
     pub ex2_monotone: CudaFunction,
     pub post_dq: CudaFunction,
     pub post_dkdv: CudaFunction,

@@ -333,23 +333,34 @@ impl<'a> HeadCtx<'a> {
         &t[r * self.d()..(r + 1) * self.d()]
     }
 
-    /// Base-2 score `t[r, j]` (ALGORITHM.md §4) with the given precision of the QKᵀ product: of the
-    /// smoothed operands for INT8 (off by `−b_r` from the true score), of Q and K for BF16.
+    /// Base-2 score `t[r, j] = fl(a · sc)` (ALGORITHM.md §4) with the given precision of the QKᵀ
+    /// product, as its two factors `(a, sc)`: INT8 `a = float(acc)` (exact) of the smoothed operands
+    /// (off by `−b_r` from the true score), `sc = fl(fl(s_Q·cλ)·s_K)`; BF16 `a` = the FP32 sum of Q·K,
+    /// `sc = cλ`. With Q-smoothing (INT8) `a = t` itself (β added) and `sc = 1`, so that
+    /// `fma(a, sc, −m) = fl(t − m)`: the unfused form the specification keeps there. The INT8 forward
+    /// fuses (`fma(a, sc, −m)`, §4); every other use takes `t` ([`Self::score`]).
     #[inline]
-    fn score(&self, prec: Precision, r: usize, j: usize) -> f32 {
+    fn score_parts(&self, prec: Precision, r: usize, j: usize) -> (f32, f32) {
         let (qb, kb) = (r / self.cfg.block_q, j / self.cfg.block_kv);
         match prec {
             Precision::Int8 => {
                 let acc = dot_i8(self.row(self.q_hat, r), self.row(self.k_hat, j));
-                let t = acc as f32 * ((self.q_scale[qb] * self.c_log2e) * self.k_scale[kb]);
+                let sc = (self.q_scale[qb] * self.c_log2e) * self.k_scale[kb];
                 if self.cfg.smooth_q {
-                    t + self.c_log2e * self.beta[qb * self.s.n_k + j]
+                    (acc as f32 * sc + self.c_log2e * self.beta[qb * self.s.n_k + j], 1.0)
                 } else {
-                    t
+                    (acc as f32, sc)
                 }
             }
-            Precision::Bf16 => self.c_log2e * dot_f32(self.row(self.q, r), self.row(self.k, j)),
+            Precision::Bf16 => (dot_f32(self.row(self.q, r), self.row(self.k, j)), self.c_log2e),
         }
+    }
+
+    /// The score `t[r, j] = fl(a · sc)` itself.
+    #[inline]
+    fn score(&self, prec: Precision, r: usize, j: usize) -> f32 {
+        let (a, sc) = self.score_parts(prec, r, j);
+        a * sc
     }
 
     /// ALGORITHM.md §4, one query row at a time (rows are independent).
@@ -365,18 +376,25 @@ impl<'a> HeadCtx<'a> {
                 let vis = visible_keys(&s, self.causal, r);
                 let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
                 let mut t = vec![0.0f32; bkv];
+                let mut a = vec![(0.0f32, 0.0f32); bkv];
                 let mut pv_i = vec![0i32; d];
                 let mut pv_f = vec![0.0f32; d];
                 for j0 in (0..vis).step_by(bkv) {
                     let j1 = (j0 + bkv).min(vis);
                     let t = &mut t[..j1 - j0];
-                    for (jj, tj) in t.iter_mut().enumerate() {
-                        *tj = self.score(prec, r, j0 + jj);
+                    let a = &mut a[..j1 - j0];
+                    for (jj, aj) in a.iter_mut().enumerate() {
+                        *aj = self.score_parts(prec, r, j0 + jj);
                     }
-                    let m_new = t.iter().fold(m, |a, &b| a.max(b));
+                    // The row max of t = fl(a·sc); then p = exp2(fma(a, sc, −m_new)), one rounding, for
+                    // INT8 #1 (§4); BF16 #1: p = exp2(fl(t − m_new)).
+                    let m_new = a.iter().fold(m, |acc, &(x, sc)| acc.max(x * sc));
                     let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
                     let alpha = (m - m_use).exp2();
-                    t.iter_mut().for_each(|x| *x = (*x - m_use).exp2()); // t now holds p
+                    let fused = prec == Precision::Int8;
+                    t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| {
+                        *p = if fused { x.mul_add(sc, -m_use) } else { x * sc - m_use }.exp2() // t holds p
+                    });
                     l = l * alpha + t.iter().sum::<f32>();
                     let kb = j0 / bkv;
                     if int8 {

@@ -260,3 +260,39 @@ fn bad_configuration_is_an_error() {
     cfg.block_q = 0;
     assert!(simulate(&inp, &cfg, false).unwrap_err().to_string().contains("block_q"));
 }
+
+/// A query block of all-zero rows has s_Q = 0, so its INT8 score scale fl(fl(s_Q·cλ)·s_K) is 0 and
+/// the fused softmax argument fma(a, 0, −m) of ALGORITHM.md §4 is −m (no −∞·0 = NaN: masked keys
+/// never enter the product). Those rows attend uniformly to their visible keys (t = 0, as in the
+/// exact reference, where their scores are 0 too), and everything stays finite and accurate.
+#[test]
+fn zero_query_block_gives_uniform_attention() {
+    let s = Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 200, n_k: 200, head_dim: 64 };
+    for causal in [true, false] {
+        let mut inp = random(s, causal, 2.0, 41, true);
+        let d = s.head_dim;
+        // Rows 64..128 of head 0 (query block 1 with B_q = 64): all zero.
+        inp.q[64 * d..128 * d].iter_mut().for_each(|x| *x = 0.0);
+        let ex = exact(&inp, false).unwrap();
+        let eg = ex.grads.as_ref().unwrap();
+        for cfg in [Config::sagebwd(), Config::int8_all(), Config::fpa()] {
+            let out = simulate(&inp, &cfg, false).unwrap();
+            assert_eq!(out.quant.q_scale[1], 0.0, "{}: the zero block's scale", cfg.label());
+            let g = out.grads.unwrap();
+            for (name, x, r) in [("o", &out.fwd.o, &ex.o), ("dq", &g.dq, &eg.dq), ("dk", &g.dk, &eg.dk), ("dv", &g.dv, &eg.dv)] {
+                assert!(x.iter().all(|v| v.is_finite()), "{} {name} causal={causal}: not finite", cfg.label());
+                let m = compare(x, r);
+                assert!(m.cos > 0.99, "{} {name} causal={causal}: {m:?}", cfg.label());
+            }
+            // A zero row's O is the mean of V over its visible keys (uniform p = exp2(−m) = 1).
+            for r in 64..128 {
+                let vis = if causal { r + 1 } else { s.n_k };
+                for c in [0, d - 1] {
+                    let mean = (0..vis).map(|j| inp.v[j * d + c] as f64).sum::<f64>() / vis as f64;
+                    let o = out.fwd.o[r * d + c] as f64;
+                    assert!((o - mean).abs() < 2e-2 * (1.0 + mean.abs()), "{} row {r} col {c}: {o} vs {mean}", cfg.label());
+                }
+            }
+        }
+    }
+}
