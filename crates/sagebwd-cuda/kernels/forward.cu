@@ -514,6 +514,7 @@ __device__ __forceinline__ void thread_row_max(const float (*t)[4], float* mx) {
         mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
     }
 }
+template <bool FUSED>
 __device__ __forceinline__ void quad_max_update(RowState& st, float* mx, float* m_use, float sc) {
 #pragma unroll
     for (int o2 = 1; o2 <= 2; o2 <<= 1) {
@@ -523,7 +524,7 @@ __device__ __forceinline__ void quad_max_update(RowState& st, float* mx, float* 
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(st.m[h], __fmul_rn(mx[h], sc));
+        const float m_new = fmaxf(st.m[h], FUSED ? __fmul_rn(mx[h], sc) : mx[h]);
         m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
         st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
         st.m[h] = m_new;
@@ -531,36 +532,8 @@ __device__ __forceinline__ void quad_max_update(RowState& st, float* mx, float* 
 }
 template <bool FUSED>
 __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, float* mx, float* m_use, float sc) {
-    if constexpr (FUSED) {
-        thread_row_max(t, mx);
-        quad_max_update(st, mx, m_use, sc);
-    } else {  // the BF16 forward: main's code, so that its SASS stays as it was
-        float mq[4][2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                mq[k][h] = fmaxf(fmaxf(t[k][2 * h], t[k][2 * h + 1]), fmaxf(t[k + 4][2 * h], t[k + 4][2 * h + 1]));
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                mq[k][h] = fmaxf(mq[k][h], fmaxf(fmaxf(t[k + 8][2 * h], t[k + 8][2 * h + 1]),
-                                                 fmaxf(t[k + 12][2 * h], t[k + 12][2 * h + 1])));
-            mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
-        }
-#pragma unroll
-        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-            const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
-            mx[0] = fmaxf(mx[0], a0);
-            mx[1] = fmaxf(mx[1], a1);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float m_new = fmaxf(st.m[h], mx[h]);
-            m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
-            st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
-            st.m[h] = m_new;
-        }
-    }
+    thread_row_max(t, mx);
+    quad_max_update<FUSED>(st, mx, m_use, sc);
 }
 
 // The exponentials of staged_softmax after row_max_update: p = exp2(fl(t − m_use)), FUSED (INT8
