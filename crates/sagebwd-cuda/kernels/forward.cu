@@ -637,28 +637,18 @@ __device__ __forceinline__ void mask_tile(const Dims& d, float (*t)[4], int row0
         return;
     }
     if (!tile_needs_mask(d, row0, key0)) return;
-    if (PERMUTED && sc == 0.0f) {
+    if (sc == 0.0f) {
 #pragma unroll
         for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) t[nt][e] = 0.0f;
         sc = 1.0f;
     }
-    if (PERMUTED) {
-#pragma unroll
-        for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (!visible(d, row0 + c_row(e), key0 + permuted_key(nt, e))) t[nt][e] = fill;
-        return;
-    }
-    const int col0 = key0 + 2 * (threadIdx.x & 3);  // key of entry (nt, e) = col0 + 8·nt + (e & 1) (c_col)
-    const int limit[2] = {visible_end(d, row0 + c_row(0)) - col0, visible_end(d, row0 + c_row(2)) - col0};
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            if (nt * 8 + (e & 1) >= limit[e >> 1]) t[nt][e] = fill;
+            if (!visible(d, row0 + c_row(e), key0 + permuted_key(nt, e))) t[nt][e] = fill;
 }
 __device__ __forceinline__ void mask_permuted(const Dims& d, float (*t)[4], int row0, int key0, float& sc) {
     mask_tile<true>(d, t, row0, key0, sc);
