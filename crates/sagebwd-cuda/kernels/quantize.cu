@@ -532,6 +532,139 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(Quant
     }
 }
 
+// Backward preprocess of one head group in one pass over dO (full B_q groups, aligned buffers, no
+// BF16 dOᵀ: src/quantize.rs `quantize_do_delta` checks): per B_q group of dO rows, the dO
+// quantization of sage_quantize_rows' register-tile path (the same steps as quantize_group_tiles
+// without smoothing or b_r: block amax, group_scale, quant_bits, dÔ as it is and byte-transposed,
+// s_dO) plus what sage_bwd_delta (backward_pre.cu) does for these rows: D[r] = Σ_d O[r]·dO[r] and
+// the zeroing of the rows' FP32 dQ accumulator. dO is read once instead of twice, one launch fewer.
+//
+// Thread layout of quantize_group_tiles: 8 rows × 8 columns per thread, lane & 7 = the column chunk
+// within the warp's 64 columns, lane >> 3 the row chunk; at d = 128 two warps (halves) share a band
+// of 32 rows. D is sage_bwd_delta's FP32 tree, bit for bit. There, lane j < 4 of a row's d/8 lanes
+// sums chunks j, j + 4, j + 8, … in order (fl(0 + s_j) first), then a butterfly over j (xor 2, 1)
+// and the slots. Here the 8 lanes of equal lane >> 3 hold chunks j = lane & 7 of one row like
+// sage_bwd_delta's 8 lanes at d = 64: the same shuffles (down 4, xor 2, xor 1). At d = 128 the first
+// half's lanes j < 4 hold fl(fl(0 + s_j) + s_{j+4}) and pass it through shared memory (s_part, read
+// after group_max's barriers) to the second half, whose lane j continues with its chunks j + 8 and
+// j + 12 (its own and lane j + 4's), then the butterfly and the slots.
+#define PRE_WARPS_PER_BAND (HEAD_DIM / 64)
+extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_bwd_pre_do(QuantRowsParams p, const u16* __restrict__ o,
+                                                                     float* __restrict__ delta, float* __restrict__ dq_zero) {
+    __shared__ float s_scratch[HEAD_DIM / 32];
+#if HEAD_DIM == 128
+    __shared__ float s_part[2 * 8 * 8 * 16];  // [band][row i][slot k][row chunk · 4 + lane j]
+#endif
+    const int blk = blockIdx.x, bh = blockIdx.y, row0 = blk * p.rows_per_block;
+    const long base = ((long)bh * p.n + row0) * HEAD_DIM;
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    const int band = warp / PRE_WARPS_PER_BAND, half = warp % PRE_WARPS_PER_BAND;
+    const int r_first = band * 32 + (lane >> 3) * 8;
+    const int j = lane & 7, c0 = (half * 8 + j) * 8;
+    uint4 v[8], ov[8];
+    const u16* src = p.x + base + (long)r_first * HEAD_DIM + c0;
+    const u16* osrc = o + base + (long)r_first * HEAD_DIM + c0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = *(const uint4*)(src + i * HEAD_DIM);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ov[i] = *(const uint4*)(osrc + i * HEAD_DIM);
+    {
+        float* z = dq_zero + base + (long)r_first * HEAD_DIM + c0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            float4* zi = (float4*)(z + i * HEAD_DIM);
+            zi[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            zi[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            amax = fmaxf(amax, fabsf(lo_bf16(w[k])));
+            amax = fmaxf(amax, fabsf(hi_bf16(w[k])));
+        }
+    }
+    // The products O·dO of the thread's row i, chunk c0 / 8 (exact: two BF16 values).
+    auto products = [&](int i, float (&s)[8]) {
+        const u32 ow[4] = {ov[i].x, ov[i].y, ov[i].z, ov[i].w}, dw[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const u16 oh = (u16)(ow[k >> 1] >> (16 * (k & 1))), dh = (u16)(dw[k >> 1] >> (16 * (k & 1)));
+            s[k] = __fmul_rn(bf16_to_f32(oh), bf16_to_f32(dh));
+        }
+    };
+    // The butterfly over lanes j < 4 and the slots; lane j = 0 writes D of row i if `writes`.
+    auto finish = [&](int i, float (&s)[8], bool writes) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) s[k] = __fadd_rn(s[k], __shfl_xor_sync(0xffffffffu, s[k], 2));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) s[k] = __fadd_rn(s[k], __shfl_xor_sync(0xffffffffu, s[k], 1));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) s[k] = __fadd_rn(s[k], s[k + 4]);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) s[k] = __fadd_rn(s[k], s[k + 2]);
+        if (writes && j == 0) delta[(long)bh * p.n + row0 + r_first + i] = __fadd_rn(s[0], s[1]);
+    };
+    // Every warp runs every shuffle (no shuffle under a branch on the half: the compiler cannot
+    // tell that it is warp-uniform and would add divergence handling); stores are predicated.
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        float s[8];
+        products(i, s);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) s[k] = __fadd_rn(__fadd_rn(0.0f, s[k]), __shfl_down_sync(0xffffffffu, s[k], 4));
+#if HEAD_DIM == 64
+        finish(i, s, true);
+#else
+        if (half == 0 && j < 4) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) s_part[((band * 8 + i) * 8 + k) * 16 + (lane >> 3) * 4 + j] = s[k];
+        }
+#endif
+    }
+    const GroupScale g = group_scale(group_max(amax, s_scratch, 0, HEAD_DIM / 32));  // (barriers)
+    if (t == 0) p.scale[(long)bh * p.n_blk + blk] = g.scale;
+#if HEAD_DIM == 128
+    // The second half's lanes j continue the first half's sums (its values are not used in the first).
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        float s[8];
+        products(i, s);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float a = s_part[((band * 8 + i) * 8 + k) * 16 + (lane >> 3) * 4 + (j & 3)];
+            s[k] = __fadd_rn(__fadd_rn(a, s[k]), __shfl_down_sync(0xffffffffu, s[k], 4));
+        }
+        finish(i, s, half == 1);
+    }
+#endif
+    u32 nat[8][2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+        u32 qb[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            qb[2 * k] = quant_bits(lo_bf16(w[k]), g.inv);
+            qb[2 * k + 1] = quant_bits(hi_bf16(w[k]), g.inv);
+        }
+        nat[i][0] = pack_lo_bytes(qb[0], qb[1], qb[2], qb[3]);
+        nat[i][1] = pack_lo_bytes(qb[4], qb[5], qb[6], qb[7]);
+    }
+    if (p.x_hat) {
+        i8* dst = p.x_hat + base + (long)r_first * HEAD_DIM + c0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) *(uint2*)(dst + i * HEAD_DIM) = make_uint2(nat[i][0], nat[i][1]);
+    }
+    if (p.x_hat_t) {
+        i8* dst = p.x_hat_t + ((long)bh * HEAD_DIM + c0) * p.n_pad + row0 + r_first;
+        store_tile8_transposed(dst, p.n_pad, nat);
+    }
+}
+
 // Fills n values of a buffer with one 32-bit pattern: NaN poison before kernels write outputs,
 // zeros for accumulators.
 extern "C" __global__ void sage_fill_u32(u32* __restrict__ dst, u64 n, u32 value) {

@@ -1,7 +1,7 @@
 //! Host side of `kernels/backward_{pre,main,post}.cu` (ALGORITHM.md §5, §7).
 
 use crate::forward::{scales, DeviceForward, SavedForBackward, ScoreOperands, Transposed};
-use crate::quantize::{quantize_do, QuantNeeds, QuantizedDo};
+use crate::quantize::{quantize_do_delta, QuantNeeds, QuantizedDo};
 use crate::runtime::{drv, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
@@ -171,13 +171,17 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
     let s = &x.shape;
     let rows = s.batch * s.heads_q * s.n_q;
     let dq_zero = one_group.unwrap_or(0); // the kernel skips the zeroing on a null address
-    let do_quant = if one_group.is_none() {
-        let do_scale = gpu.alloc_poisoned_f32(s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q))?;
-        QuantizedDo { do_hat: None, do_scale: Some(do_scale), do_hat_t: None, do_t: None }
-    } else {
-        quantize_do(gpu, k, x, d_o, needs)?
-    };
     let delta = gpu.alloc_poisoned_f32(rows)?;
+    // One group: D and the dQ zeroing in the dO quantization's pass where it can (quantize_do_delta).
+    let (do_quant, fused) = if one_group.is_none() {
+        let do_scale = gpu.alloc_poisoned_f32(s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q))?;
+        (QuantizedDo { do_hat: None, do_scale: Some(do_scale), do_hat_t: None, do_t: None }, false)
+    } else {
+        quantize_do_delta(gpu, k, x, d_o, o, needs, &delta, dq_zero)?
+    };
+    if fused {
+        return Ok(Preprocessed { do_quant, delta });
+    }
     let rows_per_block = THREADS as usize / (s.head_dim / 8); // sage_bwd_delta: d/8 lanes per row
     let launch = LaunchConfig {
         grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1),

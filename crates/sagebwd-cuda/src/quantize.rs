@@ -332,6 +332,15 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
 /// dÔ and s_dO per B_q block (backward preprocess), and the transposed copies, as far as `needs`
 /// (the forward's) asks.
 pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16>, needs: QuantNeeds) -> Result<QuantizedDo> {
+    let q = alloc_do(gpu, x, needs)?;
+    if needs.quantized {
+        quantize_rows(gpu, k, do_job(x, d_o, &q))?;
+    }
+    Ok(q)
+}
+
+/// The buffers of [`quantize_do`] (none without `needs.quantized`).
+fn alloc_do(gpu: &Gpu, x: &DeviceInputs, needs: QuantNeeds) -> Result<QuantizedDo> {
     if !needs.quantized {
         return Ok(QuantizedDo { do_hat: None, do_scale: None, do_hat_t: None, do_t: None });
     }
@@ -342,14 +351,53 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
     let do_scale = gpu.alloc_poisoned_f32(bh_q * s.n_q.div_ceil(BLOCK_Q))?;
     let do_hat_t = Some(gpu.alloc_poisoned_i8(t_len)?);
     let do_t = if needs.bf16_transposed { Some(gpu.alloc_poisoned_u16(t_len)?) } else { None };
-    quantize_rows(gpu, k, RowsJob {
-        x: d_o, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
-        head_mean: None, block_mean: None,
-        x_hat: &do_hat, scale: &do_scale,
-        transposed: (&do_hat_t, &do_t, padded_q(s.n_q)),
-        row_offset: None,
-    })?;
     Ok(QuantizedDo { do_hat, do_scale: Some(do_scale), do_hat_t, do_t })
+}
+
+/// The `sage_quantize_rows` job of the dO quantization into `q`'s buffers.
+fn do_job<'a>(x: &DeviceInputs, d_o: &'a CudaSlice<u16>, q: &'a QuantizedDo) -> RowsJob<'a> {
+    let s = &x.shape;
+    RowsJob {
+        x: d_o, bh: s.batch * s.heads_q, n: s.n_q, rows_per_block: BLOCK_Q,
+        head_mean: None, block_mean: None,
+        x_hat: &q.do_hat, scale: q.do_scale.as_ref().expect("s_dO is allocated when quantized"),
+        transposed: (&q.do_hat_t, &q.do_t, padded_q(s.n_q)),
+        row_offset: None,
+    }
+}
+
+/// [`quantize_do`] for the backward preprocess of one head group, with D in the same pass where it
+/// can: `sage_bwd_pre_do` (quantize.cu) writes dÔ (as `needs` asks), dÔᵀ, s_dO, D = rowsum(O ∘ dO)
+/// into `delta` and zeroes the FP32 dQ accumulator at `dq_zero` (all rows), reading dO once. It
+/// takes every B_q group full, 16-byte aligned O, dO, dQ accumulator (8-byte aligned
+/// dÔ, dÔᵀ) and no BF16 dOᵀ, unless SAGEBWD_BWD_PRE_FUSE=0. Returns whether it did (else only the
+/// quantization is queued and the caller runs `sage_bwd_delta`). The same bits either way: the
+/// kernel repeats both kernels' arithmetic.
+pub(crate) fn quantize_do_delta(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16>, o: &CudaSlice<u16>,
+                                needs: QuantNeeds, delta: &CudaSlice<f32>, dq_zero: u64) -> Result<(QuantizedDo, bool)> {
+    let s = &x.shape;
+    let q = alloc_do(gpu, x, needs)?;
+    if !needs.quantized {
+        return Ok((q, false));
+    }
+    let mut p = rows_params(gpu, &do_job(x, d_o, &q));
+    let off = std::env::var("SAGEBWD_BWD_PRE_FUSE").is_ok_and(|v| v == "0");
+    let fits = !needs.bf16_transposed && s.n_q % BLOCK_Q == 0 && p.n_pad % 8 == 0
+        && gpu.ptr(d_o) % 16 == 0 && gpu.ptr(o) % 16 == 0 && dq_zero != 0 && dq_zero % 16 == 0
+        && p.x_hat % 8 == 0 && p.x_hat_t % 8 == 0;
+    if off || !fits {
+        quantize_rows(gpu, k, do_job(x, d_o, &q))?;
+        return Ok((q, false));
+    }
+    let (mut o_ptr, mut delta_ptr, mut dq) = (gpu.ptr(o), gpu.ptr(delta), dq_zero);
+    let mut args: [*mut std::ffi::c_void; 4] = [
+        (&mut p as *mut QuantRowsParams).cast(), (&mut o_ptr as *mut u64).cast(), (&mut delta_ptr as *mut u64).cast(),
+        (&mut dq as *mut u64).cast(),
+    ];
+    let func = k.quantize_function(c"sage_bwd_pre_do")?;
+    let grid = (p.n_blk as u32, (s.batch * s.heads_q) as u32, 1);
+    gpu.launch_raw(func, grid, tile_threads(BLOCK_Q, k.head_dim), 0, gpu.dev.stream.cu_stream(), &mut args)?;
+    Ok((q, true))
 }
 
 /// dÔᵀ `[rows, d, N_q,pad]` and s_dO of `rows` consecutive (batch, query head) rows: the
