@@ -213,6 +213,20 @@ __device__ __forceinline__ void store_tile8_transposed(i8* dst, long stride, con
 // consecutive rows (one per thread) fall on 8 distinct 4-bank groups.
 #define ROW_TILE_STRIDE (HEAD_DIM + 8)
 
+// A thread's 8 rows × 8 columns of x̂ (packed bytes, nat[row][half]) into x̂ and/or x̂ᵀ, as the job asks.
+__device__ __forceinline__ void store_tile8(const QuantRowsParams& p, long base, int bh, int row0, int r_first, int c0,
+                                            const u32 (&nat)[8][2]) {
+    if (p.x_hat) {
+        i8* dst = p.x_hat + base + (long)r_first * HEAD_DIM + c0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) *(uint2*)(dst + i * HEAD_DIM) = make_uint2(nat[i][0], nat[i][1]);
+    }
+    if (p.x_hat_t) {
+        i8* dst = p.x_hat_t + ((long)bh * HEAD_DIM + c0) * p.n_pad + row0 + r_first;
+        store_tile8_transposed(dst, p.n_pad, nat);
+    }
+}
+
 // Register-tile path for a full group (the launch has rows_per_block/8 · HEAD_DIM/8 threads): each
 // thread owns 8 consecutive rows × 8 consecutive columns, read once with eight 16-byte loads and
 // kept in registers until the group's amax is known (one block reduction), then quantized once;
@@ -274,15 +288,7 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
         nat[i][0] = pack_lo_bytes(qb[0], qb[1], qb[2], qb[3]);
         nat[i][1] = pack_lo_bytes(qb[4], qb[5], qb[6], qb[7]);
     }
-    if (p.x_hat) {
-        i8* dst = p.x_hat + base + (long)r_first * HEAD_DIM + c0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) *(uint2*)(dst + i * HEAD_DIM) = make_uint2(nat[i][0], nat[i][1]);
-    }
-    if (p.x_hat_t) {
-        i8* dst = p.x_hat_t + ((long)bh * HEAD_DIM + c0) * p.n_pad + row0 + r_first;
-        store_tile8_transposed(dst, p.n_pad, nat);
-    }
+    store_tile8(p, base, bh, row0, r_first, c0, nat);
     if (p.row_offset && t < p.rows_per_block)
         p.row_offset[(long)bh * p.n + row0 + t] = row_offset_of_vec(s_rows + t * ROW_TILE_STRIDE, s_kmd, p.c_lambda);
 }
@@ -654,15 +660,7 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_bwd_pre_do(QuantRows
         nat[i][0] = pack_lo_bytes(qb[0], qb[1], qb[2], qb[3]);
         nat[i][1] = pack_lo_bytes(qb[4], qb[5], qb[6], qb[7]);
     }
-    if (p.x_hat) {
-        i8* dst = p.x_hat + base + (long)r_first * HEAD_DIM + c0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) *(uint2*)(dst + i * HEAD_DIM) = make_uint2(nat[i][0], nat[i][1]);
-    }
-    if (p.x_hat_t) {
-        i8* dst = p.x_hat_t + ((long)bh * HEAD_DIM + c0) * p.n_pad + row0 + r_first;
-        store_tile8_transposed(dst, p.n_pad, nat);
-    }
+    store_tile8(p, base, bh, row0, r_first, c0, nat);
 }
 
 // Fills n values of a buffer with one 32-bit pattern: NaN poison before kernels write outputs,
