@@ -213,6 +213,21 @@ __device__ __forceinline__ void store_tile8_transposed(i8* dst, long stride, con
 // consecutive rows (one per thread) fall on 8 distinct 4-bank groups.
 #define ROW_TILE_STRIDE (HEAD_DIM + 8)
 
+// A thread's 8 rows × 8 columns (8 BF16 per uint4) quantized with inv into packed bytes nat[row][half];
+// value(w, c) is column c's value from the 32-bit word w holding columns c & ~1 (low) and c | 1 (high).
+template <class Value>
+__device__ __forceinline__ void quantize_tile8(const uint4 (&v)[8], float inv, u32 (&nat)[8][2], Value value) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+        u32 qb[8];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) qb[c] = quant_bits(value(w[c >> 1], c), inv);
+        nat[i][0] = pack_lo_bytes(qb[0], qb[1], qb[2], qb[3]);
+        nat[i][1] = pack_lo_bytes(qb[4], qb[5], qb[6], qb[7]);
+    }
+}
+
 // A thread's 8 rows × 8 columns of x̂ (packed bytes, nat[row][half]) into x̂ and/or x̂ᵀ, as the job asks.
 __device__ __forceinline__ void store_tile8(const QuantRowsParams& p, long base, int bh, int row0, int r_first, int c0,
                                             const u32 (&nat)[8][2]) {
@@ -276,18 +291,9 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
 
     // x̂ (quant_bits = the §2.2 quantizer for |x_s| ≤ amax, the INT8 value in the low byte).
     u32 nat[8][2];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-        u32 qb[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            qb[2 * j] = quant_bits(smoothed<MEAN>(lo_bf16_again(w[j]), m[2 * j]), g.inv);
-            qb[2 * j + 1] = quant_bits(smoothed<MEAN>(hi_bf16_again(w[j]), m[2 * j + 1]), g.inv);
-        }
-        nat[i][0] = pack_lo_bytes(qb[0], qb[1], qb[2], qb[3]);
-        nat[i][1] = pack_lo_bytes(qb[4], qb[5], qb[6], qb[7]);
-    }
+    quantize_tile8(v, g.inv, nat, [&](u32 w, int c) {
+        return smoothed<MEAN>((c & 1) ? hi_bf16_again(w) : lo_bf16_again(w), m[c]);
+    });
     store_tile8(p, base, bh, row0, r_first, c0, nat);
     if (p.row_offset && t < p.rows_per_block)
         p.row_offset[(long)bh * p.n + row0 + t] = row_offset_of_vec(s_rows + t * ROW_TILE_STRIDE, s_kmd, p.c_lambda);
@@ -648,18 +654,7 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_bwd_pre_do(QuantRows
     }
 #endif
     u32 nat[8][2];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-        u32 qb[8];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            qb[2 * k] = quant_bits(lo_bf16(w[k]), g.inv);
-            qb[2 * k + 1] = quant_bits(hi_bf16(w[k]), g.inv);
-        }
-        nat[i][0] = pack_lo_bytes(qb[0], qb[1], qb[2], qb[3]);
-        nat[i][1] = pack_lo_bytes(qb[4], qb[5], qb[6], qb[7]);
-    }
+    quantize_tile8(v, g.inv, nat, [](u32 w, int c) { return (c & 1) ? hi_bf16(w) : lo_bf16(w); });
     store_tile8(p, base, bh, row0, r_first, c0, nat);
 }
 
