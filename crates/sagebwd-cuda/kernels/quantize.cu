@@ -213,6 +213,19 @@ __device__ __forceinline__ void store_tile8_transposed(i8* dst, long stride, con
 // consecutive rows (one per thread) fall on 8 distinct 4-bank groups.
 #define ROW_TILE_STRIDE (HEAD_DIM + 8)
 
+// The largest |value| of a thread's 8 rows × 8 columns (value(w, c) as for quantize_tile8; max is exact).
+template <class Value>
+__device__ __forceinline__ float tile8_amax(const uint4 (&v)[8], Value value) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+        for (int c = 0; c < 8; ++c) amax = fmaxf(amax, fabsf(value(w[c >> 1], c)));
+    }
+    return amax;
+}
+
 // A thread's 8 rows × 8 columns (8 BF16 per uint4) quantized with inv into packed bytes nat[row][half];
 // value(w, c) is column c's value from the 32-bit word w holding columns c & ~1 (low) and c | 1 (high).
 template <class Value>
@@ -271,16 +284,7 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
 #pragma unroll
     for (int j = 0; j < 8; ++j) m[j] = MEAN ? p.head_mean[(bh / p.mean_group) * HEAD_DIM + c0 + j] : 0.0f;
 
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            amax = fmaxf(amax, fabsf(smoothed<MEAN>(lo_bf16(w[j]), m[2 * j])));
-            amax = fmaxf(amax, fabsf(smoothed<MEAN>(hi_bf16(w[j]), m[2 * j + 1])));
-        }
-    }
+    float amax = tile8_amax(v, [&](u32 w, int c) { return smoothed<MEAN>((c & 1) ? hi_bf16(w) : lo_bf16(w), m[c]); });
     if (p.row_offset) {  // x = Q: stage the rows for b_r (read after the reduction's barrier)
 #pragma unroll
         for (int i = 0; i < 8; ++i) *(uint4*)(s_rows + (r_first + i) * ROW_TILE_STRIDE + c0) = v[i];
@@ -589,16 +593,7 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_bwd_pre_do(QuantRows
             zi[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            amax = fmaxf(amax, fabsf(lo_bf16(w[k])));
-            amax = fmaxf(amax, fabsf(hi_bf16(w[k])));
-        }
-    }
+    float amax = tile8_amax(v, [](u32 w, int c) { return (c & 1) ? hi_bf16(w) : lo_bf16(w); });
     // The products O·dO of the thread's row i, chunk c0 / 8 (exact: two BF16 values).
     auto products = [&](int i, float (&s)[8]) {
         const u32 ow[4] = {ov[i].x, ov[i].y, ov[i].z, ov[i].w}, dw[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
