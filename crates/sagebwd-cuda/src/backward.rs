@@ -120,9 +120,9 @@ fn use_persistent(path: StagedBackward, head_dim: usize, causal: bool, n_q: usiz
 /// fpa at d = 64 and 128 and sagebwd at d = 128 faster at N 1k and 4k, causal and not (−0.7 to −4.2 %).
 /// fpa d = 128 causal N 4096, where the plain kernel's time is bimodal across processes (1.80–1.95 ms):
 /// the persistent one was faster in each of 5 same-build pairs (pbwd13's call 2, session 12's final call
-/// 3: 1.767 / 1.819 / 1.826 against 1.803 / 1.892 / 1.868 ms). sagebwd at d = 64 runs fpab12's form of the kernel (pbwd13's was slower there): faster at
-/// causal N ≤ 1024 only (−2.7 to −3.4 % at the training shape), 0 to +1.5 % slower at N 4096 and not
-/// causal. N > 4096 unmeasured: the plain grid.
+/// 3: 1.767 / 1.819 / 1.826 against 1.803 / 1.892 / 1.868 ms). sagebwd at d = 64 runs fpab12's form of
+/// the kernel (pbwd13's was slower there): faster at causal N ≤ 1024 only (−2.7 to −3.4 % at the
+/// training shape), 0 to +1.5 % slower at N 4096 and not causal. N > 4096 unmeasured: the plain grid.
 fn persist_default(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
     match (path, head_dim) {
         (StagedBackward::Bf16, 64 | 128) | (StagedBackward::Sage, 128) => n_q <= 4096,
