@@ -373,6 +373,7 @@ fn do_job<'a>(x: &DeviceInputs, d_o: &'a CudaSlice<u16>, q: &'a QuantizedDo) -> 
 /// dÔ, dÔᵀ) and no BF16 dOᵀ, unless SAGEBWD_BWD_PRE_FUSE=0. Returns whether it did (else only the
 /// quantization is queued and the caller runs `sage_bwd_delta`). The same bits either way: the
 /// kernel repeats both kernels' arithmetic.
+#[allow(clippy::too_many_arguments)] // the dO quantization's four plus D's O, D and dQ accumulator
 pub(crate) fn quantize_do_delta(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16>, o: &CudaSlice<u16>,
                                 needs: QuantNeeds, delta: &CudaSlice<f32>, dq_zero: u64) -> Result<(QuantizedDo, bool)> {
     let s = &x.shape;
