@@ -1883,6 +1883,14 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
     return dq_scale;
 }
 
+// A key block's FP32 dV, dK accumulators (this thread's fragments) set to 0 before its query blocks.
+__device__ __forceinline__ void zero_dv_dk(float (*dv)[4], float (*dk)[4]) {
+#pragma unroll
+    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
+}
+
 template <class Path>
 __device__ void staged_backward_main(const BackwardParams& p, unsigned char* smem_ptr) {
     typedef typename Path::Layout Lay;
@@ -1895,10 +1903,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
 
     float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
-#pragma unroll
-    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
+    zero_dv_dk(dv, dk);
 
     const int bh_kv = kv_head_of(d, bh);
     const int qb0 = query_block_begin(d, kb);
@@ -1989,10 +1994,7 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
         const int kb = at.kb, bh = at.bh;
 
         float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
-#pragma unroll
-        for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
+        zero_dv_dk(dv, dk);
 
         const int qb0 = query_block_begin(d, kb);
         const float dq_scale = staged_query_loop<Path>(p, smem, smem_ptr, stage_next, kb, bh, kv_head_of(d, bh), qb0, dv, dk);
@@ -2227,10 +2229,7 @@ __device__ __forceinline__ void ws_tile(const BackwardParams& p, const StagedTil
 __device__ void ws_consume(const BackwardParams& p, u32 smem, unsigned char* smem_ptr, int kb, int bh, int bh_kv,
                            int qb0) {
     float dv[HEAD_DIM / 8][4], dk[HEAD_DIM / 8][4];
-#pragma unroll
-    for (int nd = 0; nd < HEAD_DIM / 8; ++nd)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
+    zero_dv_dk(dv, dk);
     const int n_tiles = p.dims.n_qblk - qb0;
     const u32 ds_full = smem + WsLayout::ds_full, ds_empty = smem + WsLayout::ds_empty;
     for (int i = 0; i < n_tiles; ++i) {
