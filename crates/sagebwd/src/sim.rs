@@ -368,6 +368,7 @@ impl<'a> HeadCtx<'a> {
         let (s, d, bkv) = (self.s, self.d(), self.cfg.block_kv);
         let int8 = self.cfg.is_int8(Product::Pv);
         let prec = self.cfg.get(Product::QkFwd);
+        let fused = prec == Precision::Int8; // §4: p = exp2(fma(a, sc, −m)) for INT8 #1
         let mut o = vec![0.0f32; s.n_q * d];
         let mut lse2 = vec![0.0f32; s.n_q];
         let mut lse = vec![0.0f32; s.n_q];
@@ -391,7 +392,6 @@ impl<'a> HeadCtx<'a> {
                     let m_new = a.iter().fold(m, |acc, &(x, sc)| acc.max(x * sc));
                     let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
                     let alpha = (m - m_use).exp2();
-                    let fused = prec == Precision::Int8;
                     t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| {
                         *p = if fused { x.mul_add(sc, -m_use) } else { x * sc - m_use }.exp2() // t holds p
                     });
