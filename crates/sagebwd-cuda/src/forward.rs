@@ -395,9 +395,7 @@ fn wsp_smem_bytes(head_dim: usize) -> u32 {
 /// the V̂ᵀ tensor map as its first parameter (as `sage_forward_ws`).
 fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
-    let (pairs, heads) = pairs_grid(p);
-    let blocks = (pairs * heads).min(gpu.dev.persistent_sms).max(1);
-    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, WsShape { smem: wsp_smem_bytes(head_dim), grid: (blocks, 1), threads: WS_THREADS })
+    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, WsShape { smem: wsp_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS })
 }
 
 /// The V̂ᵀ tensor map of the INT8 warp-specialized kernels: `[B·H_kv·d rows][n_kpad keys]` i8, boxes
@@ -477,10 +475,7 @@ fn launch_ws_bf16(
     match grid {
         Bf16WsGrid::Pairs => launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS }),
         Bf16WsGrid::Persistent => {
-            let (pairs, heads) = pairs_grid(p);
-            let tiles = pairs * heads;
-            let blocks = tiles.min(gpu.dev.persistent_sms).max(1);
-            launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_persistent_smem_bytes(head_dim), grid: (blocks, 1), threads: WS_THREADS })
+            launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_persistent_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS })
         }
     }
 }
@@ -521,4 +516,11 @@ fn launch_ws_kernel(
 /// The grid of the non-persistent warp-specialized kernels: (query-block pairs, B·H_q).
 fn pairs_grid(p: &ForwardParams) -> (u32, u32) {
     ((p.dims.n_qblk as u32).div_ceil(2), (p.dims.batch * p.dims.heads_q) as u32)
+}
+
+/// The persistent forward kernels' grid: one block per SM (`Device::persistent_sms`), fewer when
+/// there are fewer tiles (query-block pairs × heads); the blocks walk the tiles.
+fn persistent_grid(gpu: &Gpu, p: &ForwardParams) -> (u32, u32) {
+    let (pairs, heads) = pairs_grid(p);
+    ((pairs * heads).min(gpu.dev.persistent_sms).max(1), 1)
 }
