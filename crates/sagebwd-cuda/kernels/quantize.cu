@@ -593,7 +593,8 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_bwd_pre_do(QuantRows
             zi[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
-    float amax = tile8_amax(v, [](u32 w, int c) { return (c & 1) ? hi_bf16(w) : lo_bf16(w); });
+    const auto value = [](u32 w, int c) { return (c & 1) ? hi_bf16(w) : lo_bf16(w); };  // column c of dO
+    float amax = tile8_amax(v, value);
     // The products O·dO of the thread's row i, chunk c0 / 8 (exact: two BF16 values).
     auto products = [&](int i, float (&s)[8]) {
         const u32 ow[4] = {ov[i].x, ov[i].y, ov[i].z, ov[i].w}, dw[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
@@ -649,7 +650,7 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_bwd_pre_do(QuantRows
     }
 #endif
     u32 nat[8][2];
-    quantize_tile8(v, g.inv, nat, [](u32 w, int c) { return (c & 1) ? hi_bf16(w) : lo_bf16(w); });
+    quantize_tile8(v, g.inv, nat, value);
     store_tile8(p, base, bh, row0, r_first, c0, nat);
 }
 
