@@ -466,16 +466,20 @@ __device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const Ti
 // tiles must start on a 1024-byte boundary; the operand tiles keep it, as KEY and STAGE are
 // multiples of 1024). Mirrored by `staged_backward_smem_bytes` in src/backward.rs.
 #define ALIGN_SLACK 1024
-template <int KEY, int STAGE, int DS>
+// pipe14: NSTAGES = 3 (the sage path at d = 64) adds a third stage after the second and a second
+// amax scratch after the first (the pipelined query loop, see "pipe14" below); 2 is the layout above.
+template <int KEY, int STAGE, int DS, int NSTAGES = 2>
 struct StagedLayout {
-    static constexpr int stage0 = KEY;                        // stage 0; stage 1 follows
+    static constexpr int stage0 = KEY;                        // stage 0; stage 1 (and 2) follow
     static constexpr int stage_bytes = STAGE;
-    static constexpr int rows0 = KEY + 2 * STAGE;             // L, D of stage 0; stage 1's follow
+    static constexpr int rows0 = KEY + NSTAGES * STAGE;       // L, D of stage 0; stage 1's follow
     static constexpr int rows_bytes = 2 * BLOCK_Q * 4;
     static constexpr int ds0 = rows0 + 2 * rows_bytes;        // dS tile 0; tile 1 follows
     static constexpr int ds_bytes = DS;
     static constexpr int red = ds0 + 2 * DS;
-    static constexpr int bytes = red + 2 * (THREADS / 32) * 4 + ALIGN_SLACK;
+    static constexpr int red_bytes = 2 * (THREADS / 32) * 4;  // one amax scratch (NSTAGES − 1 of them)
+    static constexpr int bytes = red + (NSTAGES - 1) * red_bytes + ALIGN_SLACK;
+    static_assert(NSTAGES == 2 || NSTAGES == 3, "two or three query-block stages");
     static_assert(KEY % 1024 == 0 && STAGE % 1024 == 0, "operand tiles must stay 1024-byte aligned");
 };
 
@@ -979,10 +983,28 @@ __device__ __forceinline__ int sbwd13_wg() {
 }
 #endif
 
+// ---- pipe14: the sage query loop software-pipelined across query blocks (sm_90a, d = 64) -----------
+// staged_query_loop<StagedSage> (specialized below the generic loop): Sᵀ and dPᵀ of block qb + 1 are
+// issued right after the dV/dK products of block qb, so they run while those are dequantized; the
+// stage of qb + 1 is waited for at the tile's amax barrier, and the tile has that one block barrier
+// instead of two. Three query-block stages (qb + 2 loads while qb and qb + 1 are read) and two amax
+// scratches (no second barrier separates one tile's reads from the next tile's writes). The same
+// arithmetic in the same order (every product, every FP32 operation as before).
+#ifndef PIPE14
+#define PIPE14 1
+#endif
+#if BWD_WGMMA && HEAD_DIM == 64 && SBWD12_DS_STSM && PIPE14
+#define PIPE14_LOOP 1
+#define PIPE14_STAGES 3
+#else
+#define PIPE14_LOOP 0
+#define PIPE14_STAGES 2
+#endif
+
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
     // Key block: K̂, K̂ᵀ (BF_KT bytes each), V (2·BF_KT); stage: Q̂, dO (2·BF_QT), dÔᵀ, Q̂ᵀ; dŜ bytes.
-    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV> Layout;
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, PIPE14_STAGES> Layout;
     static constexpr int kt = BF_KT, v = 2 * BF_KT;                   // offsets in the key block
     static constexpr int d_o = BF_QT, dot = 3 * BF_QT, qt = 4 * BF_QT;  // offsets in a stage
 
@@ -1053,6 +1075,26 @@ struct StagedSage {
         wgmma_commit();
     }
 
+#if PIPE14_LOOP
+    // pipe14: wg_issue_scores_dp's two commit groups as two calls (Sᵀ goes out a tile ahead, dPᵀ with its tile).
+    static __device__ __forceinline__ void wg_issue_scores(int (&s)[8][4], u32 smem_lo, u32 st_lo, int wg) {
+        wgmma_fence();  // the accumulators were last read by ordinary instructions
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 32; ++ks)
+            wgmma_s8_ss_n64(s, sage10_kstep_desc<BLOCK_KV, HEAD_DIM>(smem_lo, 0, 64 * wg, ks),
+                            sage10_kstep_desc<BLOCK_Q, HEAD_DIM>(st_lo, 0, 0, ks), ks);
+        wgmma_commit();
+    }
+    static __device__ __forceinline__ void wg_issue_dp(float (&dp)[8][4], u32 smem_lo, u32 st_lo, int wg) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
+            wgmma_bf16_ss_n64(dp, sage10_kstep_desc<BLOCK_KV, BF_ROW>(smem_lo, v, 64 * wg, ks),
+                              sage10_kstep_desc<BLOCK_Q, BF_ROW>(st_lo, d_o, 0, ks), ks);
+        wgmma_commit();
+    }
+#endif
+
     // Issues acc = a (the warp's 16 keys × 64 rows: 2 k-steps of A fragments) · columns 32c..32c + 31
     // of the [d][64] tile at bt (K-major, rows contiguous), exact INT32, as one commit group.
     // of the [d][64] tile at byte bt_off of the stage whose descriptor low word is st_lo.
@@ -1109,16 +1151,89 @@ struct StagedSage {
         }
     }
 
+#if BWD_WGMMA
+    // out[nt][e] = fma(float(acc), scale, out) of one 32-column chunk (wg_key_products' dequantization).
+    static __device__ __forceinline__ void dequant_chunk(const int (*acc)[4], float (*out)[4], float scale) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) out[nt][e] = __fmaf_rn(sage10_i2f(acc[nt][e]), scale, out[nt][e]);
+    }
+#endif
+
+    // P̂ᵀ, dŜᵀ (pa, da: the A fragments of dV's and dK's products, k-step s: rows 32s..) of the tile's
+    // P and dS by the group scales' inverses, and the dŜ bytes into the tile at ds_tile.
+    static __device__ __forceinline__ void quantize_tile(float (*prob)[4], float (*ds)[4], float inv_p, float inv_ds,
+                                                         unsigned char* ds_tile, u32 (*pa)[4], u32 (*da)[4]) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if !SBWD12_DS_STSM
+        const int g = lane >> 2, t = lane & 3;
+#endif
+#if !SBWD12_DS_STSM
+        // dŜ byte addresses of this lane for rows 4t + 2b + c (b = n-tile parity, c = column parity)
+        // at key 16w + g; other n-tiles and keys g + 8 are compile-time offsets (16 rows keep the
+        // swizzle term).
+        unsigned char* ds_out[4];
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int row = 4 * t + 2 * b + c;
+#if BWD_WGMMA_DQ
+                // dŜ is the A operand of dQ's wgmma: a K-major [64][128] tile, 128-byte swizzle.
+                ds_out[2 * b + c] = ds_tile + row * BLOCK_KV + ((warp ^ (row & 7)) << 4) + g;
+#else
+                ds_out[2 * b + c] = ds_tile + row * BLOCK_KV + (swz_ds(row, warp) << 4) + g;
+#endif
+            }
+#endif
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int n0 = 4 * s + 2 * half;
+                    pa[s][2 * half + h] = quant_quad(prob, n0, h, inv_p, QuantBits());
+                    u32 qd[4] = {quant_bits(ds[n0][2 * h], inv_ds), quant_bits(ds[n0][2 * h + 1], inv_ds),
+                                 quant_bits(ds[n0 + 1][2 * h], inv_ds), quant_bits(ds[n0 + 1][2 * h + 1], inv_ds)};
+                    da[s][2 * half + h] = pack_lo_bytes(qd[0], qd[1], qd[2], qd[3]);
+#if !SBWD12_DS_STSM
+                    // The same four bytes into dŜ[row][key]: key 16w + g + 8h, rows qrow_of(n, 2t + {0,1}).
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        ds_out[(i >> 1) * 2 + (i & 1)][16 * (n0 >> 1) * BLOCK_KV + 8 * h] = (unsigned char)qd[i];
+#endif
+                }
+#if SBWD12_DS_STSM
+        {
+            // n-tile nt's register: {dŜ(row c = 0: key g, key g + 8), (row c = 1: the same)} from the two
+            // A words of its n-tile pair (h = 0, 1: bytes (nt, c) at 2(nt mod 2) + c). Matrix i of a store is
+            // n-tile i (+ 4 in the second): rows 16(i div 2) + 2(i mod 2) + 4t + c (32 rows further in the
+            // second); lane l gives row j = l mod 8 (t = j div 2, c = j mod 2) of matrix l / 8.
+            u32 sd[8];
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    sd[4 * s + 2 * half] = interleave_bytes<false>(da[s][2 * half], da[s][2 * half + 1]);
+                    sd[4 * s + 2 * half + 1] = interleave_bytes<true>(da[s][2 * half], da[s][2 * half + 1]);
+                }
+            const int j = lane & 7, mi = lane >> 3;
+            const int row = 16 * (mi >> 1) + 2 * (mi & 1) + 4 * (j >> 1) + (j & 1);
+            const u32 ds_row = smem_addr(ds_tile) + row * BLOCK_KV + ((warp ^ (row & 7)) << 4);
+            stmatrix_x4_trans(ds_row, sd[0], sd[1], sd[2], sd[3]);
+            stmatrix_x4_trans(ds_row + 32 * BLOCK_KV, sd[4], sd[5], sd[6], sd[7]);
+        }
+#endif
+    }
+
     // Sᵀ, dPᵀ → P, dS → P̂ᵀ, dŜᵀ (A fragments; k-step s: rows 32s.., see qrow_of) once the block knows
     // the tile amax; dŜ bytes to shared memory; dV += P̂ᵀ dÔ (#4), dK += dŜᵀ Q̂ (#7), per-tile scales
     // (§2.3). Returns the dQ tile's scale fl(s_dŜ·s_K).
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
         const Dims& d = p.dims;
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#if !SBWD12_DS_STSM
-        const int g = lane >> 2, t = lane & 3;
-#endif
         const float s_q = p.op.q_scale[x.bh * d.n_qblk + x.qb], s_do = p.do_scale[x.bh * d.n_qblk + x.qb];
         const float s_k = p.op.k_scale[x.bh_kv * d.n_kblk + x.kb];
         const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
@@ -1154,6 +1269,7 @@ struct StagedSage {
         wgmma_fence_regs(ds);
 #else
         {
+            const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
             const int mi = lane >> 3, r = lane & 7;
             const int key_row = warp * 16 + (mi & 1) * 8 + r, q_row = qrow_of(0, r);
             const int x8 = HEAD_DIM == 128 ? r : r >> 1;  // swz_key_i8 / swz_qrow_i8 terms of this lane's rows
@@ -1171,63 +1287,7 @@ struct StagedSage {
         sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
 
         u32 pa[2][4], da[2][4];
-#if !SBWD12_DS_STSM
-        // dŜ byte addresses of this lane for rows 4t + 2b + c (b = n-tile parity, c = column parity)
-        // at key 16w + g; other n-tiles and keys g + 8 are compile-time offsets (16 rows keep the
-        // swizzle term).
-        unsigned char* ds_out[4];
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int row = 4 * t + 2 * b + c;
-#if BWD_WGMMA_DQ
-                // dŜ is the A operand of dQ's wgmma: a K-major [64][128] tile, 128-byte swizzle.
-                ds_out[2 * b + c] = x.ds + row * BLOCK_KV + ((warp ^ (row & 7)) << 4) + g;
-#else
-                ds_out[2 * b + c] = x.ds + row * BLOCK_KV + (swz_ds(row, warp) << 4) + g;
-#endif
-            }
-#endif
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int n0 = 4 * s + 2 * half;
-                    pa[s][2 * half + h] = quant_quad(prob, n0, h, sc_p.inv, QuantBits());
-                    u32 qd[4] = {quant_bits(ds[n0][2 * h], sc_ds.inv), quant_bits(ds[n0][2 * h + 1], sc_ds.inv),
-                                 quant_bits(ds[n0 + 1][2 * h], sc_ds.inv), quant_bits(ds[n0 + 1][2 * h + 1], sc_ds.inv)};
-                    da[s][2 * half + h] = pack_lo_bytes(qd[0], qd[1], qd[2], qd[3]);
-#if !SBWD12_DS_STSM
-                    // The same four bytes into dŜ[row][key]: key 16w + g + 8h, rows qrow_of(n, 2t + {0,1}).
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        ds_out[(i >> 1) * 2 + (i & 1)][16 * (n0 >> 1) * BLOCK_KV + 8 * h] = (unsigned char)qd[i];
-#endif
-                }
-#if SBWD12_DS_STSM
-        {
-            // n-tile nt's register: {dŜ(row c = 0: key g, key g + 8), (row c = 1: the same)} from the two
-            // A words of its n-tile pair (h = 0, 1: bytes (nt, c) at 2(nt mod 2) + c). Matrix i of a store is
-            // n-tile i (+ 4 in the second): rows 16(i div 2) + 2(i mod 2) + 4t + c (32 rows further in the
-            // second); lane l gives row j = l mod 8 (t = j div 2, c = j mod 2) of matrix l / 8.
-            u32 sd[8];
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    sd[4 * s + 2 * half] = interleave_bytes<false>(da[s][2 * half], da[s][2 * half + 1]);
-                    sd[4 * s + 2 * half + 1] = interleave_bytes<true>(da[s][2 * half], da[s][2 * half + 1]);
-                }
-            const int j = lane & 7, mi = lane >> 3;
-            const int row = 16 * (mi >> 1) + 2 * (mi & 1) + 4 * (j >> 1) + (j & 1);
-            const u32 ds_row = smem_addr(x.ds) + row * BLOCK_KV + ((warp ^ (row & 7)) << 4);
-            stmatrix_x4_trans(ds_row, sd[0], sd[1], sd[2], sd[3]);
-            stmatrix_x4_trans(ds_row + 32 * BLOCK_KV, sd[4], sd[5], sd[6], sd[7]);
-        }
-#endif
+        quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, x.ds, pa, da);
 #if BWD_WGMMA
         wg_key_products(st_lo, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
 #else
@@ -1882,6 +1942,178 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
     __syncthreads();  // dS of the last block complete
     return dq_scale;
 }
+
+#if PIPE14_LOOP
+// pipe14: the sage query loop at d = 64 on sm_90a, software-pipelined across query blocks (see the
+// pipe14 note above StagedSage). Same contract as the generic loop: entered with the key block and
+// block qb0 staged (one commit group) and qb0's row constants stored; leaves every dQ but the last
+// added, the last block's dŜ complete behind a barrier, and no wgmma or copy in flight. Per tile,
+// block qb (i = qb − qb0; stage i mod 3; L, D and dŜ buffers i mod 2; amax scratch i mod 2):
+//   Sᵀ of qb was issued at the end of tile qb − 1 (before the loop for qb0); wait for it, issue dPᵀ
+//   → P while dPᵀ runs; dS; the warps' amax; L, D of qb + 1 stored; this thread's copies of qb + 1
+//   complete
+//   → (b) the one block barrier of the tile: the tile amax; stage qb + 1, dŜ of qb − 1, L, D of qb + 1
+//     visible; every warp past tile qb − 1's products (its stage, i + 2 mod 3, and its amax scratch
+//     free) and past its dQ wgmma of qb − 2 (dŜ buffer i mod 2 free)
+//   → group scales; dQ of qb − 1 issued (stale and not added on the first tile, as before); qb + 2
+//     staged, its L, D loaded; P̂, dŜ quantized, dŜ stored; dV chunks issued; dQ of qb − 1 added;
+//     dK chunks issued; Sᵀ of qb + 1 issued (of a stale stage and unused on the last tile: the commit
+//     groups are the same on every tile); the dK chunks dequantized while it runs.
+// No wgmma is read across the loop's back edge before a wait for all (wgmma_wait<0>): with a
+// partial wait there, ptxas serializes every wgmma of the kernel (C7514). Only Sᵀ crosses it.
+// Row constants travel as raw loads (lse2, row offset, D) and are subtracted when stored, a tile
+// later: the subtraction waited for the global load right after it, in warps 0 and 1 only, and their
+// warpgroup's next wgmma waited for them (ncu, base: ~4 % of the samples).
+struct Sage14Rows {
+    float lse2, off, D;
+};
+__device__ __forceinline__ Sage14Rows sage14_load_rows(const BackwardParams& p, int bh, int qb, int rl) {
+    Sage14Rows r = {pos_inf(), 0.0f, 0.0f};
+    const int q = qb * BLOCK_Q + rl;
+    if (q < p.dims.n_q) {
+        const long row = (long)bh * p.dims.n_q + q;
+        r.lse2 = p.lse2[row];
+        if (p.flags & F_QK_BWD) r.off = p.op.row_offset[row];
+        r.D = p.delta[row];
+    }
+    return r;
+}
+// = load_row_consts' values: fl(lse2 − off) with F_QK_BWD, else lse2 (= fl(lse2 − 0), −0 and ∞ included).
+__device__ __forceinline__ void sage14_store_rows(float* rows, const Sage14Rows& r) {
+    const RowConsts rc = {__fsub_rn(r.lse2, r.off), r.D};
+    store_row_consts(rows, rc);
+}
+
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                               const QueryStager<StagedSage>& stage_next, int kb, int bh,
+                                                               int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    typedef StagedSage::Layout Lay;
+    const Dims& d = p.dims;
+    const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
+    const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
+    if (qb0 >= d.n_qblk) {
+        cp_async_wait<0>();
+        __syncthreads();
+        return 0.0f;
+    }
+    const int wg = sbwd13_wg(), t = threadIdx.x & 3;
+    const u32 smem_lo = sage10_desc_lo(smem);
+    const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
+    const float* q_scale = p.op.q_scale + bh * d.n_qblk;
+    const float* do_scale = p.do_scale + bh * d.n_qblk;
+    float s_q = q_scale[qb0], s_do = do_scale[qb0];
+
+    // Block qb0 + 1 into stage 1, its L, D into registers (stored in tile qb0).
+    const bool two = qb0 + 1 < d.n_qblk;
+    if (two) stage_next(p, stage(1), bh, qb0 + 1);
+    cp_async_commit();
+    Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
+    if (two && threadIdx.x < BLOCK_Q) rows_next = sage14_load_rows(p, bh, qb0 + 1, threadIdx.x);
+    cp_async_wait<1>();  // the key block and block qb0
+    fence_proxy_async();
+    __syncthreads();
+    sbwd12_interleave_kt(smem + StagedSage::kt);  // K̂ᵀ's byte order for dQ; (b) of tile qb0 orders it before the first dQ
+
+    int s_acc[8][4];
+    StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
+
+    float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
+    u32 st_cur = stage(0), st_next = stage(1), st_free = stage(2);
+    for (int qb = qb0; qb < d.n_qblk; ++qb) {
+        const int i = qb - qb0, par = i & 1;
+        const bool has_next = qb + 1 < d.n_qblk, has_next2 = qb + 2 < d.n_qblk;
+        const float* rows = rows_of(par);
+        const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
+        const int qn = has_next ? qb + 1 : qb;
+        const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
+
+        // P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
+        float2 L[8];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) L[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));
+        wgmma_wait<0>();  // Sᵀ of qb
+        wgmma_fence_regs(s_acc);
+        float ds[8][4];  // dPᵀ, then dS in place
+        StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_cur), wg);
+        float prob[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s_acc[nt][e], s_qk), (e & 1) ? L[nt].y : L[nt].x));
+        float amax_p = sage10_tile_max<false>(prob);  // redone below if the tile is masked
+        // dS = fl(P·fl(dP − D)) (sage10_ds_regs), D read before the wait.
+        float2 D[8];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) D[nt] = *(const float2*)(rows + BLOCK_Q + qrow_of(nt, 2 * t));
+        wgmma_wait<0>();  // dPᵀ of qb
+        wgmma_fence_regs(ds);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D[nt].y : D[nt].x));
+        if (sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
+        float amax_ds = sage10_tile_max<true>(ds);
+        if (has_next && threadIdx.x < BLOCK_Q) sage14_store_rows(rows_of(par ^ 1), rows_next);
+        cp_async_wait<0>();   // this thread's copies of block qb + 1
+        fence_proxy_async();  // they and the dŜ stores of block qb − 1 → wgmma's reads
+        block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
+        GroupScale sc_p, sc_ds;
+        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+
+        // dQ of block qb − 1 (every tile: the same commit groups each time; the first tile's is stale).
+        int dq_acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        StagedSage::issue_dq(dq_acc, smem_lo, sage10_desc_lo(smem + Lay::ds0 + (par ^ 1) * Lay::ds_bytes));
+        wgmma_commit();
+        // Block qb + 2 into the stage block qb − 1 had (every warp is past its products: (b)).
+        if (has_next2) stage_next(p, st_free, bh, qb + 2);
+        cp_async_commit();
+        Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
+        if (has_next2 && threadIdx.x < BLOCK_Q) rows_next2 = sage14_load_rows(p, bh, qb + 2, threadIdx.x);
+
+        u32 pa[2][4], da[2][4];
+        StagedSage::quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, pa, da);
+        const float scale_v = __fmul_rn(sc_p.scale, s_do), scale_k = __fmul_rn(sc_ds.scale, s_q);
+        const u32 st_lo = sage10_desc_lo(st_cur);
+        int acc[2][4][4];
+        StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
+        StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
+        wgmma_wait<2>();  // dQ of qb − 1 landed
+        wgmma_fence_regs(dq_acc);
+        if (i > 0) sage10_add_dq(p, dq_acc, dq_scale, bh, qb - 1);  // block-uniform
+        wgmma_wait<1>();
+        wgmma_fence_regs(acc[0]);
+        StagedSage::dequant_chunk(acc[0], dv, scale_v);
+        StagedSage::wg_issue_chunk(acc[0], da, st_lo, StagedSage::qt, 0);
+        wgmma_wait<1>();
+        wgmma_fence_regs(acc[1]);
+        StagedSage::dequant_chunk(acc[1], dv + 4, scale_v);
+        StagedSage::wg_issue_chunk(acc[1], da, st_lo, StagedSage::qt, 1);
+        StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
+        wgmma_wait<2>();
+        wgmma_fence_regs(acc[0]);
+        StagedSage::dequant_chunk(acc[0], dk, scale_k);
+        wgmma_wait<1>();
+        wgmma_fence_regs(acc[1]);
+        StagedSage::dequant_chunk(acc[1], dk + 4, scale_k);
+
+        dq_scale = __fmul_rn(sc_ds.scale, s_k);
+        s_q = s_q_next;
+        s_do = s_do_next;
+        rows_next = rows_next2;
+        const u32 st_done = st_cur;
+        st_cur = st_next;
+        st_next = st_free;
+        st_free = st_done;
+    }
+    wgmma_wait<0>();      // the last tile's (unused) Sᵀ
+    fence_proxy_async();  // the last dŜ stores → dQ's wgmma reads
+    __syncthreads();      // dS of the last block complete
+    return dq_scale;
+}
+#endif
 
 // A key block's FP32 dV, dK accumulators (this thread's fragments) set to 0 before its query blocks.
 __device__ __forceinline__ void zero_dv_dk(float (*dv)[4], float (*dk)[4]) {
