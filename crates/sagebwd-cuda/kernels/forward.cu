@@ -1918,15 +1918,58 @@ __device__ __forceinline__ int fp_block_tile(int i) {
     return i * (int)gridDim.x + lane;
 }
 
+// Head-grouped order (fpaf14, BF16 kernels only; `fpp3g`): the tiles of G (batch·head)s form a group,
+// pairs in decreasing order and the group's heads inside, and the groups follow one another. With
+// fp_tile's order the blocks running at once (one round, gridDim.x tiles) hold the same pair of
+// ~gridDim.x different heads, and the next pair of a head comes B·H tiles later: when B·H ≳ gridDim.x
+// (N ≤ 2k at H·D = 2048) every tile reads its K, V from DRAM (8–16 times each per head). In a group
+// the pairs of a head run side by side, so its K, V are read from DRAM about once.
+// G: tiles of equal weight (no causal imbalance) G = max(1, gridDim.x / pairs), a round holds every
+// pair of its heads; else G = 2g / gcd(2g, pairs) with g = gridDim.x, so that a group is a whole
+// number of two-round windows and each window is in decreasing order, as the snake deal needs
+// (fp_block_tile: block b gets window positions b and 2g − 1 − b, a heavy and a light tile); G ≤ B·H
+// (G = B·H is fp_tile's order).
+__device__ __forceinline__ int fp_group_heads(const Dims& d) {
+    const int bhs = d.batch * d.heads_q, pairs = (d.n_qblk + 1) / 2, g = gridDim.x;
+    int G;
+    if (fp_tile(d, 0).end == fp_tile(d, fp_tile_count(d) - 1).end) {
+        G = max(1, g / pairs);
+    } else {
+        int a = 2 * g, b = pairs;
+        while (b != 0) {
+            const int r = a % b;
+            a = b;
+            b = r;
+        }
+        G = 2 * g / a;
+    }
+    return min(G, bhs);
+}
+__device__ __forceinline__ FpTile fp_tile_grouped(const Dims& d, int t, int G) {
+    const int bhs = d.batch * d.heads_q, pairs = (d.n_qblk + 1) / 2;
+    const int grp = t / (G * pairs), j = t - grp * G * pairs, h0 = grp * G, gs = min(G, bhs - h0);
+    FpTile x;
+    x.pair = pairs - 1 - j / gs;
+    x.bh = h0 + j % gs;
+    x.end = key_block_end(d, min(2 * x.pair + 1, d.n_qblk - 1));
+    return x;
+}
+template <bool GROUPED>
+__device__ __forceinline__ FpTile fp_tile_of(const Dims& d, int t, int G) {
+    if constexpr (GROUPED) return fp_tile_grouped(d, t, G);
+    else return fp_tile(d, t);
+}
+
 // The producer (one thread): for each tile of this block, its Q into slot i % FP_Q_SLOTS, then K and V of
 // each key block into the ring; it runs ahead across tile boundaries as far as the ring allows.
-template <bool SNAKE>
+template <bool SNAKE, bool GROUPED>
 __device__ void fp_producer(const void* qmap, const void* kmap, const void* vmap, const FpSmem& sm, const Dims& d) {
     if (threadIdx.x != 0) return;
     const int n_tiles = fp_tile_count(d);
+    const int G = GROUPED ? fp_group_heads(d) : 0;
     int it = 0;
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
-        const FpTile x = fp_tile(d, t);
+        const FpTile x = fp_tile_of<GROUPED>(d, t, G);
         const int bh_kv = kv_head_of(d, x.bh);
         sm.wait_q_empty(i);
         mbar_arrive_expect_tx(sm.q_full_bar(i), FW_Q_BYTES);
@@ -2057,18 +2100,25 @@ __device__ __forceinline__ void fp_first_block(const ForwardParams& p, const FpS
 // tile), so warpgroup 1 passes the first turn once and warpgroup 0 takes the last one once.
 // (Chaining each tile's first S + softmax onto the previous tile's last P·V, FA3's inter-tile
 // overlap, was slower: RESULTS-gpu.md, fpafwd3, commit 73beb5b.)
-template <bool PINGPONG, bool SNAKE>
+template <bool PINGPONG, bool SNAKE, bool GROUPED>
 __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
-    // The block's first tile is its heaviest: it has turns iff any tile has.
-    const bool turns = PINGPONG && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
+    const int G = GROUPED ? fp_group_heads(d) : 0;
+    // The block's first tile is its heaviest: it has turns iff any tile has. (Grouped order: each
+    // group starts over at the heaviest pair, so the block's tiles are checked one by one.)
+    bool turns = PINGPONG && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
+    if constexpr (PINGPONG && GROUPED) {
+        turns = false;
+        for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i))
+            turns = turns || fp_tile_grouped(d, t, G).end > 0;
+    }
     if (turns && w == 1) pass_turn(1);
     FpConsumer c;
     u32 pa[2][BLOCK_KV / 16][4];
     int it = 0;
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
-        const FpTile x = fp_tile(d, t);
+        const FpTile x = fp_tile_of<GROUPED>(d, t, G);
         const int qb = 2 * x.pair + w;
         c.row0 = qb * BLOCK_Q + warp * 16;
         c.end = x.end;
@@ -2090,7 +2140,7 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
 
 // The persistent BF16 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // FpSmem::kSmemBytes of dynamic shared memory and the tensor maps of Q, K, V.
-template <bool PINGPONG, bool SNAKE>
+template <bool PINGPONG, bool SNAKE, bool GROUPED>
 __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, const void* vmap, const ForwardParams& p,
                                         unsigned char* smem) {
 #ifdef SAGE_WGMMA
@@ -2102,26 +2152,27 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        fp_producer<SNAKE>(qmap, kmap, vmap, sm, p.dims);
+        fp_producer<SNAKE, GROUPED>(qmap, kmap, vmap, sm, p.dims);
     } else {
         setmaxnreg_inc<240>();
-        fp_consumer<PINGPONG, SNAKE>(p, sm, wg - 1);
+        fp_consumer<PINGPONG, SNAKE, GROUPED>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define FP_ENTRY(name, PINGPONG, SNAKE)                                                                           \
+#define FP_ENTRY(name, PINGPONG, SNAKE, GROUPED)                                                                  \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,                  \
              const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        fp_main<PINGPONG, SNAKE>(&qmap, &kmap, &vmap, p, ws_smem);                                                \
+        fp_main<PINGPONG, SNAKE, GROUPED>(&qmap, &kmap, &vmap, p, ws_smem);                                       \
     }
-FP_ENTRY(sage_forward_ws_bf16_p3, true, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
-FP_ENTRY(sage_forward_ws_bf16_p1, false, false)  // fpp1: the same without ping-pong
-FP_ENTRY(sage_forward_ws_bf16_p3s, true, true)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
+FP_ENTRY(sage_forward_ws_bf16_p3, true, false, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p1, false, false, false)  // fpp1: the same without ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p3s, true, true, false)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
+FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with head-grouped tiles (fpaf14)
 
 // ---------------------------------------------------------------------------------------------
 // Persistent INT8 forward (sfwd12), kernels `sage_forward_ws_p*`: sage_forward_ws (ws3: ping-pong,

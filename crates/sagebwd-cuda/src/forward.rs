@@ -174,7 +174,9 @@ type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid);
 /// (`sage_forward_ws_bf16_p3`) persistent, P·V accumulated onto the rescaled O with softmax(kb + 1)
 /// overlapping P·V(kb) in each warpgroup, ping-pong, heaviest tiles first; `fpp1` `fpp3` without
 /// the ping-pong; `fpp3s` `fpp3` with the tiles dealt to the blocks in a snake (rounds alternate
-/// direction: the static balance of a causal grid, fpafwd3); `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
+/// direction: the static balance of a causal grid, fpafwd3); `fpp3g` `fpp3s` with the tiles in groups of
+/// heads (the pairs of a head side by side: K, V read from DRAM about once, fpaf14; default at d = 128,
+/// `bf16_grouped_pays`); `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
 /// schedule (S(kb + 1) runs during the O update; ping-pong), `fws1` without the ping-pong, `fws0`
 /// ping-pong with S(kb + 1) issued after the O update, `fws3s` `fws3` with P·V as two n64 products
 /// at d = 128. Other values (the INT8 kernel's variants) give the default, by shape: the fastest
@@ -182,6 +184,7 @@ type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid);
 fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKernel> {
     use Bf16WsGrid::{Pairs, Persistent};
     let fpp3s = (c"sage_forward_ws_bf16_p3s", Persistent);
+    let fpp3g = (c"sage_forward_ws_bf16_p3g", Persistent);
     let fws3 = (c"sage_forward_ws_bf16", Pairs);
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("off") => None,
@@ -191,8 +194,15 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
         Ok("fws3s") => Some((c"sage_forward_ws_bf16_fws3s", Pairs)),
         Ok("fpp3") => Some((c"sage_forward_ws_bf16_p3", Persistent)),
         Ok("fpp3s") => Some(fpp3s),
+        Ok("fpp3g") => Some(fpp3g),
         Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent)),
-        _ => Some(if bf16_persistent_pays(head_dim, n_q, causal) { fpp3s } else { fws3 }),
+        _ => Some(if bf16_grouped_pays(head_dim, n_q, causal) {
+            fpp3g
+        } else if bf16_persistent_pays(head_dim, n_q, causal) {
+            fpp3s
+        } else {
+            fws3
+        }),
     }
 }
 
@@ -203,6 +213,17 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
 /// at d = 128 N = 4k the two are within 1 % (RESULTS-gpu.md, fpafwd3).
 fn bf16_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
     causal || n_q <= if head_dim == 64 { 4096 } else { 1024 }
+}
+
+/// Where the head-grouped persistent kernel (`fpp3g`) is the default (fpaf14's call, H200, fwd ms
+/// against main's choice in the same call): d = 128 N = 1k −7.9 % / −3.0 % (non-causal / causal,
+/// vs `fpp3s`), N = 2k −12.5 % (vs `fws3`) / −4.6 % (vs `fpp3s`), N = 4k non-causal −5.0 % (vs `fws3`).
+/// Not at d = 128 N = 4k causal (+1.1 %: there B·H = 64 already gives `fpp3s`'s rounds several pairs
+/// per head) nor at d = 64, where it was 2–11 % slower on every shape measured (ptxas schedules its
+/// issue-bound key loop differently: 0.82 similarity of the loop's SASS to `fpp3s`'s, against 0.97
+/// at d = 128).
+fn bf16_grouped_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
+    head_dim == 128 && n_q <= if causal { 2048 } else { 4096 }
 }
 
 /// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). The warp-specialized
