@@ -1767,7 +1767,9 @@ struct StagedBf16 {
 // d128 N4k: RESULTS-gpu.md, fpab14). With FPA_STAGE_IN_TILE (default 1) the tile also stages block
 // qb + 1 itself, after its dQ, Sᵀ, dPᵀ are issued and dQ's reductions are out (block qb − 1's dV, dK,
 // the last readers of that stage, are drained before barrier (a) at d = 128), instead of between (a)
-// and the first wgmma issue. Same products, same FP32 operations: the same bits. Only the persistent
+// and the first wgmma issue; with FPA_LATE_ROW_CONSTS (default 1) the next block's row constants are
+// combined where they are stored (LateRowConsts, below). Same products, same FP32 operations: the same
+// bits. Only the persistent
 // kernel runs it (sage_bwd_main_mma, which holds the sage instance too, keeps its SASS); FPA_EARLY_DV=0
 // gives that kernel StagedBf16 again.
 #ifndef FPA_EARLY_DV
@@ -1775,6 +1777,9 @@ struct StagedBf16 {
 #endif
 #ifndef FPA_STAGE_IN_TILE
 #define FPA_STAGE_IN_TILE 1
+#endif
+#ifndef FPA_LATE_ROW_CONSTS
+#define FPA_LATE_ROW_CONSTS 1
 #endif
 #if BWD_WGMMA && FPA_DQ && FPA_EARLY_DV && !FPA_STAGES_NEXT && FPA_DESC_WORDS && FPA_PREFIX_MASK && !FPA_STSM_DS
 #define FPA_EARLY_PATH 1
@@ -1970,6 +1975,36 @@ template <>
 struct TileStagesNext<StagedBf16Early> {
     static constexpr bool value = FPA_STAGE_IN_TILE;
 };
+// fpab14: the next block's row constants loaded raw after barrier (a) and combined (L = lse2 − b_r
+// with F_QK_BWD, as load_row_consts) only where they are stored, after the tile. load_row_consts
+// subtracts right after its loads, so warps 0, 1 waited a global load's latency there, before their
+// part of the tile's first wgmma (ncu, d128: ~5 % of the stall samples), and held up warpgroup 0.
+template <class Path>
+struct LateRowConsts {
+    static constexpr bool value = false;
+};
+template <>
+struct LateRowConsts<StagedBf16Early> {
+    static constexpr bool value = FPA_LATE_ROW_CONSTS;
+};
+struct RawRowConsts {
+    float lse, off, D;
+};
+__device__ __forceinline__ RawRowConsts load_row_consts_raw(const BackwardParams& p, int bh, int qb, int rl) {
+    RawRowConsts rc = {pos_inf(), 0.0f, 0.0f};
+    const int r = qb * BLOCK_Q + rl;
+    if (r < p.dims.n_q) {
+        const long row = (long)bh * p.dims.n_q + r;
+        rc.lse = p.lse2[row];
+        if (p.flags & F_QK_BWD) rc.off = p.op.row_offset[row];
+        rc.D = p.delta[row];
+    }
+    return rc;
+}
+// = load_row_consts' value: past n_q lse = +∞, off = 0, and fl(+∞ − 0) = +∞.
+__device__ __forceinline__ RowConsts row_consts_of(const BackwardParams& p, const RawRowConsts& raw) {
+    return {(p.flags & F_QK_BWD) ? __fsub_rn(raw.lse, raw.off) : raw.lse, raw.D};
+}
 #endif
 template <class Path>
 __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
@@ -1991,6 +2026,12 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         if (has_next && !TileStagesNext<Path>::value) stage_next(p, stage(buf ^ 1), bh, qb + 1);
         cp_async_commit();
         RowConsts next_rc = {pos_inf(), 0.0f};
+#if FPA_EARLY_PATH
+        RawRowConsts next_raw = {pos_inf(), 0.0f, 0.0f};
+        if constexpr (LateRowConsts<Path>::value) {
+            if (has_next && threadIdx.x < BLOCK_Q) next_raw = load_row_consts_raw(p, bh, qb + 1, threadIdx.x);
+        } else
+#endif
         if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
 
         StagedTile x;
@@ -2009,6 +2050,11 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         x.next_st = stage(buf ^ 1);
         x.has_next = has_next;
         const float tile_dq_scale = Path::tile(p, x, dv, dk);
+#if FPA_EARLY_PATH
+        if constexpr (LateRowConsts<Path>::value) {
+            if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), row_consts_of(p, next_raw));
+        } else
+#endif
         if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
         if (qb > qb0 && !Path::DQ_IN_TILE) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
         if (!Path::STAGES_NEXT) Path::drain(dv, dk);  // before the next (a): block qb + 2 is staged into this block's stage
