@@ -1781,6 +1781,11 @@ struct StagedBf16 {
 #ifndef FPA_LATE_ROW_CONSTS
 #define FPA_LATE_ROW_CONSTS 1
 #endif
+// FPA_STAGE_EARLY: stage right after the wgmma issue (before dQ's wait and reductions) instead of after
+// the reductions (their 16 red.global per thread go to the same LSU queue as the cp.async).
+#ifndef FPA_STAGE_EARLY
+#define FPA_STAGE_EARLY 0
+#endif
 #if BWD_WGMMA && FPA_DQ && FPA_EARLY_DV && !FPA_STAGES_NEXT && FPA_DESC_WORDS && FPA_PREFIX_MASK && !FPA_STSM_DS
 #define FPA_EARLY_PATH 1
 struct StagedBf16Early : StagedBf16 {
@@ -1827,10 +1832,14 @@ struct StagedBf16Early : StagedBf16 {
         wgmma_commit();
         issue_keys_by_rows(ds, x.smem + v, x.st + d_o, wg);
         wgmma_commit();
+        if (FPA_STAGE_IN_TILE && FPA_STAGE_EARLY) {  // block qb − 1's dV, dK drained before (a): the stage is free
+            if (x.has_next) stage_query_block(p, x.next_st, x.bh, x.qb + 1);
+            cp_async_commit();
+        }
         wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
         if (x.has_prev) add_dq_pred(p, dq_acc, x.bh, x.qb - 1);  // block-uniform
-        if (FPA_STAGE_IN_TILE) {  // block qb − 1's dV, dK drained before (a): the stage is free
+        if (FPA_STAGE_IN_TILE && !FPA_STAGE_EARLY) {  // (the same, after dQ's reductions)
             if (x.has_next) stage_query_block(p, x.next_st, x.bh, x.qb + 1);
             cp_async_commit();
         }
