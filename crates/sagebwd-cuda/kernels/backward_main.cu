@@ -1763,26 +1763,28 @@ struct StagedBf16 {
 // ---- fpab14: the fpa tile at d = 128 with dV issued early (sage_bwd_main_persist_bf16 only) ---------
 // StagedBf16 with another tile(): dV += bf16(P)ᵀ dO is issued as soon as P is computed and masked (its
 // own commit group), so it runs on the tensor cores while dS = fl(P·fl(dP − D)) is computed; dK after.
-// Before, both were issued after dS, and the tensor cores idled from dPᵀ's end to dV's start (ncu at
-// d128 N4k: RESULTS-gpu.md, fpab14). With FPA_STAGE_IN_TILE (default 1) the tile also stages block
-// qb + 1 itself, after its dQ, Sᵀ, dPᵀ are issued and dQ's reductions are out (block qb − 1's dV, dK,
-// the last readers of that stage, are drained before barrier (a) at d = 128), instead of between (a)
-// and the first wgmma issue; with FPA_LATE_ROW_CONSTS (default 1) the next block's row constants are
-// combined where they are stored (LateRowConsts, below). Same products, same FP32 operations: the same
-// bits. Only the persistent
-// kernel runs it (sage_bwd_main_mma, which holds the sage instance too, keeps its SASS); FPA_EARLY_DV=0
-// gives that kernel StagedBf16 again.
+// Before, both were issued after dS, and the tensor cores idled from dPᵀ's end to dV's start. Same
+// products, same FP32 operations: the same bits. Measured (RESULTS-gpu.md, fpab14; variant E there):
+// −1.9 % at fpa d128 N1k full, −0.8 to −1.8 % (mean of two runs) at the other N ≤ 4k rows; the ncu
+// barrier and drain stalls at the tile's end fell from 12.7 % / 7.1 % to 3.3 % / 2.0 % of the samples.
+// Only the persistent kernel runs it (sage_bwd_main_mma, which holds the sage instance too, keeps its
+// SASS); FPA_EARLY_DV=0 gives that kernel StagedBf16 again.
+// Opt-in, measured SLOWER (kept for the record): FPA_STAGE_IN_TILE=1 stages block qb + 1 inside the tile
+// (block qb − 1's dV, dK, the stage's last readers, are drained before barrier (a) at d = 128) instead
+// of between (a) and the first wgmma issue — after dQ's 16 red.global per thread (FPA_STAGE_EARLY=0:
+// +1.7 to +9 %: the cp.async wait behind the reductions in the LSU queue, lg-throttle stalls 1.6 → 11.7 %
+// of the samples, and P waits for them) or before them (FPA_STAGE_EARLY=1: ~+2 % vs the early dV
+// alone); FPA_LATE_ROW_CONSTS=1 loads the next block's row constants raw after (a) and combines them
+// where they are stored (LateRowConsts, below; only measured together with FPA_STAGE_IN_TILE=1).
 #ifndef FPA_EARLY_DV
 #define FPA_EARLY_DV (HEAD_DIM == 128)
 #endif
 #ifndef FPA_STAGE_IN_TILE
-#define FPA_STAGE_IN_TILE 1
+#define FPA_STAGE_IN_TILE 0
 #endif
 #ifndef FPA_LATE_ROW_CONSTS
-#define FPA_LATE_ROW_CONSTS 1
+#define FPA_LATE_ROW_CONSTS 0
 #endif
-// FPA_STAGE_EARLY: stage right after the wgmma issue (before dQ's wait and reductions) instead of after
-// the reductions (their 16 red.global per thread go to the same LSU queue as the cp.async).
 #ifndef FPA_STAGE_EARLY
 #define FPA_STAGE_EARLY 0
 #endif
