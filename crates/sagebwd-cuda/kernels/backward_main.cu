@@ -1822,6 +1822,150 @@ struct StagedBf16 {
     }
 };
 
+// ---- fpab14: the fpa tile at d = 128 with dV issued early (sage_bwd_main_persist_bf16 only) ---------
+// StagedBf16 with another tile(): dV += bf16(P)ᵀ dO is issued as soon as P is computed and masked (its
+// own commit group), so it runs on the tensor cores while dS = fl(P·fl(dP − D)) is computed; dK after.
+// Before, both were issued after dS, and the tensor cores idled from dPᵀ's end to dV's start. Same
+// products, same FP32 operations: the same bits. Measured (RESULTS-gpu.md, fpab14; variant E there):
+// −1.9 % at fpa d128 N1k full, −0.8 to −1.8 % (mean of two runs) at the other N ≤ 4k rows; the ncu
+// barrier and drain stalls at the tile's end fell from 12.7 % / 7.1 % to 3.3 % / 2.0 % of the samples.
+// Only the persistent kernel runs it (sage_bwd_main_mma, which holds the sage instance too, keeps its
+// SASS); FPA_EARLY_DV=0 gives that kernel StagedBf16 again.
+// Opt-in, measured SLOWER (kept for the record): FPA_STAGE_IN_TILE=1 stages block qb + 1 inside the tile
+// (block qb − 1's dV, dK, the stage's last readers, are drained before barrier (a) at d = 128) instead
+// of between (a) and the first wgmma issue — after dQ's 16 red.global per thread (FPA_STAGE_EARLY=0:
+// +1.7 to +9 %: the cp.async wait behind the reductions in the LSU queue, lg-throttle stalls 1.6 → 11.7 %
+// of the samples, and P waits for them) or before them (FPA_STAGE_EARLY=1: ~+2 % vs the early dV
+// alone); FPA_LATE_ROW_CONSTS=1 loads the next block's row constants raw after (a) and combines them
+// where they are stored (LateRowConsts, below; only measured together with FPA_STAGE_IN_TILE=1).
+#ifndef FPA_EARLY_DV
+#define FPA_EARLY_DV (HEAD_DIM == 128)
+#endif
+#ifndef FPA_STAGE_IN_TILE
+#define FPA_STAGE_IN_TILE 0
+#endif
+#ifndef FPA_LATE_ROW_CONSTS
+#define FPA_LATE_ROW_CONSTS 0
+#endif
+#ifndef FPA_STAGE_EARLY
+#define FPA_STAGE_EARLY 0
+#endif
+#if BWD_WGMMA && FPA_DQ && FPA_EARLY_DV && !FPA_STAGES_NEXT && FPA_DESC_WORDS && FPA_PREFIX_MASK && !FPA_STSM_DS
+#define FPA_EARLY_PATH 1
+struct StagedBf16Early : StagedBf16 {
+    // fpab14: ds_masked's mask alone, on one set of entries (P, then dS): hidden entries → 0, the same
+    // prefix test (first_h ≤ o < rows_left) and the same selects, applied to each array in turn.
+    static __device__ __forceinline__ void hide_masked(const Dims& d, int qb, int kb, float (&v)[8][4]) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        const int wkey0 = kb * BLOCK_KV + (threadIdx.x >> 5) * 16;
+        const int last_key = wkey0 + 15;
+        const bool need_mask = last_key >= d.n_k || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q));
+        if (need_mask) {  // warp-uniform: only tiles on the diagonal or past n_k
+            const int row0 = qb * BLOCK_Q + 2 * t, rows_left = d.n_q - row0;
+            int first[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int j = wkey0 + g + 8 * h;
+                first[h] = j >= d.n_k ? BLOCK_Q : (d.causal ? j - (d.n_k - d.n_q) - row0 : 0);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int o = 8 * nt + (e & 1);
+                    const bool hidden = o < first[e >> 1] || o >= rows_left;
+                    v[nt][e] = hidden ? 0.0f : v[nt][e];
+                }
+        }
+    }
+
+    // tile() with dV issued as soon as P is ready. Groups: dQ(qb − 1), Sᵀ, dPᵀ, then dV, then
+    // dK. P is masked before it is packed for dV (as ds_masked masks it before the packing); dS =
+    // fl(P·fl(dP − D)) with the masked P, then dS masked: visible entries see the unmasked P they saw
+    // before, hidden ones are 0 as before: the same bits for every operand of every product.
+    static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
+                                                 float (*dk)[4]) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const int wg = threadIdx.x >> 7;
+        float s[8][4], ds[8][4], prob[8][4];
+        wgmma_fence();  // the accumulators were last written by the previous tile's code
+        float dq_acc[HEAD_DIM / 16][4];
+        issue_dq_words(dq_acc, x.smem, x.prev_ds);
+        wgmma_commit();
+        issue_keys_by_rows(s, x.smem, x.st, wg);
+        wgmma_commit();
+        issue_keys_by_rows(ds, x.smem + v, x.st + d_o, wg);
+        wgmma_commit();
+        if (FPA_STAGE_IN_TILE && FPA_STAGE_EARLY) {  // block qb − 1's dV, dK drained before (a): the stage is free
+            if (x.has_next) stage_query_block(p, x.next_st, x.bh, x.qb + 1);
+            cp_async_commit();
+        }
+        wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
+        wgmma_fence_regs(dq_acc);
+        if (x.has_prev) add_dq_pred(p, dq_acc, x.bh, x.qb - 1);  // block-uniform
+        if (FPA_STAGE_IN_TILE && !FPA_STAGE_EARLY) {  // (the same, after dQ's reductions)
+            if (x.has_next) stage_query_block(p, x.next_st, x.bh, x.qb + 1);
+            cp_async_commit();
+        }
+        wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
+        wgmma_fence_regs(s);
+        tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
+        hide_masked(p.dims, x.qb, x.kb, prob);
+        u32 pa[BLOCK_Q / 16][4], da[BLOCK_Q / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int nt = 2 * ks + (i >> 1), h = i & 1;
+                pa[ks][i] = pack_bf16x2(prob[nt][2 * h], prob[nt][2 * h + 1]);
+            }
+        {
+            const DescWords o = desc_words(mnmajor_desc(x.st + d_o, BLOCK_Q * 128));
+            wgmma_fence();  // pa just written
+#pragma unroll
+            for (int ks = 0; ks < BLOCK_Q / 16; ++ks) wgmma_bf16_rs_tb(dv, pa[ks], o.at(ks * 16 * 128));
+            wgmma_commit();
+        }
+        wgmma_wait<1>();  // dPᵀ done; dV runs on
+        wgmma_fence_regs(ds);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const float2 D = *(const float2*)(x.rows + BLOCK_Q + 8 * nt + 2 * (lane & 3));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));
+        }
+        hide_masked(p.dims, x.qb, x.kb, ds);
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int nt = 2 * ks + (i >> 1), h = i & 1;
+                da[ks][i] = pack_bf16x2(ds[nt][2 * h], ds[nt][2 * h + 1]);
+            }
+        {
+            const DescWords q = desc_words(mnmajor_desc(x.st, BLOCK_Q * 128));
+            wgmma_fence();  // da just written
+#pragma unroll
+            for (int ks = 0; ks < BLOCK_Q / 16; ++ks) wgmma_bf16_rs_tb(dk, da[ks], q.at(ks * 16 * 128));
+            wgmma_commit();
+        }
+        // bf16(dS)ᵀ to shared memory for dQ, as tile() stores it without FPA_STSM_DS.
+        const int g = lane >> 2, t = lane & 3;
+        unsigned char* ds_lane = x.ds + (warp * 16 + g) * DST_ROW + 4 * t;
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int c = i >> 1, h = i & 1;
+                *(u32*)(ds_lane + 8 * h * DST_ROW + (((2 * ks + c) ^ g) << 4)) = da[ks][i];
+            }
+        return 0.0f;
+    }
+};
+#else
+#define FPA_EARLY_PATH 0
+#endif
+
 // The staged skeleton (see the top of this section). Two barriers per tile at most: (a) at the top
 // (block qb's operands, row constants and the dS of block qb − 1 visible), and the sage tile's amax.
 // dS of block qb is complete at (a) of block qb + 1, so dQ of block qb − 1 runs at the end of
@@ -1894,6 +2038,47 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, int kb, int
 // staged, the row constants of qb0 stored): every tile, dQ of all blocks but the last, then the
 // barrier after which the last block's dS is complete. Returns the pending dQ tile's scale. Shared by
 // the plain grid (staged_backward_main) and the persistent one (staged_backward_persist).
+// fpab14: whether Path::tile() stages block qb + 1 itself (then the loop does not, after barrier (a)).
+template <class Path>
+struct TileStagesNext {
+    static constexpr bool value = Path::STAGES_NEXT;
+};
+#if FPA_EARLY_PATH
+template <>
+struct TileStagesNext<StagedBf16Early> {
+    static constexpr bool value = FPA_STAGE_IN_TILE;
+};
+// fpab14: the next block's row constants loaded raw after barrier (a) and combined (L = lse2 − b_r
+// with F_QK_BWD, as load_row_consts) only where they are stored, after the tile. load_row_consts
+// subtracts right after its loads, so warps 0, 1 waited a global load's latency there, before their
+// part of the tile's first wgmma (ncu, d128: ~5 % of the stall samples), and held up warpgroup 0.
+template <class Path>
+struct LateRowConsts {
+    static constexpr bool value = false;
+};
+template <>
+struct LateRowConsts<StagedBf16Early> {
+    static constexpr bool value = FPA_LATE_ROW_CONSTS;
+};
+struct RawRowConsts {
+    float lse, off, D;
+};
+__device__ __forceinline__ RawRowConsts load_row_consts_raw(const BackwardParams& p, int bh, int qb, int rl) {
+    RawRowConsts rc = {pos_inf(), 0.0f, 0.0f};
+    const int r = qb * BLOCK_Q + rl;
+    if (r < p.dims.n_q) {
+        const long row = (long)bh * p.dims.n_q + r;
+        rc.lse = p.lse2[row];
+        if (p.flags & F_QK_BWD) rc.off = p.op.row_offset[row];
+        rc.D = p.delta[row];
+    }
+    return rc;
+}
+// = load_row_consts' value: past n_q lse = +∞, off = 0, and fl(+∞ − 0) = +∞.
+__device__ __forceinline__ RowConsts row_consts_of(const BackwardParams& p, const RawRowConsts& raw) {
+    return {(p.flags & F_QK_BWD) ? __fsub_rn(raw.lse, raw.off) : raw.lse, raw.D};
+}
+#endif
 template <class Path>
 __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
                                                    const QueryStager<Path>& stage_next, int kb, int bh, int bh_kv,
@@ -1911,9 +2096,15 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
 #endif
         __syncthreads();     // (a)
-        if (has_next && !Path::STAGES_NEXT) stage_next(p, stage(buf ^ 1), bh, qb + 1);
+        if (has_next && !TileStagesNext<Path>::value) stage_next(p, stage(buf ^ 1), bh, qb + 1);
         cp_async_commit();
         RowConsts next_rc = {pos_inf(), 0.0f};
+#if FPA_EARLY_PATH
+        RawRowConsts next_raw = {pos_inf(), 0.0f, 0.0f};
+        if constexpr (LateRowConsts<Path>::value) {
+            if (has_next && threadIdx.x < BLOCK_Q) next_raw = load_row_consts_raw(p, bh, qb + 1, threadIdx.x);
+        } else
+#endif
         if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
 
         StagedTile x;
@@ -1932,6 +2123,11 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         x.next_st = stage(buf ^ 1);
         x.has_next = has_next;
         const float tile_dq_scale = Path::tile(p, x, dv, dk);
+#if FPA_EARLY_PATH
+        if constexpr (LateRowConsts<Path>::value) {
+            if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), row_consts_of(p, next_raw));
+        } else
+#endif
         if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
         if (qb > qb0 && !Path::DQ_IN_TILE) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
         if (!Path::STAGES_NEXT) Path::drain(dv, dk);  // before the next (a): block qb + 2 is staged into this block's stage
@@ -2268,7 +2464,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();
     require_dynamic_smem((u32)StagedBf16::Layout::bytes);
+#if FPA_EARLY_PATH
+    staged_backward_persist<StagedBf16Early>(p, smem_raw);
+#else
     staged_backward_persist<StagedBf16>(p, smem_raw);
+#endif
 }
 
 // Every path takes its shared memory from the dynamic allocation (`backward_smem_bytes` and
