@@ -1175,8 +1175,8 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
 // fl(127/amax), group_scale's inv (0 for amax = 0), without the IEEE division's branches (fwd14):
 // the division's fast path (MUFU.RCP, one Newton step, the quotient, its exact remainder, one
 // correction), applied to b = amax·s with s = 2^32 (amax ≤ 2^62) or 2^-64 (larger), so that b, 1/b
-// and 127/b lie far inside the normal range, where that sequence is correctly rounded; the quotient
-// scaled back by 1/s is then exactly fl(127/amax) (scaling by a power of two commutes with the
+// and 127/b lie far inside the normal range, where that sequence is correctly rounded; 127/amax =
+// (127/b)·s, and fl(127/b)·s is exactly fl(127/amax) (scaling by a power of two commutes with the
 // rounding; a quotient ≥ 2^128 becomes +∞ in the product as in the division). amax = 0 and +∞ give
 // 0 (the division's 127/+∞), NaN stays NaN. Checked on the device against __fdiv_rn(127, amax) for
 // every non-negative FP32 bit pattern (dev/fwd14/divcheck). With `__fdiv_rn` behind group_scale's
@@ -1194,7 +1194,7 @@ __device__ __forceinline__ float inv127_rn(float amax) {
     r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
     const float q0 = __fmul_rn(r, 127.0f);
     const float q = __fmaf_rn(r, __fmaf_rn(-b, q0, 127.0f), q0);  // fl(127/b)
-    const float inv = __fmul_rn(q, big ? 0x1p64f : 0x1p-32f);
+    const float inv = __fmul_rn(q, big ? 0x1p-64f : 0x1p32f);  // fl(127/amax) = fl(127/b)·s, b = amax·s
     return amax == 0.0f || amax == pos_inf() ? 0.0f : inv;
 }
 
@@ -2275,12 +2275,20 @@ __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const Wsp
 // shape (d = 64, N 4k) the consumer warps spent ~14 % of their samples in the tile's epilogue, mostly
 // waiting for the store queue to take the next store's registers, and ~3 % waiting for the b_r load
 // queued behind those stores; both warpgroups end a tile together, so nothing overlaps it.
-// d = 64: the packed BF16 pairs go by stmatrix to the warp's staging area `stage` (16 rows of 128
-// bytes, 16-byte chunk c of row r at chunk c ^ (r mod 8): conflict-free both ways), then back as
-// 16-byte vectors and out as whole 128-byte rows: 4 stores per thread; the b_r of the thread's rows
-// (`ro`, row_offset, §3.5) were loaded at the tile's start (wsp_row_offsets). d = 128: the packed
-// pairs as 4-byte stores (32 per thread), `ro` loaded just before them; the staged form and the early
-// load both made ptxas spill in the d = 128 key loop (the consumer is at its 240 registers there).
+// Default (STAGED = false): the thread's BF16 pairs (columns 2t, 2t + 1 of each n-tile, adjacent) as
+// one 4-byte store each: half the stores, half the sector traffic. The b_r of the thread's rows (`ro`,
+// row_offset, §3.5) come from wsp_row_offsets: at d = 64 loaded at the tile's start (WSP_EARLY_RO).
+// STAGED (d = 64 only; `wsp3sx`, opt-in): the pairs go to the warp's staging area `stage` (16 rows of
+// 128 bytes, 16-byte chunk c of row r at chunk c ^ (r mod 8): conflict-free both ways) by 4-byte
+// shared stores, then back as 16-byte vectors and out as whole 128-byte rows, 4 stores per thread.
+// Lanes read what other lanes of the same (converged) warp wrote, ordered only by the warp's
+// in-order shared-memory accesses (compiler barriers keep the program order): a __syncwarp, a
+// per-warp bar.sync or stmatrix (.sync.aligned) here each made ptxas treat the whole consumer as
+// possibly divergent (WARPSYNC, collective shuffle paths in the key loop: fwd14's call 1, +8.5 % at
+// N 4k), hence opt-in only. At d = 128 the staged form and the early b_r load made ptxas spill in
+// the key loop (the consumer is at its 240 registers), so d = 128 takes the default path with `ro`
+// loaded just before the stores.
+template <bool STAGED>
 __device__ void wsp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0, u32 stage,
                           const float (&ro)[2]) {
     const Dims& d = p.dims;
@@ -2295,17 +2303,18 @@ __device__ void wsp_store(const ForwardParams& p, const RowState& st, const floa
             pk[nt][h] = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
         }
     u16* og = p.o + ((long)bh * d.n_q + row0) * HEAD_DIM;
-    if constexpr (HEAD_DIM == 64) {
-        // stmatrix x4 of n-tiles nt, nt + 1: matrices (rows 0–7, nt), (rows 8–15, nt), (0–7, nt + 1),
-        // (8–15, nt + 1); lane l addresses row l mod 8 of matrix l / 8.
+    if constexpr (STAGED && HEAD_DIM == 64) {
         constexpr int ROW_BYTES = HEAD_DIM * 2, CHUNKS = HEAD_DIM / 8;
-        const int lane = threadIdx.x & 31;
-        const int mrow = ((lane >> 3) & 1) * 8 + (lane & 7), mtile = lane >> 4;
+        const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-        for (int nt = 0; nt < O_TILES; nt += 2)
-            stmatrix_x4(stage + mrow * ROW_BYTES + (((nt + mtile) ^ (mrow & 7)) << 4), pk[nt][0], pk[nt][1],
-                        pk[nt + 1][0], pk[nt + 1][1]);
-        __syncwarp();
+        for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = h * 8 + g;
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(stage + r * ROW_BYTES + ((nt ^ (r & 7)) << 4) + 4 * t4),
+                             "r"(pk[nt][h])
+                             : "memory");
+            }
 #pragma unroll
         for (int i = 0; i < 16 * CHUNKS / 32; ++i) {
             const int idx = i * 32 + lane, r = idx / CHUNKS, c = idx % CHUNKS;
@@ -2315,7 +2324,6 @@ __device__ void wsp_store(const ForwardParams& p, const RowState& st, const floa
                              "r"(v.y), "r"(v.z), "r"(v.w)
                              : "memory");
         }
-        __syncwarp();  // the staging area is free again (the next tile's wsp_store)
     } else {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -2361,7 +2369,7 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
 // first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
 // so it has turns iff any tile has.
-template <bool SNAKE, bool NB>
+template <bool SNAKE, bool NB, bool STAGED>
 __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
@@ -2386,7 +2394,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
         }
         if (qb < d.n_qblk) {
             if (!WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
-            wsp_store(p, st, o, x.bh, row0, sm.o_warp(4 * w + warp), ro);
+            wsp_store<STAGED>(p, st, o, x.bh, row0, sm.o_warp(4 * w + warp), ro);
         }
     }
     if (turns && w == 0) take_turn(0);
@@ -2395,7 +2403,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
 
 // The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // WspSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
-template <bool SNAKE, bool NB>
+template <bool SNAKE, bool NB, bool STAGED>
 __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& p, unsigned char* smem) {
 #ifdef SAGE_WGMMA
     require_dynamic_smem((u32)WspSmem::kSmemBytes);
@@ -2409,21 +2417,22 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         wsp_producer<SNAKE>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        wsp_consumer<SNAKE, NB>(p, sm, wg - 1);
+        wsp_consumer<SNAKE, NB, STAGED>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define WSP_ENTRY(name, SNAKE, NB)                                                                                \
+#define WSP_ENTRY(name, SNAKE, NB, STAGED)                                                                        \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        wsp_main<SNAKE, NB>(&vmap, p, ws_smem);                                                                   \
+        wsp_main<SNAKE, NB, STAGED>(&vmap, p, ws_smem);                                                           \
     }
-WSP_ENTRY(sage_forward_ws_p3s, true, true)    // wsp3s: ws3 persistent, snake tile order, branch-free P̂ scales
-WSP_ENTRY(sage_forward_ws_p3sd, true, false)  // wsp3sd: the same with the IEEE division (fwd14's comparison)
+WSP_ENTRY(sage_forward_ws_p3s, true, true, false)    // wsp3s: ws3 persistent, snake tile order, branch-free P̂ scales
+WSP_ENTRY(sage_forward_ws_p3sd, true, false, false)  // wsp3sd: the same with the IEEE division (fwd14's comparison)
+WSP_ENTRY(sage_forward_ws_p3sx, true, true, true)    // wsp3sx: wsp3s with the staged O store at d = 64 (opt-in)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
