@@ -2186,7 +2186,6 @@ FP_ENTRY(sage_forward_ws_bf16_p3s, true, true)   // fpp3s: fpp3 with the snake t
 // by WsInt8's constructor.
 #define WSP_STAGES (HEAD_DIM == 128 ? 4 : 8)  // 4 × 32 KB or 8 × 16 KB of K̂ and V̂ᵀ
 #define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
-#define WSP_O_STAGE (HEAD_DIM == 64 ? 16 * HEAD_DIM * 2 : 0)  // a consumer warp's 16 BF16 O rows (wsp_store, d = 64)
 
 #ifdef SAGE_WGMMA
 // WsRing's layout and interface (stage indices s, counters kb over the block's key blocks) with two
@@ -2194,9 +2193,8 @@ FP_ENTRY(sage_forward_ws_bf16_p3s, true, true)   // fpp3s: fpp3 with the snake t
 // stages' ones.
 struct WspSmem {
     static constexpr int kStages = WSP_STAGES;
-    static constexpr int kSmemBytes =
-        2 * WSP_Q_BYTES + 2 * WSP_STAGES * WG_TILE + 8 * (2 * WSP_STAGES + 2) + 8 * WSP_O_STAGE + 1024;
-    u32 q, k, v, full, empty, q_empty, o_stage;
+    static constexpr int kSmemBytes = 2 * WSP_Q_BYTES + 2 * WSP_STAGES * WG_TILE + 8 * (2 * WSP_STAGES + 2) + 1024;
+    u32 q, k, v, full, empty, q_empty;
     __device__ __forceinline__ WspSmem(unsigned char* smem) {
         q = (smem_addr(smem) + 1023u) & ~1023u;
         k = q + 2 * WSP_Q_BYTES;
@@ -2204,11 +2202,8 @@ struct WspSmem {
         full = v + WSP_STAGES * WG_TILE;
         empty = full + 8 * WSP_STAGES;
         q_empty = empty + 8 * WSP_STAGES;
-        o_stage = q_empty + 16;  // 16-byte aligned: everything before is a multiple of 16 bytes
     }
     __device__ __forceinline__ u32 q_slot(int i) const { return q + (i & 1) * WSP_Q_BYTES; }
-    // Consumer warp cw (0..7)'s O staging area (wsp_store).
-    __device__ __forceinline__ u32 o_warp(int cw) const { return o_stage + cw * WSP_O_STAGE; }
     __device__ __forceinline__ u32 k_stage(int s) const { return k + s * WG_TILE; }
     __device__ __forceinline__ u32 v_stage(int s) const { return v + s * WG_TILE; }
     __device__ __forceinline__ u32 full_bar(int s) const { return full + 8 * s; }
@@ -2274,22 +2269,17 @@ __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const Wsp
 // 2-byte stores, 8 rows per instruction, a quarter of each 32-byte sector: under ncu at the training
 // shape (d = 64, N 4k) the consumer warps spent ~14 % of their samples in the tile's epilogue, mostly
 // waiting for the store queue to take the next store's registers, and ~3 % waiting for the b_r load
-// queued behind those stores; both warpgroups end a tile together, so nothing overlaps it.
-// Default (STAGED = false): the thread's BF16 pairs (columns 2t, 2t + 1 of each n-tile, adjacent) as
-// one 4-byte store each: half the stores, half the sector traffic. The b_r of the thread's rows (`ro`,
-// row_offset, §3.5) come from wsp_row_offsets: at d = 64 loaded at the tile's start (WSP_EARLY_RO).
-// STAGED (d = 64 only; `wsp3sx`, opt-in): the pairs go to the warp's staging area `stage` (16 rows of
-// 128 bytes, 16-byte chunk c of row r at chunk c ^ (r mod 8): conflict-free both ways) by 4-byte
-// shared stores, then back as 16-byte vectors and out as whole 128-byte rows, 4 stores per thread.
-// Lanes read what other lanes of the same (converged) warp wrote, ordered only by the warp's
-// in-order shared-memory accesses (compiler barriers keep the program order): a __syncwarp, a
-// per-warp bar.sync or stmatrix (.sync.aligned) here each made ptxas treat the whole consumer as
-// possibly divergent (WARPSYNC, collective shuffle paths in the key loop: fwd14's call 1, +8.5 % at
-// N 4k), hence opt-in only. At d = 128 the staged form and the early b_r load made ptxas spill in
-// the key loop (the consumer is at its 240 registers), so d = 128 takes the default path with `ro`
-// loaded just before the stores.
-template <bool STAGED>
-__device__ void wsp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0, u32 stage,
+// queued behind those stores; both warpgroups end a tile together, so nothing overlaps it. Here the
+// thread's BF16 pairs (columns 2t, 2t + 1 of each n-tile, adjacent) go out as one 4-byte store each:
+// half the stores, half the sector traffic. The b_r of the thread's rows (`ro`, row_offset, §3.5)
+// come from wsp_row_offsets: at d = 64 loaded at the tile's start (WSP_EARLY_RO), at d = 128 just
+// before the stores (early, ptxas spilled in the d = 128 key loop: that consumer is at its 240
+// registers). Measured and not kept (RESULTS-gpu.md, fwd14): the tile staged in shared memory and
+// stored as 16-byte rows — with stmatrix or a __syncwarp / per-warp bar.sync ptxas treated the whole
+// consumer as possibly divergent (WARPSYNC and collective shuffle paths in the key loop, +8.5 % at
+// N 4k); with plain shared stores and no warp barrier (relying on the converged warp's in-order
+// shared-memory accesses) it was −1.4 % at N 1k and ±0 at N 4k against this.
+__device__ void wsp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0,
                           const float (&ro)[2]) {
     const Dims& d = p.dims;
     const float r_l[2] = {__frcp_rn(st.l[0]), __frcp_rn(st.l[1])};  // fl(1/l) once per row
@@ -2303,35 +2293,12 @@ __device__ void wsp_store(const ForwardParams& p, const RowState& st, const floa
             pk[nt][h] = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
         }
     u16* og = p.o + ((long)bh * d.n_q + row0) * HEAD_DIM;
-    if constexpr (STAGED && HEAD_DIM == 64) {
-        constexpr int ROW_BYTES = HEAD_DIM * 2, CHUNKS = HEAD_DIM / 8;
-        const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-        for (int nt = 0; nt < O_TILES; ++nt)
+    for (int h = 0; h < 2; ++h) {
+        const int r = c_row(2 * h);
+        if (row0 + r >= d.n_q) continue;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = h * 8 + g;
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(stage + r * ROW_BYTES + ((nt ^ (r & 7)) << 4) + 4 * t4),
-                             "r"(pk[nt][h])
-                             : "memory");
-            }
-#pragma unroll
-        for (int i = 0; i < 16 * CHUNKS / 32; ++i) {
-            const int idx = i * 32 + lane, r = idx / CHUNKS, c = idx % CHUNKS;
-            const uint4 v = ld_shared_u4(stage + r * ROW_BYTES + ((c ^ (r & 7)) << 4));
-            if (row0 + r < d.n_q)
-                asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(og + r * HEAD_DIM + c * 8), "r"(v.x),
-                             "r"(v.y), "r"(v.z), "r"(v.w)
-                             : "memory");
-        }
-    } else {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = c_row(2 * h);
-            if (row0 + r >= d.n_q) continue;
-#pragma unroll
-            for (int nt = 0; nt < O_TILES; ++nt) *(u32*)(og + r * HEAD_DIM + nt * 8 + c_col(0)) = pk[nt][h];
-        }
+        for (int nt = 0; nt < O_TILES; ++nt) *(u32*)(og + r * HEAD_DIM + nt * 8 + c_col(0)) = pk[nt][h];
     }
     // store_lse_rows with the row offsets given.
     if ((threadIdx.x & 3) != 0) return;
@@ -2369,7 +2336,7 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
 // first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
 // so it has turns iff any tile has.
-template <bool SNAKE, bool NB, bool STAGED>
+template <bool SNAKE>
 __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
@@ -2379,7 +2346,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
         const int qb = 2 * x.pair + w, row0 = qb * BLOCK_Q + warp * 16;
-        WsInt8<true, NB> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
+        WsInt8<true, true> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
         float ro[2];
         if (WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
         RowState st;
@@ -2394,7 +2361,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
         }
         if (qb < d.n_qblk) {
             if (!WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
-            wsp_store<STAGED>(p, st, o, x.bh, row0, sm.o_warp(4 * w + warp), ro);
+            wsp_store(p, st, o, x.bh, row0, ro);
         }
     }
     if (turns && w == 0) take_turn(0);
@@ -2403,7 +2370,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
 
 // The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // WspSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
-template <bool SNAKE, bool NB, bool STAGED>
+template <bool SNAKE>
 __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& p, unsigned char* smem) {
 #ifdef SAGE_WGMMA
     require_dynamic_smem((u32)WspSmem::kSmemBytes);
@@ -2417,22 +2384,20 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         wsp_producer<SNAKE>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        wsp_consumer<SNAKE, NB, STAGED>(p, sm, wg - 1);
+        wsp_consumer<SNAKE>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define WSP_ENTRY(name, SNAKE, NB, STAGED)                                                                        \
+#define WSP_ENTRY(name, SNAKE)                                                                                    \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        wsp_main<SNAKE, NB, STAGED>(&vmap, p, ws_smem);                                                           \
+        wsp_main<SNAKE>(&vmap, p, ws_smem);                                                                       \
     }
-WSP_ENTRY(sage_forward_ws_p3s, true, true, false)    // wsp3s: ws3 persistent, snake tile order, branch-free P̂ scales
-WSP_ENTRY(sage_forward_ws_p3sd, true, false, false)  // wsp3sd: the same with the IEEE division (fwd14's comparison)
-WSP_ENTRY(sage_forward_ws_p3sx, true, true, true)    // wsp3sx: wsp3s with the staged O store at d = 64 (opt-in)
+WSP_ENTRY(sage_forward_ws_p3s, true)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

@@ -231,20 +231,14 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// `None`, one block per query-block pair and (batch·head) (`sage_forward_ws`); or the persistent
 /// kernel to launch on min(tiles, SMs) blocks (sfwd12): `wsp3s` (`sage_forward_ws_p3s`, snake tile
 /// order; sfwd12's plain-stride `wsp3` was never faster and is gone). `SAGEBWD_FORWARD_WGMMA=ws3` (or
-/// `ws1`, `ws13`) keeps the pairs grid; `wsp3s` asks for the persistent one; `wsp3sd` for it with
-/// the P̂ group scale's IEEE division instead of fwd14's branch-free form (`sage_forward_ws_p3sd`, the
-/// same bits; for comparison); `wsp3sx` for it with the O tile staged in shared memory and stored as
-/// 16-byte rows at d = 64 (`sage_forward_ws_p3sx`; opt-in: its cross-lane exchange relies on the warp's
-/// in-order shared-memory accesses, forward.cu `wsp_store`); otherwise the default by shape
-/// (`int8_persistent_pays`). Only with the ping-pong + early-amax flags (ws3).
+/// `ws1`, `ws13`) keeps the pairs grid; `wsp3s` asks for the persistent one; otherwise the default
+/// by shape (`int8_persistent_pays`). Only with the ping-pong + early-amax flags (ws3).
 fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
         return None;
     }
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("wsp3s") => Some(c"sage_forward_ws_p3s"),
-        Ok("wsp3sd") => Some(c"sage_forward_ws_p3sd"),
-        Ok("wsp3sx") => Some(c"sage_forward_ws_p3sx"),
         Ok("ws3") => None,
         _ => int8_persistent_pays(head_dim, n_q, causal).then_some(c"sage_forward_ws_p3s"),
     }
@@ -394,9 +388,7 @@ fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, he
 /// bytes, the full / empty mbarriers of the stages and the two Q-empty ones, 1 KiB of alignment slack.
 fn wsp_smem_bytes(head_dim: usize) -> u32 {
     let stages = if head_dim == 128 { 4 } else { 8 };
-    // + at d = 64 the 8 consumer warps' O staging areas (16 BF16 rows each, `wsp_store` of `wsp3sx`, fwd14)
-    let o_stage = if head_dim == 64 { 8 * 16 * head_dim * 2 } else { 0 };
-    (2 * 2 * 64 * head_dim + 2 * stages * 128 * head_dim + 8 * (2 * stages + 2) + o_stage + 1024) as u32
+    (2 * 2 * 64 * head_dim + 2 * stages * 128 * head_dim + 8 * (2 * stages + 2) + 1024) as u32
 }
 
 /// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
