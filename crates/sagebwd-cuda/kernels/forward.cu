@@ -1172,6 +1172,51 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
             for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
 }
 
+// fl(127/amax), group_scale's inv (0 for amax = 0), without the IEEE division's branches (fwd14):
+// the division's fast path (MUFU.RCP, one Newton step, the quotient, its exact remainder, one
+// correction), applied to b = amax·s with s = 2^32 (amax ≤ 2^62) or 2^-64 (larger), so that b, 1/b
+// and 127/b lie far inside the normal range, where that sequence is correctly rounded; 127/amax =
+// (127/b)·s, and fl(127/b)·s is exactly fl(127/amax) (scaling by a power of two commutes with the
+// rounding; a quotient ≥ 2^128 becomes +∞ in the product as in the division). amax = 0 and +∞ give
+// 0 (the division's 127/+∞), NaN stays NaN. Checked on the device against __fdiv_rn(127, amax) for
+// every non-negative FP32 bit pattern (dev/fwd14/divcheck). With `__fdiv_rn` behind group_scale's
+// `amax == 0` test, ptxas put each row's division (FCHK, the branch to its slow path) between the
+// row max and the exponentials; this form is straight-line and interleaves with them.
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float inv127_rn(float amax) {
+    const bool big = amax > 0x1p62f;
+    const float b = __fmul_rn(amax, big ? 0x1p-64f : 0x1p32f);  // exact
+    float r = rcp_approx_ftz(b);
+    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+    const float q0 = __fmul_rn(r, 127.0f);
+    const float q = __fmaf_rn(r, __fmaf_rn(-b, q0, 127.0f), q0);  // fl(127/b)
+    const float inv = __fmul_rn(q, big ? 0x1p-64f : 0x1p32f);  // fl(127/amax) = fl(127/b)·s, b = amax·s
+    return amax == 0.0f || amax == pos_inf() ? 0.0f : inv;
+}
+
+// softmax_p_hat_early with the group scales by div127_rn and inv127_rn (no branch): the same bits.
+__device__ __forceinline__ void softmax_p_hat_early_nb(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
+    float mx[2], m_use[2], inv[2];
+    row_max_update<true>(t, st, mx, m_use, sc);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float amax = exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h]));  // as softmax_p_hat_early
+        st.p_scale[h] = div127_rn(amax);                                 // 0 for amax = 0, as group_scale
+        inv[h] = inv127_rn(amax);
+    }
+    softmax_exp_sum<false, true>(t, st, m_use, nullptr, sc);
+#pragma unroll
+    for (int s = 0; s < BLOCK_KV / 32; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
+}
+
 // Keeps the P̂ fragments' computation before this point: without it ptxas sank the quantization
 // past the ping-pong barrier, between the wgmma issues, and serialized every wgmma (C7514).
 template <int S>
@@ -1217,7 +1262,8 @@ __device__ __forceinline__ void pass_turn(int w) { named_arrive(1 + (w ^ 1), 2 *
 // by softmax_p_hat(_early), P̂V in INT32, O = fma(float(acc), fl(s_P·s_V), fl(O·α)). The K̂ and V̂ᵀ
 // scales of block kb + 1 are loaded during block kb: a load issued after a wgmma wait (a "memory"
 // clobber) would put its L2 latency on every block's critical path.
-template <bool EARLY_AMAX>
+// NB (fwd14, the persistent kernel): the early amax with branch-free group scales (softmax_p_hat_early_nb).
+template <bool EARLY_AMAX, bool NB = false>
 struct WsInt8 {
     int sacc[64], pacc[HEAD_DIM / 2];
     u32 pa[BLOCK_KV / 32][4];
@@ -1242,7 +1288,8 @@ struct WsInt8 {
         float t[S_TILES][4];
         float sc = __fmul_rn(sq, k_sc);
         wg_scores(d, t, sacc, sc, row0, key0);
-        if (EARLY_AMAX) softmax_p_hat_early(t, st, pa, sc);
+        if (EARLY_AMAX && NB) softmax_p_hat_early_nb(t, st, pa, sc);
+        else if (EARLY_AMAX) softmax_p_hat_early(t, st, pa, sc);
         else softmax_p_hat(t, st, pa, sc);
     }
     __device__ __forceinline__ void pin() { pin_fragments(pa); }
@@ -2268,6 +2315,73 @@ __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const Wsp
     }
 }
 
+// The tile's O (BF16) and lse2, lse of a consumer warp (rows row0..row0 + 15): mma_store's values
+// (the same bits) stored another way (fwd14). mma_store writes each thread's 32 (d = 128: 64) BF16 as
+// 2-byte stores, 8 rows per instruction, a quarter of each 32-byte sector: under ncu at the training
+// shape (d = 64, N 4k) the consumer warps spent ~14 % of their samples in the tile's epilogue, mostly
+// waiting for the store queue to take the next store's registers, and ~3 % waiting for the b_r load
+// queued behind those stores; both warpgroups end a tile together, so nothing overlaps it. Here the
+// thread's BF16 pairs (columns 2t, 2t + 1 of each n-tile, adjacent) go out as one 4-byte store each:
+// half the stores, half the sector traffic. The b_r of the thread's rows (`ro`, row_offset, §3.5)
+// come from wsp_row_offsets: at d = 64 loaded at the tile's start (WSP_EARLY_RO), at d = 128 just
+// before the stores (early, ptxas spilled in the d = 128 key loop: that consumer is at its 240
+// registers). Measured and not kept (RESULTS-gpu.md, fwd14): the tile staged in shared memory and
+// stored as 16-byte rows — with stmatrix or a __syncwarp / per-warp bar.sync ptxas treated the whole
+// consumer as possibly divergent (WARPSYNC and collective shuffle paths in the key loop, +8.5 % at
+// N 4k); with plain shared stores and no warp barrier (relying on the converged warp's in-order
+// shared-memory accesses) it was −1.4 % at N 1k and ±0 at N 4k against this.
+__device__ void wsp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0,
+                          const float (&ro)[2]) {
+    const Dims& d = p.dims;
+    const float r_l[2] = {__frcp_rn(st.l[0]), __frcp_rn(st.l[1])};  // fl(1/l) once per row
+    u32 pk[O_TILES][2];  // rows g (h = 0), g + 8 (h = 1): BF16 of columns 8nt + 2t (low half), + 1
+#pragma unroll
+    for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float v0 = st.l[h] == 0.0f ? 0.0f : __fmul_rn(o[nt][2 * h], r_l[h]);
+            const float v1 = st.l[h] == 0.0f ? 0.0f : __fmul_rn(o[nt][2 * h + 1], r_l[h]);
+            pk[nt][h] = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
+        }
+    u16* og = p.o + ((long)bh * d.n_q + row0) * HEAD_DIM;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = c_row(2 * h);
+        if (row0 + r >= d.n_q) continue;
+#pragma unroll
+        for (int nt = 0; nt < O_TILES; ++nt) *(u32*)(og + r * HEAD_DIM + nt * 8 + c_col(0)) = pk[nt][h];
+    }
+    // store_lse_rows with the row offsets given.
+    if ((threadIdx.x & 3) != 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + c_row(2 * h);
+        if (r >= d.n_q) continue;
+        const long row = (long)bh * d.n_q + r;
+        float lse2 = pos_inf();
+        if (st.l[h] != 0.0f) {
+            lse2 = __fadd_rn(st.m[h], log2f(st.l[h]));
+            if (p.flags & F_QK) lse2 = __fadd_rn(lse2, ro[h]);
+        }
+        p.lse2[row] = lse2;
+        p.lse[row] = st.l[h] != 0.0f ? __fmul_rn(lse2, p.ln2) : pos_inf();
+    }
+}
+
+// row_offset (b_r) of the thread's two rows where wsp_store's lse needs them (quad leaders, rows < n_q,
+// #1 INT8), 0 elsewhere.
+__device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, int row0, float (&ro)[2]) {
+    const Dims& d = p.dims;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + c_row(2 * h);
+        const bool need = (threadIdx.x & 3) == 0 && r < d.n_q && (p.flags & F_QK);
+        ro[h] = need ? p.op.row_offset[(long)bh * d.n_q + r] : 0.0f;
+    }
+}
+// d = 64: the b_r loads at the tile's start, their latency hidden by the key loop (wsp_store).
+#define WSP_EARLY_RO (HEAD_DIM == 64)
+
 // Consumer warpgroup w: query block 2·pair + w of each of the block's tiles, one ws_tile each with
 // WsInt8<early amax> (the per-tile scales), then its Q slot released and O stored. Ping-pong: the
 // turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
@@ -2283,7 +2397,9 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
         const int qb = 2 * x.pair + w, row0 = qb * BLOCK_Q + warp * 16;
-        WsInt8<true> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
+        WsInt8<true, true> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
+        float ro[2];
+        if (WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
         RowState st;
         float o[O_TILES][4];
         start_rows(st, o);
@@ -2294,7 +2410,10 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
             if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(j));  // every S of the tile is done
             ++j;
         }
-        if (qb < d.n_qblk) mma_store(p, st, o, x.bh, row0);
+        if (qb < d.n_qblk) {
+            if (!WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
+            wsp_store(p, st, o, x.bh, row0, ro);
+        }
     }
     if (turns && w == 0) take_turn(0);
 }
@@ -2329,7 +2448,7 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         wsp_main<SNAKE>(&vmap, p, ws_smem);                                                                       \
     }
-WSP_ENTRY(sage_forward_ws_p3s, true)  // wsp3s: ws3 persistent, snake tile order
+WSP_ENTRY(sage_forward_ws_p3s, true)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
