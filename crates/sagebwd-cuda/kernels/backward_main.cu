@@ -1446,7 +1446,12 @@ struct QueryStager<StagedSage> {
 // 8 per warp); 0 = unpadded 256-byte rows (4-way bank-conflicted stores; one bulk reduce per warp of
 // its 8 rows). The layout reserves the padded size either way.
 #ifndef SAGE14_DQ_PAD
-#define SAGE14_DQ_PAD 1
+#define SAGE14_DQ_PAD 0
+#endif
+// SAGE14_F (variant, not the default): dPᵀ of block qb + 1 also issued at the end of tile qb (pipe14's
+// variant F: P after both products).
+#ifndef SAGE14_F
+#define SAGE14_F 0
 #endif
 #define SAGE14_DQ_ROW (HEAD_DIM * 4 + 32 * SAGE14_DQ_PAD)  // bytes of one dQ staging row
 struct StagedSage14 : StagedSage {
@@ -2133,6 +2138,10 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
 
     int s_acc[8][4];
     StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
+#if SAGE14_F
+    float ds[8][4];  // dPᵀ, then dS in place
+    StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(stage(0)), wg);
+#endif
 
     float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
     u32 st_cur = stage(0), st_next = stage(1), st_free = stage(2);
@@ -2148,10 +2157,16 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         float2 L[8];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) L[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));
+#if SAGE14_F
+        wgmma_wait<0>();  // Sᵀ, dPᵀ of qb
+        wgmma_fence_regs(s_acc);
+        wgmma_fence_regs(ds);
+#else
         wgmma_wait<0>();  // Sᵀ of qb
         wgmma_fence_regs(s_acc);
         float ds[8][4];  // dPᵀ, then dS in place
         StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_cur), wg);
+#endif
         float prob[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
@@ -2163,8 +2178,10 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         float2 D[8];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) D[nt] = *(const float2*)(rows + BLOCK_Q + qrow_of(nt, 2 * t));
+#if !SAGE14_F
         wgmma_wait<0>();  // dPᵀ of qb
         wgmma_fence_regs(ds);
+#endif
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -2219,10 +2236,18 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         StagedSage::dequant_chunk(acc[1], dv + 4, scale_v);
         StagedSage::wg_issue_chunk(acc[1], da, st_lo, StagedSage::qt, 1);
         StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
+#if SAGE14_F
+        StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
+        wgmma_wait<3>();
+        wgmma_fence_regs(acc[0]);
+        StagedSage::dequant_chunk(acc[0], dk, scale_k);
+        wgmma_wait<2>();
+#else
         wgmma_wait<2>();
         wgmma_fence_regs(acc[0]);
         StagedSage::dequant_chunk(acc[0], dk, scale_k);
         wgmma_wait<1>();
+#endif
         wgmma_fence_regs(acc[1]);
         StagedSage::dequant_chunk(acc[1], dk + 4, scale_k);
 
@@ -2235,7 +2260,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         st_next = st_free;
         st_free = st_done;
     }
-    wgmma_wait<0>();      // the last tile's (unused) Sᵀ
+    wgmma_wait<0>();      // the last tile's (unused) Sᵀ (and dPᵀ with SAGE14_F)
     fence_proxy_async();  // the last dŜ stores (and dQ staging stores) → the async proxy's reads
     __syncthreads();      // dS of the last block complete
 #if SAGE14_BULK_DQ
