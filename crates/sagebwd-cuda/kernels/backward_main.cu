@@ -987,7 +987,7 @@ __device__ __forceinline__ int sbwd13_wg() {
 #endif
 
 // ---- pipe14: the sage query loop software-pipelined across query blocks (sm_90a, d = 64) -----------
-// staged_query_loop<StagedSage> (specialized below the generic loop): Sᵀ of block qb + 1 is issued
+// staged_query_loop<StagedSage14T> (pipe14b: sage14_query_loop, below the generic loop): Sᵀ of block qb + 1 is issued
 // right after the dV/dK products of block qb, so it runs while they are dequantized; the stage of
 // qb + 1 is waited for at the tile's amax barrier, and the tile has that one block barrier instead of
 // two. Three query-block stages (qb + 2 loads while qb and qb + 1 are read) and two amax scratches (no
@@ -1424,41 +1424,37 @@ struct QueryStager<StagedSage> {
 #endif
 
 #if PIPE14_LOOP
-// ---- pipe14b: the pipelined sage path (d = 64, sm_90a) as its own type, with its own entries ----------
-// StagedSage14 = StagedSage with the pipelined loop's layout: three query-block stages, two amax
-// scratches, and (SAGE14_BULK_DQ) two dQ staging tiles of 64 rows × (d FP32 + 32 bytes of padding):
-// the loop writes a landed dQ tile there (the same FP32 values sage10_add_dq adds) and, after the next
-// tile's barrier, lanes 0..7 of each warp add one row each to the accumulator by one bulk reduce
-// (cp.reduce.async.bulk .add.f32, 256 bytes), instead of 8 red.global.add.v2.f32 per thread (the
-// reductions' source registers stalled the next writes to them: 5.5 % of pipe14's samples). The row
-// padding (72 floats) puts the 4 rows of a half-warp's 8-byte stores on distinct banks. Its kernels:
-// sage_bwd_main_mma_sage (plain grid) and sage_bwd_main_persist_sage; sage_bwd_main_mma keeps
-// StagedSage with the generic loop (= main 37e5e90's code for every path it runs at d = 64).
-#ifndef SAGE14_BULK_DQ
-#define SAGE14_BULK_DQ 1
+// ---- pipe14b: the pipelined sage path (d = 64, sm_90a) as its own types, with its own entries ----------
+// StagedSage14T<KIND, BULK, ROWS8, F> = StagedSage with the pipelined loop (staged_query_loop below) and its
+// layout: three query-block stages, two amax scratches and, with BULK, two dQ staging tiles (64 rows ×
+// (d FP32 + 32 bytes; the rows are used unpadded, the 32 bytes are pipe14b's padded variant's, kept so that
+// the measured kernel is the committed one)). Options, measured in pipe14b's call (docs/RESULTS-gpu.md):
+// - BULK: the loop writes a landed dQ tile to a staging tile (the same FP32 values sage10_add_dq adds) and,
+//   after the next tile's barrier, warp w adds rows 8w..8w + 7 to the accumulator by one bulk reduce
+//   (cp.reduce.async.bulk .add.f32, 2 KB), instead of 8 red.global.add.v2.f32 per thread;
+// - ROWS8: the row constants of block qb + 2 loaded and stored by lanes 0..7 of every warp (8 rows each)
+//   instead of threads 0..63;
+// - F: dPᵀ of block qb + 1 also issued at the end of tile qb (pipe14's variant F: P after both products).
+// KIND only tells the two instances apart. StagedSage14 runs sage_bwd_main_mma_sage (plain grid):
+// pipe14's loop as measured (none of the options: with them it was 0.5–2 % slower there, ROWS8 alone
+// +8 %); StagedSage14P runs sage_bwd_main_persist_sage: all three (−2.1 % at the training shape N 1024).
+// sage_bwd_main_mma keeps StagedSage with the generic loop (= main 37e5e90's code for every path it runs).
+#ifndef SAGE14_PLAIN_OPTS
+#define SAGE14_PLAIN_OPTS false, false, false
 #endif
-// SAGE14_ROWS8: the row constants of block qb + 2 loaded and stored by lanes 0..7 of every warp (8 rows
-// each) instead of threads 0..63 (warps 0, 1 alone, whose warpgroup's next wgmma then waited for them).
-#ifndef SAGE14_ROWS8
-#define SAGE14_ROWS8 1
+#ifndef SAGE14_PERSIST_OPTS
+#define SAGE14_PERSIST_OPTS true, true, true
 #endif
-// SAGE14_DQ_PAD: 1 = staging rows padded to 288 bytes (conflict-free stores; one bulk reduce per row,
-// 8 per warp); 0 = unpadded 256-byte rows (4-way bank-conflicted stores; one bulk reduce per warp of
-// its 8 rows). The layout reserves the padded size either way.
-#ifndef SAGE14_DQ_PAD
-#define SAGE14_DQ_PAD 0
-#endif
-// SAGE14_F (variant, not the default): dPᵀ of block qb + 1 also issued at the end of tile qb (pipe14's
-// variant F: P after both products).
-#ifndef SAGE14_F
-#define SAGE14_F 0
-#endif
-#define SAGE14_DQ_ROW (HEAD_DIM * 4 + 32 * SAGE14_DQ_PAD)  // bytes of one dQ staging row
-struct StagedSage14 : StagedSage {
-    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, SAGE14_BULK_DQ ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
+#define SAGE14_DQ_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded)
+template <int KIND, bool BULK, bool ROWS8, bool F>
+struct StagedSage14T : StagedSage {
+    static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F;
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
 };
-template <>
-struct QueryStager<StagedSage14> : QueryStager<StagedSage> {
+typedef StagedSage14T<0, SAGE14_PLAIN_OPTS> StagedSage14;
+typedef StagedSage14T<1, SAGE14_PERSIST_OPTS> StagedSage14P;
+template <int KIND, bool BULK, bool ROWS8, bool F>
+struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F>> : QueryStager<StagedSage> {
     __device__ __forceinline__ QueryStager(const BackwardParams& p, int bh) : QueryStager<StagedSage>(p, bh) {}
 };
 #endif
@@ -1991,7 +1987,7 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
 
 #if PIPE14_LOOP
 // pipe14: the sage query loop at d = 64 on sm_90a, software-pipelined across query blocks (see the
-// pipe14 note above StagedSage). Same contract as the generic loop: entered with the key block and
+// pipe14 note above StagedSage; pipe14b: the loop of StagedSage14T, sage14_query_loop, options there). Same contract as the generic loop: entered with the key block and
 // block qb0 staged (one commit group) and qb0's row constants stored; leaves every dQ but the last
 // added, the last block's dŜ complete behind a barrier, and no wgmma or copy in flight. Per tile,
 // block qb (i = qb − qb0; stage i mod 3; L, D and dŜ buffers i mod 2; amax scratch i mod 2):
@@ -2030,19 +2026,21 @@ __device__ __forceinline__ void sage14_store_rows(float* rows, const Sage14Rows&
     store_row_consts(rows, rc);
 }
 
-// pipe14b (SAGE14_ROWS8): the row constants' thread: lanes 0..7 of each warp, row 8·warp + lane.
+// pipe14b (ROWS8): the row constants' thread: lanes 0..7 of each warp, row 8·warp + lane; else threads 0..63.
+template <bool ROWS8>
 __device__ __forceinline__ bool sage14_row_thread() {
-    return SAGE14_ROWS8 ? (threadIdx.x & 31) < 8 : threadIdx.x < BLOCK_Q;
+    return ROWS8 ? (threadIdx.x & 31) < 8 : threadIdx.x < BLOCK_Q;
 }
+template <bool ROWS8>
 __device__ __forceinline__ int sage14_row_of_thread() {
-    return SAGE14_ROWS8 ? (threadIdx.x >> 5) * 8 + (threadIdx.x & 31) : threadIdx.x;
+    return ROWS8 ? (threadIdx.x >> 5) * 8 + (threadIdx.x & 31) : threadIdx.x;
 }
 __device__ __forceinline__ void sage14_store_rows_at(float* rows, const Sage14Rows& r, int rl) {
     rows[rl] = __fsub_rn(r.lse2, r.off);
     rows[BLOCK_Q + rl] = r.D;
 }
 
-// pipe14b (SAGE14_BULK_DQ): *dst += the `bytes` FP32 bytes at shared src, by one lane of the (converged)
+// pipe14b (BULK): *dst += the `bytes` FP32 bytes at shared src, by one lane of the (converged)
 // warp that elect.sync picks, where `pred`. Warp-uniform operands: ptxas issues it once per warp from
 // uniform registers (a per-lane address became a loop over the active lanes, ~8 instructions per row).
 __device__ __forceinline__ void sage14_bulk_red_add(bool pred, float* dst, u32 src, u32 bytes) {
@@ -2067,46 +2065,34 @@ __device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (
         *(float2*)(hi + 8 * n) = make_float2(__fmul_rn(sage10_i2f(acc[n][2]), scale), __fmul_rn(sage10_i2f(acc[n][3]), scale));
     }
 }
-// The 8 rows of sage14_bulk_dq with every row < n_q: one elect.sync, 8 bulk reduces at immediate offsets.
-__device__ __forceinline__ void sage14_bulk_red_add8(float* dst, u32 src) {
-    static_assert(HEAD_DIM == 64, "sage14_bulk_red_add8: 256-byte rows, 288-byte staging rows");
-    asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
-                 "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], 256;\n"
-                 "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0+256], [%1+288], 256;\n"
-                 "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0+512], [%1+576], 256;\n"
-                 "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0+768], [%1+864], 256;\n"
-                 "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0+1024], [%1+1152], 256;\n"
-                 "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0+1280], [%1+1440], 256;\n"
-                 "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0+1536], [%1+1728], 256;\n"
-                 "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0+1792], [%1+2016], 256;\n}\n"
-                 ::"l"(dst), "r"(src) : "memory");
-}
-// The staged dQ tile of block qb added to the accumulator: rows 8w..8w + 7 (those < n_q) by warp w
-// (warp_u = w, warp-uniform to ptxas), one bulk reduce per row. One commit group per call per thread.
+// The staged dQ tile of block qb added to the accumulator: rows 8w..8w + 7 (those < n_q, 2 KB contiguous)
+// by warp w (warp_u = w, warp-uniform to ptxas) in one bulk reduce. One commit group per call per thread.
 __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile, int bh, int qb, int warp_u) {
     const int q0 = qb * BLOCK_Q + 8 * warp_u;
     float* dst = p.dq_acc + ((long)bh * p.dims.n_q + q0) * HEAD_DIM;
     const u32 src = tile + 8 * warp_u * SAGE14_DQ_ROW;
-#if !SAGE14_DQ_PAD
     const int rows = min(8, p.dims.n_q - q0);  // warp-uniform
     sage14_bulk_red_add(rows > 0, dst, src, (u32)max(rows, 0) * (HEAD_DIM * 4));
     sage14_bulk_commit();
-    return;
-#endif
-    if (q0 + 8 <= p.dims.n_q) {  // warp-uniform
-        sage14_bulk_red_add8(dst, src);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sage14_bulk_red_add(q0 + j < p.dims.n_q, dst + j * HEAD_DIM, src + j * SAGE14_DQ_ROW, HEAD_DIM * 4);
-    }
-    sage14_bulk_commit();
 }
 
+// dPᵀ's registers: declared in the loop (ds_in) or, with F (dPᵀ issued a tile ahead), before it (Sage14Ds).
+template <bool F>
+struct Sage14Ds {
+    __device__ __forceinline__ float (&pick(float (&ds_in)[8][4]))[8][4] { return ds_in; }
+};
 template <>
-__device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
-                                                                 const QueryStager<StagedSage14>& stage_next, int kb, int bh,
-                                                                 int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
-    typedef StagedSage14::Layout Lay;
+struct Sage14Ds<true> {
+    float v[8][4];
+    __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
+};
+
+template <class Path>
+__device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                   const QueryStager<Path>& stage_next, int kb, int bh,
+                                                   int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    typedef typename Path::Layout Lay;
+    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD;
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
@@ -2116,8 +2102,8 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         return 0.0f;
     }
     const int wg = sbwd13_wg(), t = threadIdx.x & 3;
-    const bool row_thread = sage14_row_thread();
-    const int rl = sage14_row_of_thread();
+    const bool row_thread = sage14_row_thread<Path::ROWS_8>();
+    const int rl = sage14_row_of_thread<Path::ROWS_8>();
     const int warp_u = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0);  // the warp, uniform to ptxas
     const u32 smem_lo = sage10_desc_lo(smem);
     const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
@@ -2138,10 +2124,11 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
 
     int s_acc[8][4];
     StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
-#if SAGE14_F
-    float ds[8][4];  // dPᵀ, then dS in place
-    StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(stage(0)), wg);
-#endif
+    Sage14Ds<F> ds_ahead;  // F: dPᵀ of the next block, in flight across the back edge
+    if (F) {
+        float unused[8][4];
+        StagedSage::wg_issue_dp(ds_ahead.pick(unused), smem_lo, sage10_desc_lo(stage(0)), wg);
+    }
 
     float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
     u32 st_cur = stage(0), st_next = stage(1), st_free = stage(2);
@@ -2157,16 +2144,15 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         float2 L[8];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) L[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));
-#if SAGE14_F
-        wgmma_wait<0>();  // Sᵀ, dPᵀ of qb
+        float ds_in[8][4];  // dPᵀ, then dS in place (without F)
+        float (&ds)[8][4] = ds_ahead.pick(ds_in);
+        wgmma_wait<0>();  // Sᵀ of qb (F: and dPᵀ)
         wgmma_fence_regs(s_acc);
-        wgmma_fence_regs(ds);
-#else
-        wgmma_wait<0>();  // Sᵀ of qb
-        wgmma_fence_regs(s_acc);
-        float ds[8][4];  // dPᵀ, then dS in place
-        StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_cur), wg);
-#endif
+        if (F) {
+            wgmma_fence_regs(ds);
+        } else {
+            StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_cur), wg);
+        }
         float prob[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
@@ -2178,10 +2164,10 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         float2 D[8];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) D[nt] = *(const float2*)(rows + BLOCK_Q + qrow_of(nt, 2 * t));
-#if !SAGE14_F
-        wgmma_wait<0>();  // dPᵀ of qb
-        wgmma_fence_regs(ds);
-#endif
+        if (!F) {
+            wgmma_wait<0>();  // dPᵀ of qb
+            wgmma_fence_regs(ds);
+        }
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -2189,9 +2175,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         if (sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
         float amax_ds = sage10_tile_max<true>(ds);
         if (has_next && row_thread) sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
-#if SAGE14_BULK_DQ
-        sage14_bulk_wait_read();  // staging tile par (its bulk of tile i − 1) free after (b)
-#endif
+        if (BULK) sage14_bulk_wait_read();  // staging tile par (its bulk of tile i − 1) free after (b)
         cp_async_wait<0>();   // this thread's copies of block qb + 1
         fence_proxy_async();  // they and the dŜ stores of block qb − 1 → wgmma's reads
         block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
@@ -2208,10 +2192,8 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         cp_async_commit();
         Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
         if (has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
-#if SAGE14_BULK_DQ
-        // dQ of block qb − 2, staged in tile i − 1 (tile par ^ 1), visible since (b).
-        if (i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
-#endif
+        // BULK: dQ of block qb − 2, staged in tile i − 1 (tile par ^ 1), visible since (b).
+        if (BULK && i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
 
         u32 pa[2][4], da[2][4];
         StagedSage::quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, pa, da);
@@ -2222,11 +2204,11 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
         wgmma_wait<2>();  // dQ of qb − 1 landed
         wgmma_fence_regs(dq_acc);
-#if SAGE14_BULK_DQ
-        if (i > 0) sage14_stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
-#else
-        if (i > 0) sage10_add_dq(p, dq_acc, dq_scale, bh, qb - 1);  // block-uniform
-#endif
+        if (BULK) {
+            if (i > 0) sage14_stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
+        } else {
+            if (i > 0) sage10_add_dq(p, dq_acc, dq_scale, bh, qb - 1);  // block-uniform
+        }
         wgmma_wait<1>();
         wgmma_fence_regs(acc[0]);
         StagedSage::dequant_chunk(acc[0], dv, scale_v);
@@ -2236,18 +2218,19 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         StagedSage::dequant_chunk(acc[1], dv + 4, scale_v);
         StagedSage::wg_issue_chunk(acc[1], da, st_lo, StagedSage::qt, 1);
         StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
-#if SAGE14_F
-        StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
-        wgmma_wait<3>();
+        if (F) {
+            StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
+            wgmma_wait<3>();
+        } else {
+            wgmma_wait<2>();
+        }
         wgmma_fence_regs(acc[0]);
         StagedSage::dequant_chunk(acc[0], dk, scale_k);
-        wgmma_wait<2>();
-#else
-        wgmma_wait<2>();
-        wgmma_fence_regs(acc[0]);
-        StagedSage::dequant_chunk(acc[0], dk, scale_k);
-        wgmma_wait<1>();
-#endif
+        if (F) {
+            wgmma_wait<2>();
+        } else {
+            wgmma_wait<1>();
+        }
         wgmma_fence_regs(acc[1]);
         StagedSage::dequant_chunk(acc[1], dk + 4, scale_k);
 
@@ -2260,16 +2243,26 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardP
         st_next = st_free;
         st_free = st_done;
     }
-    wgmma_wait<0>();      // the last tile's (unused) Sᵀ (and dPᵀ with SAGE14_F)
+    wgmma_wait<0>();      // the last tile's (unused) Sᵀ (and dPᵀ with F)
     fence_proxy_async();  // the last dŜ stores (and dQ staging stores) → the async proxy's reads
     __syncthreads();      // dS of the last block complete
-#if SAGE14_BULK_DQ
-    // dQ of block n_qblk − 2, staged by the last tile (i = n − 1 ≥ 1). Waited for (read) before the
-    // next item's first barrier (b), completed before the CTA exits (sage14_finish).
+    // BULK: dQ of block n_qblk − 2, staged by the last tile (i = n − 1 ≥ 1). Waited for (read) before the
+    // next item's first barrier (b), completed before the CTA exits (staged_finish).
     const int n = d.n_qblk - qb0;
-    if (n >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
-#endif
+    if (BULK && n >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
     return dq_scale;
+}
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                 const QueryStager<StagedSage14>& stage_next, int kb, int bh,
+                                                                 int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    return sage14_query_loop<StagedSage14>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
+}
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage14P>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                  const QueryStager<StagedSage14P>& stage_next, int kb, int bh,
+                                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    return sage14_query_loop<StagedSage14P>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
 }
 #endif
 
@@ -2281,13 +2274,17 @@ __device__ __forceinline__ void zero_dv_dk(float (*dv)[4], float (*dk)[4]) {
         for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
 }
 
-// What a path does before its CTA exits (pipe14b: StagedSage14 waits for its dQ bulk reductions).
+// What a path does before its CTA exits (pipe14b: StagedSage14T with BULK waits for its dQ bulk reductions).
 template <class Path>
 __device__ __forceinline__ void staged_finish() {}
-#if PIPE14_LOOP && SAGE14_BULK_DQ
+#if PIPE14_LOOP
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage14>() {
-    sage14_bulk_wait();
+    if (StagedSage14::BULK_DQ) sage14_bulk_wait();
+}
+template <>
+__device__ __forceinline__ void staged_finish<StagedSage14P>() {
+    if (StagedSage14P::BULK_DQ) sage14_bulk_wait();
 }
 #endif
 
@@ -2366,8 +2363,8 @@ struct PersistUniformItem<StagedSage> {
     static constexpr bool value = false;
 };
 #if PIPE14_LOOP
-template <>
-struct PersistUniformItem<StagedSage14> {
+template <int KIND, bool BULK, bool ROWS8, bool F>
+struct PersistUniformItem<StagedSage14T<KIND, BULK, ROWS8, F>> {
     static constexpr bool value = false;
 };
 #endif
@@ -2434,15 +2431,17 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
 // sage_bwd_main_mma's code and registers stay as they were).
 // pipe14b: the sage path's type of these kernels (the pipelined loop at d = 64 on sm_90a).
 #if PIPE14_LOOP
-typedef StagedSage14 StagedSageKernel;
+typedef StagedSage14 StagedSageKernel;         // sage_bwd_main_mma_sage
+typedef StagedSage14P StagedSagePersistKernel;  // sage_bwd_main_persist_sage
 #else
 typedef StagedSage StagedSageKernel;
+typedef StagedSage StagedSagePersistKernel;
 #endif
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
-    require_dynamic_smem((u32)StagedSageKernel::Layout::bytes);
-    staged_backward_persist<StagedSageKernel>(p, smem_raw);
+    require_dynamic_smem((u32)StagedSagePersistKernel::Layout::bytes);
+    staged_backward_persist<StagedSagePersistKernel>(p, smem_raw);
 }
 // pipe14b: the sage path on the plain grid in its own kernel (sage_bwd_main_mma's grid and block order;
 // the host takes it for the sage path at d = 64 on sm_90a), so that sage_bwd_main_mma's registers and
