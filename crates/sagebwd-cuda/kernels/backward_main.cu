@@ -468,7 +468,8 @@ __device__ void mma_tile_dq(const BackwardParams& p, BackwardShared& s, const Ti
 #define ALIGN_SLACK 1024
 // pipe14: NSTAGES = 3 (the sage path at d = 64) adds a third stage after the second and a second
 // amax scratch after the first (the pipelined query loop, see "pipe14" below); 2 is the layout above.
-template <int KEY, int STAGE, int DS, int NSTAGES = 2>
+// pipe14b: DQST > 0 (the sage path at d = 64) adds two dQ staging tiles of DQST bytes after the scratches.
+template <int KEY, int STAGE, int DS, int NSTAGES = 2, int DQST = 0>
 struct StagedLayout {
     static constexpr int stage0 = KEY;                        // stage 0; stage 1 (and 2) follow
     static constexpr int stage_bytes = STAGE;
@@ -478,7 +479,9 @@ struct StagedLayout {
     static constexpr int ds_bytes = DS;
     static constexpr int red = ds0 + 2 * DS;
     static constexpr int red_bytes = 2 * (THREADS / 32) * 4;  // one amax scratch (NSTAGES − 1 of them)
-    static constexpr int bytes = red + (NSTAGES - 1) * red_bytes + ALIGN_SLACK;
+    static constexpr int dqst0 = red + (NSTAGES - 1) * red_bytes;  // dQ staging tile 0; tile 1 follows
+    static constexpr int dqst_bytes = DQST;
+    static constexpr int bytes = dqst0 + 2 * DQST + ALIGN_SLACK;
     static_assert(NSTAGES == 2 || NSTAGES == 3, "two or three query-block stages");
     static_assert(KEY % 1024 == 0 && STAGE % 1024 == 0, "operand tiles must stay 1024-byte aligned");
 };
@@ -984,7 +987,7 @@ __device__ __forceinline__ int sbwd13_wg() {
 #endif
 
 // ---- pipe14: the sage query loop software-pipelined across query blocks (sm_90a, d = 64) -----------
-// staged_query_loop<StagedSage> (specialized below the generic loop): Sᵀ of block qb + 1 is issued
+// staged_query_loop<StagedSage14T> (pipe14b: sage14_query_loop, below the generic loop): Sᵀ of block qb + 1 is issued
 // right after the dV/dK products of block qb, so it runs while they are dequantized; the stage of
 // qb + 1 is waited for at the tile's amax barrier, and the tile has that one block barrier instead of
 // two. Three query-block stages (qb + 2 loads while qb and qb + 1 are read) and two amax scratches (no
@@ -1006,7 +1009,8 @@ __device__ __forceinline__ int sbwd13_wg() {
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
     // Key block: K̂, K̂ᵀ (BF_KT bytes each), V (2·BF_KT); stage: Q̂, dO (2·BF_QT), dÔᵀ, Q̂ᵀ; dŜ bytes.
-    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, PIPE14_STAGES> Layout;
+    // (pipe14b: two stages; the pipelined loop's type StagedSage14 below has its own layout.)
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV> Layout;
     static constexpr int kt = BF_KT, v = 2 * BF_KT;                   // offsets in the key block
     static constexpr int d_o = BF_QT, dot = 3 * BF_QT, qt = 4 * BF_QT;  // offsets in a stage
 
@@ -1416,6 +1420,42 @@ struct QueryStager<StagedSage> {
         copy(st + StagedSage::dot + dst_t, p.tr.do_hat_t + t_off, src_t, true);
         copy(st + StagedSage::qt + dst_t, p.tr.q_hat_t + t_off, src_t, true);
     }
+};
+#endif
+
+#if PIPE14_LOOP
+// ---- pipe14b: the pipelined sage path (d = 64, sm_90a) as its own types, with its own entries ----------
+// StagedSage14T<KIND, BULK, ROWS8, F> = StagedSage with the pipelined loop (staged_query_loop below) and its
+// layout: three query-block stages, two amax scratches and, with BULK, two dQ staging tiles (64 rows ×
+// (d FP32 + 32 bytes; the rows are used unpadded, the 32 bytes are pipe14b's padded variant's, kept so that
+// the measured kernel is the committed one)). Options, measured in pipe14b's call (docs/RESULTS-gpu.md):
+// - BULK: the loop writes a landed dQ tile to a staging tile (the same FP32 values sage10_add_dq adds) and,
+//   after the next tile's barrier, warp w adds rows 8w..8w + 7 to the accumulator by one bulk reduce
+//   (cp.reduce.async.bulk .add.f32, 2 KB), instead of 8 red.global.add.v2.f32 per thread;
+// - ROWS8: the row constants of block qb + 2 loaded and stored by lanes 0..7 of every warp (8 rows each)
+//   instead of threads 0..63;
+// - F: dPᵀ of block qb + 1 also issued at the end of tile qb (pipe14's variant F: P after both products).
+// KIND only tells the two instances apart. StagedSage14 runs sage_bwd_main_mma_sage (plain grid):
+// pipe14's loop as measured (none of the options: with them it was 0.5–2 % slower there, ROWS8 alone
+// +8 %); StagedSage14P runs sage_bwd_main_persist_sage: all three (−2.1 % at the training shape N 1024).
+// sage_bwd_main_mma keeps StagedSage with the generic loop (= main 37e5e90's code for every path it runs).
+#ifndef SAGE14_PLAIN_OPTS
+#define SAGE14_PLAIN_OPTS false, false, false
+#endif
+#ifndef SAGE14_PERSIST_OPTS
+#define SAGE14_PERSIST_OPTS true, true, true
+#endif
+#define SAGE14_DQ_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded)
+template <int KIND, bool BULK, bool ROWS8, bool F>
+struct StagedSage14T : StagedSage {
+    static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F;
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
+};
+typedef StagedSage14T<0, SAGE14_PLAIN_OPTS> StagedSage14;
+typedef StagedSage14T<1, SAGE14_PERSIST_OPTS> StagedSage14P;
+template <int KIND, bool BULK, bool ROWS8, bool F>
+struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F>> : QueryStager<StagedSage> {
+    __device__ __forceinline__ QueryStager(const BackwardParams& p, int bh) : QueryStager<StagedSage>(p, bh) {}
 };
 #endif
 
@@ -2143,7 +2183,7 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
 
 #if PIPE14_LOOP
 // pipe14: the sage query loop at d = 64 on sm_90a, software-pipelined across query blocks (see the
-// pipe14 note above StagedSage). Same contract as the generic loop: entered with the key block and
+// pipe14 note above StagedSage; pipe14b: the loop of StagedSage14T, sage14_query_loop, options there). Same contract as the generic loop: entered with the key block and
 // block qb0 staged (one commit group) and qb0's row constants stored; leaves every dQ but the last
 // added, the last block's dŜ complete behind a barrier, and no wgmma or copy in flight. Per tile,
 // block qb (i = qb − qb0; stage i mod 3; L, D and dŜ buffers i mod 2; amax scratch i mod 2):
@@ -2182,11 +2222,73 @@ __device__ __forceinline__ void sage14_store_rows(float* rows, const Sage14Rows&
     store_row_consts(rows, rc);
 }
 
+// pipe14b (ROWS8): the row constants' thread: lanes 0..7 of each warp, row 8·warp + lane; else threads 0..63.
+template <bool ROWS8>
+__device__ __forceinline__ bool sage14_row_thread() {
+    return ROWS8 ? (threadIdx.x & 31) < 8 : threadIdx.x < BLOCK_Q;
+}
+template <bool ROWS8>
+__device__ __forceinline__ int sage14_row_of_thread() {
+    return ROWS8 ? (threadIdx.x >> 5) * 8 + (threadIdx.x & 31) : threadIdx.x;
+}
+__device__ __forceinline__ void sage14_store_rows_at(float* rows, const Sage14Rows& r, int rl) {
+    rows[rl] = __fsub_rn(r.lse2, r.off);
+    rows[BLOCK_Q + rl] = r.D;
+}
+
+// pipe14b (BULK): *dst += the `bytes` FP32 bytes at shared src, by one lane of the (converged)
+// warp that elect.sync picks, where `pred`. Warp-uniform operands: ptxas issues it once per warp from
+// uniform registers (a per-lane address became a loop over the active lanes, ~8 instructions per row).
+__device__ __forceinline__ void sage14_bulk_red_add(bool pred, float* dst, u32 src, u32 bytes) {
+    asm volatile("{\n.reg .pred e, v;\nsetp.ne.b32 v, %0, 0;\nelect.sync _|e, 0xffffffff;\nand.pred e, e, v;\n"
+                 "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%1], [%2], %3;\n}\n"
+                 ::"r"((int)pred), "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void sage14_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Every earlier bulk reduce of this thread has read its shared source.
+__device__ __forceinline__ void sage14_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// ... and completed (its global writes done): before the CTA exits.
+__device__ __forceinline__ void sage14_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// A landed dQ tile of the wgmma layout (the values sage10_add_dq adds: fl(float(acc)·scale)) into a
+// staging tile: warp w's rows 16(w mod 4) + lane/4 (+ 8), columns (w div 4)·d/2 + 8n + 2(lane mod 4).
+__device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float* lo = (float*)(tile + ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW) + (warp >> 2) * (HEAD_DIM / 2) + 2 * (lane & 3);
+    float* hi = lo + 8 * (SAGE14_DQ_ROW / 4);
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 16; ++n) {
+        *(float2*)(lo + 8 * n) = make_float2(__fmul_rn(sage10_i2f(acc[n][0]), scale), __fmul_rn(sage10_i2f(acc[n][1]), scale));
+        *(float2*)(hi + 8 * n) = make_float2(__fmul_rn(sage10_i2f(acc[n][2]), scale), __fmul_rn(sage10_i2f(acc[n][3]), scale));
+    }
+}
+// The staged dQ tile of block qb added to the accumulator: rows 8w..8w + 7 (those < n_q, 2 KB contiguous)
+// by warp w (warp_u = w, warp-uniform to ptxas) in one bulk reduce. One commit group per call per thread.
+__device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile, int bh, int qb, int warp_u) {
+    const int q0 = qb * BLOCK_Q + 8 * warp_u;
+    float* dst = p.dq_acc + ((long)bh * p.dims.n_q + q0) * HEAD_DIM;
+    const u32 src = tile + 8 * warp_u * SAGE14_DQ_ROW;
+    const int rows = min(8, p.dims.n_q - q0);  // warp-uniform
+    sage14_bulk_red_add(rows > 0, dst, src, (u32)max(rows, 0) * (HEAD_DIM * 4));
+    sage14_bulk_commit();
+}
+
+// dPᵀ's registers: declared in the loop (ds_in) or, with F (dPᵀ issued a tile ahead), before it (Sage14Ds).
+template <bool F>
+struct Sage14Ds {
+    __device__ __forceinline__ float (&pick(float (&ds_in)[8][4]))[8][4] { return ds_in; }
+};
 template <>
-__device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
-                                                               const QueryStager<StagedSage>& stage_next, int kb, int bh,
-                                                               int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
-    typedef StagedSage::Layout Lay;
+struct Sage14Ds<true> {
+    float v[8][4];
+    __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
+};
+
+template <class Path>
+__device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                   const QueryStager<Path>& stage_next, int kb, int bh,
+                                                   int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    typedef typename Path::Layout Lay;
+    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD;
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
@@ -2196,6 +2298,9 @@ __device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardPar
         return 0.0f;
     }
     const int wg = sbwd13_wg(), t = threadIdx.x & 3;
+    const bool row_thread = sage14_row_thread<Path::ROWS_8>();
+    const int rl = sage14_row_of_thread<Path::ROWS_8>();
+    const int warp_u = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0);  // the warp, uniform to ptxas
     const u32 smem_lo = sage10_desc_lo(smem);
     const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
     const float* q_scale = p.op.q_scale + bh * d.n_qblk;
@@ -2207,7 +2312,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardPar
     if (two) stage_next(p, stage(1), bh, qb0 + 1);
     cp_async_commit();
     Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
-    if (two && threadIdx.x < BLOCK_Q) rows_next = sage14_load_rows(p, bh, qb0 + 1, threadIdx.x);
+    if (two && row_thread) rows_next = sage14_load_rows(p, bh, qb0 + 1, rl);
     cp_async_wait<1>();  // the key block and block qb0
     fence_proxy_async();
     __syncthreads();
@@ -2215,6 +2320,11 @@ __device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardPar
 
     int s_acc[8][4];
     StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
+    Sage14Ds<F> ds_ahead;  // F: dPᵀ of the next block, in flight across the back edge
+    if (F) {
+        float unused[8][4];
+        StagedSage::wg_issue_dp(ds_ahead.pick(unused), smem_lo, sage10_desc_lo(stage(0)), wg);
+    }
 
     float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
     u32 st_cur = stage(0), st_next = stage(1), st_free = stage(2);
@@ -2230,10 +2340,15 @@ __device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardPar
         float2 L[8];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) L[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));
-        wgmma_wait<0>();  // Sᵀ of qb
+        float ds_in[8][4];  // dPᵀ, then dS in place (without F)
+        float (&ds)[8][4] = ds_ahead.pick(ds_in);
+        wgmma_wait<0>();  // Sᵀ of qb (F: and dPᵀ)
         wgmma_fence_regs(s_acc);
-        float ds[8][4];  // dPᵀ, then dS in place
-        StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_cur), wg);
+        if (F) {
+            wgmma_fence_regs(ds);
+        } else {
+            StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_cur), wg);
+        }
         float prob[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
@@ -2245,15 +2360,18 @@ __device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardPar
         float2 D[8];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) D[nt] = *(const float2*)(rows + BLOCK_Q + qrow_of(nt, 2 * t));
-        wgmma_wait<0>();  // dPᵀ of qb
-        wgmma_fence_regs(ds);
+        if (!F) {
+            wgmma_wait<0>();  // dPᵀ of qb
+            wgmma_fence_regs(ds);
+        }
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D[nt].y : D[nt].x));
         if (sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
         float amax_ds = sage10_tile_max<true>(ds);
-        if (has_next && threadIdx.x < BLOCK_Q) sage14_store_rows(rows_of(par ^ 1), rows_next);
+        if (has_next && row_thread) sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
+        if (BULK) sage14_bulk_wait_read();  // staging tile par (its bulk of tile i − 1) free after (b)
         cp_async_wait<0>();   // this thread's copies of block qb + 1
         fence_proxy_async();  // they and the dŜ stores of block qb − 1 → wgmma's reads
         block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
@@ -2269,7 +2387,9 @@ __device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardPar
         if (has_next2) stage_next(p, st_free, bh, qb + 2);
         cp_async_commit();
         Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
-        if (has_next2 && threadIdx.x < BLOCK_Q) rows_next2 = sage14_load_rows(p, bh, qb + 2, threadIdx.x);
+        if (has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
+        // BULK: dQ of block qb − 2, staged in tile i − 1 (tile par ^ 1), visible since (b).
+        if (BULK && i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
 
         u32 pa[2][4], da[2][4];
         StagedSage::quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, pa, da);
@@ -2280,7 +2400,11 @@ __device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardPar
         StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
         wgmma_wait<2>();  // dQ of qb − 1 landed
         wgmma_fence_regs(dq_acc);
-        if (i > 0) sage10_add_dq(p, dq_acc, dq_scale, bh, qb - 1);  // block-uniform
+        if (BULK) {
+            if (i > 0) sage14_stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
+        } else {
+            if (i > 0) sage10_add_dq(p, dq_acc, dq_scale, bh, qb - 1);  // block-uniform
+        }
         wgmma_wait<1>();
         wgmma_fence_regs(acc[0]);
         StagedSage::dequant_chunk(acc[0], dv, scale_v);
@@ -2290,10 +2414,19 @@ __device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardPar
         StagedSage::dequant_chunk(acc[1], dv + 4, scale_v);
         StagedSage::wg_issue_chunk(acc[1], da, st_lo, StagedSage::qt, 1);
         StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
-        wgmma_wait<2>();
+        if (F) {
+            StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
+            wgmma_wait<3>();
+        } else {
+            wgmma_wait<2>();
+        }
         wgmma_fence_regs(acc[0]);
         StagedSage::dequant_chunk(acc[0], dk, scale_k);
-        wgmma_wait<1>();
+        if (F) {
+            wgmma_wait<2>();
+        } else {
+            wgmma_wait<1>();
+        }
         wgmma_fence_regs(acc[1]);
         StagedSage::dequant_chunk(acc[1], dk + 4, scale_k);
 
@@ -2306,10 +2439,26 @@ __device__ __forceinline__ float staged_query_loop<StagedSage>(const BackwardPar
         st_next = st_free;
         st_free = st_done;
     }
-    wgmma_wait<0>();      // the last tile's (unused) Sᵀ
-    fence_proxy_async();  // the last dŜ stores → dQ's wgmma reads
+    wgmma_wait<0>();      // the last tile's (unused) Sᵀ (and dPᵀ with F)
+    fence_proxy_async();  // the last dŜ stores (and dQ staging stores) → the async proxy's reads
     __syncthreads();      // dS of the last block complete
+    // BULK: dQ of block n_qblk − 2, staged by the last tile (i = n − 1 ≥ 1). Waited for (read) before the
+    // next item's first barrier (b), completed before the CTA exits (staged_finish).
+    const int n = d.n_qblk - qb0;
+    if (BULK && n >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
     return dq_scale;
+}
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                 const QueryStager<StagedSage14>& stage_next, int kb, int bh,
+                                                                 int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    return sage14_query_loop<StagedSage14>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
+}
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage14P>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                  const QueryStager<StagedSage14P>& stage_next, int kb, int bh,
+                                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    return sage14_query_loop<StagedSage14P>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
 }
 #endif
 
@@ -2320,6 +2469,20 @@ __device__ __forceinline__ void zero_dv_dk(float (*dv)[4], float (*dk)[4]) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
 }
+
+// What a path does before its CTA exits (pipe14b: StagedSage14T with BULK waits for its dQ bulk reductions).
+template <class Path>
+__device__ __forceinline__ void staged_finish() {}
+#if PIPE14_LOOP
+template <>
+__device__ __forceinline__ void staged_finish<StagedSage14>() {
+    if (StagedSage14::BULK_DQ) sage14_bulk_wait();
+}
+template <>
+__device__ __forceinline__ void staged_finish<StagedSage14P>() {
+    if (StagedSage14P::BULK_DQ) sage14_bulk_wait();
+}
+#endif
 
 template <class Path>
 __device__ void staged_backward_main(const BackwardParams& p, unsigned char* smem_ptr) {
@@ -2351,6 +2514,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
     Path::drain(dv, dk);  // the last block's dV, dK (a path with STAGES_NEXT leaves them in flight)
 
     store_dk_dv(p, kb, bh, dv, dk);
+    staged_finish<Path>();
 }
 // fpab12: a persistent grid (kernels sage_bwd_main_persist_{sage,bf16}; SAGEBWD_BWD_PERSIST in src/backward.rs). The grid
 // is (G, 1) with G ≤ the CTAs that fit at once; CTA c starts on item c of the n_kblk × rows items (in
@@ -2394,6 +2558,12 @@ template <>
 struct PersistUniformItem<StagedSage> {
     static constexpr bool value = false;
 };
+#if PIPE14_LOOP
+template <int KIND, bool BULK, bool ROWS8, bool F>
+struct PersistUniformItem<StagedSage14T<KIND, BULK, ROWS8, F>> {
+    static constexpr bool value = false;
+};
+#endif
 #endif
 
 template <class Path>
@@ -2448,18 +2618,38 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
             if (threadIdx.x < BLOCK_Q && nqb0 < d.n_qblk) store_row_consts(rows_of(0), rc);
         } else {
             store_dk_dv(p, kb, bh, dv, dk);
+            staged_finish<Path>();
             return;
         }
     }
 }
 // The staged paths on the persistent grid, one entry per path (registers are allocated per kernel;
 // sage_bwd_main_mma's code and registers stay as they were).
+// pipe14b: the sage path's type of these kernels (the pipelined loop at d = 64 on sm_90a).
+#if PIPE14_LOOP
+typedef StagedSage14 StagedSageKernel;         // sage_bwd_main_mma_sage
+typedef StagedSage14P StagedSagePersistKernel;  // sage_bwd_main_persist_sage
+#else
+typedef StagedSage StagedSageKernel;
+typedef StagedSage StagedSagePersistKernel;
+#endif
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
-    require_dynamic_smem((u32)StagedSage::Layout::bytes);
-    staged_backward_persist<StagedSage>(p, smem_raw);
+    require_dynamic_smem((u32)StagedSagePersistKernel::Layout::bytes);
+    staged_backward_persist<StagedSagePersistKernel>(p, smem_raw);
 }
+// pipe14b: the sage path on the plain grid in its own kernel (sage_bwd_main_mma's grid and block order;
+// the host takes it for the sage path at d = 64 on sm_90a), so that sage_bwd_main_mma's registers and
+// code for its other paths stay main 37e5e90's.
+#if BWD_WGMMA && HEAD_DIM == 64
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(BackwardParams p) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
+    require_dynamic_smem((u32)StagedSageKernel::Layout::bytes);
+    staged_backward_main<StagedSageKernel>(p, smem_raw);
+}
+#endif
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();

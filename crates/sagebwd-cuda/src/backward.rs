@@ -73,7 +73,8 @@ pub fn staged_backward(flags: i32) -> Option<StagedBackward> {
 /// bf16: bf16(dS)ᵀ, twice that); the amax scratch; 1024 bytes of slack, so that the kernel can
 /// round its start up to the 1024-byte boundary wgmma's swizzled tiles need. The sage path at d = 64
 /// has a third stage and a second amax scratch (`PIPE14_STAGES`: its pipelined query loop on sm_90a;
-/// the sm_80 build uses two stages and leaves the rest unused).
+/// the sm_80 build uses two stages and leaves the rest unused). The persistent sage kernel at d = 64 needs
+/// [`sage_persist_staging_bytes`] more.
 pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usize {
     let (stage_operands, ds_tile) = match path {
         StagedBackward::Sage => (5 * BLOCK_Q * head_dim, BLOCK_Q * BLOCK_KV),
@@ -84,6 +85,12 @@ pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usiz
     let red = 2 * (THREADS as usize / 32) * 4;
     let align_slack = 1024;
     4 * BLOCK_KV * head_dim + stages * stage_operands + 2 * rows + 2 * ds_tile + (stages - 1) * red + align_slack
+}
+
+/// The two dQ staging tiles (64 rows of d FP32 + 32 bytes) of `sage_bwd_main_persist_sage` at d = 64 on
+/// sm_90a (`StagedSage14P`, pipe14b: its dQ added by bulk reduces), after the staged layout; else 0.
+pub fn sage_persist_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
+    if path == StagedBackward::Sage && head_dim == 64 { 2 * BLOCK_Q * (4 * head_dim + 32) } else { 0 }
 }
 
 /// Ring stages of the warp-specialized fpa kernel (`WS_STAGES` in backward_main.cu).
@@ -258,11 +265,21 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
     }
     let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
+    let smem = match staged {
+        Some(path) if persist => smem + sage_persist_staging_bytes(s.head_dim, path),
+        _ => smem,
+    };
+    if smem > optin {
+        return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
+    }
     let (main_fn, main_threads) = if ws {
         (bwd_main_function(k, c"sage_bwd_main_ws", smem)?, WS_THREADS)
     } else if persist {
         let name = if staged == Some(StagedBackward::Sage) { c"sage_bwd_main_persist_sage" } else { c"sage_bwd_main_persist_bf16" };
         (bwd_main_function(k, name, smem)?, THREADS)
+    } else if staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a" && s.head_dim == 64 {
+        // pipe14b: the pipelined sage path's own plain-grid kernel (sage_bwd_main_mma keeps the others).
+        (bwd_main_function(k, c"sage_bwd_main_mma_sage", smem)?, THREADS)
     } else {
         let func = if gpu.tensor_cores() { &k.bwd_main_mma } else { &k.bwd_main };
         drv("set smem attribute", func.set_attribute(
@@ -659,6 +676,9 @@ mod tests {
         }
         // d = 64: sage's three stages (pipe14) 32 768 + 3 · 20 480 + 1 024 + 16 384 + 2 · 64 + 1 024; fpa's two.
         assert_eq!(staged_backward_smem_bytes(64, StagedBackward::Sage), 112_768);
+        // The persistent sage kernel's two dQ staging tiles (pipe14b) 2 · 64 · 288.
+        assert_eq!(sage_persist_staging_bytes(64, StagedBackward::Sage), 36_864);
+        assert_eq!(sage_persist_staging_bytes(128, StagedBackward::Sage) + sage_persist_staging_bytes(64, StagedBackward::Bf16), 0);
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
         // sage_bwd_main_ws's WsLayout::bytes at d = 64: K, V; 3 stages of Q, dO; 2 dS tiles; rows, mbarriers, slack.
         assert_eq!(ws_backward_smem_bytes(64), 32_768 + 49_152 + 32_768 + 1_536 + 80 + 1_024);
