@@ -1871,24 +1871,10 @@ struct StagedBf16 {
 // barrier and drain stalls at the tile's end fell from 12.7 % / 7.1 % to 3.3 % / 2.0 % of the samples.
 // Only the persistent kernel runs it (sage_bwd_main_mma, which holds the sage instance too, keeps its
 // SASS); FPA_EARLY_DV=0 gives that kernel StagedBf16 again.
-// Opt-in, measured SLOWER (kept for the record): FPA_STAGE_IN_TILE=1 stages block qb + 1 inside the tile
-// (block qb − 1's dV, dK, the stage's last readers, are drained before barrier (a) at d = 128) instead
-// of between (a) and the first wgmma issue — after dQ's 16 red.global per thread (FPA_STAGE_EARLY=0:
-// +1.7 to +9 %: the cp.async wait behind the reductions in the LSU queue, lg-throttle stalls 1.6 → 11.7 %
-// of the samples, and P waits for them) or before them (FPA_STAGE_EARLY=1: ~+2 % vs the early dV
-// alone); FPA_LATE_ROW_CONSTS=1 loads the next block's row constants raw after (a) and combines them
-// where they are stored (LateRowConsts, below; only measured together with FPA_STAGE_IN_TILE=1).
+// Staging block qb + 1 inside this tile and loading the next row constants late measured slower
+// (+1.7 to +9 %; RESULTS-gpu.md, fpab14) and were removed.
 #ifndef FPA_EARLY_DV
 #define FPA_EARLY_DV (HEAD_DIM == 128)
-#endif
-#ifndef FPA_STAGE_IN_TILE
-#define FPA_STAGE_IN_TILE 0
-#endif
-#ifndef FPA_LATE_ROW_CONSTS
-#define FPA_LATE_ROW_CONSTS 0
-#endif
-#ifndef FPA_STAGE_EARLY
-#define FPA_STAGE_EARLY 0
 #endif
 #if BWD_WGMMA && FPA_DQ && FPA_EARLY_DV && !FPA_STAGES_NEXT && FPA_DESC_WORDS && FPA_PREFIX_MASK && !FPA_STSM_DS
 #define FPA_EARLY_PATH 1
@@ -1936,17 +1922,9 @@ struct StagedBf16Early : StagedBf16 {
         wgmma_commit();
         issue_keys_by_rows(ds, x.smem + v, x.st + d_o, wg);
         wgmma_commit();
-        if (FPA_STAGE_IN_TILE && FPA_STAGE_EARLY) {  // block qb − 1's dV, dK drained before (a): the stage is free
-            if (x.has_next) stage_query_block(p, x.next_st, x.bh, x.qb + 1);
-            cp_async_commit();
-        }
         wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
         if (x.has_prev) add_dq_pred(p, dq_acc, x.bh, x.qb - 1);  // block-uniform
-        if (FPA_STAGE_IN_TILE && !FPA_STAGE_EARLY) {  // (the same, after dQ's reductions)
-            if (x.has_next) stage_query_block(p, x.next_st, x.bh, x.qb + 1);
-            cp_async_commit();
-        }
         wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
         wgmma_fence_regs(s);
         tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
@@ -2078,47 +2056,6 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, int kb, int
 // staged, the row constants of qb0 stored): every tile, dQ of all blocks but the last, then the
 // barrier after which the last block's dS is complete. Returns the pending dQ tile's scale. Shared by
 // the plain grid (staged_backward_main) and the persistent one (staged_backward_persist).
-// fpab14: whether Path::tile() stages block qb + 1 itself (then the loop does not, after barrier (a)).
-template <class Path>
-struct TileStagesNext {
-    static constexpr bool value = Path::STAGES_NEXT;
-};
-#if FPA_EARLY_PATH
-template <>
-struct TileStagesNext<StagedBf16Early> {
-    static constexpr bool value = FPA_STAGE_IN_TILE;
-};
-// fpab14: the next block's row constants loaded raw after barrier (a) and combined (L = lse2 − b_r
-// with F_QK_BWD, as load_row_consts) only where they are stored, after the tile. load_row_consts
-// subtracts right after its loads, so warps 0, 1 waited a global load's latency there, before their
-// part of the tile's first wgmma (ncu, d128: ~5 % of the stall samples), and held up warpgroup 0.
-template <class Path>
-struct LateRowConsts {
-    static constexpr bool value = false;
-};
-template <>
-struct LateRowConsts<StagedBf16Early> {
-    static constexpr bool value = FPA_LATE_ROW_CONSTS;
-};
-struct RawRowConsts {
-    float lse, off, D;
-};
-__device__ __forceinline__ RawRowConsts load_row_consts_raw(const BackwardParams& p, int bh, int qb, int rl) {
-    RawRowConsts rc = {pos_inf(), 0.0f, 0.0f};
-    const int r = qb * BLOCK_Q + rl;
-    if (r < p.dims.n_q) {
-        const long row = (long)bh * p.dims.n_q + r;
-        rc.lse = p.lse2[row];
-        if (p.flags & F_QK_BWD) rc.off = p.op.row_offset[row];
-        rc.D = p.delta[row];
-    }
-    return rc;
-}
-// = load_row_consts' value: past n_q lse = +∞, off = 0, and fl(+∞ − 0) = +∞.
-__device__ __forceinline__ RowConsts row_consts_of(const BackwardParams& p, const RawRowConsts& raw) {
-    return {(p.flags & F_QK_BWD) ? __fsub_rn(raw.lse, raw.off) : raw.lse, raw.D};
-}
-#endif
 template <class Path>
 __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
                                                    const QueryStager<Path>& stage_next, int kb, int bh, int bh_kv,
@@ -2136,15 +2073,9 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
 #endif
         __syncthreads();     // (a)
-        if (has_next && !TileStagesNext<Path>::value) stage_next(p, stage(buf ^ 1), bh, qb + 1);
+        if (has_next && !Path::STAGES_NEXT) stage_next(p, stage(buf ^ 1), bh, qb + 1);
         cp_async_commit();
         RowConsts next_rc = {pos_inf(), 0.0f};
-#if FPA_EARLY_PATH
-        RawRowConsts next_raw = {pos_inf(), 0.0f, 0.0f};
-        if constexpr (LateRowConsts<Path>::value) {
-            if (has_next && threadIdx.x < BLOCK_Q) next_raw = load_row_consts_raw(p, bh, qb + 1, threadIdx.x);
-        } else
-#endif
         if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
 
         StagedTile x;
@@ -2163,11 +2094,6 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         x.next_st = stage(buf ^ 1);
         x.has_next = has_next;
         const float tile_dq_scale = Path::tile(p, x, dv, dk);
-#if FPA_EARLY_PATH
-        if constexpr (LateRowConsts<Path>::value) {
-            if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), row_consts_of(p, next_raw));
-        } else
-#endif
         if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
         if (qb > qb0 && !Path::DQ_IN_TILE) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
         if (!Path::STAGES_NEXT) Path::drain(dv, dk);  // before the next (a): block qb + 2 is staged into this block's stage
