@@ -1641,14 +1641,21 @@ struct StagedBf16 {
     // where visible()'s per-entry row and key arithmetic became predicate bitmasks (as in fwd9's forward).
     static __device__ __forceinline__ void ds_masked(const Dims& d, const float* rows, int qb, int kb,
                                                      float (&prob)[8][4], float (&ds)[8][4]) {
-        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-        const int wkey0 = kb * BLOCK_KV + (threadIdx.x >> 5) * 16;
+        const int t = threadIdx.x & 3;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const float2 D = *(const float2*)(rows + BLOCK_Q + 8 * nt + 2 * t);
 #pragma unroll
             for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));
         }
+        hide_masked(d, qb, kb, prob, ds);
+    }
+
+    // The mask of ds_masked on any set of this thread's [8][4] entry arrays: hidden entries → 0.
+    template <class... Tiles>
+    static __device__ __forceinline__ void hide_masked(const Dims& d, int qb, int kb, Tiles&... v) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        const int wkey0 = kb * BLOCK_KV + (threadIdx.x >> 5) * 16;
         const int last_key = wkey0 + 15;
         const bool need_mask = last_key >= d.n_k || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q));
         if (need_mask) {  // warp-uniform: only tiles on the diagonal or past n_k
@@ -1665,8 +1672,7 @@ struct StagedBf16 {
                 for (int e = 0; e < 4; ++e) {
                     const int o = 8 * nt + (e & 1);
                     const bool hidden = o < first[e >> 1] || o >= rows_left;
-                    prob[nt][e] = hidden ? 0.0f : prob[nt][e];
-                    ds[nt][e] = hidden ? 0.0f : ds[nt][e];
+                    ((v[nt][e] = hidden ? 0.0f : v[nt][e]), ...);
                 }
         }
     }
@@ -1879,32 +1885,6 @@ struct StagedBf16 {
 #if BWD_WGMMA && FPA_DQ && FPA_EARLY_DV && !FPA_STAGES_NEXT && FPA_DESC_WORDS && FPA_PREFIX_MASK && !FPA_STSM_DS
 #define FPA_EARLY_PATH 1
 struct StagedBf16Early : StagedBf16 {
-    // fpab14: ds_masked's mask alone, on one set of entries (P, then dS): hidden entries → 0, the same
-    // prefix test (first_h ≤ o < rows_left) and the same selects, applied to each array in turn.
-    static __device__ __forceinline__ void hide_masked(const Dims& d, int qb, int kb, float (&v)[8][4]) {
-        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-        const int wkey0 = kb * BLOCK_KV + (threadIdx.x >> 5) * 16;
-        const int last_key = wkey0 + 15;
-        const bool need_mask = last_key >= d.n_k || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q));
-        if (need_mask) {  // warp-uniform: only tiles on the diagonal or past n_k
-            const int row0 = qb * BLOCK_Q + 2 * t, rows_left = d.n_q - row0;
-            int first[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int j = wkey0 + g + 8 * h;
-                first[h] = j >= d.n_k ? BLOCK_Q : (d.causal ? j - (d.n_k - d.n_q) - row0 : 0);
-            }
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int o = 8 * nt + (e & 1);
-                    const bool hidden = o < first[e >> 1] || o >= rows_left;
-                    v[nt][e] = hidden ? 0.0f : v[nt][e];
-                }
-        }
-    }
-
     // tile() with dV issued as soon as P is ready. Groups: dQ(qb − 1), Sᵀ, dPᵀ, then dV, then
     // dK. P is masked before it is packed for dV (as ds_masked masks it before the packing); dS =
     // fl(P·fl(dP − D)) with the masked P, then dS masked: visible entries see the unmasked P they saw

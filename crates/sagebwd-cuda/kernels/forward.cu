@@ -369,7 +369,9 @@ __device__ void mma_pv(const ForwardParams& p, const RowState& st, float (*o)[4]
 
 // lse2 = m + log2 l (+ b_r after an INT8 #1), lse = fl(lse2·ln 2) of the thread's two rows; empty
 // rows +∞. One thread of each quad writes (the quad shares its rows' state).
-__device__ __forceinline__ void store_lse_rows(const ForwardParams& p, const RowState& st, int bh, int row0) {
+template <class RowOffset>
+__device__ __forceinline__ void store_lse_rows(const ForwardParams& p, const RowState& st, int bh, int row0,
+                                               RowOffset row_offset) {
     const Dims& d = p.dims;
     if ((threadIdx.x & 3) != 0) return;
 #pragma unroll
@@ -380,11 +382,15 @@ __device__ __forceinline__ void store_lse_rows(const ForwardParams& p, const Row
         float lse2 = pos_inf();
         if (st.l[h] != 0.0f) {
             lse2 = __fadd_rn(st.m[h], log2f(st.l[h]));
-            if (p.flags & F_QK) lse2 = __fadd_rn(lse2, p.op.row_offset[row]);
+            if (p.flags & F_QK) lse2 = __fadd_rn(lse2, row_offset(h, row));
         }
         p.lse2[row] = lse2;
         p.lse[row] = st.l[h] != 0.0f ? __fmul_rn(lse2, p.ln2) : pos_inf();
     }
+}
+// b_r read where it is needed.
+__device__ __forceinline__ void store_lse_rows(const ForwardParams& p, const RowState& st, int bh, int row0) {
+    store_lse_rows(p, st, bh, row0, [&](int, long row) { return p.op.row_offset[row]; });
 }
 
 // O = fl(O · fl(1/l)) as BF16, lse2 (+ b_r after an INT8 #1), lse = fl(lse2·ln 2); empty rows: 0, +∞.
@@ -2351,21 +2357,7 @@ __device__ void wsp_store(const ForwardParams& p, const RowState& st, const floa
 #pragma unroll
         for (int nt = 0; nt < O_TILES; ++nt) *(u32*)(og + r * HEAD_DIM + nt * 8 + c_col(0)) = pk[nt][h];
     }
-    // store_lse_rows with the row offsets given.
-    if ((threadIdx.x & 3) != 0) return;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = row0 + c_row(2 * h);
-        if (r >= d.n_q) continue;
-        const long row = (long)bh * d.n_q + r;
-        float lse2 = pos_inf();
-        if (st.l[h] != 0.0f) {
-            lse2 = __fadd_rn(st.m[h], log2f(st.l[h]));
-            if (p.flags & F_QK) lse2 = __fadd_rn(lse2, ro[h]);
-        }
-        p.lse2[row] = lse2;
-        p.lse[row] = st.l[h] != 0.0f ? __fmul_rn(lse2, p.ln2) : pos_inf();
-    }
+    store_lse_rows(p, st, bh, row0, [&](int h, long) { return ro[h]; });  // b_r loaded earlier
 }
 
 // row_offset (b_r) of the thread's two rows where wsp_store's lse needs them (quad leaders, rows < n_q,
