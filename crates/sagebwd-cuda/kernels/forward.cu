@@ -1154,30 +1154,6 @@ __device__ void ws_producer(const void* vmap, const ForwardParams& p, const Ring
     }
 }
 
-// P̂ with the group amax known before the exponentials (EARLY_AMAX above); otherwise softmax_p_hat.
-// The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 1] (the fused
-// argument exceeds 0 by at most ½ ulp of the row max; sagebwd-gpu-check's exhaustive ex2
-// self-test), so every p of the row is ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
-__device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
-    float mx[2], m_use[2], inv[2];
-    row_max_update<true>(t, st, mx, m_use, sc);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        // max_j exp2(fma(a_j, sc, −m_use)) = exp2(fma(a_max, sc, −m_use)): fma with sc ≥ 0 and exp2
-        // are monotone (a masked row gives exp2(−∞) = 0, as the max over its zeros; sc > 0 there).
-        const GroupScale g = group_scale(exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h])));
-        st.p_scale[h] = g.scale;
-        inv[h] = g.inv;
-    }
-    softmax_exp_sum<false, true>(t, st, m_use, nullptr, sc);
-#pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
-}
-
 // fl(127/amax), group_scale's inv (0 for amax = 0), without the IEEE division's branches (fwd14):
 // the division's fast path (MUFU.RCP, one Newton step, the quotient, its exact remainder, one
 // correction), applied to b = amax·s with s = 2^32 (amax ≤ 2^62) or 2^-64 (larger), so that b, 1/b
@@ -1204,15 +1180,29 @@ __device__ __forceinline__ float inv127_rn(float amax) {
     return amax == 0.0f || amax == pos_inf() ? 0.0f : inv;
 }
 
-// softmax_p_hat_early with the group scales by div127_rn and inv127_rn (no branch): the same bits.
-__device__ __forceinline__ void softmax_p_hat_early_nb(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
+// P̂ with the group amax known before the exponentials (EARLY_AMAX above); otherwise softmax_p_hat.
+// The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 1] (the fused
+// argument exceeds 0 by at most ½ ulp of the row max; sagebwd-gpu-check's exhaustive ex2
+// self-test), so every p of the row is ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
+// BRANCHLESS (fwd14, the persistent kernel): the group scales by div127_rn and inv127_rn (above; no
+// branch), the same bits as group_scale.
+template <bool BRANCHLESS = false>
+__device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
     float mx[2], m_use[2], inv[2];
     row_max_update<true>(t, st, mx, m_use, sc);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float amax = exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h]));  // as softmax_p_hat_early
-        st.p_scale[h] = div127_rn(amax);                                 // 0 for amax = 0, as group_scale
-        inv[h] = inv127_rn(amax);
+        // max_j exp2(fma(a_j, sc, −m_use)) = exp2(fma(a_max, sc, −m_use)): fma with sc ≥ 0 and exp2
+        // are monotone (a masked row gives exp2(−∞) = 0, as the max over its zeros; sc > 0 there).
+        const float amax = exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h]));
+        if constexpr (BRANCHLESS) {
+            st.p_scale[h] = div127_rn(amax);  // 0 for amax = 0, as group_scale
+            inv[h] = inv127_rn(amax);
+        } else {
+            const GroupScale g = group_scale(amax);
+            st.p_scale[h] = g.scale;
+            inv[h] = g.inv;
+        }
     }
     softmax_exp_sum<false, true>(t, st, m_use, nullptr, sc);
 #pragma unroll
@@ -1268,7 +1258,7 @@ __device__ __forceinline__ void pass_turn(int w) { named_arrive(1 + (w ^ 1), 2 *
 // by softmax_p_hat(_early), P̂V in INT32, O = fma(float(acc), fl(s_P·s_V), fl(O·α)). The K̂ and V̂ᵀ
 // scales of block kb + 1 are loaded during block kb: a load issued after a wgmma wait (a "memory"
 // clobber) would put its L2 latency on every block's critical path.
-// NB (fwd14, the persistent kernel): the early amax with branch-free group scales (softmax_p_hat_early_nb).
+// NB (fwd14, the persistent kernel): the early amax with branch-free group scales (softmax_p_hat_early<true>).
 template <bool EARLY_AMAX, bool NB = false>
 struct WsInt8 {
     int sacc[64], pacc[HEAD_DIM / 2];
@@ -1294,8 +1284,7 @@ struct WsInt8 {
         float t[S_TILES][4];
         float sc = __fmul_rn(sq, k_sc);
         wg_scores(d, t, sacc, sc, row0, key0);
-        if (EARLY_AMAX && NB) softmax_p_hat_early_nb(t, st, pa, sc);
-        else if (EARLY_AMAX) softmax_p_hat_early(t, st, pa, sc);
+        if (EARLY_AMAX) softmax_p_hat_early<NB>(t, st, pa, sc);
         else softmax_p_hat(t, st, pa, sc);
     }
     __device__ __forceinline__ void pin() { pin_fragments(pa); }
