@@ -1769,6 +1769,29 @@ struct StagedBf16 {
     }
 #endif
 
+    // P (or dS), this thread's [8][4] accumulator entries, → the bf16 A fragments of dV (dK): entry i of
+    // k-step ks packs n-tile 2ks + i/2, columns 2(i mod 2), + 1. The two-array form packs P and dS in one pass.
+    static __device__ __forceinline__ u32 a_frag_word(const float (&v)[8][4], int ks, int i) {
+        const int nt = 2 * ks + (i >> 1), h = i & 1;
+        return pack_bf16x2(v[nt][2 * h], v[nt][2 * h + 1]);
+    }
+    static __device__ __forceinline__ void pack_a_frags(u32 (&a)[BLOCK_Q / 16][4], const float (&v)[8][4]) {
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[ks][i] = a_frag_word(v, ks, i);
+    }
+    static __device__ __forceinline__ void pack_a_frags(u32 (&a)[BLOCK_Q / 16][4], const float (&v)[8][4],
+                                                        u32 (&b)[BLOCK_Q / 16][4], const float (&w)[8][4]) {
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[ks][i] = a_frag_word(v, ks, i);
+                b[ks][i] = a_frag_word(w, ks, i);
+            }
+    }
+
     // The dV, dK products of the last tile() are complete and their accumulators readable (before
     // the next barrier (a), after which the stage they read is restaged).
     static __device__ __forceinline__ void drain(float (*dv)[4], float (*dk)[4]) {
@@ -1788,14 +1811,7 @@ struct StagedBf16 {
         scores_p_ds(p, x, prob, ds);
 
         u32 pa[BLOCK_Q / 16][4], da[BLOCK_Q / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int nt = 2 * ks + (i >> 1), h = i & 1;
-                pa[ks][i] = pack_bf16x2(prob[nt][2 * h], prob[nt][2 * h + 1]);
-                da[ks][i] = pack_bf16x2(ds[nt][2 * h], ds[nt][2 * h + 1]);
-            }
+        pack_a_frags(pa, prob, da, ds);
 #if BWD_WGMMA && FPA_DESC_WORDS
         key_products_words(x.st, pa, da, dv, dk);
 #else
@@ -1910,13 +1926,7 @@ struct StagedBf16Early : StagedBf16 {
         tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
         hide_masked(p.dims, x.qb, x.kb, prob);
         u32 pa[BLOCK_Q / 16][4], da[BLOCK_Q / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int nt = 2 * ks + (i >> 1), h = i & 1;
-                pa[ks][i] = pack_bf16x2(prob[nt][2 * h], prob[nt][2 * h + 1]);
-            }
+        pack_a_frags(pa, prob);
         {
             const DescWords o = desc_words(mnmajor_desc(x.st + d_o, BLOCK_Q * 128));
             wgmma_fence();  // pa just written
@@ -1933,13 +1943,7 @@ struct StagedBf16Early : StagedBf16 {
             for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D.y : D.x));
         }
         hide_masked(p.dims, x.qb, x.kb, ds);
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int nt = 2 * ks + (i >> 1), h = i & 1;
-                da[ks][i] = pack_bf16x2(ds[nt][2 * h], ds[nt][2 * h + 1]);
-            }
+        pack_a_frags(da, ds);
         {
             const DescWords q = desc_words(mnmajor_desc(x.st, BLOCK_Q * 128));
             wgmma_fence();  // da just written
