@@ -1769,6 +1769,21 @@ struct StagedBf16 {
     }
 #endif
 
+    // bf16(dS)ᵀ (the dK A fragments) to shared memory for dQ, one 32-bit word per store: word (key g + 8h,
+    // rows 16ks + 8c + 2t, +1) at row 16w + g + 8h, chunk 2ks + c (swizzled by the key's low bits, g: the
+    // 128-byte swizzle).
+    static __device__ __forceinline__ void store_ds_words(unsigned char* ds, const u32 (&da)[BLOCK_Q / 16][4]) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const int g = lane >> 2, t = lane & 3;
+        unsigned char* ds_lane = ds + (warp * 16 + g) * DST_ROW + 4 * t;
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int c = i >> 1, h = i & 1;
+                *(u32*)(ds_lane + 8 * h * DST_ROW + (((2 * ks + c) ^ g) << 4)) = da[ks][i];
+            }
+    }
     // P (or dS), this thread's [8][4] accumulator entries, → the bf16 A fragments of dV (dK): entry i of
     // k-step ks packs n-tile 2ks + i/2, columns 2(i mod 2), + 1. The two-array form packs P and dS in one pass.
     static __device__ __forceinline__ u32 a_frag_word(const float (&v)[8][4], int ks, int i) {
@@ -1806,7 +1821,6 @@ struct StagedBf16 {
     // bf16(dS)ᵀ to shared memory for dQ. Returns no scale (BF16 products have none).
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         float prob[8][4], ds[8][4];
         scores_p_ds(p, x, prob, ds);
 
@@ -1818,27 +1832,18 @@ struct StagedBf16 {
         key_products(x.st, pa, da, dv, dk);
 #endif
 
-        // Word (key g + 8h, rows 16ks + 8c + 2t, +1) of bf16(dS)ᵀ at row 16w + g + 8h, chunk 2ks + c
-        // (swizzled by the key's low bits, g: the 128-byte swizzle).
 #if BWD_WGMMA && FPA_STSM_DS
         // By stmatrix: da[ks][i] is the 8 × 8 matrix (keys 16w + 8h.., rows 16ks + 8c..), c = i div 2,
         // h = i mod 2, in the fragment layout stmatrix takes; lane l addresses its row l mod 8 (key
         // 16w + 8h + l mod 8, same swizzle) of matrix i = l div 8.
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const int m = lane >> 3, r = lane & 7;
         const u32 ds_row = smem_addr(x.ds) + (warp * 16 + 8 * (m & 1) + r) * DST_ROW;
 #pragma unroll
         for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
             stmatrix_x4(ds_row + (((2 * ks + (m >> 1)) ^ r) << 4), da[ks][0], da[ks][1], da[ks][2], da[ks][3]);
 #else
-        const int g = lane >> 2, t = lane & 3;
-        unsigned char* ds_lane = x.ds + (warp * 16 + g) * DST_ROW + 4 * t;
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int c = i >> 1, h = i & 1;
-                *(u32*)(ds_lane + 8 * h * DST_ROW + (((2 * ks + c) ^ g) << 4)) = da[ks][i];
-            }
+        store_ds_words(x.ds, da);
 #endif
         return 0.0f;
     }
@@ -1907,7 +1912,7 @@ struct StagedBf16Early : StagedBf16 {
     // before, hidden ones are 0 as before: the same bits for every operand of every product.
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const int lane = threadIdx.x & 31;
         const int wg = threadIdx.x >> 7;
         float s[8][4], ds[8][4], prob[8][4];
         wgmma_fence();  // the accumulators were last written by the previous tile's code
@@ -1952,15 +1957,7 @@ struct StagedBf16Early : StagedBf16 {
             wgmma_commit();
         }
         // bf16(dS)ᵀ to shared memory for dQ, as tile() stores it without FPA_STSM_DS.
-        const int g = lane >> 2, t = lane & 3;
-        unsigned char* ds_lane = x.ds + (warp * 16 + g) * DST_ROW + 4 * t;
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_Q / 16; ++ks)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int c = i >> 1, h = i & 1;
-                *(u32*)(ds_lane + 8 * h * DST_ROW + (((2 * ks + c) ^ g) << 4)) = da[ks][i];
-            }
+        store_ds_words(x.ds, da);
         return 0.0f;
     }
 };
