@@ -255,20 +255,14 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let direct = staged.is_some() && s.heads_q == s.heads_kv;
 
     let ws = use_ws_kernel(gpu, staged, s.head_dim);
+    let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
     let smem = match staged {
         _ if ws => ws_backward_smem_bytes(s.head_dim),
+        Some(path) if persist => staged_backward_smem_bytes(s.head_dim, path) + sage_persist_staging_bytes(s.head_dim, path),
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
         None => backward_smem_bytes(s.head_dim),
     };
     let optin = gpu.dev.smem_optin;
-    if smem > optin {
-        return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
-    }
-    let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
-    let smem = match staged {
-        Some(path) if persist => smem + sage_persist_staging_bytes(s.head_dim, path),
-        _ => smem,
-    };
     if smem > optin {
         return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
     }
