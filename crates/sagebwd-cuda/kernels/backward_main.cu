@@ -2123,11 +2123,6 @@ __device__ __forceinline__ Sage14Rows sage14_load_rows(const BackwardParams& p, 
     }
     return r;
 }
-// = load_row_consts' values: fl(lse2 − off) with F_QK_BWD, else lse2 (= fl(lse2 − 0), −0 and ∞ included).
-__device__ __forceinline__ void sage14_store_rows(float* rows, const Sage14Rows& r) {
-    const RowConsts rc = {__fsub_rn(r.lse2, r.off), r.D};
-    store_row_consts(rows, rc);
-}
 
 // pipe14b (ROWS8): the row constants' thread: lanes 0..7 of each warp, row 8·warp + lane; else threads 0..63.
 template <bool ROWS8>
@@ -2138,6 +2133,8 @@ template <bool ROWS8>
 __device__ __forceinline__ int sage14_row_of_thread() {
     return ROWS8 ? (threadIdx.x >> 5) * 8 + (threadIdx.x & 31) : threadIdx.x;
 }
+// Row rl's L, D as load_row_consts gives them: fl(lse2 − off) with F_QK_BWD, else lse2 (= fl(lse2 − 0), −0
+// and ∞ included).
 __device__ __forceinline__ void sage14_store_rows_at(float* rows, const Sage14Rows& r, int rl) {
     rows[rl] = __fsub_rn(r.lse2, r.off);
     rows[BLOCK_Q + rl] = r.D;
