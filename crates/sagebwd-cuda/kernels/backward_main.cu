@@ -1425,7 +1425,7 @@ struct QueryStager<StagedSage> {
 
 #if PIPE14_LOOP
 // ---- pipe14b: the pipelined sage path (d = 64, sm_90a) as its own types, with its own entries ----------
-// StagedSage14T<KIND, BULK, ROWS8, F> = StagedSage with the pipelined loop (staged_query_loop below) and its
+// StagedSage14T<KIND, BULK, ROWS8, F, ROT> = StagedSage with the pipelined loop (staged_query_loop below) and its
 // layout: three query-block stages, two amax scratches and, with BULK, two dQ staging tiles (64 rows ×
 // (d FP32 + 32 bytes; the rows are used unpadded, the 32 bytes are pipe14b's padded variant's, kept so that
 // the measured kernel is the committed one)). Options, measured in pipe14b's call (docs/RESULTS-gpu.md):
@@ -1435,26 +1435,33 @@ struct QueryStager<StagedSage> {
 // - ROWS8: the row constants of block qb + 2 loaded and stored by lanes 0..7 of every warp (8 rows each)
 //   instead of threads 0..63;
 // - F: dPᵀ of block qb + 1 also issued at the end of tile qb (pipe14's variant F: P after both products).
+// - ROT (bulk15): with BULK, the staging stores in a per-row order that makes them conflict-free
+//   (sage14_stage_dq_rot: same values, same addresses; the tile stays row-major, so each warp's 8 rows
+//   stay one 2 KB bulk source).
 // KIND only tells the two instances apart. StagedSage14 runs sage_bwd_main_mma_sage (plain grid):
-// pipe14's loop as measured (none of the options: with them it was 0.5–2 % slower there, ROWS8 alone
-// +8 %); StagedSage14P runs sage_bwd_main_persist_sage: all three (−2.1 % at the training shape N 1024).
-// sage_bwd_main_mma keeps StagedSage with the generic loop (= main 37e5e90's code for every path it runs).
+// bulk15: BULK and ROT, without ROWS8 and F (NOT RUN ON A GPU when written: pipe14b measured none of
+// the options there, as with BULK + ROWS8 it was 0.5–2 % slower and ROWS8 alone +8 %; bulk alone
+// removes the 16 REDG and their wait without ROWS8's ~25 divergent instructions in all 8 warps);
+// StagedSage14P runs sage_bwd_main_persist_sage: BULK, ROWS8, F, unrotated (−2.1 % at the training
+// shape N 1024). sage_bwd_main_mma keeps StagedSage with the generic loop (= main 37e5e90's code for every path it runs).
+// The staging rows are reserved 4d + 32 bytes either way (pipe14b's padded variant; the host allocates
+// both kernels the same shared memory), the stores use the first 4d.
 #ifndef SAGE14_PLAIN_OPTS
-#define SAGE14_PLAIN_OPTS false, false, false
+#define SAGE14_PLAIN_OPTS true, false, false, true
 #endif
 #ifndef SAGE14_PERSIST_OPTS
-#define SAGE14_PERSIST_OPTS true, true, true
+#define SAGE14_PERSIST_OPTS true, true, true, false
 #endif
 #define SAGE14_DQ_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded)
-template <int KIND, bool BULK, bool ROWS8, bool F>
+template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT>
 struct StagedSage14T : StagedSage {
-    static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F;
+    static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
 };
 typedef StagedSage14T<0, SAGE14_PLAIN_OPTS> StagedSage14;
 typedef StagedSage14T<1, SAGE14_PERSIST_OPTS> StagedSage14P;
-template <int KIND, bool BULK, bool ROWS8, bool F>
-struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F>> : QueryStager<StagedSage> {
+template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT>
+struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT>> : QueryStager<StagedSage> {
     __device__ __forceinline__ QueryStager(const BackwardParams& p, int bh) : QueryStager<StagedSage>(p, bh) {}
 };
 #endif
@@ -2165,6 +2172,50 @@ __device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (
         *(float2*)(hi + 8 * n) = make_float2(__fmul_rn(sage10_i2f(acc[n][2]), scale), __fmul_rn(sage10_i2f(acc[n][3]), scale));
     }
 }
+// bulk15 (ROT): sage14_stage_dq's values at sage14_stage_dq's addresses, the order of the stores permuted
+// per row. Rows are 256 bytes, so every row of a 16-row block starts at the same bank and
+// sage14_stage_dq's STS.64 (8 rows × 32 bytes, n-tile j of every row) takes 8 wavefronts, not 2. Here
+// store j of lane (r = lane/4, c = lane mod 4) writes n-tile j ^ k, k = r mod 4 (columns 8(j ^ k) + 2c,
+// +1 of the warp's half): rows r and r + 4 share a group of 8 banks, the 4 groups differ, 2 wavefronts.
+// The tile is 128-byte aligned (1024-byte layout start, dqst0 and dqst_bytes multiples of 128) and
+// the lane's offset has bits 5, 6 clear, so the address of store j is (base + 32k) ^ 32j. The values
+// are picked by two select stages (swap n-tiles j, j ^ 1 where k & 1, then j, j ^ 2 where k & 2).
+// SAGE14_ROT_SEL 1 (a variant for the device call, not the default): the second stage only (k & 2),
+// 4 wavefronts per store, half the selects.
+#ifndef SAGE14_ROT_SEL
+#define SAGE14_ROT_SEL 2
+#endif
+__device__ __forceinline__ void sage14_sts_f2(u32 addr, float2 v) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
+}
+__device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4], float scale) {
+    constexpr int NT = HEAD_DIM / 16;
+    static_assert(NT == 4, "the permutation assumes 4 n-tiles per warp (d = 64)");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int k = SAGE14_ROT_SEL == 2 ? (lane >> 2) & 3 : (lane >> 2) & 2;
+    const u32 lo = tile + ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW + (warp >> 2) * (HEAD_DIM * 2) + 8 * (lane & 3) + 32 * k;
+    float2 v[2][NT], t[2][NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        v[0][n] = make_float2(__fmul_rn(sage10_i2f(acc[n][0]), scale), __fmul_rn(sage10_i2f(acc[n][1]), scale));
+        v[1][n] = make_float2(__fmul_rn(sage10_i2f(acc[n][2]), scale), __fmul_rn(sage10_i2f(acc[n][3]), scale));
+    }
+    const bool x1 = k & 1, x2 = k & 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) t[h][j] = x1 ? v[h][j ^ 1] : v[h][j];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) v[h][j] = x2 ? t[h][j ^ 2] : t[h][j];  // = the n-tile j ^ k
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const u32 a = lo ^ (32 * j);
+        sage14_sts_f2(a, v[0][j]);
+        sage14_sts_f2(a + 8 * SAGE14_DQ_ROW, v[1][j]);
+    }
+}
 // The staged dQ tile of block qb added to the accumulator: rows 8w..8w + 7 (those < n_q, 2 KB contiguous)
 // by warp w (warp_u = w, warp-uniform to ptxas) in one bulk reduce. One commit group per call per thread.
 __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile, int bh, int qb, int warp_u) {
@@ -2305,7 +2356,15 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         wgmma_wait<2>();  // dQ of qb − 1 landed
         wgmma_fence_regs(dq_acc);
         if (BULK) {
-            if (i > 0) sage14_stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
+            if (i > 0) {  // block-uniform
+                if (Path::ROT_DQ) {
+                    static_assert(!Path::ROT_DQ || (Lay::dqst0 % 128 == 0 && Lay::dqst_bytes % 128 == 0),
+                                  "sage14_stage_dq_rot's XOR addressing needs 128-byte aligned staging tiles");
+                    sage14_stage_dq_rot(smem + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);
+                } else {
+                    sage14_stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);
+                }
+            }
         } else {
             if (i > 0) sage10_add_dq(p, dq_acc, dq_scale, bh, qb - 1);  // block-uniform
         }
@@ -2463,8 +2522,8 @@ struct PersistUniformItem<StagedSage> {
     static constexpr bool value = false;
 };
 #if PIPE14_LOOP
-template <int KIND, bool BULK, bool ROWS8, bool F>
-struct PersistUniformItem<StagedSage14T<KIND, BULK, ROWS8, F>> {
+template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT>
+struct PersistUniformItem<StagedSage14T<KIND, BULK, ROWS8, F, ROT>> {
     static constexpr bool value = false;
 };
 #endif

@@ -73,8 +73,8 @@ pub fn staged_backward(flags: i32) -> Option<StagedBackward> {
 /// bf16: bf16(dS)ᵀ, twice that); the amax scratch; 1024 bytes of slack, so that the kernel can
 /// round its start up to the 1024-byte boundary wgmma's swizzled tiles need. The sage path at d = 64
 /// has a third stage and a second amax scratch (`PIPE14_STAGES`: its pipelined query loop on sm_90a;
-/// the sm_80 build uses two stages and leaves the rest unused). The persistent sage kernel at d = 64 needs
-/// [`sage_persist_staging_bytes`] more.
+/// the sm_80 build uses two stages and leaves the rest unused). Its two sm_90a kernels at d = 64 (the persistent
+/// one and, since bulk15, the plain-grid one) need [`sage14_staging_bytes`] more.
 pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usize {
     let (stage_operands, ds_tile) = match path {
         StagedBackward::Sage => (5 * BLOCK_Q * head_dim, BLOCK_Q * BLOCK_KV),
@@ -87,9 +87,11 @@ pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usiz
     4 * BLOCK_KV * head_dim + stages * stage_operands + 2 * rows + 2 * ds_tile + (stages - 1) * red + align_slack
 }
 
-/// The two dQ staging tiles (64 rows of d FP32 + 32 bytes) of `sage_bwd_main_persist_sage` at d = 64 on
-/// sm_90a (`StagedSage14P`, pipe14b: its dQ added by bulk reduces), after the staged layout; else 0.
-pub fn sage_persist_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
+/// The two dQ staging tiles (64 rows of d FP32 + 32 bytes) of the sage path's sm_90a kernels at d = 64,
+/// `sage_bwd_main_persist_sage` (`StagedSage14P`, pipe14b) and `sage_bwd_main_mma_sage` (`StagedSage14`,
+/// bulk15: the plain grid's dQ also added by bulk reduces; its rows use 4d bytes of the 4d + 32), after
+/// the staged layout; else 0.
+pub fn sage14_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
     if path == StagedBackward::Sage && head_dim == 64 { 2 * BLOCK_Q * (4 * head_dim + 32) } else { 0 }
 }
 
@@ -258,7 +260,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
     let smem = match staged {
         _ if ws => ws_backward_smem_bytes(s.head_dim),
-        Some(path) if persist => staged_backward_smem_bytes(s.head_dim, path) + sage_persist_staging_bytes(s.head_dim, path),
+        Some(path) if persist || (path == StagedBackward::Sage && gpu.dev.arch == "sm_90a") => {
+            staged_backward_smem_bytes(s.head_dim, path) + sage14_staging_bytes(s.head_dim, path)
+        }
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
         None => backward_smem_bytes(s.head_dim),
     };
@@ -670,9 +674,9 @@ mod tests {
         }
         // d = 64: sage's three stages (pipe14) 32 768 + 3 · 20 480 + 1 024 + 16 384 + 2 · 64 + 1 024; fpa's two.
         assert_eq!(staged_backward_smem_bytes(64, StagedBackward::Sage), 112_768);
-        // The persistent sage kernel's two dQ staging tiles (pipe14b) 2 · 64 · 288.
-        assert_eq!(sage_persist_staging_bytes(64, StagedBackward::Sage), 36_864);
-        assert_eq!(sage_persist_staging_bytes(128, StagedBackward::Sage) + sage_persist_staging_bytes(64, StagedBackward::Bf16), 0);
+        // The two dQ staging tiles of the sage kernels at d = 64 on sm_90a (pipe14b, bulk15) 2 · 64 · 288.
+        assert_eq!(sage14_staging_bytes(64, StagedBackward::Sage), 36_864);
+        assert_eq!(sage14_staging_bytes(128, StagedBackward::Sage) + sage14_staging_bytes(64, StagedBackward::Bf16), 0);
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
         // sage_bwd_main_ws's WsLayout::bytes at d = 64: K, V; 3 stages of Q, dO; 2 dS tiles; rows, mbarriers, slack.
         assert_eq!(ws_backward_smem_bytes(64), 32_768 + 49_152 + 32_768 + 1_536 + 80 + 1_024);
