@@ -1306,23 +1306,15 @@ struct WsInt8 {
 // end + 1 turns per tile; the caller passes the first and takes the last. (ws_consume itself does
 // not call this: at d = 128 ptxas then scheduled the BF16 `fws*` kernels' stage addresses
 // differently, so it keeps its own copy and their SASS stays unchanged.)
-// `first` (epi15's deferred epilogue, `wsp3se`): runs once, after the tile's first S is issued and the
-// turn passed (while it runs on the tensor cores), or at the start of a tile without key blocks.
-struct NoHook {
-    __device__ __forceinline__ void operator()() const {}
-};
-template <bool PINGPONG, bool OVERLAP, class Mix, class Ring, class First = NoHook>
+template <bool PINGPONG, bool OVERLAP, class Mix, class Ring>
 __device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, int w, int row0, int it0, int end,
-                                        RowState& st, float (*o)[4], First first = First()) {
+                                        RowState& st, float (*o)[4]) {
     if (end > 0) {
         sm.wait_full(it0);
         if (PINGPONG) take_turn(w);
         mx.issue_scores(sm.k_stage(it0 % Ring::kStages));
         if (PINGPONG) pass_turn(w);
-        first();
         wgmma_wait<0>();
-    } else {
-        first();
     }
     for (int kb = 0; kb < end; ++kb) {
         const int s = (it0 + kb) % Ring::kStages, s1 = (it0 + kb + 1) % Ring::kStages;
@@ -2082,7 +2074,7 @@ __device__ __forceinline__ void fp_rescale(float (*o)[4], const RowState& st) {
 // the software rounding of o_normalized for every pair (f32_to_bf16, NaN → 0x7fc0): the same bits
 // either way (sage_bf16_pack_check: the cvt equals f32_to_bf16 on every non-NaN FP32 value).
 __device__ __forceinline__ void o_pack_pairs(const RowState& st, const float (*o)[4], const float (&r_l)[2],
-                                         u32 (&pk)[O_TILES][2]) {
+                                             u32 (&pk)[O_TILES][2]) {
     u32 nan = st.l[0] == 0.0f || st.l[1] == 0.0f;
 #pragma unroll
     for (int nt = 0; nt < O_TILES; ++nt)
@@ -2101,8 +2093,9 @@ __device__ __forceinline__ void o_pack_pairs(const RowState& st, const float (*o
 
 // O = fl(O · fl(1/l)) as BF16 (o_pack_pairs), lse2 (+ b_r from row_offset(h, row) after an INT8 #1),
 // lse; empty rows 0, +∞ (mma_store's values): each thread's two adjacent columns of each n-tile as one
-// 32-bit store, rows ≥ n_q skipped. The persistent kernels' epilogue: fp_store (BF16) and wsp_store
-// (INT8; epi15 made them one).
+// 32-bit store, rows ≥ n_q skipped: the persistent INT8 kernel's epilogue (wsp_store). fp_store (BF16)
+// keeps its own form: through this helper (epi15's `fpp3su`) ptxas re-allocated the whole BF16 kernel
+// and fpa's forward was 2–4 % slower at the training shape (RESULTS-gpu.md, epi15).
 template <class RowOffset>
 __device__ __forceinline__ void o_store_pairs(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh,
                                               int row0, RowOffset row_offset) {
@@ -2141,12 +2134,6 @@ __device__ void fp_store(const ForwardParams& p, const RowState& st, const float
         }
     }
     store_lse_rows(p, st, bh, row0);  // F_QK is off in the BF16 kernels: no b_r
-}
-
-// fp_store by o_store_pairs (epi15's `fpp3su`, for comparison: the INT8 kernel's store with its NaN
-// rule; the same values for finite O, 0x7fc0 for a NaN where fp_store writes the cvt's NaN).
-__device__ void fp_store_pairs(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0) {
-    o_store_pairs(p, st, o, bh, row0, [&](int, long row) { return p.op.row_offset[row]; });  // F_QK off: no b_r
 }
 
 // One consumer warpgroup's state over a tile: S accumulators, O, the row state, the tile's Q.
@@ -2206,7 +2193,7 @@ __device__ __forceinline__ void fp_first_block(const ForwardParams& p, const FpS
 // tile), so warpgroup 1 passes the first turn once and warpgroup 0 takes the last one once.
 // (Chaining each tile's first S + softmax onto the previous tile's last P·V, FA3's inter-tile
 // overlap, was slower: RESULTS-gpu.md, fpafwd3, commit 73beb5b.)
-template <bool PINGPONG, bool SNAKE, bool GROUPED, bool PAIRS>
+template <bool PINGPONG, bool SNAKE, bool GROUPED>
 __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
@@ -2238,10 +2225,7 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
         }
         it += c.end;
         if (!FP_EARLY_Q || c.end == 0) fp_release_q(sm, i);  // every S of the tile is done
-        if (qb < d.n_qblk) {
-            if constexpr (PAIRS) fp_store_pairs(p, c.st, c.o, x.bh, c.row0);
-            else fp_store(p, c.st, c.o, x.bh, c.row0);
-        }
+        if (qb < d.n_qblk) fp_store(p, c.st, c.o, x.bh, c.row0);
     }
     if (turns && w == 0) take_turn(0);
 }
@@ -2249,7 +2233,7 @@ __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
 
 // The persistent BF16 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // FpSmem::kSmemBytes of dynamic shared memory and the tensor maps of Q, K, V.
-template <bool PINGPONG, bool SNAKE, bool GROUPED, bool PAIRS>
+template <bool PINGPONG, bool SNAKE, bool GROUPED>
 __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, const void* vmap, const ForwardParams& p,
                                         unsigned char* smem) {
 #ifdef SAGE_WGMMA
@@ -2264,25 +2248,24 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
         fp_producer<SNAKE, GROUPED>(qmap, kmap, vmap, sm, p.dims);
     } else {
         setmaxnreg_inc<240>();
-        fp_consumer<PINGPONG, SNAKE, GROUPED, PAIRS>(p, sm, wg - 1);
+        fp_consumer<PINGPONG, SNAKE, GROUPED>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define FP_ENTRY(name, PINGPONG, SNAKE, GROUPED, PAIRS)                                                           \
+#define FP_ENTRY(name, PINGPONG, SNAKE, GROUPED)                                                                  \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,                  \
              const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        fp_main<PINGPONG, SNAKE, GROUPED, PAIRS>(&qmap, &kmap, &vmap, p, ws_smem);                                \
+        fp_main<PINGPONG, SNAKE, GROUPED>(&qmap, &kmap, &vmap, p, ws_smem);                                       \
     }
-FP_ENTRY(sage_forward_ws_bf16_p3, true, false, false, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
-FP_ENTRY(sage_forward_ws_bf16_p1, false, false, false, false)  // fpp1: the same without ping-pong
-FP_ENTRY(sage_forward_ws_bf16_p3s, true, true, false, false)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
-FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true, false)    // fpp3g: fpp3s with head-grouped tiles (fpaf14)
-FP_ENTRY(sage_forward_ws_bf16_p3su, true, true, false, true)   // fpp3su: fpp3s with o_store_pairs (epi15)
+FP_ENTRY(sage_forward_ws_bf16_p3, true, false, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p1, false, false, false)  // fpp1: the same without ping-pong
+FP_ENTRY(sage_forward_ws_bf16_p3s, true, true, false)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
+FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with head-grouped tiles (fpaf14)
 
 // ---------------------------------------------------------------------------------------------
 // Persistent INT8 forward (sfwd12), kernels `sage_forward_ws_p*`: sage_forward_ws (ws3: ping-pong,
@@ -2393,7 +2376,8 @@ __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const Wsp
 // consumer as possibly divergent (WARPSYNC and collective shuffle paths in the key loop, +8.5 % at
 // N 4k); with plain shared stores and no warp barrier (relying on the converged warp's in-order
 // shared-memory accesses) it was −1.4 % at N 1k and ±0 at N 4k against this. epi15: the pairs are
-// packed by cvt.rn.bf16x2.f32 (o_pack_pairs) in o_store_pairs, fp_store_pairs' code too.
+// packed by cvt.rn.bf16x2.f32 (o_pack_pairs, in o_store_pairs); deferring this epilogue past the next
+// tile's first S (`wsp3se`) and fp_store as o_store_pairs (`fpp3su`) were slower (RESULTS-gpu.md, epi15).
 __device__ void wsp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0,
                           const float (&ro)[2]) {
     o_store_pairs(p, st, o, bh, row0, [&](int h, long) { return ro[h]; });  // b_r loaded earlier
@@ -2413,68 +2397,13 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // d = 64: the b_r loads at the tile's start, their latency hidden by the key loop (wsp_store).
 #define WSP_EARLY_RO (HEAD_DIM == 64)
 
-// wsp_consumer with the tile epilogue deferred (epi15, `wsp3se`): tile i's O and lse are stored after
-// tile i + 1's first S is issued and its turn passed, so the other warpgroup's first turn no longer
-// waits behind this one's epilogue, the epilogue overlaps the S wgmma, and tile i + 1's scales
-// (WsInt8's constructor) and b_r are loaded before the stores instead of queued behind them. The
-// last tile's epilogue follows the loop. Same values, same stores, same turns.
-template <bool SNAKE>
-__device__ void wsp_consumer_deferred(const ForwardParams& p, const WspSmem& sm, int w) {
-    const Dims& d = p.dims;
-    const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
-    const bool turns = (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
-    if (turns && w == 1) pass_turn(1);
-    int it = 0, j = 0;
-    RowState st;
-    float o[O_TILES][4];
-    bool pending = false;  // st, o hold a finished tile of (pbh, prow0) not yet stored
-    int pbh = 0, prow0 = 0;
-    float pro[2] = {0.0f, 0.0f};
-    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
-        const FpTile x = fp_tile(d, t);
-        const int qb = 2 * x.pair + w, row0 = qb * BLOCK_Q + warp * 16;
-        WsInt8<true, true> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
-        float ro[2];
-        if (WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
-        ws_tile<true, true>(d, sm, mx, w, row0, it, x.end, st, o, [&]() {
-            if (pending) {
-                if (!WSP_EARLY_RO) wsp_row_offsets(p, pbh, prow0, pro);
-                wsp_store(p, st, o, pbh, prow0, pro);
-            }
-            start_rows(st, o);
-        });
-        it += x.end;
-        if (x.end > 0) {
-            __syncwarp();
-            if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(j));  // every S of the tile is done
-            ++j;
-        }
-        pending = qb < d.n_qblk;
-        pbh = x.bh;
-        prow0 = row0;
-        if (WSP_EARLY_RO) {
-            pro[0] = ro[0];
-            pro[1] = ro[1];
-        }
-    }
-    if (pending) {
-        if (!WSP_EARLY_RO) wsp_row_offsets(p, pbh, prow0, pro);
-        wsp_store(p, st, o, pbh, prow0, pro);
-    }
-    if (turns && w == 0) take_turn(0);
-}
-
 // Consumer warpgroup w: query block 2·pair + w of each of the block's tiles, one ws_tile each with
 // WsInt8<early amax> (the per-tile scales), then its Q slot released and O stored. Ping-pong: the
 // turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
 // first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
 // so it has turns iff any tile has.
-template <bool SNAKE, bool DEFER>
+template <bool SNAKE>
 __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
-    if constexpr (DEFER) {
-        wsp_consumer_deferred<SNAKE>(p, sm, w);
-        return;
-    }
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
     const bool turns = (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
@@ -2507,7 +2436,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
 
 // The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // WspSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
-template <bool SNAKE, bool DEFER>
+template <bool SNAKE>
 __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& p, unsigned char* smem) {
 #ifdef SAGE_WGMMA
     require_dynamic_smem((u32)WspSmem::kSmemBytes);
@@ -2521,21 +2450,20 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         wsp_producer<SNAKE>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        wsp_consumer<SNAKE, DEFER>(p, sm, wg - 1);
+        wsp_consumer<SNAKE>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define WSP_ENTRY(name, SNAKE, DEFER)                                                                             \
+#define WSP_ENTRY(name, SNAKE)                                                                                    \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        wsp_main<SNAKE, DEFER>(&vmap, p, ws_smem);                                                                \
+        wsp_main<SNAKE>(&vmap, p, ws_smem);                                                                       \
     }
-WSP_ENTRY(sage_forward_ws_p3s, true, false)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
-WSP_ENTRY(sage_forward_ws_p3se, true, true)  // wsp3se: wsp3s with the tile epilogue deferred (epi15)
+WSP_ENTRY(sage_forward_ws_p3s, true)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

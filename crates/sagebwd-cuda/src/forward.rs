@@ -195,8 +195,6 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
         Ok("fpp3") => Some((c"sage_forward_ws_bf16_p3", Persistent)),
         Ok("fpp3s") => Some(fpp3s),
         Ok("fpp3g") => Some(fpp3g),
-        // epi15: `fpp3s` with the INT8 kernel's O store (`o_store_pairs`), for comparison.
-        Ok("fpp3su") => Some((c"sage_forward_ws_bf16_p3su", Persistent)),
         Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent)),
         _ => Some(if bf16_grouped_pays(head_dim, n_q, causal) {
             fpp3g
@@ -254,8 +252,7 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// `None`, one block per query-block pair and (batch·head) (`sage_forward_ws`); or the persistent
 /// kernel to launch on min(tiles, SMs) blocks (sfwd12): `wsp3s` (`sage_forward_ws_p3s`, snake tile
 /// order; sfwd12's plain-stride `wsp3` was never faster and is gone). `SAGEBWD_FORWARD_WGMMA=ws3` (or
-/// `ws1`, `ws13`) keeps the pairs grid; `wsp3s` asks for the persistent one (`wsp3se`: its variant with
-/// the tile epilogue deferred past the next tile's first S, epi15); otherwise the default
+/// `ws1`, `ws13`) keeps the pairs grid; `wsp3s` asks for the persistent one; otherwise the default
 /// by shape (`int8_persistent_pays`). Only with the ping-pong + early-amax flags (ws3).
 fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
@@ -263,8 +260,6 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
     }
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("wsp3s") => Some(c"sage_forward_ws_p3s"),
-        // epi15: `wsp3s` with each tile's epilogue after the next tile's first S is issued.
-        Ok("wsp3se") => Some(c"sage_forward_ws_p3se"),
         Ok("ws3") => None,
         _ => int8_persistent_pays(head_dim, n_q, causal).then_some(c"sage_forward_ws_p3s"),
     }
