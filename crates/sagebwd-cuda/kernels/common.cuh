@@ -491,6 +491,22 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+// pack_bf16x2 for stores that promise f32_to_bf16's bits (epi15, the INT8 forward's O): the cvt gives
+// them for every non-NaN input, and `nan` collects whether lo or hi is NaN, where the caller takes
+// f32_to_bf16 instead (its NaN is 0x7fc0). Checked on all 2^32 FP32 patterns in both halves by
+// sage_bf16_pack_check (selftest.cu, sagebwd-gpu-check). One F2FP (+ one FSETP) per pair where
+// f32_to_bf16 takes ~7 integer instructions per value.
+__device__ __forceinline__ u32 pack_bf16x2_nan(float lo, float hi, u32& nan) {
+    // nan = nan != 0 || lo or hi NaN (setp.nan: unordered), as 0 / 1: ptxas chains FSETP.NAN.OR.
+    asm("{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nsetp.nan.or.f32 p, %2, %3, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(nan) : "r"(nan), "f"(lo), "f"(hi));
+    return pack_bf16x2(lo, hi);
+}
+// f32_to_bf16(lo) | f32_to_bf16(hi) << 16: the same word by the software rounding.
+__device__ __forceinline__ u32 pack_bf16x2_sw(float lo, float hi) {
+    return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Exact integer/float tricks of the staged paths (forward.cu, backward_main.cu).
 

@@ -2068,6 +2068,52 @@ __device__ __forceinline__ void fp_rescale(float (*o)[4], const RowState& st) {
         for (int e = 0; e < 4; ++e) o[nd][e] = __fmul_rn(o[nd][e], st.alpha[e >> 1]);
 }
 
+// f32_to_bf16(o_normalized(O)) of the thread's pairs (columns 8nt + 2t, + 1 of rows g, g + 8), by
+// pack_bf16x2_nan (epi15): one cvt per pair of products fl(O·fl(1/l)). If a row of the thread has
+// l = 0 (no key: o_normalized's 0) or any product is NaN (only for non-finite O), the thread takes
+// the software rounding of o_normalized for every pair (f32_to_bf16, NaN → 0x7fc0): the same bits
+// either way (sage_bf16_pack_check: the cvt equals f32_to_bf16 on every non-NaN FP32 value).
+__device__ __forceinline__ void o_pack_pairs(const RowState& st, const float (*o)[4], const float (&r_l)[2],
+                                             u32 (&pk)[O_TILES][2]) {
+    u32 nan = st.l[0] == 0.0f || st.l[1] == 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            pk[nt][h] = pack_bf16x2_nan(__fmul_rn(o[nt][2 * h], r_l[h]), __fmul_rn(o[nt][2 * h + 1], r_l[h]), nan);
+    if (nan) {
+#pragma unroll
+        for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                pk[nt][h] = pack_bf16x2_sw(o_normalized(o[nt][2 * h], st.l[h], r_l[h]),
+                                           o_normalized(o[nt][2 * h + 1], st.l[h], r_l[h]));
+    }
+}
+
+// O = fl(O · fl(1/l)) as BF16 (o_pack_pairs), lse2 (+ b_r from row_offset(h, row) after an INT8 #1),
+// lse; empty rows 0, +∞ (mma_store's values): each thread's two adjacent columns of each n-tile as one
+// 32-bit store, rows ≥ n_q skipped: the persistent INT8 kernel's epilogue (wsp_store). fp_store (BF16)
+// keeps its own form: through this helper (epi15's `fpp3su`) ptxas re-allocated the whole BF16 kernel
+// and fpa's forward was 2–4 % slower at the training shape (RESULTS-gpu.md, epi15).
+template <class RowOffset>
+__device__ __forceinline__ void o_store_pairs(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh,
+                                              int row0, RowOffset row_offset) {
+    const Dims& d = p.dims;
+    const float r_l[2] = {__frcp_rn(st.l[0]), __frcp_rn(st.l[1])};  // fl(1/l) once per row
+    u32 pk[O_TILES][2];  // rows g (h = 0), g + 8 (h = 1): BF16 of columns 8nt + 2t (low half), + 1
+    o_pack_pairs(st, o, r_l, pk);
+    u16* og = p.o + ((long)bh * d.n_q + row0) * HEAD_DIM;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = c_row(2 * h);
+        if (row0 + r >= d.n_q) continue;
+#pragma unroll
+        for (int nt = 0; nt < O_TILES; ++nt) *(u32*)(og + r * HEAD_DIM + nt * 8 + c_col(0)) = pk[nt][h];
+    }
+    store_lse_rows(p, st, bh, row0, row_offset);
+}
+
 // mma_store's results (O = fl(O · fl(1/l)) as BF16, lse2, lse; empty rows 0, +∞) with each thread's
 // two adjacent columns stored as one 32-bit word (pack_bf16x2 = f32_to_bf16 on finite values).
 __device__ void fp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0) {
@@ -2329,29 +2375,12 @@ __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const Wsp
 // stored as 16-byte rows — with stmatrix or a __syncwarp / per-warp bar.sync ptxas treated the whole
 // consumer as possibly divergent (WARPSYNC and collective shuffle paths in the key loop, +8.5 % at
 // N 4k); with plain shared stores and no warp barrier (relying on the converged warp's in-order
-// shared-memory accesses) it was −1.4 % at N 1k and ±0 at N 4k against this.
+// shared-memory accesses) it was −1.4 % at N 1k and ±0 at N 4k against this. epi15: the pairs are
+// packed by cvt.rn.bf16x2.f32 (o_pack_pairs, in o_store_pairs); deferring this epilogue past the next
+// tile's first S (`wsp3se`) and fp_store as o_store_pairs (`fpp3su`) were slower (RESULTS-gpu.md, epi15).
 __device__ void wsp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0,
                           const float (&ro)[2]) {
-    const Dims& d = p.dims;
-    const float r_l[2] = {__frcp_rn(st.l[0]), __frcp_rn(st.l[1])};  // fl(1/l) once per row
-    u32 pk[O_TILES][2];  // rows g (h = 0), g + 8 (h = 1): BF16 of columns 8nt + 2t (low half), + 1
-#pragma unroll
-    for (int nt = 0; nt < O_TILES; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float v0 = o_normalized(o[nt][2 * h], st.l[h], r_l[h]);
-            const float v1 = o_normalized(o[nt][2 * h + 1], st.l[h], r_l[h]);
-            pk[nt][h] = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
-        }
-    u16* og = p.o + ((long)bh * d.n_q + row0) * HEAD_DIM;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = c_row(2 * h);
-        if (row0 + r >= d.n_q) continue;
-#pragma unroll
-        for (int nt = 0; nt < O_TILES; ++nt) *(u32*)(og + r * HEAD_DIM + nt * 8 + c_col(0)) = pk[nt][h];
-    }
-    store_lse_rows(p, st, bh, row0, [&](int h, long) { return ro[h]; });  // b_r loaded earlier
+    o_store_pairs(p, st, o, bh, row0, [&](int h, long) { return ro[h]; });  // b_r loaded earlier
 }
 
 // row_offset (b_r) of the thread's two rows where wsp_store's lse needs them (quad leaders, rows < n_q,

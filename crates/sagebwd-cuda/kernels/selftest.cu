@@ -48,3 +48,48 @@ extern "C" __global__ void sage_ex2_monotone(unsigned long long* counts) {
     if (above_one) atomicAdd(&counts[1], above_one);
     if (begin == 0x80000000u && (exp2_ftz(0.0f) != 1.0f || exp2_ftz(-0.0f) != 1.0f)) atomicAdd(&counts[2], 1ull);
 }
+
+// Checks pack_bf16x2_nan (common.cuh; the INT8 persistent forward's O pack, epi15) against
+// f32_to_bf16 on every FP32 bit pattern in both halves: thread i walks the patterns x of chunk i
+// (BF16_CHUNK of them) as the low half, with y = x·0x9e3779b1 (an odd multiplier: a bijection, so
+// every pattern is a high half once too) as the high half. counts[0]: words whose cvt differs from
+// the software pack while neither input is NaN (the claim the forward relies on: must be 0);
+// counts[1]: words where the forward's rule (software pack when `nan` is set, else the cvt) differs
+// from f32_to_bf16 (must be 0); counts[2]: `nan` wrong (must be 0); counts[3]: NaN halves whose cvt
+// differs from f32_to_bf16's 0x7fc0 (informative); counts[4], counts[5]: OR and OR of the complement
+// of the cvt's NaN halves (the NaN it writes: AND = ~counts[5]).
+#define BF16_CHUNK 4096u
+extern "C" __global__ void sage_bf16_pack_check(unsigned long long* counts) {
+    const u32 begin = (blockIdx.x * blockDim.x + threadIdx.x) * BF16_CHUNK;
+    u32 cvt_bad = 0, rule_bad = 0, flag_bad = 0, nan_diff = 0, nan_or = 0, nan_nor = 0;
+    for (u32 k = 0; k < BF16_CHUNK; ++k) {
+        const u32 xb = begin + k, yb = xb * 0x9e3779b1u;
+        const float x = __uint_as_float(xb), y = __uint_as_float(yb);
+        const bool xn = (xb & 0x7fffffffu) > 0x7f800000u, yn = (yb & 0x7fffffffu) > 0x7f800000u;
+        u32 nan = 0;
+        const u32 w = pack_bf16x2_nan(x, y, nan);
+        const u32 sw = pack_bf16x2_sw(x, y);
+        cvt_bad += !xn && !yn && w != sw;
+        rule_bad += (nan ? sw : w) != sw;
+        flag_bad += (nan != 0) != (xn || yn);
+        const u32 lo = w & 0xffffu, hi = w >> 16;
+        nan_diff += (xn && lo != 0x7fc0u) + (yn && hi != 0x7fc0u);
+        if (xn) { nan_or |= lo; nan_nor |= ~lo & 0xffffu; }
+        if (yn) { nan_or |= hi; nan_nor |= ~hi & 0xffffu; }
+    }
+    const u32 full = 0xffffffffu;
+    cvt_bad = __reduce_add_sync(full, cvt_bad);
+    rule_bad = __reduce_add_sync(full, rule_bad);
+    flag_bad = __reduce_add_sync(full, flag_bad);
+    nan_diff = __reduce_add_sync(full, nan_diff);
+    nan_or = __reduce_or_sync(full, nan_or);
+    nan_nor = __reduce_or_sync(full, nan_nor);
+    if ((threadIdx.x & 31) == 0) {
+        if (cvt_bad) atomicAdd(&counts[0], (unsigned long long)cvt_bad);
+        if (rule_bad) atomicAdd(&counts[1], (unsigned long long)rule_bad);
+        if (flag_bad) atomicAdd(&counts[2], (unsigned long long)flag_bad);
+        if (nan_diff) atomicAdd(&counts[3], (unsigned long long)nan_diff);
+        if (nan_or) atomicOr(&counts[4], (unsigned long long)nan_or);
+        if (nan_nor) atomicOr(&counts[5], (unsigned long long)nan_nor);
+    }
+}

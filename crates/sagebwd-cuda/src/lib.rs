@@ -178,6 +178,31 @@ impl Gpu {
         }
     }
 
+    /// Evaluates `pack_bf16x2_nan` (common.cuh: `cvt.rn.bf16x2.f32` + a NaN flag; the INT8
+    /// persistent forward packs O with it and takes `f32_to_bf16` where the flag is set) on every
+    /// FP32 bit pattern as the low and as the high half, against `f32_to_bf16`: the cvt must give the
+    /// same bits for every non-NaN input, the flag must be set exactly for NaN inputs. Returns the
+    /// counts as text (with the NaN the cvt itself writes). A few milliseconds.
+    pub fn bf16_pack_selftest(&self) -> Result<String> {
+        let k = self.kernels(HEAD_DIMS[0])?;
+        let st = &self.dev.stream;
+        let counts = drv("alloc", st.alloc_zeros::<u64>(6))?;
+        const CHUNK: u32 = 4096; // BF16_CHUNK in selftest.cu
+        let threads = (1u64 << 32) / CHUNK as u64;
+        let cfg = LaunchConfig { grid_dim: ((threads / 256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        drv("launch sage_bf16_pack_check", unsafe { st.launch_builder(&k.bf16_pack_check).arg(&counts).launch(cfg) })?;
+        let c = self.download(&counts, 6)?;
+        let text = format!(
+            "2^32 patterns x 2 halves: cvt != f32_to_bf16 on non-NaN inputs {}, forward's rule != f32_to_bf16 {}, NaN flag wrong {}; \
+             NaN halves where the cvt differs from 0x7fc0 {} (cvt NaN bits OR {:#06x}, AND {:#06x})",
+            c[0], c[1], c[2], c[3], c[4], !c[5] & 0xffff);
+        if c[0] == 0 && c[1] == 0 && c[2] == 0 {
+            Ok(text)
+        } else {
+            Err(Error::Backend(format!("bf16 pack self-test failed: {text}")))
+        }
+    }
+
     /// Runs one INT8 (m16n8k32) and one BF16 (m16n8k16) `mma.sync` on small random integers and
     /// compares with the exact product: checks the fragment layouts the tensor-core kernels use.
     pub fn mma_selftest(&self) -> Result<()> {

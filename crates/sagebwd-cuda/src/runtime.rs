@@ -355,6 +355,8 @@ pub struct Kernels {
     pub mma_selftest: CudaFunction,
     /// `exp2_ftz` monotone on [−∞, 1] and ≤ 1 on [−∞, 0] (`Gpu::ex2_selftest`).
     pub ex2_monotone: CudaFunction,
+    /// `pack_bf16x2_nan` = `f32_to_bf16` on all 2³² patterns (`Gpu::bf16_pack_selftest`, epi15).
+    pub bf16_pack_check: CudaFunction,
     pub post_dq: CudaFunction,
     pub post_dkdv: CudaFunction,
 }
@@ -412,6 +414,7 @@ impl Kernels {
             bwd_main_mma: f(3, "sage_bwd_main_mma")?,
             mma_selftest: f(5, "sage_mma_selftest")?,
             ex2_monotone: f(5, "sage_ex2_monotone")?,
+            bf16_pack_check: f(5, "sage_bf16_pack_check")?,
             post_dq: f(4, "sage_bwd_post_dq")?,
             post_dkdv: f(4, "sage_bwd_post_dkdv")?,
         })

@@ -419,6 +419,10 @@ fn main() {
     let ex2_ok = ex2.is_ok();
     println!("ex2.approx.ftz self-test (monotone on [-inf, 1], <= 1 on [-inf, 0]): {}",
         match &ex2 { Ok(()) => "ok".to_string(), Err(e) => e.to_string() });
+    let bf16 = gpu.bf16_pack_selftest();
+    let bf16_ok = bf16.is_ok();
+    println!("bf16 pack self-test (cvt.rn.bf16x2.f32 + NaN rule = f32_to_bf16): {}",
+        match &bf16 { Ok(t) => format!("ok: {t}"), Err(e) => e.to_string() });
 
     let mut rows = Vec::new();
     let mut seed = 1;
@@ -466,10 +470,10 @@ fn main() {
     let passed = rows.iter().filter(|r| r.pass).count();
     println!("\nrepeat run: {} — {}", if repeat.0 { "deterministic" } else { "FAIL" }, repeat.1);
     print!("{out}");
-    let all = passed == rows.len() && repeat.0 && ok_sweep && ok_err && mma_ok && ex2_ok;
-    println!("\n{passed} passed, {} failed (simulator comparisons); sweep {}; error paths {}; mma self-test {}; ex2 self-test {}",
+    let all = passed == rows.len() && repeat.0 && ok_sweep && ok_err && mma_ok && ex2_ok && bf16_ok;
+    println!("\n{passed} passed, {} failed (simulator comparisons); sweep {}; error paths {}; mma self-test {}; ex2 self-test {}; bf16 pack self-test {}",
         rows.len() - passed, if ok_sweep { "ok" } else { "FAIL" }, if ok_err { "ok" } else { "FAIL" },
-        if mma_ok { "ok" } else { "FAIL" }, if ex2_ok { "ok" } else { "FAIL" });
+        if mma_ok { "ok" } else { "FAIL" }, if ex2_ok { "ok" } else { "FAIL" }, if bf16_ok { "ok" } else { "FAIL" });
     if let Some(dir) = out_dir {
         let mut tsv = String::from("result\tcase\tconfig\tkernels\tdetails\n");
         for r in &rows {
