@@ -6,9 +6,17 @@
 // start on whole rows): two 16-byte loads and one 16-byte store, more bytes in flight per thread than
 // the four-element version (~3.5 TB/s), the same arithmetic per element. Launched with a grid for
 // total / 8 threads.
+//
+// Launched with programmatic dependent launch after the sagebwd main kernel of one head group
+// (src/backward.rs): griddepcontrol.wait first, before any load or store, so its blocks may be
+// scheduled as the main kernel's grid drains and still read the complete dQ accumulator (a no-op
+// without PDL; nothing on sm_80).
 extern "C" __global__ void sage_bwd_post_dq(const float* __restrict__ dq_acc, const float* __restrict__ ds_rowsum,
                                             const float* __restrict__ k_mean, u16* __restrict__ dq,
                                             Dims d, float c, int flags) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     const long total8 = (long)d.batch * d.heads_q * d.n_q * HEAD_DIM / 8;
     const int group = d.heads_q / d.heads_kv;
     const bool corr = (flags & F_DQ_CORR) && (flags & F_DQ);

@@ -17,6 +17,27 @@
 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15) == 0; }
 
+// Programmatic dependent launch (PDL, sm_90+; src/quantize.rs `launch_pdl`). A kernel launched with
+// programmatic stream serialization may start while its predecessor in the stream (the primary)
+// still runs, once every CTA of the primary has executed pdl_trigger() or exited. pdl_wait() blocks
+// until the primary has completed and its memory operations are visible. Both are no-ops when the
+// launch did not ask for PDL (and on sm_80, where they compile to nothing). The rules that make the
+// glue's uses safe by construction: a PDL kernel reads before its pdl_wait() only tensors written
+// before its primary started (the primary itself had a normal launch, or triggered only after its
+// own pdl_wait(), so everything queued before the primary is complete), writes before pdl_wait()
+// only buffers its primary neither reads nor writes, and every thread executes pdl_wait() before
+// it exits, so the PDL kernel never completes before its primary.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // The mean of `rows` BF16 values spaced `stride` apart. The specification allows any summation
 // order; like the CPU simulator we sum in FP64 (exact for BF16 inputs of any realistic range, so
 // independent of order), divide in FP64 and round once to FP32: K_m and Q_m then match the
@@ -38,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
                                                                          int n_k, int n_chunks) {
     constexpr int ROW_STEP = THREADS / VEC_PER_ROW;
     __shared__ double s_part[ROW_STEP][HEAD_DIM];
+    pdl_trigger();  // sage_k_mean (PDL) may take its place on the SMs; it waits for this grid
     const int chunk = blockIdx.x, bh = blockIdx.y;
     const int lr = threadIdx.x / VEC_PER_ROW, c8 = threadIdx.x % VEC_PER_ROW;
     const int r_end = min((chunk + 1) * K_MEAN_CHUNK, n_k);
@@ -46,21 +68,55 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
     double acc[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j] = 0.0;
-#pragma unroll 4
-    for (int r = chunk * K_MEAN_CHUNK + lr; r < r_end; r += ROW_STEP) {
-        const u16* src = base + (long)r * HEAD_DIM;
-        u32 w[4];
-        if (vec) {
-            const uint4 v = *(const uint4*)src;
-            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w[j] = (u32)src[2 * j] | ((u32)src[2 * j + 1] << 16);
-        }
+    const auto add = [&](const u32 (&w)[4]) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             acc[2 * j] = __dadd_rn(acc[2 * j], (double)lo_bf16(w[j]));
             acc[2 * j + 1] = __dadd_rn(acc[2 * j + 1], (double)hi_bf16(w[j]));
+        }
+    };
+    int r = chunk * K_MEAN_CHUNK + lr;
+    if (vec) {
+        // KM_BATCH rows' 16-byte loads issued before their sums (glue15: the loop unrolled by 4
+        // interleaved loads and FP64 adds, 2–3 loads in flight per thread with 3 blocks per SM);
+        // each column still sums its rows in increasing order, so the same bits.
+        constexpr int KM_BATCH = 8;
+        const auto full = [&](int r0) { return r0 + (KM_BATCH - 1) * ROW_STEP < r_end; };
+        if (full(r)) {
+            uint4 v[KM_BATCH];
+#pragma unroll
+            for (int b = 0; b < KM_BATCH; ++b) v[b] = *(const uint4*)(base + (long)(r + b * ROW_STEP) * HEAD_DIM);
+            while (true) {  // the next batch's loads issued before this batch's sums
+                const int next = r + KM_BATCH * ROW_STEP;
+                const bool more = full(next);
+                uint4 nv[KM_BATCH];
+                if (more) {
+#pragma unroll
+                    for (int b = 0; b < KM_BATCH; ++b) nv[b] = *(const uint4*)(base + (long)(next + b * ROW_STEP) * HEAD_DIM);
+                }
+#pragma unroll
+                for (int b = 0; b < KM_BATCH; ++b) {
+                    const u32 w[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+                    add(w);
+                }
+                r = next;
+                if (!more) break;
+#pragma unroll
+                for (int b = 0; b < KM_BATCH; ++b) v[b] = nv[b];
+            }
+        }
+        for (; r < r_end; r += ROW_STEP) {
+            const uint4 v = *(const uint4*)(base + (long)r * HEAD_DIM);
+            const u32 w[4] = {v.x, v.y, v.z, v.w};
+            add(w);
+        }
+    } else {
+        for (; r < r_end; r += ROW_STEP) {
+            const u16* src = base + (long)r * HEAD_DIM;
+            u32 w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) w[j] = (u32)src[2 * j] | ((u32)src[2 * j + 1] << 16);
+            add(w);
         }
     }
 #pragma unroll
@@ -78,6 +134,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
 extern "C" __global__ void sage_k_mean(const double* __restrict__ partial, float* __restrict__ k_mean,
                                        int n_k, int n_chunks, int smooth_k) {
     const int bh = blockIdx.x, c = threadIdx.x;
+    pdl_wait();     // the partial sums (launched with PDL after sage_k_mean_partial)
+    pdl_trigger();  // after the wait: sage_quantize_qkv's loads of Q, K, V overlap this kernel
     float mean = 0.0f;  // 0 when smoothing is off: K_s = K
     if (smooth_k) {
         double sum = 0.0;
@@ -268,7 +326,11 @@ __device__ __forceinline__ void store_tile8(const QuantRowsParams& p, long base,
 // one block of a B_kv group's size): `t` is the thread's index within its group, `group` the
 // group's index within the block, `group_warps` its warps. s_kmd is written by the block's first
 // HEAD_DIM threads: the groups of one block share their (batch, head), hence K_m.
-template <bool MEAN>
+//
+// PDL (sage_quantize_qkv, launched with PDL after sage_k_mean): the group's loads of x (an input,
+// written before sage_k_mean_partial started) are issued before pdl_wait(); K_m (head_mean, k_mean)
+// is read and every output written after it.
+template <bool MEAN, bool PDL = false>
 __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, int blk, int bh, int row0, long base,
                                                      int kv, int t, int group, int group_warps, float* s_scratch,
                                                      double* s_kmd, u16* s_rows) {
@@ -280,6 +342,7 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
     const u16* src = p.x + base + (long)r_first * HEAD_DIM + c0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = *(const uint4*)(src + i * HEAD_DIM);
+    if (PDL) pdl_wait();  // K_m is sage_k_mean's output
     float m[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) m[j] = MEAN ? p.head_mean[(bh / p.mean_group) * HEAD_DIM + c0 + j] : 0.0f;
@@ -533,17 +596,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(Quant
     if (b < p.k_blocks) {
         const GroupAt k = group_at(p.k, p.k_blocks - 1 - b);
         if (p.k.head_mean)
-            quantize_group_tiles<true>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+            quantize_group_tiles<true, true>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
         else
-            quantize_group_tiles<false>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+            quantize_group_tiles<false, true>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
     } else if (b < p.k_blocks + p.v_blocks) {
         const GroupAt v = group_at(p.v, b - p.k_blocks);
-        quantize_group_tiles<false>(p.v, v.blk, v.bh, v.row0, v.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+        quantize_group_tiles<false, true>(p.v, v.blk, v.bh, v.row0, v.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
     } else {
         const int q_threads = blockDim.x / 2, half = threadIdx.x / q_threads;
         const GroupAt q = group_at(p.q, 2 * (b - p.k_blocks - p.v_blocks) + half);
         u16* s_rows = (u16*)s_dyn + half * p.q.rows_per_block * ROW_TILE_STRIDE;
-        quantize_group_tiles<false>(p.q, q.blk, q.bh, q.row0, q.base, kv_row_of(p.q, q.bh), threadIdx.x - half * q_threads,
+        quantize_group_tiles<false, true>(p.q, q.blk, q.bh, q.row0, q.base, kv_row_of(p.q, q.bh), threadIdx.x - half * q_threads,
                                     half, warps / 2, s_scratch, s_kmd, s_rows);
     }
 }
@@ -574,6 +637,9 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_bwd_pre_do(QuantRows
     const int blk = blockIdx.x, bh = blockIdx.y, row0 = blk * p.rows_per_block;
     const long base = ((long)bh * p.n + row0) * HEAD_DIM;
     const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    // The Q̂ᵀ, K̂ᵀ transposes (sage_transpose_qk_hat, launched with PDL next when one head group runs)
+    // read and write nothing of this kernel's: they may fill the SMs this grid's last wave leaves idle.
+    pdl_trigger();
     const int band = warp / PRE_WARPS_PER_BAND, half = warp % PRE_WARPS_PER_BAND;
     const int r_first = band * 32 + (lane >> 3) * 8;
     const int j = lane & 7, c0 = (half * 8 + j) * 8;
@@ -668,10 +734,16 @@ extern "C" __global__ void sage_fill_u32(u32* __restrict__ dst, u64 n, u32 value
 // x̂ᵀ held; the padding columns n..n_pad are not written (nor are they by the quantizer). Grid
 // (⌈max(n_q, n_k) / 64⌉, rows, 2): z = 0 transposes Q̂, z = 1 K̂. HEAD_DIM threads, each 8 rows × 8
 // columns in registers with the lane layout of quantize_group_tiles (whole sectors per warp).
-extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_transpose_qk_hat(const i8* __restrict__ q_hat,
-                                                                          i8* __restrict__ q_hat_t, int n_q, int n_qpad,
-                                                                          const i8* __restrict__ k_hat,
-                                                                          i8* __restrict__ k_hat_t, int n_k, int n_kpad) {
+//
+// PDL (one head group: launched with PDL right after the backward preprocess, src/backward.rs):
+// Q̂, K̂ were written by the forward, before the (normally launched) preprocess started, and
+// Q̂ᵀ, K̂ᵀ are touched by neither the preprocess nor anything still running; so the transpose
+// needs nothing of its primary and runs whole before pdl_wait(), which every thread executes last,
+// so that the grid completes only after its primary (the main kernel, launched normally after it,
+// then finds the preprocess's D, dÔᵀ and zeroed dQ accumulator complete as before).
+__device__ __forceinline__ void transpose_qk_hat_tile(const i8* __restrict__ q_hat, i8* __restrict__ q_hat_t, int n_q,
+                                                      int n_qpad, const i8* __restrict__ k_hat, i8* __restrict__ k_hat_t,
+                                                      int n_k, int n_kpad) {
     constexpr int WARPS_PER_BAND = HEAD_DIM / 64;
     const bool is_k = blockIdx.z == 1;
     const i8* x = is_k ? k_hat : q_hat;
@@ -696,4 +768,12 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_transpose_qk_hat(con
         nat[i][0] = v.x, nat[i][1] = v.y;
     }
     store_tile8_transposed(dst, n_pad, nat);
+}
+
+extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_transpose_qk_hat(const i8* __restrict__ q_hat,
+                                                                          i8* __restrict__ q_hat_t, int n_q, int n_qpad,
+                                                                          const i8* __restrict__ k_hat,
+                                                                          i8* __restrict__ k_hat_t, int n_k, int n_kpad) {
+    transpose_qk_hat_tile(q_hat, q_hat_t, n_q, n_qpad, k_hat, k_hat_t, n_k, n_kpad);
+    pdl_wait();  // every thread, last (see above)
 }

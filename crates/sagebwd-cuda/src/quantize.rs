@@ -236,7 +236,48 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
     let func = k.quantize_function(c"sage_quantize_qkv")?;
     let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantQkvParams).cast()];
     let grid = ((k_blocks + v_blocks + q_blocks) as u32, 1, 1);
-    gpu.launch_raw(func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)
+    // PDL after sage_k_mean: the groups' loads of K, V, Q overlap it (quantize_group_tiles' PDL)
+    launch_pdl(gpu, func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)
+}
+
+/// Whether the glue kernels may be launched with programmatic dependent launch ([`launch_pdl`]):
+/// compute capability 9.0 or newer (the NVRTC target `sm_90a`, `sm_100`, …), unless
+/// `SAGEBWD_PDL=0` (read once per process).
+pub(crate) fn pdl_enabled(gpu: &Gpu) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("SAGEBWD_PDL").is_ok_and(|v| v == "0"));
+    let major: u32 = gpu.dev.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect::<String>()
+        .parse().unwrap_or(0);
+    !off && major >= 90
+}
+
+/// [`Gpu::launch_raw`] with programmatic stream serialization (PDL) where [`pdl_enabled`]: the
+/// kernel may start while its predecessor in `stream` still runs, once every block of that
+/// predecessor has executed `griddepcontrol.launch_dependents` or exited. Only for kernels written
+/// for it: each reads before its `griddepcontrol.wait` only what was written before its predecessor
+/// started, writes before it only buffers the predecessor does not touch, and executes it in every
+/// thread before exiting (the rules in quantize.cu, `pdl_wait`). Without PDL the plain launch.
+pub(crate) fn launch_pdl(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), block: u32, smem: u32,
+                         stream: sys::CUstream, args: &mut [*mut std::ffi::c_void]) -> Result<()> {
+    if !pdl_enabled(gpu) {
+        return gpu.launch_raw(func, grid, block, smem, stream, args);
+    }
+    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
+    // SAFETY: a zeroed union is a valid value; the one field the attribute id selects is set.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    };
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid.0, gridDimY: grid.1, gridDimZ: grid.2, blockDimX: block, blockDimY: 1, blockDimZ: 1,
+        sharedMemBytes: smem, hStream: stream, attrs: &mut attr, numAttrs: 1,
+    };
+    drv("cuLaunchKernelEx (PDL)", unsafe {
+        sys::cuLaunchKernelEx(&cfg, func, args.as_mut_ptr(), std::ptr::null_mut()).result()
+    })
 }
 
 /// Threads of a register-tile `sage_quantize_rows` block: one per 8 × 8 tile of its rows.
@@ -296,12 +337,14 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
             stream.launch_builder(&k.k_mean_partial).arg(&x.k).arg(&partial).arg(&n_k).arg(&n_chunks_i).launch(part_cfg)
         })?;
     }
-    let smooth_k = smooth_k as i32;
-    let mean_cfg = LaunchConfig { grid_dim: (bh_kv as u32, 1, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
-    drv("launch sage_k_mean", unsafe {
-        stream.launch_builder(&k.k_mean).arg(&partial).arg(&k_mean).arg(&n_k).arg(&n_chunks_i).arg(&smooth_k)
-            .launch(mean_cfg)
-    })?;
+    let mut smooth_k = smooth_k as i32;
+    // PDL after sage_k_mean_partial (which triggers at its start): sage_k_mean waits for it first.
+    let (mut partial_ptr, mut k_mean_ptr, mut n_k, mut n_chunks_i) = (gpu.ptr(&partial), gpu.ptr(&k_mean), n_k, n_chunks_i);
+    let mut mean_args: [*mut std::ffi::c_void; 5] = [
+        (&mut partial_ptr as *mut u64).cast(), (&mut k_mean_ptr as *mut u64).cast(), (&mut n_k as *mut i32).cast(),
+        (&mut n_chunks_i as *mut i32).cast(), (&mut smooth_k as *mut i32).cast(),
+    ];
+    launch_pdl(gpu, k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
     let (_, c_lambda) = crate::forward::scales(d);
     quantize_qkv(gpu, k, [RowsJob {
         x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
@@ -426,8 +469,14 @@ pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64),
 /// output holds, made where the backward needs them. One launch (`sage_transpose_qk_hat` in
 /// quantize.cu) for both. Without GQA the rows of Q and K coincide; with GQA the backward runs one
 /// group, all rows (`rows` counts query rows for Q̂, `kv_rows` key rows for K̂).
+///
+/// `pdl`: launch with programmatic dependent launch (one launch, `rows == kv_rows`), for the one-group
+/// backward right after its preprocess: the transposes touch nothing the preprocess reads or
+/// writes, so they may overlap its last wave (the kernel waits for its predecessor before exiting).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64), (q_hat_t, k_hat_t): (&CudaSlice<i8>, &CudaSlice<i8>),
-                               (rows, kv_rows): (usize, usize), (n_q, n_k): (usize, usize), stream: sys::CUstream) -> Result<()> {
+                               (rows, kv_rows): (usize, usize), (n_q, n_k): (usize, usize), stream: sys::CUstream,
+                               pdl: bool) -> Result<()> {
     let func = k.transpose_qk_hat.cu_function();
     // 64 rows per block; the grid covers the longer of the two, blocks past a tensor's end return.
     let grid_x = n_q.max(n_k).div_ceil(64) as u32;
@@ -445,6 +494,16 @@ pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64
         gpu.launch_raw(func, (grid_x, grid_y as u32, grid_z), k.head_dim as u32, 0, stream, &mut args)
     };
     if rows == kv_rows {
+        if pdl {
+            let (mut x0, mut t0, mut n0, mut p0) = q;
+            let (mut x1, mut t1, mut n1, mut p1) = k_;
+            let mut args: [*mut std::ffi::c_void; 8] = [
+                (&mut x0 as *mut u64).cast(), (&mut t0 as *mut u64).cast(), (&mut n0 as *mut i32).cast(),
+                (&mut p0 as *mut i32).cast(), (&mut x1 as *mut u64).cast(), (&mut t1 as *mut u64).cast(),
+                (&mut n1 as *mut i32).cast(), (&mut p1 as *mut i32).cast(),
+            ];
+            return launch_pdl(gpu, func, (grid_x, rows as u32, 2), k.head_dim as u32, 0, stream, &mut args);
+        }
         return launch(q, k_, rows, 2);  // z = 0: Q̂, z = 1: K̂
     }
     // GQA: Q̂ over the query rows, then K̂ over the key rows, each in slot z = 0.
