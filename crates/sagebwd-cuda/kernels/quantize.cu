@@ -134,8 +134,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
 extern "C" __global__ void sage_k_mean(const double* __restrict__ partial, float* __restrict__ k_mean,
                                        int n_k, int n_chunks, int smooth_k) {
     const int bh = blockIdx.x, c = threadIdx.x;
-    pdl_wait();     // the partial sums (launched with PDL after sage_k_mean_partial)
-    pdl_trigger();  // after the wait: sage_quantize_qkv's loads of Q, K, V overlap this kernel
+    // sage_quantize_qkv (PDL) may start now: its V groups need nothing of the K mean and run during
+    // the partial sums; its K and Q groups wait for this grid, which waits for the partial sums.
+    pdl_trigger();
+    pdl_wait();  // the partial sums (launched with PDL after sage_k_mean_partial; else a no-op)
     float mean = 0.0f;  // 0 when smoothing is off: K_s = K
     if (smooth_k) {
         double sum = 0.0;
@@ -327,9 +329,9 @@ __device__ __forceinline__ void store_tile8(const QuantRowsParams& p, long base,
 // group's index within the block, `group_warps` its warps. s_kmd is written by the block's first
 // HEAD_DIM threads: the groups of one block share their (batch, head), hence K_m.
 //
-// PDL (sage_quantize_qkv, launched with PDL after sage_k_mean): the group's loads of x (an input,
-// written before sage_k_mean_partial started) are issued before pdl_wait(); K_m (head_mean, k_mean)
-// is read and every output written after it.
+// PDL (K and Q of sage_quantize_qkv, launched with PDL after sage_k_mean): the group's loads of x
+// (an input, written before the K mean's kernels started) are issued before pdl_wait(); K_m
+// (head_mean, k_mean) is read and every output written after it.
 template <bool MEAN, bool PDL = false>
 __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, int blk, int bh, int row0, long base,
                                                      int kv, int t, int group, int group_warps, float* s_scratch,
@@ -566,7 +568,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
 struct QuantQkvParams {
     QuantRowsParams k, v, q;  // register-tile jobs: K (smoothed or not), V, Q (with b_r)
     int k_blocks, v_blocks;   // blocks of the K and V jobs: one B_kv group each
-    int pad[2];
+    int v_first;              // grid order V, K, Q (with PDL) instead of K, V, Q
+    int pad;
 };
 static_assert(sizeof(QuantQkvParams) == 3 * 104 + 16, "QuantQkvParams layout changed: update src/quantize.rs");
 
@@ -588,11 +591,21 @@ __device__ __forceinline__ GroupAt group_at(const QuantRowsParams& p, int g) {
 // holds the K groups first, in reverse order (the heads the K mean read last are still in L2),
 // then V's, then Q's two at a time: block half h quantizes Q group 2·i + h (n_blk is even, so
 // both halves share their (batch, head)). Dynamic shared memory: the Q rows of both groups for b_r.
+//
+// With PDL (src/quantize.rs: launched after sage_k_mean, which triggers at its start) the grid holds
+// V's groups first (v_first), then K's (reverse order), then Q's. The grid may start while the K mean
+// partial sums still run (everything queued before them is complete): V's groups read V and write
+// V̂ᵀ and s_V, which neither K-mean kernel touches, so they run whole before pdl_wait(); K's and Q's
+// issue their loads of K, Q first and wait for sage_k_mean (whose threads wait for the partial sums)
+// before they read K_m or write anything (quantize_group_tiles' PDL).
 extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(QuantQkvParams p) {
     extern __shared__ __align__(16) unsigned char s_dyn[];
     __shared__ double s_kmd[HEAD_DIM];
     __shared__ float s_scratch[THREADS / 32];
-    const int b = blockIdx.x, warps = blockDim.x >> 5;
+    const int warps = blockDim.x >> 5;
+    // b: the block's index in the K, V, Q order of the grid without PDL
+    int b = blockIdx.x;
+    if (p.v_first) b = b < p.v_blocks ? b + p.k_blocks : b < p.v_blocks + p.k_blocks ? b - p.v_blocks : b;
     if (b < p.k_blocks) {
         const GroupAt k = group_at(p.k, p.k_blocks - 1 - b);
         if (p.k.head_mean)
@@ -601,7 +614,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(Quant
             quantize_group_tiles<false, true>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
     } else if (b < p.k_blocks + p.v_blocks) {
         const GroupAt v = group_at(p.v, b - p.k_blocks);
-        quantize_group_tiles<false, true>(p.v, v.blk, v.bh, v.row0, v.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+        quantize_group_tiles<false>(p.v, v.blk, v.bh, v.row0, v.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+        pdl_wait();  // last: the grid completes only after sage_k_mean
     } else {
         const int q_threads = blockDim.x / 2, half = threadIdx.x / q_threads;
         const GroupAt q = group_at(p.q, 2 * (b - p.k_blocks - p.v_blocks) + half);

@@ -200,7 +200,8 @@ struct QuantQkvParams {
     q: QuantRowsParams,
     k_blocks: i32,
     v_blocks: i32,
-    pad: [i32; 2],
+    v_first: i32,
+    pad: i32,
 }
 const _: () = assert!(std::mem::size_of::<QuantQkvParams>() == 3 * 104 + 16);
 
@@ -230,13 +231,16 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
     let k_blocks = kp.n_blk * kj.bh as i32;
     let v_blocks = vp.n_blk * vj.bh as i32;
     let q_blocks = qp.n_blk * qj.bh as i32 / 2;
-    let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, pad: [0; 2] };
+    // With PDL the V groups come first: they run during the K mean (quantize.cu, sage_quantize_qkv).
+    let v_first = pdl_enabled(gpu) as i32;
+    let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, v_first, pad: 0 };
     let threads = tile_threads(kj.rows_per_block, k.head_dim);
     let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32;  // both Q groups' rows for b_r
     let func = k.quantize_function(c"sage_quantize_qkv")?;
     let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantQkvParams).cast()];
     let grid = ((k_blocks + v_blocks + q_blocks) as u32, 1, 1);
-    // PDL after sage_k_mean: the groups' loads of K, V, Q overlap it (quantize_group_tiles' PDL)
+    // PDL after sage_k_mean (it triggers at its start): V's groups overlap the K mean, K's and Q's
+    // loads too (quantize.cu, sage_quantize_qkv)
     launch_pdl(gpu, func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)
 }
 
@@ -332,19 +336,28 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let partial = gpu.alloc_f32(if smooth_k { 2 * bh_kv * n_chunks * d } else { 2 })?;  // f64
     let (n_k, n_chunks_i) = (s.n_k as i32, n_chunks as i32);
     if smooth_k {
+        // a normal launch: the PDL chain after it (K mean, Q/K/V quantization) relies on everything
+        // queued before it being complete once it runs
         let part_cfg = LaunchConfig { grid_dim: (n_chunks as u32, bh_kv as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         drv("launch sage_k_mean_partial", unsafe {
             stream.launch_builder(&k.k_mean_partial).arg(&x.k).arg(&partial).arg(&n_k).arg(&n_chunks_i).launch(part_cfg)
         })?;
     }
+    // With K-smoothing sage_k_mean is launched with PDL after sage_k_mean_partial (which triggers at
+    // its start and had a normal launch) and waits for it; without, normally (its predecessor is
+    // anything, and the Q/K/V quantization, PDL after it, reads V before waiting).
+    let pdl_mean = smooth_k;
     let mut smooth_k = smooth_k as i32;
-    // PDL after sage_k_mean_partial (which triggers at its start): sage_k_mean waits for it first.
     let (mut partial_ptr, mut k_mean_ptr, mut n_k, mut n_chunks_i) = (gpu.ptr(&partial), gpu.ptr(&k_mean), n_k, n_chunks_i);
     let mut mean_args: [*mut std::ffi::c_void; 5] = [
         (&mut partial_ptr as *mut u64).cast(), (&mut k_mean_ptr as *mut u64).cast(), (&mut n_k as *mut i32).cast(),
         (&mut n_chunks_i as *mut i32).cast(), (&mut smooth_k as *mut i32).cast(),
     ];
-    launch_pdl(gpu, k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
+    if pdl_mean {
+        launch_pdl(gpu, k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
+    } else {
+        gpu.launch_raw(k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
+    }
     let (_, c_lambda) = crate::forward::scales(d);
     quantize_qkv(gpu, k, [RowsJob {
         x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
