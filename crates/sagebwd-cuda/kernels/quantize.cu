@@ -80,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
         // KM_BATCH rows' 16-byte loads issued before their sums (glue15: the loop unrolled by 4
         // interleaved loads and FP64 adds, 2–3 loads in flight per thread with 3 blocks per SM);
         // each column still sums its rows in increasing order, so the same bits.
-        constexpr int KM_BATCH = 8;
+        constexpr int KM_BATCH = 4;
         const auto full = [&](int r0) { return r0 + (KM_BATCH - 1) * ROW_STEP < r_end; };
         if (full(r)) {
             uint4 v[KM_BATCH];
