@@ -406,8 +406,8 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         ];
         let post = grid_stride(rows * n_q * d / 8);  // eight elements per thread
         if staged == Some(StagedBackward::Sage) {
-            // PDL after the main kernel (glue15): sage_bwd_post_dq waits for it before any access
-            crate::quantize::launch_pdl(gpu, k.post_dq.cu_function(), post.grid_dim, THREADS, 0, stream, &mut args)?;
+            // glue15: sage_bwd_post_dq_sage (4 × 8 elements per thread), PDL after the main kernel
+            crate::quantize::post_dq_sage(gpu, k, rows * n_q * d / 8, stream, &mut args)?;
         } else {
             gpu.launch_raw(k.post_dq.cu_function(), post.grid_dim, THREADS, 0, stream, &mut args)?;
         }

@@ -284,6 +284,25 @@ pub(crate) fn launch_pdl(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32)
     })
 }
 
+/// The dQ postprocess of the sagebwd path, `sage_bwd_post_dq_sage` (backward_post.cu: the arithmetic of
+/// `sage_bwd_post_dq`, four groups of eight elements per thread, loads first), over `groups8` groups
+/// of eight elements, launched with PDL after the main kernel (it waits for it first). `args`: the
+/// seven parameters of `sage_bwd_post_dq`.
+pub(crate) fn post_dq_sage(gpu: &Gpu, k: &Kernels, groups8: usize, stream: sys::CUstream,
+                           args: &mut [*mut std::ffi::c_void]) -> Result<()> {
+    const UNROLL: usize = 4; // POST_UNROLL in backward_post.cu
+    let func = unsafe {
+        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
+        drv("backward post module", sys::cuFuncGetModule(module.as_mut_ptr(), k.post_dq.cu_function()).result())?;
+        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
+        drv("load function sage_bwd_post_dq_sage",
+            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), c"sage_bwd_post_dq_sage".as_ptr()).result())?;
+        f.assume_init()
+    };
+    let blocks = groups8.div_ceil(THREADS as usize * UNROLL).max(1) as u32;
+    launch_pdl(gpu, func, (blocks, 1, 1), THREADS, 0, stream, args)
+}
+
 /// Threads of a register-tile `sage_quantize_rows` block: one per 8 × 8 tile of its rows.
 fn tile_threads(rows_per_block: usize, head_dim: usize) -> u32 {
     (rows_per_block / 8 * head_dim / 8) as u32
