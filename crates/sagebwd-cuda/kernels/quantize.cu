@@ -748,16 +748,10 @@ extern "C" __global__ void sage_fill_u32(u32* __restrict__ dst, u64 n, u32 value
 // x̂ᵀ held; the padding columns n..n_pad are not written (nor are they by the quantizer). Grid
 // (⌈max(n_q, n_k) / 64⌉, rows, 2): z = 0 transposes Q̂, z = 1 K̂. HEAD_DIM threads, each 8 rows × 8
 // columns in registers with the lane layout of quantize_group_tiles (whole sectors per warp).
-//
-// PDL (one head group: launched with PDL right after the backward preprocess, src/backward.rs):
-// Q̂, K̂ were written by the forward, before the (normally launched) preprocess started, and
-// Q̂ᵀ, K̂ᵀ are touched by neither the preprocess nor anything still running; so the transpose
-// needs nothing of its primary and runs whole before pdl_wait(), which every thread executes last,
-// so that the grid completes only after its primary (the main kernel, launched normally after it,
-// then finds the preprocess's D, dÔᵀ and zeroed dQ accumulator complete as before).
-__device__ __forceinline__ void transpose_qk_hat_tile(const i8* __restrict__ q_hat, i8* __restrict__ q_hat_t, int n_q,
-                                                      int n_qpad, const i8* __restrict__ k_hat, i8* __restrict__ k_hat_t,
-                                                      int n_k, int n_kpad) {
+extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_transpose_qk_hat(const i8* __restrict__ q_hat,
+                                                                          i8* __restrict__ q_hat_t, int n_q, int n_qpad,
+                                                                          const i8* __restrict__ k_hat,
+                                                                          i8* __restrict__ k_hat_t, int n_k, int n_kpad) {
     constexpr int WARPS_PER_BAND = HEAD_DIM / 64;
     const bool is_k = blockIdx.z == 1;
     const i8* x = is_k ? k_hat : q_hat;
@@ -784,10 +778,70 @@ __device__ __forceinline__ void transpose_qk_hat_tile(const i8* __restrict__ q_h
     store_tile8_transposed(dst, n_pad, nat);
 }
 
-extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_transpose_qk_hat(const i8* __restrict__ q_hat,
-                                                                          i8* __restrict__ q_hat_t, int n_q, int n_qpad,
-                                                                          const i8* __restrict__ k_hat,
-                                                                          i8* __restrict__ k_hat_t, int n_k, int n_kpad) {
-    transpose_qk_hat_tile(q_hat, q_hat_t, n_q, n_qpad, k_hat, k_hat_t, n_k, n_kpad);
+// sage_transpose_qk_hat with 16 rows × 16 columns per thread (the one-group backward, src/quantize.rs):
+// sixteen 16-byte loads and sixteen 16-byte stores per thread instead of eight 8-byte ones of each
+// (ncu at the training shape: the 8 × 8 kernel moved its 25 MB of reads at 1.75 TB/s, its warps
+// stalled on the loads' latency, the LSU queue and the stores' drain at exit of 64-thread blocks of
+// 4 KB each). HEAD_DIM threads per block cover 256 rows: lane % (d/16) = the column chunk, lane /
+// (d/16) the row chunk; per warp instruction the loads read 8 (d 64) or 4 (d 128) whole rows and
+// the stores write 4 or 8 columns × 128 contiguous bytes. Grid (⌈max(n_q, n_k) / 256⌉, rows, 2).
+// The same bytes (a copy); rows past a 16-row boundary at the end (or unaligned buffers) byte by
+// byte.
+//
+// PDL (launched with PDL right after the backward preprocess, src/backward.rs): Q̂, K̂ were written
+// by the forward, before the (normally launched) preprocess started, and Q̂ᵀ, K̂ᵀ are touched by
+// neither the preprocess nor anything still running; so the transpose needs nothing of its primary
+// and runs whole before pdl_wait(), which every thread executes last, so that the grid completes
+// only after its primary (the main kernel, launched normally after it, then finds the preprocess's
+// D, dÔᵀ and zeroed dQ accumulator complete as before).
+__device__ __forceinline__ void transpose_qk_hat_tile16(const i8* __restrict__ q_hat, i8* __restrict__ q_hat_t, int n_q,
+                                                        int n_qpad, const i8* __restrict__ k_hat, i8* __restrict__ k_hat_t,
+                                                        int n_k, int n_kpad) {
+    constexpr int COL_CHUNKS = HEAD_DIM / 16, ROW_CHUNKS = 32 / COL_CHUNKS;
+    const bool is_k = blockIdx.z == 1;
+    const i8* x = is_k ? k_hat : q_hat;
+    i8* x_t = is_k ? k_hat_t : q_hat_t;
+    const int n = is_k ? n_k : n_q, n_pad = is_k ? n_kpad : n_qpad;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r_first = blockIdx.x * 256 + (warp * ROW_CHUNKS + lane / COL_CHUNKS) * 16;
+    const int c0 = (lane % COL_CHUNKS) * 16;
+    if (r_first >= n) return;
+    const i8* src = x + ((long)blockIdx.y * n + r_first) * HEAD_DIM + c0;
+    i8* dst = x_t + ((long)blockIdx.y * HEAD_DIM + c0) * n_pad + r_first;
+    const bool vec = r_first + 16 <= n && ((u64)src & 15) == 0 && ((u64)dst & 15) == 0 && n_pad % 16 == 0;
+    if (!vec) {
+        for (int r = 0; r < min(16, n - r_first); ++r)
+            for (int c = 0; c < 16; ++c) dst[(long)c * n_pad + r] = src[(long)r * HEAD_DIM + c];
+        return;
+    }
+    uint4 v[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = *(const uint4*)(src + (long)i * HEAD_DIM);
+#pragma unroll
+    for (int cb = 0; cb < 4; ++cb) {  // columns 4cb .. 4cb + 3 of the thread's 16
+        u32 out[4][4];                 // out[k][rb]: column 4cb + k, rows 4rb .. 4rb + 3
+#pragma unroll
+        for (int rb = 0; rb < 4; ++rb) {
+            u32 a[4], b[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const uint4 row = v[4 * rb + r];
+                a[r] = cb == 0 ? row.x : cb == 1 ? row.y : cb == 2 ? row.z : row.w;
+            }
+            transpose4x4_bytes(a, b);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) out[k][rb] = b[k];
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            *(uint4*)(dst + (long)(4 * cb + k) * n_pad) = make_uint4(out[k][0], out[k][1], out[k][2], out[k][3]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(HEAD_DIM, 768 / HEAD_DIM) sage_transpose_qk_hat16(const i8* __restrict__ q_hat,
+                                                                            i8* __restrict__ q_hat_t, int n_q, int n_qpad,
+                                                                            const i8* __restrict__ k_hat,
+                                                                            i8* __restrict__ k_hat_t, int n_k, int n_kpad) {
+    transpose_qk_hat_tile16(q_hat, q_hat_t, n_q, n_qpad, k_hat, k_hat_t, n_k, n_kpad);
     pdl_wait();  // every thread, last (see above)
 }

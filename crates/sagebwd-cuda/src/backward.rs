@@ -353,9 +353,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         let mut tr = full;
         if let Some((q_hat_t, k_hat_t)) = &bufs.qk_hat_t {
             let kv_rows = if plan.count == 1 { kv_rows_one } else { rows };
-            // one group: PDL right after the preprocess (glue15; safe by construction: quantize.cu)
-            let pdl = plan.count == 1;
-            crate::quantize::transpose_qk_hat(gpu, k, (op.q_hat, op.k_hat), (q_hat_t, k_hat_t), (rows, kv_rows), (n_q, n_k), stream, pdl)?;
+            // one group: the 16 × 16 kernel, PDL right after the preprocess (glue15; safe by construction: quantize.cu)
+            let one_group = plan.count == 1;
+            crate::quantize::transpose_qk_hat(gpu, k, (op.q_hat, op.k_hat), (q_hat_t, k_hat_t), (rows, kv_rows), (n_q, n_k), stream, one_group)?;
             (tr.q_hat_t, tr.k_hat_t) = (gpu.ptr(q_hat_t), gpu.ptr(k_hat_t));
         }
         let do_scale = at(gpu.ptr(&do_quant.do_scale), qblk, 4);

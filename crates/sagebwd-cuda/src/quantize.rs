@@ -502,13 +502,14 @@ pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64),
 /// quantize.cu) for both. Without GQA the rows of Q and K coincide; with GQA the backward runs one
 /// group, all rows (`rows` counts query rows for Q̂, `kv_rows` key rows for K̂).
 ///
-/// `pdl`: launch with programmatic dependent launch (one launch, `rows == kv_rows`), for the one-group
-/// backward right after its preprocess: the transposes touch nothing the preprocess reads or
-/// writes, so they may overlap its last wave (the kernel waits for its predecessor before exiting).
+/// `one_group` (the one-group backward, right after its preprocess; with `rows == kv_rows`):
+/// `sage_transpose_qk_hat16` (16 × 16 bytes per thread, the same bytes), launched with programmatic
+/// dependent launch: the transposes touch nothing the preprocess reads or writes, so they may
+/// overlap its last wave (the kernel waits for its predecessor before exiting).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64), (q_hat_t, k_hat_t): (&CudaSlice<i8>, &CudaSlice<i8>),
                                (rows, kv_rows): (usize, usize), (n_q, n_k): (usize, usize), stream: sys::CUstream,
-                               pdl: bool) -> Result<()> {
+                               one_group: bool) -> Result<()> {
     let func = k.transpose_qk_hat.cu_function();
     // 64 rows per block; the grid covers the longer of the two, blocks past a tensor's end return.
     let grid_x = n_q.max(n_k).div_ceil(64) as u32;
@@ -526,7 +527,9 @@ pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64
         gpu.launch_raw(func, (grid_x, grid_y as u32, grid_z), k.head_dim as u32, 0, stream, &mut args)
     };
     if rows == kv_rows {
-        if pdl {
+        if one_group {
+            // glue15: 16 × 16 bytes per thread, 256 rows per block; PDL after the preprocess
+            let func = k.quantize_function(c"sage_transpose_qk_hat16")?;
             let (mut x0, mut t0, mut n0, mut p0) = q;
             let (mut x1, mut t1, mut n1, mut p1) = k_;
             let mut args: [*mut std::ffi::c_void; 8] = [
@@ -534,6 +537,7 @@ pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64
                 (&mut p0 as *mut i32).cast(), (&mut x1 as *mut u64).cast(), (&mut t1 as *mut u64).cast(),
                 (&mut n1 as *mut i32).cast(), (&mut p1 as *mut i32).cast(),
             ];
+            let grid_x = n_q.max(n_k).div_ceil(256) as u32;
             return launch_pdl(gpu, func, (grid_x, rows as u32, 2), k.head_dim as u32, 0, stream, &mut args);
         }
         return launch(q, k_, rows, 2);  // z = 0: Q̂, z = 1: K̂
