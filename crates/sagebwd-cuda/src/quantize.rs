@@ -231,8 +231,12 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
     let k_blocks = kp.n_blk * kj.bh as i32;
     let v_blocks = vp.n_blk * vj.bh as i32;
     let q_blocks = qp.n_blk * qj.bh as i32 / 2;
-    // With PDL the V groups come first: they run during the K mean (quantize.cu, sage_quantize_qkv).
-    let v_first = pdl_enabled(gpu) as i32;
+    // With PDL the V groups come first: they run during the K mean (quantize.cu, sage_quantize_qkv);
+    // SAGEBWD_QKV_VFIRST=0 keeps main's K, V, Q order (K's groups then wait for the K mean, but meet
+    // more of K in L2 right after its partial sums read it).
+    static V_FIRST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let v_first_env = *V_FIRST.get_or_init(|| !std::env::var("SAGEBWD_QKV_VFIRST").is_ok_and(|v| v == "0"));
+    let v_first = (pdl_enabled(gpu) && v_first_env) as i32;
     let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, v_first, pad: 0 };
     let threads = tile_threads(kj.rows_per_block, k.head_dim);
     let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32;  // both Q groups' rows for b_r
