@@ -134,8 +134,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
 extern "C" __global__ void sage_k_mean(const double* __restrict__ partial, float* __restrict__ k_mean,
                                        int n_k, int n_chunks, int smooth_k) {
     const int bh = blockIdx.x, c = threadIdx.x;
-    // sage_quantize_qkv (PDL) may start now: its V groups need nothing of the K mean and run during
-    // the partial sums; its K and Q groups wait for this grid, which waits for the partial sums.
+    // sage_quantize_qkv (PDL) may start now: its groups' loads overlap the partial sums; its K and Q
+    // groups wait for this grid (which waits for the partial sums), its V groups need no K_m.
     pdl_trigger();
     pdl_wait();  // the partial sums (launched with PDL after sage_k_mean_partial; else a no-op)
     float mean = 0.0f;  // 0 when smoothing is off: K_s = K
@@ -568,7 +568,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
 struct QuantQkvParams {
     QuantRowsParams k, v, q;  // register-tile jobs: K (smoothed or not), V, Q (with b_r)
     int k_blocks, v_blocks;   // blocks of the K and V jobs: one B_kv group each
-    int v_first;              // grid order V, K, Q (with PDL) instead of K, V, Q
+    int v_first;              // grid order V, K, Q (opt-in, with PDL) instead of K, V, Q
     int pad;
 };
 static_assert(sizeof(QuantQkvParams) == 3 * 104 + 16, "QuantQkvParams layout changed: update src/quantize.rs");
@@ -592,12 +592,13 @@ __device__ __forceinline__ GroupAt group_at(const QuantRowsParams& p, int g) {
 // then V's, then Q's two at a time: block half h quantizes Q group 2·i + h (n_blk is even, so
 // both halves share their (batch, head)). Dynamic shared memory: the Q rows of both groups for b_r.
 //
-// With PDL (src/quantize.rs: launched after sage_k_mean, which triggers at its start) the grid holds
-// V's groups first (v_first), then K's (reverse order), then Q's. The grid may start while the K mean
-// partial sums still run (everything queued before them is complete): V's groups read V and write
-// V̂ᵀ and s_V, which neither K-mean kernel touches, so they run whole before pdl_wait(); K's and Q's
-// issue their loads of K, Q first and wait for sage_k_mean (whose threads wait for the partial sums)
-// before they read K_m or write anything (quantize_group_tiles' PDL).
+// With PDL (src/quantize.rs: launched after sage_k_mean, which triggers at its start) the grid may
+// start while the K mean's partial sums still run (everything queued before them is complete). K's
+// and Q's groups issue their loads of K, Q first and wait for sage_k_mean (whose threads wait for the
+// partial sums) before they read K_m or write anything (quantize_group_tiles' PDL); V's groups read
+// V and write V̂ᵀ and s_V, which neither K-mean kernel touches, so they run whole before pdl_wait().
+// v_first (opt-in, SAGEBWD_QKV_VFIRST=1) puts V's groups first so that they run during the K mean:
+// measured slower than the K, V, Q order (K's reuse of L2 after the partial sums is lost).
 extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(QuantQkvParams p) {
     extern __shared__ __align__(16) unsigned char s_dyn[];
     __shared__ double s_kmd[HEAD_DIM];

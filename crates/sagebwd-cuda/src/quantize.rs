@@ -231,11 +231,12 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
     let k_blocks = kp.n_blk * kj.bh as i32;
     let v_blocks = vp.n_blk * vj.bh as i32;
     let q_blocks = qp.n_blk * qj.bh as i32 / 2;
-    // With PDL the V groups come first: they run during the K mean (quantize.cu, sage_quantize_qkv);
-    // SAGEBWD_QKV_VFIRST=0 keeps main's K, V, Q order (K's groups then wait for the K mean, but meet
-    // more of K in L2 right after its partial sums read it).
+    // Grid order K, V, Q (main's), also under PDL: K's first wave loads K and waits for the K mean,
+    // then meets more of K in L2 right after its partial sums read it. SAGEBWD_QKV_VFIRST=1 (with PDL)
+    // puts V's groups first so that they run during the K mean: 2.2–2.5 µs slower per forward at the
+    // training shape (docs/RESULTS-gpu.md, glue15).
     static V_FIRST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let v_first_env = *V_FIRST.get_or_init(|| !std::env::var("SAGEBWD_QKV_VFIRST").is_ok_and(|v| v == "0"));
+    let v_first_env = *V_FIRST.get_or_init(|| std::env::var("SAGEBWD_QKV_VFIRST").is_ok_and(|v| v == "1"));
     let v_first = (pdl_enabled(gpu) && v_first_env) as i32;
     let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, v_first, pad: 0 };
     let threads = tile_threads(kj.rows_per_block, k.head_dim);
@@ -243,8 +244,8 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
     let func = k.quantize_function(c"sage_quantize_qkv")?;
     let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantQkvParams).cast()];
     let grid = ((k_blocks + v_blocks + q_blocks) as u32, 1, 1);
-    // PDL after sage_k_mean (it triggers at its start): V's groups overlap the K mean, K's and Q's
-    // loads too (quantize.cu, sage_quantize_qkv)
+    // PDL after sage_k_mean (it triggers at its start): the first wave's loads overlap the K mean
+    // (quantize.cu, sage_quantize_qkv)
     launch_pdl(gpu, func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)
 }
 
