@@ -17,6 +17,27 @@
 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15) == 0; }
 
+// Programmatic dependent launch (PDL, sm_90+; src/quantize.rs `launch_pdl`). A kernel launched with
+// programmatic stream serialization may start while its predecessor in the stream (the primary)
+// still runs, once every CTA of the primary has executed pdl_trigger() or exited. pdl_wait() blocks
+// until the primary has completed and its memory operations are visible. Both are no-ops when the
+// launch did not ask for PDL (and on sm_80, where they compile to nothing). The rules that make the
+// glue's uses safe by construction: a PDL kernel reads before its pdl_wait() only tensors written
+// before its primary started (the primary itself had a normal launch, or triggered only after its
+// own pdl_wait(), so everything queued before the primary is complete), writes before pdl_wait()
+// only buffers its primary neither reads nor writes, and every thread executes pdl_wait() before
+// it exits, so the PDL kernel never completes before its primary.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // The mean of `rows` BF16 values spaced `stride` apart. The specification allows any summation
 // order; like the CPU simulator we sum in FP64 (exact for BF16 inputs of any realistic range, so
 // independent of order), divide in FP64 and round once to FP32: K_m and Q_m then match the
@@ -38,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
                                                                          int n_k, int n_chunks) {
     constexpr int ROW_STEP = THREADS / VEC_PER_ROW;
     __shared__ double s_part[ROW_STEP][HEAD_DIM];
+    pdl_trigger();  // sage_k_mean (PDL) may take its place on the SMs; it waits for this grid
     const int chunk = blockIdx.x, bh = blockIdx.y;
     const int lr = threadIdx.x / VEC_PER_ROW, c8 = threadIdx.x % VEC_PER_ROW;
     const int r_end = min((chunk + 1) * K_MEAN_CHUNK, n_k);
@@ -46,21 +68,55 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
     double acc[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j] = 0.0;
-#pragma unroll 4
-    for (int r = chunk * K_MEAN_CHUNK + lr; r < r_end; r += ROW_STEP) {
-        const u16* src = base + (long)r * HEAD_DIM;
-        u32 w[4];
-        if (vec) {
-            const uint4 v = *(const uint4*)src;
-            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w[j] = (u32)src[2 * j] | ((u32)src[2 * j + 1] << 16);
-        }
+    const auto add = [&](const u32 (&w)[4]) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             acc[2 * j] = __dadd_rn(acc[2 * j], (double)lo_bf16(w[j]));
             acc[2 * j + 1] = __dadd_rn(acc[2 * j + 1], (double)hi_bf16(w[j]));
+        }
+    };
+    int r = chunk * K_MEAN_CHUNK + lr;
+    if (vec) {
+        // KM_BATCH rows' 16-byte loads issued before their sums (glue15: the loop unrolled by 4
+        // interleaved loads and FP64 adds, 2–3 loads in flight per thread with 3 blocks per SM);
+        // each column still sums its rows in increasing order, so the same bits.
+        constexpr int KM_BATCH = 4;
+        const auto full = [&](int r0) { return r0 + (KM_BATCH - 1) * ROW_STEP < r_end; };
+        if (full(r)) {
+            uint4 v[KM_BATCH];
+#pragma unroll
+            for (int b = 0; b < KM_BATCH; ++b) v[b] = *(const uint4*)(base + (long)(r + b * ROW_STEP) * HEAD_DIM);
+            while (true) {  // the next batch's loads issued before this batch's sums
+                const int next = r + KM_BATCH * ROW_STEP;
+                const bool more = full(next);
+                uint4 nv[KM_BATCH];
+                if (more) {
+#pragma unroll
+                    for (int b = 0; b < KM_BATCH; ++b) nv[b] = *(const uint4*)(base + (long)(next + b * ROW_STEP) * HEAD_DIM);
+                }
+#pragma unroll
+                for (int b = 0; b < KM_BATCH; ++b) {
+                    const u32 w[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+                    add(w);
+                }
+                r = next;
+                if (!more) break;
+#pragma unroll
+                for (int b = 0; b < KM_BATCH; ++b) v[b] = nv[b];
+            }
+        }
+        for (; r < r_end; r += ROW_STEP) {
+            const uint4 v = *(const uint4*)(base + (long)r * HEAD_DIM);
+            const u32 w[4] = {v.x, v.y, v.z, v.w};
+            add(w);
+        }
+    } else {
+        for (; r < r_end; r += ROW_STEP) {
+            const u16* src = base + (long)r * HEAD_DIM;
+            u32 w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) w[j] = (u32)src[2 * j] | ((u32)src[2 * j + 1] << 16);
+            add(w);
         }
     }
 #pragma unroll
@@ -78,6 +134,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
 extern "C" __global__ void sage_k_mean(const double* __restrict__ partial, float* __restrict__ k_mean,
                                        int n_k, int n_chunks, int smooth_k) {
     const int bh = blockIdx.x, c = threadIdx.x;
+    // sage_quantize_qkv (PDL) may start now: its groups' loads overlap the partial sums; its K and Q
+    // groups wait for this grid (which waits for the partial sums), its V groups need no K_m.
+    pdl_trigger();
+    pdl_wait();  // the partial sums (launched with PDL after sage_k_mean_partial; else a no-op)
     float mean = 0.0f;  // 0 when smoothing is off: K_s = K
     if (smooth_k) {
         double sum = 0.0;
@@ -268,7 +328,11 @@ __device__ __forceinline__ void store_tile8(const QuantRowsParams& p, long base,
 // one block of a B_kv group's size): `t` is the thread's index within its group, `group` the
 // group's index within the block, `group_warps` its warps. s_kmd is written by the block's first
 // HEAD_DIM threads: the groups of one block share their (batch, head), hence K_m.
-template <bool MEAN>
+//
+// PDL (K and Q of sage_quantize_qkv, launched with PDL after sage_k_mean): the group's loads of x
+// (an input, written before the K mean's kernels started) are issued before pdl_wait(); K_m
+// (head_mean, k_mean) is read and every output written after it.
+template <bool MEAN, bool PDL = false>
 __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, int blk, int bh, int row0, long base,
                                                      int kv, int t, int group, int group_warps, float* s_scratch,
                                                      double* s_kmd, u16* s_rows) {
@@ -280,6 +344,7 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
     const u16* src = p.x + base + (long)r_first * HEAD_DIM + c0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = *(const uint4*)(src + i * HEAD_DIM);
+    if (PDL) pdl_wait();  // K_m is sage_k_mean's output
     float m[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) m[j] = MEAN ? p.head_mean[(bh / p.mean_group) * HEAD_DIM + c0 + j] : 0.0f;
@@ -503,7 +568,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_rows(Quan
 struct QuantQkvParams {
     QuantRowsParams k, v, q;  // register-tile jobs: K (smoothed or not), V, Q (with b_r)
     int k_blocks, v_blocks;   // blocks of the K and V jobs: one B_kv group each
-    int pad[2];
+    int v_first;              // grid order V, K, Q (opt-in, with PDL) instead of K, V, Q
+    int pad;
 };
 static_assert(sizeof(QuantQkvParams) == 3 * 104 + 16, "QuantQkvParams layout changed: update src/quantize.rs");
 
@@ -525,25 +591,37 @@ __device__ __forceinline__ GroupAt group_at(const QuantRowsParams& p, int g) {
 // holds the K groups first, in reverse order (the heads the K mean read last are still in L2),
 // then V's, then Q's two at a time: block half h quantizes Q group 2·i + h (n_blk is even, so
 // both halves share their (batch, head)). Dynamic shared memory: the Q rows of both groups for b_r.
+//
+// With PDL (src/quantize.rs: launched after sage_k_mean, which triggers at its start) the grid may
+// start while the K mean's partial sums still run (everything queued before them is complete). K's
+// and Q's groups issue their loads of K, Q first and wait for sage_k_mean (whose threads wait for the
+// partial sums) before they read K_m or write anything (quantize_group_tiles' PDL); V's groups read
+// V and write V̂ᵀ and s_V, which neither K-mean kernel touches, so they run whole before pdl_wait().
+// v_first (opt-in, SAGEBWD_QKV_VFIRST=1) puts V's groups first so that they run during the K mean:
+// measured slower than the K, V, Q order (K's reuse of L2 after the partial sums is lost).
 extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(QuantQkvParams p) {
     extern __shared__ __align__(16) unsigned char s_dyn[];
     __shared__ double s_kmd[HEAD_DIM];
     __shared__ float s_scratch[THREADS / 32];
-    const int b = blockIdx.x, warps = blockDim.x >> 5;
+    const int warps = blockDim.x >> 5;
+    // b: the block's index in the K, V, Q order of the grid without PDL
+    int b = blockIdx.x;
+    if (p.v_first) b = b < p.v_blocks ? b + p.k_blocks : b < p.v_blocks + p.k_blocks ? b - p.v_blocks : b;
     if (b < p.k_blocks) {
         const GroupAt k = group_at(p.k, p.k_blocks - 1 - b);
         if (p.k.head_mean)
-            quantize_group_tiles<true>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+            quantize_group_tiles<true, true>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
         else
-            quantize_group_tiles<false>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+            quantize_group_tiles<false, true>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
     } else if (b < p.k_blocks + p.v_blocks) {
         const GroupAt v = group_at(p.v, b - p.k_blocks);
         quantize_group_tiles<false>(p.v, v.blk, v.bh, v.row0, v.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+        pdl_wait();  // last: the grid completes only after sage_k_mean
     } else {
         const int q_threads = blockDim.x / 2, half = threadIdx.x / q_threads;
         const GroupAt q = group_at(p.q, 2 * (b - p.k_blocks - p.v_blocks) + half);
         u16* s_rows = (u16*)s_dyn + half * p.q.rows_per_block * ROW_TILE_STRIDE;
-        quantize_group_tiles<false>(p.q, q.blk, q.bh, q.row0, q.base, kv_row_of(p.q, q.bh), threadIdx.x - half * q_threads,
+        quantize_group_tiles<false, true>(p.q, q.blk, q.bh, q.row0, q.base, kv_row_of(p.q, q.bh), threadIdx.x - half * q_threads,
                                     half, warps / 2, s_scratch, s_kmd, s_rows);
     }
 }
@@ -574,6 +652,9 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_bwd_pre_do(QuantRows
     const int blk = blockIdx.x, bh = blockIdx.y, row0 = blk * p.rows_per_block;
     const long base = ((long)bh * p.n + row0) * HEAD_DIM;
     const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+    // The Q̂ᵀ, K̂ᵀ transposes (sage_transpose_qk_hat, launched with PDL next when one head group runs)
+    // read and write nothing of this kernel's: they may fill the SMs this grid's last wave leaves idle.
+    pdl_trigger();
     const int band = warp / PRE_WARPS_PER_BAND, half = warp % PRE_WARPS_PER_BAND;
     const int r_first = band * 32 + (lane >> 3) * 8;
     const int j = lane & 7, c0 = (half * 8 + j) * 8;
@@ -696,4 +777,72 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_transpose_qk_hat(con
         nat[i][0] = v.x, nat[i][1] = v.y;
     }
     store_tile8_transposed(dst, n_pad, nat);
+}
+
+// sage_transpose_qk_hat with 16 rows × 16 columns per thread (the one-group backward, src/quantize.rs):
+// sixteen 16-byte loads and sixteen 16-byte stores per thread instead of eight 8-byte ones of each
+// (ncu at the training shape: the 8 × 8 kernel moved its 25 MB of reads at 1.75 TB/s, its warps
+// stalled on the loads' latency, the LSU queue and the stores' drain at exit of 64-thread blocks of
+// 4 KB each). HEAD_DIM threads per block cover 256 rows: lane % (d/16) = the column chunk, lane /
+// (d/16) the row chunk; per warp instruction the loads read 8 (d 64) or 4 (d 128) whole rows and
+// the stores write 4 or 8 columns × 128 contiguous bytes. Grid (⌈max(n_q, n_k) / 256⌉, rows, 2).
+// The same bytes (a copy); rows past a 16-row boundary at the end (or unaligned buffers) byte by
+// byte.
+//
+// PDL (launched with PDL right after the backward preprocess, src/backward.rs): Q̂, K̂ were written
+// by the forward, before the (normally launched) preprocess started, and Q̂ᵀ, K̂ᵀ are touched by
+// neither the preprocess nor anything still running; so the transpose needs nothing of its primary
+// and runs whole before pdl_wait(), which every thread executes last, so that the grid completes
+// only after its primary (the main kernel, launched normally after it, then finds the preprocess's
+// D, dÔᵀ and zeroed dQ accumulator complete as before).
+__device__ __forceinline__ void transpose_qk_hat_tile16(const i8* __restrict__ q_hat, i8* __restrict__ q_hat_t, int n_q,
+                                                        int n_qpad, const i8* __restrict__ k_hat, i8* __restrict__ k_hat_t,
+                                                        int n_k, int n_kpad) {
+    constexpr int COL_CHUNKS = HEAD_DIM / 16, ROW_CHUNKS = 32 / COL_CHUNKS;
+    const bool is_k = blockIdx.z == 1;
+    const i8* x = is_k ? k_hat : q_hat;
+    i8* x_t = is_k ? k_hat_t : q_hat_t;
+    const int n = is_k ? n_k : n_q, n_pad = is_k ? n_kpad : n_qpad;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r_first = blockIdx.x * 256 + (warp * ROW_CHUNKS + lane / COL_CHUNKS) * 16;
+    const int c0 = (lane % COL_CHUNKS) * 16;
+    if (r_first >= n) return;
+    const i8* src = x + ((long)blockIdx.y * n + r_first) * HEAD_DIM + c0;
+    i8* dst = x_t + ((long)blockIdx.y * HEAD_DIM + c0) * n_pad + r_first;
+    const bool vec = r_first + 16 <= n && ((u64)src & 15) == 0 && ((u64)dst & 15) == 0 && n_pad % 16 == 0;
+    if (!vec) {
+        for (int r = 0; r < min(16, n - r_first); ++r)
+            for (int c = 0; c < 16; ++c) dst[(long)c * n_pad + r] = src[(long)r * HEAD_DIM + c];
+        return;
+    }
+    uint4 v[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = *(const uint4*)(src + (long)i * HEAD_DIM);
+#pragma unroll
+    for (int cb = 0; cb < 4; ++cb) {  // columns 4cb .. 4cb + 3 of the thread's 16
+        u32 out[4][4];                 // out[k][rb]: column 4cb + k, rows 4rb .. 4rb + 3
+#pragma unroll
+        for (int rb = 0; rb < 4; ++rb) {
+            u32 a[4], b[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const uint4 row = v[4 * rb + r];
+                a[r] = cb == 0 ? row.x : cb == 1 ? row.y : cb == 2 ? row.z : row.w;
+            }
+            transpose4x4_bytes(a, b);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) out[k][rb] = b[k];
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            *(uint4*)(dst + (long)(4 * cb + k) * n_pad) = make_uint4(out[k][0], out[k][1], out[k][2], out[k][3]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(HEAD_DIM, 768 / HEAD_DIM) sage_transpose_qk_hat16(const i8* __restrict__ q_hat,
+                                                                            i8* __restrict__ q_hat_t, int n_q, int n_qpad,
+                                                                            const i8* __restrict__ k_hat,
+                                                                            i8* __restrict__ k_hat_t, int n_k, int n_kpad) {
+    transpose_qk_hat_tile16(q_hat, q_hat_t, n_q, n_qpad, k_hat, k_hat_t, n_k, n_kpad);
+    pdl_wait();  // every thread, last (see above)
 }

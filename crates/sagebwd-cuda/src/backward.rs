@@ -357,7 +357,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         let mut tr = full;
         if let Some((q_hat_t, k_hat_t)) = &bufs.qk_hat_t {
             let kv_rows = if plan.count == 1 { kv_rows_one } else { rows };
-            crate::quantize::transpose_qk_hat(gpu, k, (op.q_hat, op.k_hat), (q_hat_t, k_hat_t), (rows, kv_rows), (n_q, n_k), stream)?;
+            // one group: the 16 × 16 kernel, PDL right after the preprocess (glue15; safe by construction: quantize.cu)
+            let one_group = plan.count == 1;
+            crate::quantize::transpose_qk_hat(gpu, k, (op.q_hat, op.k_hat), (q_hat_t, k_hat_t), (rows, kv_rows), (n_q, n_k), stream, one_group)?;
             (tr.q_hat_t, tr.k_hat_t) = (gpu.ptr(q_hat_t), gpu.ptr(k_hat_t));
         }
         let do_scale = at(gpu.ptr(&do_quant.do_scale), qblk, 4);
@@ -407,7 +409,12 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             (&mut fl as *mut i32).cast(),
         ];
         let post = grid_stride(rows * n_q * d / 8);  // eight elements per thread
-        gpu.launch_raw(k.post_dq.cu_function(), post.grid_dim, THREADS, 0, stream, &mut args)?;
+        if staged == Some(StagedBackward::Sage) {
+            // glue15: sage_bwd_post_dq_sage (4 × 8 elements per thread), PDL after the main kernel
+            crate::quantize::post_dq_sage(gpu, k, rows * n_q * d / 8, stream, &mut args)?;
+        } else {
+            gpu.launch_raw(k.post_dq.cu_function(), post.grid_dim, THREADS, 0, stream, &mut args)?;
+        }
     }
     for &side in &streams[1..] {
         gpu.order(side, streams[0])?;

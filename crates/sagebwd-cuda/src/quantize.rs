@@ -200,7 +200,8 @@ struct QuantQkvParams {
     q: QuantRowsParams,
     k_blocks: i32,
     v_blocks: i32,
-    pad: [i32; 2],
+    v_first: i32,
+    pad: i32,
 }
 const _: () = assert!(std::mem::size_of::<QuantQkvParams>() == 3 * 104 + 16);
 
@@ -230,13 +231,81 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
     let k_blocks = kp.n_blk * kj.bh as i32;
     let v_blocks = vp.n_blk * vj.bh as i32;
     let q_blocks = qp.n_blk * qj.bh as i32 / 2;
-    let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, pad: [0; 2] };
+    // Grid order K, V, Q (main's), also under PDL: K's first wave loads K and waits for the K mean,
+    // then meets more of K in L2 right after its partial sums read it. SAGEBWD_QKV_VFIRST=1 (with PDL)
+    // puts V's groups first so that they run during the K mean: 2.2–2.5 µs slower per forward at the
+    // training shape (docs/RESULTS-gpu.md, glue15).
+    static V_FIRST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let v_first_env = *V_FIRST.get_or_init(|| std::env::var("SAGEBWD_QKV_VFIRST").is_ok_and(|v| v == "1"));
+    let v_first = (pdl_enabled(gpu) && v_first_env) as i32;
+    let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, v_first, pad: 0 };
     let threads = tile_threads(kj.rows_per_block, k.head_dim);
     let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32;  // both Q groups' rows for b_r
     let func = k.quantize_function(c"sage_quantize_qkv")?;
     let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantQkvParams).cast()];
     let grid = ((k_blocks + v_blocks + q_blocks) as u32, 1, 1);
-    gpu.launch_raw(func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)
+    // PDL after sage_k_mean (it triggers at its start): the first wave's loads overlap the K mean
+    // (quantize.cu, sage_quantize_qkv)
+    launch_pdl(gpu, func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)
+}
+
+/// Whether the glue kernels may be launched with programmatic dependent launch ([`launch_pdl`]):
+/// compute capability 9.0 or newer (the NVRTC target `sm_90a`, `sm_100`, …), unless
+/// `SAGEBWD_PDL=0` (read once per process).
+pub(crate) fn pdl_enabled(gpu: &Gpu) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("SAGEBWD_PDL").is_ok_and(|v| v == "0"));
+    let major: u32 = gpu.dev.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect::<String>()
+        .parse().unwrap_or(0);
+    !off && major >= 90
+}
+
+/// [`Gpu::launch_raw`] with programmatic stream serialization (PDL) where [`pdl_enabled`]: the
+/// kernel may start while its predecessor in `stream` still runs, once every block of that
+/// predecessor has executed `griddepcontrol.launch_dependents` or exited. Only for kernels written
+/// for it: each reads before its `griddepcontrol.wait` only what was written before its predecessor
+/// started, writes before it only buffers the predecessor does not touch, and executes it in every
+/// thread before exiting (the rules in quantize.cu, `pdl_wait`). Without PDL the plain launch.
+pub(crate) fn launch_pdl(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), block: u32, smem: u32,
+                         stream: sys::CUstream, args: &mut [*mut std::ffi::c_void]) -> Result<()> {
+    if !pdl_enabled(gpu) {
+        return gpu.launch_raw(func, grid, block, smem, stream, args);
+    }
+    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
+    // SAFETY: a zeroed union is a valid value; the one field the attribute id selects is set.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    };
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid.0, gridDimY: grid.1, gridDimZ: grid.2, blockDimX: block, blockDimY: 1, blockDimZ: 1,
+        sharedMemBytes: smem, hStream: stream, attrs: &mut attr, numAttrs: 1,
+    };
+    drv("cuLaunchKernelEx (PDL)", unsafe {
+        sys::cuLaunchKernelEx(&cfg, func, args.as_mut_ptr(), std::ptr::null_mut()).result()
+    })
+}
+
+/// The dQ postprocess of the sagebwd path, `sage_bwd_post_dq_sage` (backward_post.cu: the arithmetic of
+/// `sage_bwd_post_dq`, four groups of eight elements per thread, loads first), over `groups8` groups
+/// of eight elements, launched with PDL after the main kernel (it waits for it first). `args`: the
+/// seven parameters of `sage_bwd_post_dq`.
+pub(crate) fn post_dq_sage(gpu: &Gpu, k: &Kernels, groups8: usize, stream: sys::CUstream,
+                           args: &mut [*mut std::ffi::c_void]) -> Result<()> {
+    const UNROLL: usize = 4; // POST_UNROLL in backward_post.cu
+    let func = unsafe {
+        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
+        drv("backward post module", sys::cuFuncGetModule(module.as_mut_ptr(), k.post_dq.cu_function()).result())?;
+        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
+        drv("load function sage_bwd_post_dq_sage",
+            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), c"sage_bwd_post_dq_sage".as_ptr()).result())?;
+        f.assume_init()
+    };
+    let blocks = groups8.div_ceil(THREADS as usize * UNROLL).max(1) as u32;
+    launch_pdl(gpu, func, (blocks, 1, 1), THREADS, 0, stream, args)
 }
 
 /// Threads of a register-tile `sage_quantize_rows` block: one per 8 × 8 tile of its rows.
@@ -291,17 +360,28 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let partial = gpu.alloc_f32(if smooth_k { 2 * bh_kv * n_chunks * d } else { 2 })?;  // f64
     let (n_k, n_chunks_i) = (s.n_k as i32, n_chunks as i32);
     if smooth_k {
+        // a normal launch: the PDL chain after it (K mean, Q/K/V quantization) relies on everything
+        // queued before it being complete once it runs
         let part_cfg = LaunchConfig { grid_dim: (n_chunks as u32, bh_kv as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         drv("launch sage_k_mean_partial", unsafe {
             stream.launch_builder(&k.k_mean_partial).arg(&x.k).arg(&partial).arg(&n_k).arg(&n_chunks_i).launch(part_cfg)
         })?;
     }
-    let smooth_k = smooth_k as i32;
-    let mean_cfg = LaunchConfig { grid_dim: (bh_kv as u32, 1, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
-    drv("launch sage_k_mean", unsafe {
-        stream.launch_builder(&k.k_mean).arg(&partial).arg(&k_mean).arg(&n_k).arg(&n_chunks_i).arg(&smooth_k)
-            .launch(mean_cfg)
-    })?;
+    // With K-smoothing sage_k_mean is launched with PDL after sage_k_mean_partial (which triggers at
+    // its start and had a normal launch) and waits for it; without, normally (its predecessor is
+    // anything, and the Q/K/V quantization, PDL after it, reads V before waiting).
+    let pdl_mean = smooth_k;
+    let mut smooth_k = smooth_k as i32;
+    let (mut partial_ptr, mut k_mean_ptr, mut n_k, mut n_chunks_i) = (gpu.ptr(&partial), gpu.ptr(&k_mean), n_k, n_chunks_i);
+    let mut mean_args: [*mut std::ffi::c_void; 5] = [
+        (&mut partial_ptr as *mut u64).cast(), (&mut k_mean_ptr as *mut u64).cast(), (&mut n_k as *mut i32).cast(),
+        (&mut n_chunks_i as *mut i32).cast(), (&mut smooth_k as *mut i32).cast(),
+    ];
+    if pdl_mean {
+        launch_pdl(gpu, k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
+    } else {
+        gpu.launch_raw(k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
+    }
     let (_, c_lambda) = crate::forward::scales(d);
     quantize_qkv(gpu, k, [RowsJob {
         x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
@@ -426,8 +506,15 @@ pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64),
 /// output holds, made where the backward needs them. One launch (`sage_transpose_qk_hat` in
 /// quantize.cu) for both. Without GQA the rows of Q and K coincide; with GQA the backward runs one
 /// group, all rows (`rows` counts query rows for Q̂, `kv_rows` key rows for K̂).
+///
+/// `one_group` (the one-group backward, right after its preprocess; with `rows == kv_rows`):
+/// `sage_transpose_qk_hat16` (16 × 16 bytes per thread, the same bytes), launched with programmatic
+/// dependent launch: the transposes touch nothing the preprocess reads or writes, so they may
+/// overlap its last wave (the kernel waits for its predecessor before exiting).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64), (q_hat_t, k_hat_t): (&CudaSlice<i8>, &CudaSlice<i8>),
-                               (rows, kv_rows): (usize, usize), (n_q, n_k): (usize, usize), stream: sys::CUstream) -> Result<()> {
+                               (rows, kv_rows): (usize, usize), (n_q, n_k): (usize, usize), stream: sys::CUstream,
+                               one_group: bool) -> Result<()> {
     let func = k.transpose_qk_hat.cu_function();
     // 64 rows per block; the grid covers the longer of the two, blocks past a tensor's end return.
     let grid_x = n_q.max(n_k).div_ceil(64) as u32;
@@ -445,6 +532,19 @@ pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64
         gpu.launch_raw(func, (grid_x, grid_y as u32, grid_z), k.head_dim as u32, 0, stream, &mut args)
     };
     if rows == kv_rows {
+        if one_group {
+            // glue15: 16 × 16 bytes per thread, 256 rows per block; PDL after the preprocess
+            let func = k.quantize_function(c"sage_transpose_qk_hat16")?;
+            let (mut x0, mut t0, mut n0, mut p0) = q;
+            let (mut x1, mut t1, mut n1, mut p1) = k_;
+            let mut args: [*mut std::ffi::c_void; 8] = [
+                (&mut x0 as *mut u64).cast(), (&mut t0 as *mut u64).cast(), (&mut n0 as *mut i32).cast(),
+                (&mut p0 as *mut i32).cast(), (&mut x1 as *mut u64).cast(), (&mut t1 as *mut u64).cast(),
+                (&mut n1 as *mut i32).cast(), (&mut p1 as *mut i32).cast(),
+            ];
+            let grid_x = n_q.max(n_k).div_ceil(256) as u32;
+            return launch_pdl(gpu, func, (grid_x, rows as u32, 2), k.head_dim as u32, 0, stream, &mut args);
+        }
         return launch(q, k_, rows, 2);  // z = 0: Q̂, z = 1: K̂
     }
     // GQA: Q̂ over the query rows, then K̂ over the key rows, each in slot z = 0.
