@@ -2,6 +2,28 @@
 // correction only when switched on and #6 is INT8; same order as the simulator), dK ← fl(c·Σ_group dK), dV ← Σ_group dV (FP32 sums over the query heads that
 // share a kv head, in head order), all rounded to BF16.
 
+// dQ's eight elements 8·e8 .. 8·e8 + 7 (one row; a, b their FP32 accumulators): the K-smoothing
+// correction when on, the scale c, BF16, one 16-byte store.
+__device__ __forceinline__ void store_dq8(u16* __restrict__ dq, long e8, float4 a, float4 b,
+                                          const float* __restrict__ ds_rowsum, const float* __restrict__ k_mean,
+                                          const Dims& d, int group, bool corr, float c) {
+    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if (corr) {
+        const long row = 8 * e8 / HEAD_DIM;
+        const int col0 = (int)(8 * e8 % HEAD_DIM);
+        const long bh = row / d.n_q;
+        const long bh_kv = (bh / d.heads_q) * d.heads_kv + (bh % d.heads_q) / group;
+        const float* km = k_mean + bh_kv * HEAD_DIM + col0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(v[i], __fmul_rn(ds_rowsum[row], km[i]));
+    }
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = (u32)f32_to_bf16(__fmul_rn(c, v[2 * i])) | ((u32)f32_to_bf16(__fmul_rn(c, v[2 * i + 1])) << 16);
+    ((uint4*)dq)[e8] = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Eight consecutive elements of one row per thread and step (HEAD_DIM is a multiple of 8; dq_acc and dq
 // start on whole rows): two 16-byte loads and one 16-byte store, more bytes in flight per thread than
 // the four-element version (~3.5 TB/s), the same arithmetic per element. Launched with a grid for
@@ -14,21 +36,7 @@ extern "C" __global__ void sage_bwd_post_dq(const float* __restrict__ dq_acc, co
     const bool corr = (flags & F_DQ_CORR) && (flags & F_DQ);
     for (long e8 = (long)blockIdx.x * blockDim.x + threadIdx.x; e8 < total8; e8 += (long)gridDim.x * blockDim.x) {
         const float4 a = ((const float4*)dq_acc)[2 * e8], b = ((const float4*)dq_acc)[2 * e8 + 1];
-        float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        if (corr) {
-            const long row = 8 * e8 / HEAD_DIM;
-            const int col0 = (int)(8 * e8 % HEAD_DIM);
-            const long bh = row / d.n_q;
-            const long bh_kv = (bh / d.heads_q) * d.heads_kv + (bh % d.heads_q) / group;
-            const float* km = k_mean + bh_kv * HEAD_DIM + col0;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(v[i], __fmul_rn(ds_rowsum[row], km[i]));
-        }
-        u32 w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            w[i] = (u32)f32_to_bf16(__fmul_rn(c, v[2 * i])) | ((u32)f32_to_bf16(__fmul_rn(c, v[2 * i + 1])) << 16);
-        ((uint4*)dq)[e8] = make_uint4(w[0], w[1], w[2], w[3]);
+        store_dq8(dq, e8, a, b, ds_rowsum, k_mean, d, group, corr, c);
     }
 }
 
@@ -61,21 +69,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_post_dq_sage(cons
     for (int k = 0; k < POST_UNROLL; ++k) {
         const long e8 = first + (long)k * THREADS;
         if (e8 >= total8) break;
-        float v[8] = {a[k].x, a[k].y, a[k].z, a[k].w, b[k].x, b[k].y, b[k].z, b[k].w};
-        if (corr) {
-            const long row = 8 * e8 / HEAD_DIM;
-            const int col0 = (int)(8 * e8 % HEAD_DIM);
-            const long bh = row / d.n_q;
-            const long bh_kv = (bh / d.heads_q) * d.heads_kv + (bh % d.heads_q) / group;
-            const float* km = k_mean + bh_kv * HEAD_DIM + col0;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(v[i], __fmul_rn(ds_rowsum[row], km[i]));
-        }
-        u32 w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            w[i] = (u32)f32_to_bf16(__fmul_rn(c, v[2 * i])) | ((u32)f32_to_bf16(__fmul_rn(c, v[2 * i + 1])) << 16);
-        ((uint4*)dq)[e8] = make_uint4(w[0], w[1], w[2], w[3]);
+        store_dq8(dq, e8, a[k], b[k], ds_rowsum, k_mean, d, group, corr, c);
     }
 }
 
