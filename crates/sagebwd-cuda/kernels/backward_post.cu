@@ -52,9 +52,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_post_dq_sage(cons
                                                                            const float* __restrict__ k_mean,
                                                                            u16* __restrict__ dq, Dims d, float c,
                                                                            int flags) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    pdl_wait();
     const long total8 = (long)d.batch * d.heads_q * d.n_q * HEAD_DIM / 8;
     const int group = d.heads_q / d.heads_kv;
     const bool corr = (flags & F_DQ_CORR) && (flags & F_DQ);

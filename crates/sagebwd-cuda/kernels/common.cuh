@@ -42,6 +42,27 @@ typedef unsigned long long u64;
 #define F_SMOOTH_Q 512
 #define F_DQ_CORR 1024
 
+// Programmatic dependent launch (PDL, sm_90+; src/quantize.rs `launch_pdl`; the glue kernels and the
+// persistent INT8 forward). A kernel launched with programmatic stream serialization may start while its predecessor in the stream (the primary)
+// still runs, once every CTA of the primary has executed pdl_trigger() or exited. pdl_wait() blocks
+// until the primary has completed and its memory operations are visible. Both are no-ops when the
+// launch did not ask for PDL (and on sm_80, where they compile to nothing). The rules that make the
+// glue's uses safe by construction: a PDL kernel reads before its pdl_wait() only tensors written
+// before its primary started (the primary itself had a normal launch, or triggered only after its
+// own pdl_wait(), so everything queued before the primary is complete), writes before pdl_wait()
+// only buffers its primary neither reads nor writes, and every thread executes pdl_wait() before
+// it exits, so the PDL kernel never completes before its primary.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 

@@ -2444,6 +2444,10 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
     const WspSmem sm(smem);
     if (threadIdx.x == 0) sm.init();
     __syncthreads();
+    // Launched with PDL after the Q/K/V quantization (src/forward.rs): nothing of global memory is
+    // read or written above, and every thread waits here for the quantization's grid (which itself
+    // waits for the K mean's) before its role reads Q̂, K̂, V̂ᵀ or their scales.
+    pdl_wait();
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         setmaxnreg_dec<24>();

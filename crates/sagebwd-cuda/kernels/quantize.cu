@@ -17,27 +17,6 @@
 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15) == 0; }
 
-// Programmatic dependent launch (PDL, sm_90+; src/quantize.rs `launch_pdl`). A kernel launched with
-// programmatic stream serialization may start while its predecessor in the stream (the primary)
-// still runs, once every CTA of the primary has executed pdl_trigger() or exited. pdl_wait() blocks
-// until the primary has completed and its memory operations are visible. Both are no-ops when the
-// launch did not ask for PDL (and on sm_80, where they compile to nothing). The rules that make the
-// glue's uses safe by construction: a PDL kernel reads before its pdl_wait() only tensors written
-// before its primary started (the primary itself had a normal launch, or triggered only after its
-// own pdl_wait(), so everything queued before the primary is complete), writes before pdl_wait()
-// only buffers its primary neither reads nor writes, and every thread executes pdl_wait() before
-// it exits, so the PDL kernel never completes before its primary.
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // The mean of `rows` BF16 values spaced `stride` apart. The specification allows any summation
 // order; like the CPU simulator we sum in FP64 (exact for BF16 inputs of any realistic range, so
 // independent of order), divide in FP64 and round once to FP32: K_m and Q_m then match the
@@ -603,6 +582,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(Quant
     extern __shared__ __align__(16) unsigned char s_dyn[];
     __shared__ double s_kmd[HEAD_DIM];
     __shared__ float s_scratch[THREADS / 32];
+    // The persistent INT8 forward (launched with PDL next, src/forward.rs) reads nothing before it
+    // waits for this grid: its blocks may take the SMs this grid's last wave leaves idle.
+    pdl_trigger();
     const int warps = blockDim.x >> 5;
     // b: the block's index in the K, V, Q order of the grid without PDL
     int b = blockIdx.x;

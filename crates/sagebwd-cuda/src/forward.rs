@@ -415,8 +415,20 @@ fn wsp_smem_bytes(head_dim: usize) -> u32 {
 /// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
 /// the V̂ᵀ tensor map as its first parameter (as `sage_forward_ws`).
 fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
-    let vmap = int8_v_map(gpu, p, quant, head_dim)?;
-    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, WsShape { smem: wsp_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS })
+    let mut vmap = int8_v_map(gpu, p, quant, head_dim)?;
+    let shape = WsShape { smem: wsp_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS };
+    static PDL_FWD_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let pdl_off = *PDL_FWD_OFF.get_or_init(|| std::env::var("SAGEBWD_PDL_FWD").is_ok_and(|v| v == "0"));
+    if crate::quantize::pdl_enabled(gpu) && !pdl_off {
+        // Programmatic dependent launch after sage_quantize_qkv (which triggers at its start): the
+        // kernel's blocks start on the SMs its last wave frees and wait (pdl_wait in wsp_main) for
+        // it to complete. `SAGEBWD_PDL_FWD=0` launches it plainly (for timing comparisons).
+        let func = ws_function(gpu, k, kernel, shape.smem)?;
+        let mut params = *p;
+        let mut args: Vec<*mut std::ffi::c_void> = vec![(&mut vmap as *mut crate::tma::TensorMap).cast(), (&mut params as *mut ForwardParams).cast()];
+        return crate::quantize::launch_pdl(gpu, func, (shape.grid.0, shape.grid.1, 1), shape.threads, shape.smem, gpu.dev.stream.cu_stream(), &mut args);
+    }
+    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, shape)
 }
 
 /// The V̂ᵀ tensor map of the INT8 warp-specialized kernels: `[B·H_kv·d rows][n_kpad keys]` i8, boxes
@@ -521,10 +533,7 @@ fn launch_ws_kernel(
 ) -> Result<()> {
     let WsShape { smem, grid, threads } = shape;
     use cudarc::driver::sys;
-    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
-    let func = k.forward_function(name)?;
-    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-    drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
+    let func = ws_function(gpu, k, name, smem)?;
     let mut params = *p;
     let mut args: Vec<*mut std::ffi::c_void> = maps.iter_mut().map(|m| (m as *mut crate::tma::TensorMap).cast()).collect();
     args.push((&mut params as *mut ForwardParams).cast());
@@ -532,6 +541,16 @@ fn launch_ws_kernel(
         sys::cuLaunchKernel(func, grid.0, grid.1, 1, threads, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
             .result()
     })
+}
+
+/// A forward kernel by name, allowed `smem` bytes of dynamic shared memory, the context bound.
+fn ws_function(gpu: &Gpu, k: &Kernels, name: &std::ffi::CStr, smem: u32) -> Result<cudarc::driver::sys::CUfunction> {
+    use cudarc::driver::sys;
+    drv("bind context", gpu.dev.ctx.bind_to_thread())?;
+    let func = k.forward_function(name)?;
+    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
+    Ok(func)
 }
 
 /// The grid of the non-persistent warp-specialized kernels: (query-block pairs, B·H_q).
