@@ -93,6 +93,45 @@ pub fn sage_persist_staging_bytes(head_dim: usize, path: StagedBackward) -> usiz
     if path == StagedBackward::Sage && head_dim == 64 { 2 * BLOCK_Q * (4 * head_dim + 32) } else { 0 }
 }
 
+/// The dQ staging area of `sage_bwd_main_persist_bf16q` (fpab15, `Bf16BulkLayout` in backward_main.cu): the
+/// staged layout's end rounded up to 1024 bytes, then 8 warps × 16 rows × 64 FP32, beyond the staged bytes.
+pub fn bf16_bulk_staging_bytes(head_dim: usize) -> usize {
+    let base = staged_backward_smem_bytes(head_dim, StagedBackward::Bf16) - 1024; // less the alignment slack
+    base.next_multiple_of(1024) - base + (THREADS as usize / 32) * 16 * 64 * 4
+}
+
+/// Whether fpa at d = 128 on the persistent grid adds dQ by TMA reduces (`sage_bwd_main_persist_bf16q`,
+/// fpab15): the default; `SAGEBWD_FPA_BULK_DQ=0` runs `sage_bwd_main_persist_bf16` (16 reductions per thread per tile).
+fn use_bf16_bulk_dq(gpu: &Gpu, path: StagedBackward, head_dim: usize) -> bool {
+    path == StagedBackward::Bf16 && head_dim == 128 && gpu.dev.arch == "sm_90a"
+        && !std::env::var("SAGEBWD_FPA_BULK_DQ").is_ok_and(|v| v == "0")
+}
+
+/// The kernel parameter of `sage_bwd_main_persist_bf16q` (`BwdParamsDqMap`): the dQ accumulator's tensor map, then
+/// the parameters.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct BackwardParamsDqMap {
+    map: crate::tma::TensorMap,
+    p: BackwardParams,
+}
+const _: () = assert!(std::mem::size_of::<BackwardParamsDqMap>() == 448);
+
+/// The FP32 dQ accumulator `[rows][n_q][d]` as a 4-D map for the warps' TMA reduce-adds: 32 columns, d/32
+/// column blocks, n_q rows, `rows` heads; boxes of 32 × 2 × 16 × 1 (a warp's 16 rows × 64 columns), 128-byte
+/// swizzled. Rows past n_q are outside the map (not written).
+fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize) -> Result<crate::tma::TensorMap> {
+    let row_bytes = (head_dim * 4) as u64;
+    crate::tma::encode_tiled(
+        crate::tma::TmaElem::F32,
+        addr,
+        &[32, (head_dim / 32) as u64, n_q as u64, rows as u64],
+        &[128, row_bytes, row_bytes * n_q as u64],
+        &[32, 2, 16, 1],
+        crate::tma::TmaSwizzle::B128,
+    )
+}
+
 /// Ring stages of the warp-specialized fpa kernel (`WS_STAGES` in backward_main.cu).
 const WS_STAGES: usize = 3;
 /// Threads of the warp-specialized fpa kernel: two consumer warpgroups and a producer warpgroup.
@@ -256,8 +295,10 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
 
     let ws = use_ws_kernel(gpu, staged, s.head_dim);
     let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
+    let bulk_dq = persist && staged.is_some_and(|path| use_bf16_bulk_dq(gpu, path, s.head_dim));
     let smem = match staged {
         _ if ws => ws_backward_smem_bytes(s.head_dim),
+        Some(path) if bulk_dq => staged_backward_smem_bytes(s.head_dim, path) + bf16_bulk_staging_bytes(s.head_dim),
         Some(path) if persist => staged_backward_smem_bytes(s.head_dim, path) + sage_persist_staging_bytes(s.head_dim, path),
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
         None => backward_smem_bytes(s.head_dim),
@@ -269,7 +310,13 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let (main_fn, main_threads) = if ws {
         (bwd_main_function(k, c"sage_bwd_main_ws", smem)?, WS_THREADS)
     } else if persist {
-        let name = if staged == Some(StagedBackward::Sage) { c"sage_bwd_main_persist_sage" } else { c"sage_bwd_main_persist_bf16" };
+        let name = if staged == Some(StagedBackward::Sage) {
+            c"sage_bwd_main_persist_sage"
+        } else if bulk_dq {
+            c"sage_bwd_main_persist_bf16q"
+        } else {
+            c"sage_bwd_main_persist_bf16"
+        };
         (bwd_main_function(k, name, smem)?, THREADS)
     } else if staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a" && s.head_dim == 64 {
         // pipe14b: the pipelined sage path's own plain-grid kernel (sage_bwd_main_mma keeps the others).
@@ -393,8 +440,16 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         };
         let items = dims.n_kblk as usize * rows;
         let grid = if persist { (items.min(persist_ctas).max(1) as u32, 1, 1) } else { (dims.n_kblk as u32, rows as u32, 1) };
-        let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
-        gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
+        if bulk_dq {
+            // One group (the fpa path): the accumulator of every row.
+            let map = dq_acc_map(dq_acc, rows, n_q, d)?;
+            let mut pm = BackwardParamsDqMap { map, p };
+            let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsDqMap).cast()];
+            gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
+        } else {
+            let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
+            gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
+        }
         let (mut acc, mut rowsum, mut k_mean) = (dq_acc, ds_rowsum, op.k_mean);
         let (mut dq_rows, mut gd, mut c, mut fl) = (at(gpu.ptr(&dq), q_rows, 2), gd, c, fl);
         let mut args: [*mut std::ffi::c_void; 7] = [
@@ -674,6 +729,8 @@ mod tests {
         assert_eq!(sage_persist_staging_bytes(64, StagedBackward::Sage), 36_864);
         assert_eq!(sage_persist_staging_bytes(128, StagedBackward::Sage) + sage_persist_staging_bytes(64, StagedBackward::Bf16), 0);
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
+        // fpab15: Bf16BulkLayout at d = 128: 165 888 (the staged layout's end rounded up to 1024) + 32 768 + 1 024.
+        assert_eq!(staged_backward_smem_bytes(128, StagedBackward::Bf16) + bf16_bulk_staging_bytes(128), 199_680);
         // sage_bwd_main_ws's WsLayout::bytes at d = 64: K, V; 3 stages of Q, dO; 2 dS tiles; rows, mbarriers, slack.
         assert_eq!(ws_backward_smem_bytes(64), 32_768 + 49_152 + 32_768 + 1_536 + 80 + 1_024);
     }
