@@ -1900,11 +1900,6 @@ struct StagedBf16 {
 // SASS); FPA_EARLY_DV=0 gives that kernel StagedBf16 again.
 // Staging block qb + 1 inside this tile and loading the next row constants late measured slower
 // (+1.7 to +9 %; RESULTS-gpu.md, fpab14) and were removed.
-// fpab15 variant (device-call A/B; off by default): FPAB15_REDUCE_LATE=1 issues the warp's reduce at the
-// end of tile() (after the dSᵀ stores) instead of right after the staging stores.
-#ifndef FPAB15_REDUCE_LATE
-#define FPAB15_REDUCE_LATE 0
-#endif
 #ifndef FPA_EARLY_DV
 #define FPA_EARLY_DV (HEAD_DIM == 128)
 #endif
@@ -2010,14 +2005,9 @@ struct StagedBf16EarlyT : StagedBf16 {
     typedef typename Bf16EarlyLayout<BULK>::type Layout;
     static constexpr bool BULK_DQ = BULK;
     // A landed dQ tile of block qb into the accumulator.
-    static __device__ __forceinline__ void add_tile_dq(const BackwardParams& p, u32 smem, const float (*acc)[4], int bh, int qb, bool dq_last = false) {
+    static __device__ __forceinline__ void add_tile_dq(const BackwardParams& p, u32 smem, const float (*acc)[4], int bh, int qb) {
         if (BULK) {
-            if (FPAB15_REDUCE_LATE && !dq_last) {  // staged now, reduced at the end of tile()
-                fpab15_wait_read();
-                fpab15_stage_dq(smem + Bf16BulkLayout::dqst0, acc);
-            } else {
-                fpab15_bulk_dq(p, smem + Bf16BulkLayout::dqst0, acc, bh, qb);
-            }
+            fpab15_bulk_dq(p, smem + Bf16BulkLayout::dqst0, acc, bh, qb);
         } else {
             add_dq_pred(p, acc, bh, qb);
         }
@@ -2031,7 +2021,7 @@ struct StagedBf16EarlyT : StagedBf16 {
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_fence_regs(acc);
-            add_tile_dq(p, smem, acc, bh, qb, true);
+            add_tile_dq(p, smem, acc, bh, qb);
         } else {
             StagedBf16::dq(p, smem, dst_tile, s, bh, qb);
         }
@@ -2088,9 +2078,6 @@ struct StagedBf16EarlyT : StagedBf16 {
         }
         // bf16(dS)ᵀ to shared memory for dQ, as tile() stores it without FPA_STSM_DS.
         store_ds_words(x.ds, da);
-#if FPAB15_REDUCE_LATE
-        if (BULK && x.has_prev) fpab15_reduce_dq(p, x.smem + Bf16BulkLayout::dqst0, x.bh, x.qb - 1);  // block-uniform
-#endif
         return 0.0f;
     }
 };
@@ -2706,8 +2693,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
 #endif
 }
 // fpab15: the fpa path at d = 128 on the persistent grid with dQ by TMA reduce-adds (StagedBf16Bulk);
-// the host's default there (SAGEBWD_FPA_BULK_DQ=0: sage_bwd_main_persist_bf16). The parameter is the dQ
-// accumulator's tensor map followed by BackwardParams (BwdParamsDqMap).
+// the host's default for fpa at d = 128 on sm_90a, every N (SAGEBWD_FPA_BULK_DQ=0: sage_bwd_main_persist_bf16).
+// Measured (RESULTS-gpu.md, fpab15): −1.1 to −13.0 % backward time against sage_bwd_main_persist_bf16 at N ≤ 4096,
+// −15.5 / −15.7 % against the plain grid at N 16384. The parameter is the dQ accumulator's tensor map followed
+// by BackwardParams (BwdParamsDqMap).
 #if FPA_EARLY_PATH && HEAD_DIM == 128
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16q(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
