@@ -1900,6 +1900,15 @@ struct StagedBf16 {
 // SASS); FPA_EARLY_DV=0 gives that kernel StagedBf16 again.
 // Staging block qb + 1 inside this tile and loading the next row constants late measured slower
 // (+1.7 to +9 %; RESULTS-gpu.md, fpab14) and were removed.
+// fpab15 variant U (opt-in, NOT MEASURED): FPAB15_UNIFORM_WG=1 gives sage_bwd_main_persist_bf16q's tile the
+// warpgroup index as sbwd13_wg() (warp-uniform to ptxas), for its Sᵀ, dPᵀ A descriptors and its dQ B descriptor.
+// With threadIdx.x >> 7 (the default, as measured) ptxas builds those descriptors in vector registers, hoists six
+// of them out of the query loop and, at 255 registers, spills them (40 B of stack): each tile reloads them right
+// before the Sᵀ / dPᵀ issue, 11.6 % of the ncu stall samples (fpab15's profile). With U: 250 registers, no
+// stack, query loop 905 → 872 static instructions (no LDL/STL, R2UR 51 → 4, one SHFL per tile).
+#ifndef FPAB15_UNIFORM_WG
+#define FPAB15_UNIFORM_WG 0
+#endif
 #ifndef FPA_EARLY_DV
 #define FPA_EARLY_DV (HEAD_DIM == 128)
 #endif
@@ -2004,6 +2013,15 @@ template <bool BULK>
 struct StagedBf16EarlyT : StagedBf16 {
     typedef typename Bf16EarlyLayout<BULK>::type Layout;
     static constexpr bool BULK_DQ = BULK;
+    // issue_dq_words with the warpgroup given (FPAB15_UNIFORM_WG: warp-uniform to ptxas, as sbwd13_wg()).
+    static __device__ __forceinline__ void issue_dq_wg(float (&acc)[HEAD_DIM / 16][4], u32 smem, u32 dst_tile, int wg) {
+        const int col0 = wg * (HEAD_DIM / 2);
+        const u32 b0 = smem + (col0 / 64) * (BLOCK_KV * 128) + (col0 % 64) * 2;
+        const DescWords a = desc_words(mnmajor_desc(dst_tile, BLOCK_KV * DST_ROW));
+        const DescWords b = desc_words(mnmajor_desc(b0, BLOCK_KV * 128));
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_KV / 16; ++ks) wgmma_bf16_ss_tt(acc, a.at(ks * 16 * DST_ROW), b.at(ks * 16 * 128), ks);
+    }
     // A landed dQ tile of block qb into the accumulator.
     static __device__ __forceinline__ void add_tile_dq(const BackwardParams& p, u32 smem, const float (*acc)[4], int bh, int qb) {
         if (BULK) {
@@ -2033,11 +2051,11 @@ struct StagedBf16EarlyT : StagedBf16 {
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
         const int lane = threadIdx.x & 31;
-        const int wg = threadIdx.x >> 7;
+        const int wg = (BULK && FPAB15_UNIFORM_WG) ? sbwd13_wg() : (int)(threadIdx.x >> 7);
         float s[8][4], ds[8][4], prob[8][4];
         wgmma_fence();  // the accumulators were last written by the previous tile's code
         float dq_acc[HEAD_DIM / 16][4];
-        issue_dq_words(dq_acc, x.smem, x.prev_ds);
+        if (BULK && FPAB15_UNIFORM_WG) issue_dq_wg(dq_acc, x.smem, x.prev_ds, wg); else issue_dq_words(dq_acc, x.smem, x.prev_ds);
         wgmma_commit();
         issue_keys_by_rows(s, x.smem, x.st, wg);
         wgmma_commit();
