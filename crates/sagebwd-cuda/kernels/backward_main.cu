@@ -1907,12 +1907,150 @@ struct StagedBf16 {
 // SASS); FPA_EARLY_DV=0 gives that kernel StagedBf16 again.
 // Staging block qb + 1 inside this tile and loading the next row constants late measured slower
 // (+1.7 to +9 %; RESULTS-gpu.md, fpab14) and were removed.
+// fpab15 variant U (opt-in, NOT MEASURED): FPAB15_UNIFORM_WG=1 gives sage_bwd_main_persist_bf16q's tile the
+// warpgroup index as sbwd13_wg() (warp-uniform to ptxas), for its Sᵀ, dPᵀ A descriptors and its dQ B descriptor.
+// With threadIdx.x >> 7 (the default, as measured) ptxas builds those descriptors in vector registers, hoists six
+// of them out of the query loop and, at 255 registers, spills them (40 B of stack): each tile reloads them right
+// before the Sᵀ / dPᵀ issue, 11.6 % of the ncu stall samples (fpab15's profile). With U: 250 registers, no
+// stack, query loop 905 → 872 static instructions (no LDL/STL, R2UR 51 → 4, one SHFL per tile).
+#ifndef FPAB15_UNIFORM_WG
+#define FPAB15_UNIFORM_WG 0
+#endif
 #ifndef FPA_EARLY_DV
 #define FPA_EARLY_DV (HEAD_DIM == 128)
 #endif
 #if BWD_WGMMA && FPA_DQ && FPA_EARLY_DV && !FPA_STAGES_NEXT && FPA_DESC_WORDS && FPA_PREFIX_MASK && !FPA_STSM_DS
 #define FPA_EARLY_PATH 1
-struct StagedBf16Early : StagedBf16 {
+// ---- fpab15: dQ of the d = 128 fpa tile by TMA reduce-adds (sage_bwd_main_persist_bf16q) ------------
+// The landed dQ tile (warp w: rows 16(w mod 4).., columns (w div 4)·64.., 16 × 64 FP32) goes to the
+// warp's own 4 KB of a staging area instead of 16 red.global.add.v2.f32 per thread, and one lane adds
+// it to the FP32 accumulator by one cp.reduce.async.bulk.tensor (4-D map of dq_acc: 32 columns, d/32
+// column boxes, n_q rows, B·H_q; box 32 × 2 × 16 × 1, 128-byte swizzle; rows past n_q are clipped by
+// the map). The warp's box is what the warp wrote, so a __syncwarp (after each thread's proxy fence)
+// is the only synchronization; before its next stores the issuing lane waits until the reduce has
+// read the area (wait_group.read). Swizzled staging: the 32-byte group of n-tile j in row g is
+// (j mod 4) ^ (g mod 4), so each STS.64 takes 2 shared wavefronts (8 unswizzled: rows of 256 bytes).
+// The same FP32 values are added (the accumulator's additions were unordered atomics before too);
+// the TMA add is .rn with subnormals flushed, as REDG.E.ADD.F32x2.FTZ.RN.
+// The tensor map travels in front of BackwardParams in the kernel's one __grid_constant__ parameter
+// (BwdParamsDqMap): the map is at &p − 128.
+struct __align__(64) DqMapParam {
+    unsigned long long w[16];
+};
+struct BwdParamsDqMap {
+    DqMapParam map;
+    BackwardParams p;
+};
+// p sits right after the 128-byte map (BackwardParams is 8-byte aligned): offset 128.
+static_assert(sizeof(DqMapParam) == 128 && alignof(BackwardParams) <= 128 && sizeof(BwdParamsDqMap) == 448,
+              "BwdParamsDqMap layout: src/backward.rs");
+#define FPAB15_WARP_STAGE 4096  // bytes of one warp's staging box (16 rows × 64 FP32)
+__device__ __forceinline__ const void* fpab15_dq_map(const BackwardParams& p) {
+    return (const void*)((const char*)&p - sizeof(DqMapParam));
+}
+// Every earlier bulk reduce of this thread has read its shared source; then the warp's area is free.
+__device__ __forceinline__ void fpab15_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    __syncwarp();
+}
+// acc[0..1] at shared a = base ^ X (row g), acc[2..3] at a + 2048 (row g + 8).
+template <int X>
+__device__ __forceinline__ void fpab15_sts_pair(u32 base, const float (&acc)[4]) {
+    asm volatile("{\n.reg .b32 a;\nxor.b32 a, %0, %1;\nst.shared.v2.f32 [a], {%2, %3};\nst.shared.v2.f32 [a+2048], {%4, %5};\n}\n"
+                 ::"r"(base), "n"(X), "f"(acc[0]), "f"(acc[1]), "f"(acc[2]), "f"(acc[3]));
+}
+// A landed dQ tile (acc[n]: columns 8n.. of the warp's half, rows g, g + 8) into the warp's staging box
+// at `area` (1024-aligned) in the 128-byte swizzle the map's box has: logical byte L = 256·row +
+// 128·(n div 4) + 32·(n mod 4) + 8t, physical L ^ (((L >> 7) mod 8) << 4).
+__device__ __forceinline__ void fpab15_stage_dq(u32 area, const float (*acc)[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const u32 box = area + (threadIdx.x >> 5) * FPAB15_WARP_STAGE;
+    const u32 l0 = g * 256 + 8 * t, l1 = l0 + 128;
+    const u32 b0 = box + (l0 ^ (((l0 >> 7) & 7) << 4)), b1 = box + (l1 ^ (((l1 >> 7) & 7) << 4));
+    // The XOR inside the asm: ptxas would otherwise hoist the 8 per-lane addresses out of the query
+    // loop (8 registers held across the tile, spilled at 255).
+    static_assert(HEAD_DIM == 128, "fpab15 staging: 8 n-tiles per warp");
+    fpab15_sts_pair<0>(b0, acc[0]);
+    fpab15_sts_pair<32>(b0, acc[1]);
+    fpab15_sts_pair<64>(b0, acc[2]);
+    fpab15_sts_pair<96>(b0, acc[3]);
+    fpab15_sts_pair<0>(b1, acc[4]);
+    fpab15_sts_pair<32>(b1, acc[5]);
+    fpab15_sts_pair<64>(b1, acc[6]);
+    fpab15_sts_pair<96>(b1, acc[7]);
+}
+// The warp's staged box of dQ block qb added to the accumulator by one lane (elect.sync; the warp is
+// converged), as one commit group. Each thread fences its stores to the async proxy first.
+__device__ __forceinline__ void fpab15_reduce_dq(const BackwardParams& p, u32 area, int bh, int qb) {
+    fence_proxy_async();
+    __syncwarp();
+    const int warp = threadIdx.x >> 5;
+    const u32 src = area + warp * FPAB15_WARP_STAGE;
+    asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
+                 "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 "@e cp.async.bulk.commit_group;\n}\n"
+                 ::"l"((unsigned long long)fpab15_dq_map(p)), "r"(0), "r"(2 * (warp >> 2)), "r"(qb * BLOCK_Q + 16 * (warp & 3)),
+                 "r"(bh), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void fpab15_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fpab15_bulk_dq(const BackwardParams& p, u32 area, const float (*acc)[4], int bh, int qb) {
+    fpab15_wait_read();  // the previous reduce (a tile ago) has read the box
+    fpab15_stage_dq(area, acc);
+    fpab15_reduce_dq(p, area, bh, qb);
+}
+// StagedBf16's layout plus the staging area (8 warps × 4 KB), 1024-aligned for the swizzle.
+struct Bf16BulkLayout : StagedBf16::Layout {
+    static constexpr int dqst0 = (red + red_bytes + 1023) & ~1023;
+    static constexpr int dqst_bytes = (THREADS / 32) * FPAB15_WARP_STAGE;
+    static constexpr int bytes = dqst0 + dqst_bytes + ALIGN_SLACK;
+};
+template <bool BULK>
+struct Bf16EarlyLayout {
+    typedef StagedBf16::Layout type;
+};
+template <>
+struct Bf16EarlyLayout<true> {
+    typedef Bf16BulkLayout type;
+};
+
+// StagedBf16EarlyT<false> = StagedBf16Early (fpab14; sage_bwd_main_persist_bf16), <true> = StagedBf16Bulk
+// (fpab15: dQ by TMA reduce-adds; sage_bwd_main_persist_bf16q). The same tile otherwise.
+template <bool BULK>
+struct StagedBf16EarlyT : StagedBf16 {
+    typedef typename Bf16EarlyLayout<BULK>::type Layout;
+    static constexpr bool BULK_DQ = BULK;
+    // issue_dq_words with the warpgroup given (FPAB15_UNIFORM_WG: warp-uniform to ptxas, as sbwd13_wg()).
+    static __device__ __forceinline__ void issue_dq_wg(float (&acc)[HEAD_DIM / 16][4], u32 smem, u32 dst_tile, int wg) {
+        const int col0 = wg * (HEAD_DIM / 2);
+        const u32 b0 = smem + (col0 / 64) * (BLOCK_KV * 128) + (col0 % 64) * 2;
+        const DescWords a = desc_words(mnmajor_desc(dst_tile, BLOCK_KV * DST_ROW));
+        const DescWords b = desc_words(mnmajor_desc(b0, BLOCK_KV * 128));
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_KV / 16; ++ks) wgmma_bf16_ss_tt(acc, a.at(ks * 16 * DST_ROW), b.at(ks * 16 * 128), ks);
+    }
+    // A landed dQ tile of block qb into the accumulator.
+    static __device__ __forceinline__ void add_tile_dq(const BackwardParams& p, u32 smem, const float (*acc)[4], int bh, int qb) {
+        if (BULK) {
+            fpab15_bulk_dq(p, smem + Bf16BulkLayout::dqst0, acc, bh, qb);
+        } else {
+            add_dq_pred(p, acc, bh, qb);
+        }
+    }
+    // The item's last dQ (StagedBf16::dq with add_tile_dq).
+    static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 dst_tile, float s, int bh, int qb) {
+        if (BULK) {
+            float acc[HEAD_DIM / 16][4];
+            wgmma_fence();
+            issue_dq_words(acc, smem, dst_tile);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_regs(acc);
+            add_tile_dq(p, smem, acc, bh, qb);
+        } else {
+            StagedBf16::dq(p, smem, dst_tile, s, bh, qb);
+        }
+    }
     // tile() with dV issued as soon as P is ready. Groups: dQ(qb − 1), Sᵀ, dPᵀ, then dV, then
     // dK. P is masked before it is packed for dV (as ds_masked masks it before the packing); dS =
     // fl(P·fl(dP − D)) with the masked P, then dS masked: visible entries see the unmasked P they saw
@@ -1920,11 +2058,11 @@ struct StagedBf16Early : StagedBf16 {
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
         const int lane = threadIdx.x & 31;
-        const int wg = threadIdx.x >> 7;
+        const int wg = (BULK && FPAB15_UNIFORM_WG) ? sbwd13_wg() : (int)(threadIdx.x >> 7);
         float s[8][4], ds[8][4], prob[8][4];
         wgmma_fence();  // the accumulators were last written by the previous tile's code
         float dq_acc[HEAD_DIM / 16][4];
-        issue_dq_words(dq_acc, x.smem, x.prev_ds);
+        if (BULK && FPAB15_UNIFORM_WG) issue_dq_wg(dq_acc, x.smem, x.prev_ds, wg); else issue_dq_words(dq_acc, x.smem, x.prev_ds);
         wgmma_commit();
         issue_keys_by_rows(s, x.smem, x.st, wg);
         wgmma_commit();
@@ -1932,7 +2070,7 @@ struct StagedBf16Early : StagedBf16 {
         wgmma_commit();
         wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
-        if (x.has_prev) add_dq_pred(p, dq_acc, x.bh, x.qb - 1);  // block-uniform
+        if (x.has_prev) add_tile_dq(p, x.smem, dq_acc, x.bh, x.qb - 1);  // block-uniform
         wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
         wgmma_fence_regs(s);
         tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
@@ -1968,6 +2106,8 @@ struct StagedBf16Early : StagedBf16 {
         return 0.0f;
     }
 };
+typedef StagedBf16EarlyT<false> StagedBf16Early;
+typedef StagedBf16EarlyT<true> StagedBf16Bulk;
 #else
 #define FPA_EARLY_PATH 0
 #endif
@@ -2436,6 +2576,12 @@ __device__ __forceinline__ void zero_dv_dk(float (*dv)[4], float (*dk)[4]) {
 // What a path does before its CTA exits (pipe14b: StagedSage14T with BULK waits for its dQ bulk reductions).
 template <class Path>
 __device__ __forceinline__ void staged_finish() {}
+#if FPA_EARLY_PATH
+template <>
+__device__ __forceinline__ void staged_finish<StagedBf16Bulk>() {
+    fpab15_bulk_wait();  // the dQ reduce-adds complete before the CTA exits
+}
+#endif
 #if PIPE14_LOOP
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage14>() {
@@ -2623,6 +2769,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
     staged_backward_persist<StagedBf16>(p, smem_raw);
 #endif
 }
+// fpab15: the fpa path at d = 128 on the persistent grid with dQ by TMA reduce-adds (StagedBf16Bulk);
+// the host's default for fpa at d = 128 on sm_90a, every N (SAGEBWD_FPA_BULK_DQ=0: sage_bwd_main_persist_bf16).
+// Measured (RESULTS-gpu.md, fpab15): −1.1 to −13.0 % backward time against sage_bwd_main_persist_bf16 at N ≤ 4096,
+// −15.5 / −15.7 % against the plain grid at N 16384. The parameter is the dQ accumulator's tensor map followed
+// by BackwardParams (BwdParamsDqMap).
+#if FPA_EARLY_PATH && HEAD_DIM == 128
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16q(const __grid_constant__ BwdParamsDqMap pm) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    const BackwardParams& p = pm.p;
+    if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();
+    require_dynamic_smem((u32)StagedBf16Bulk::Layout::bytes);
+    staged_backward_persist<StagedBf16Bulk>(p, smem_raw);
+}
+#endif
 
 // Every path takes its shared memory from the dynamic allocation (`backward_smem_bytes` and
 // `staged_backward_smem_bytes` in src/backward.rs); a launch with less traps rather than corrupt

@@ -95,6 +95,45 @@ pub fn sage14_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
     if path == StagedBackward::Sage && head_dim == 64 { 2 * BLOCK_Q * (4 * head_dim + 32) } else { 0 }
 }
 
+/// The dQ staging area of `sage_bwd_main_persist_bf16q` (fpab15, `Bf16BulkLayout` in backward_main.cu): the
+/// staged layout's end rounded up to 1024 bytes, then 8 warps × 16 rows × 64 FP32, beyond the staged bytes.
+pub fn bf16_bulk_staging_bytes(head_dim: usize) -> usize {
+    let base = staged_backward_smem_bytes(head_dim, StagedBackward::Bf16) - 1024; // less the alignment slack
+    base.next_multiple_of(1024) - base + (THREADS as usize / 32) * 16 * 64 * 4
+}
+
+/// Whether fpa at d = 128 on the persistent grid adds dQ by TMA reduces (`sage_bwd_main_persist_bf16q`,
+/// fpab15): the default; `SAGEBWD_FPA_BULK_DQ=0` runs `sage_bwd_main_persist_bf16` (16 reductions per thread per tile).
+fn use_bf16_bulk_dq(gpu: &Gpu, path: StagedBackward, head_dim: usize) -> bool {
+    path == StagedBackward::Bf16 && head_dim == 128 && gpu.dev.arch == "sm_90a"
+        && !std::env::var("SAGEBWD_FPA_BULK_DQ").is_ok_and(|v| v == "0")
+}
+
+/// The kernel parameter of `sage_bwd_main_persist_bf16q` (`BwdParamsDqMap`): the dQ accumulator's tensor map, then
+/// the parameters.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct BackwardParamsDqMap {
+    map: crate::tma::TensorMap,
+    p: BackwardParams,
+}
+const _: () = assert!(std::mem::size_of::<BackwardParamsDqMap>() == 448);
+
+/// The FP32 dQ accumulator `[rows][n_q][d]` as a 4-D map for the warps' TMA reduce-adds: 32 columns, d/32
+/// column blocks, n_q rows, `rows` heads; boxes of 32 × 2 × 16 × 1 (a warp's 16 rows × 64 columns), 128-byte
+/// swizzled. Rows past n_q are outside the map (not written).
+fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize) -> Result<crate::tma::TensorMap> {
+    let row_bytes = (head_dim * 4) as u64;
+    crate::tma::encode_tiled(
+        crate::tma::TmaElem::F32,
+        addr,
+        &[32, (head_dim / 32) as u64, n_q as u64, rows as u64],
+        &[128, row_bytes, row_bytes * n_q as u64],
+        &[32, 2, 16, 1],
+        crate::tma::TmaSwizzle::B128,
+    )
+}
+
 /// Ring stages of the warp-specialized fpa kernel (`WS_STAGES` in backward_main.cu).
 const WS_STAGES: usize = 3;
 /// Threads of the warp-specialized fpa kernel: two consumer warpgroups and a producer warpgroup.
@@ -135,10 +174,14 @@ fn use_persistent(path: StagedBackward, head_dim: usize, causal: bool, n_q: usiz
 /// the persistent one was faster in each of 5 same-build pairs (pbwd13's call 2, session 12's final call
 /// 3: 1.767 / 1.819 / 1.826 against 1.803 / 1.892 / 1.868 ms). sagebwd at d = 64 runs fpab12's form of
 /// the kernel (pbwd13's was slower there): faster at causal N ≤ 1024 only (−2.7 to −3.4 % at the
-/// training shape), 0 to +1.5 % slower at N 4096 and not causal. N > 4096 unmeasured: the plain grid.
+/// training shape), 0 to +1.5 % slower at N 4096 and not causal. N > 4096 unmeasured: the plain grid, except
+/// fpa at d = 128, whose persistent kernel adds dQ by TMA reduces (fpab15, `sage_bwd_main_persist_bf16q`): at
+/// N 16384 −15.7 % (full) / −15.5 % (causal) against the plain grid (one same-call run each; at N ≤ 4096 it is
+/// −1.1 to −13.0 % against base15's persistent kernel): the persistent grid at every N.
 fn persist_default(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
     match (path, head_dim) {
-        (StagedBackward::Bf16, 64 | 128) | (StagedBackward::Sage, 128) => n_q <= 4096,
+        (StagedBackward::Bf16, 128) => true,
+        (StagedBackward::Bf16, 64) | (StagedBackward::Sage, 128) => n_q <= 4096,
         (StagedBackward::Sage, 64) => causal && n_q <= 1024,
         _ => false,
     }
@@ -258,8 +301,10 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
 
     let ws = use_ws_kernel(gpu, staged, s.head_dim);
     let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
+    let bulk_dq = persist && staged.is_some_and(|path| use_bf16_bulk_dq(gpu, path, s.head_dim));
     let smem = match staged {
         _ if ws => ws_backward_smem_bytes(s.head_dim),
+        Some(path) if bulk_dq => staged_backward_smem_bytes(s.head_dim, path) + bf16_bulk_staging_bytes(s.head_dim),
         Some(path) if persist || (path == StagedBackward::Sage && gpu.dev.arch == "sm_90a") => {
             staged_backward_smem_bytes(s.head_dim, path) + sage14_staging_bytes(s.head_dim, path)
         }
@@ -273,7 +318,13 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let (main_fn, main_threads) = if ws {
         (bwd_main_function(k, c"sage_bwd_main_ws", smem)?, WS_THREADS)
     } else if persist {
-        let name = if staged == Some(StagedBackward::Sage) { c"sage_bwd_main_persist_sage" } else { c"sage_bwd_main_persist_bf16" };
+        let name = if staged == Some(StagedBackward::Sage) {
+            c"sage_bwd_main_persist_sage"
+        } else if bulk_dq {
+            c"sage_bwd_main_persist_bf16q"
+        } else {
+            c"sage_bwd_main_persist_bf16"
+        };
         (bwd_main_function(k, name, smem)?, THREADS)
     } else if staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a" && s.head_dim == 64 {
         // pipe14b: the pipelined sage path's own plain-grid kernel (sage_bwd_main_mma keeps the others).
@@ -399,8 +450,16 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         };
         let items = dims.n_kblk as usize * rows;
         let grid = if persist { (items.min(persist_ctas).max(1) as u32, 1, 1) } else { (dims.n_kblk as u32, rows as u32, 1) };
-        let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
-        gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
+        if bulk_dq {
+            // One group (the fpa path): the accumulator of every row.
+            let map = dq_acc_map(dq_acc, rows, n_q, d)?;
+            let mut pm = BackwardParamsDqMap { map, p };
+            let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsDqMap).cast()];
+            gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
+        } else {
+            let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
+            gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
+        }
         let (mut acc, mut rowsum, mut k_mean) = (dq_acc, ds_rowsum, op.k_mean);
         let (mut dq_rows, mut gd, mut c, mut fl) = (at(gpu.ptr(&dq), q_rows, 2), gd, c, fl);
         let mut args: [*mut std::ffi::c_void; 7] = [
@@ -668,7 +727,8 @@ mod tests {
                 assert!(persist_default(Bf16, 128, causal, n));
             }
             assert!(!persist_default(Bf16, 64, causal, 8192) && !persist_default(Sage, 128, causal, 16384));
-            assert!(!persist_default(Bf16, 128, causal, 8192));
+            // fpab15: fpa d = 128 on the persistent grid (its dQ by TMA reduces) at every N.
+            assert!(persist_default(Bf16, 128, causal, 8192) && persist_default(Bf16, 128, causal, 16384));
         }
         assert!(persist_default(Sage, 64, true, 1024) && !persist_default(Sage, 64, true, 4096));
         assert!(!persist_default(Sage, 64, false, 1024) && !persist_default(Sage, 96, true, 1024));
@@ -685,6 +745,8 @@ mod tests {
         assert_eq!(sage14_staging_bytes(64, StagedBackward::Sage), 36_864);
         assert_eq!(sage14_staging_bytes(128, StagedBackward::Sage) + sage14_staging_bytes(64, StagedBackward::Bf16), 0);
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
+        // fpab15: Bf16BulkLayout at d = 128: 165 888 (the staged layout's end rounded up to 1024) + 32 768 + 1 024.
+        assert_eq!(staged_backward_smem_bytes(128, StagedBackward::Bf16) + bf16_bulk_staging_bytes(128), 199_680);
         // sage_bwd_main_ws's WsLayout::bytes at d = 64: K, V; 3 stages of Q, dO; 2 dS tiles; rows, mbarriers, slack.
         assert_eq!(ws_backward_smem_bytes(64), 32_768 + 49_152 + 32_768 + 1_536 + 80 + 1_024);
     }

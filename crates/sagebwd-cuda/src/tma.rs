@@ -7,11 +7,12 @@ use cudarc::driver::sys;
 use sagebwd::Result;
 
 /// Element type of the mapped device buffer (I8: V̂ᵀ of the INT8 forward; U16: the BF16 Q, K, V of
-/// the fpa forward).
+/// the fpa forward; F32: the backward's FP32 dQ accumulator, added to by TMA reduces).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum TmaElem {
     I8,
     U16,
+    F32,
 }
 
 /// Shared-memory swizzle the TMA writes (the same XOR pattern as the wgmma descriptors' modes;
@@ -46,6 +47,7 @@ pub(crate) fn encode_tiled(
     let dtype = match elem {
         TmaElem::I8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
         TmaElem::U16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        TmaElem::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
     };
     let swz = match swizzle {
         TmaSwizzle::None => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
