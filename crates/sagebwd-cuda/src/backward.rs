@@ -87,10 +87,20 @@ pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usiz
     4 * BLOCK_KV * head_dim + stages * stage_operands + 2 * rows + 2 * ds_tile + (stages - 1) * red + align_slack
 }
 
-/// The two dQ staging tiles (64 rows of d FP32 + 32 bytes) of `sage_bwd_main_persist_sage` at d = 64 on
-/// sm_90a (`StagedSage14P`, pipe14b: its dQ added by bulk reduces), after the staged layout; else 0.
+/// The two dQ staging tiles of `sage_bwd_main_persist_sage` on sm_90a, after the staged layout: at d = 64
+/// (`StagedSage14P`, pipe14b: its dQ added by bulk reduces) 64 rows of d FP32 + 32 bytes; at d = 128
+/// (`StagedSage128`, sb128) 64 rows of d FP32 ([`sage_plain_staging_bytes`]); else 0.
 pub fn sage_persist_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
-    if path == StagedBackward::Sage && head_dim == 64 { 2 * BLOCK_Q * (4 * head_dim + 32) } else { 0 }
+    match (path, head_dim) {
+        (StagedBackward::Sage, 64) => 2 * BLOCK_Q * (4 * head_dim + 32),
+        _ => sage_plain_staging_bytes(head_dim, path),
+    }
+}
+
+/// The two dQ staging tiles (64 rows of d FP32) of `sage_bwd_main_mma_sage` on sm_90a at d = 128
+/// (`StagedSage128`, sb128: its dQ added by bulk reduces), after the staged layout; else 0.
+pub fn sage_plain_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
+    if path == StagedBackward::Sage && head_dim == 128 { 2 * BLOCK_Q * 4 * head_dim } else { 0 }
 }
 
 /// Ring stages of the warp-specialized fpa kernel (`WS_STAGES` in backward_main.cu).
@@ -256,9 +266,13 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
 
     let ws = use_ws_kernel(gpu, staged, s.head_dim);
     let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
+    // pipe14b, sb128: the sage path's own plain-grid kernel on sm_90a at d = 64 and 128.
+    let sage_plain = !persist && staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a"
+        && (s.head_dim == 64 || s.head_dim == 128);
     let smem = match staged {
         _ if ws => ws_backward_smem_bytes(s.head_dim),
         Some(path) if persist => staged_backward_smem_bytes(s.head_dim, path) + sage_persist_staging_bytes(s.head_dim, path),
+        Some(path) if sage_plain => staged_backward_smem_bytes(s.head_dim, path) + sage_plain_staging_bytes(s.head_dim, path),
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
         None => backward_smem_bytes(s.head_dim),
     };
@@ -271,8 +285,8 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     } else if persist {
         let name = if staged == Some(StagedBackward::Sage) { c"sage_bwd_main_persist_sage" } else { c"sage_bwd_main_persist_bf16" };
         (bwd_main_function(k, name, smem)?, THREADS)
-    } else if staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a" && s.head_dim == 64 {
-        // pipe14b: the pipelined sage path's own plain-grid kernel (sage_bwd_main_mma keeps the others).
+    } else if sage_plain {
+        // pipe14b (d = 64), sb128 (d = 128): the sage path's own plain-grid kernel (sage_bwd_main_mma keeps the others).
         (bwd_main_function(k, c"sage_bwd_main_mma_sage", smem)?, THREADS)
     } else {
         let func = if gpu.tensor_cores() { &k.bwd_main_mma } else { &k.bwd_main };
@@ -672,7 +686,13 @@ mod tests {
         assert_eq!(staged_backward_smem_bytes(64, StagedBackward::Sage), 112_768);
         // The persistent sage kernel's two dQ staging tiles (pipe14b) 2 · 64 · 288.
         assert_eq!(sage_persist_staging_bytes(64, StagedBackward::Sage), 36_864);
-        assert_eq!(sage_persist_staging_bytes(128, StagedBackward::Sage) + sage_persist_staging_bytes(64, StagedBackward::Bf16), 0);
+        assert_eq!(sage_persist_staging_bytes(128, StagedBackward::Bf16) + sage_persist_staging_bytes(64, StagedBackward::Bf16), 0);
+        assert_eq!(sage_plain_staging_bytes(64, StagedBackward::Sage) + sage_plain_staging_bytes(128, StagedBackward::Bf16), 0);
+        // d = 128 (sb128): StagedSage128's two dQ staging tiles 2 · 64 · 512, both grids; the whole layout (231 488 B)
+        // plus the persistent kernel's 16 static bytes within the H200's opt-in 232 448.
+        assert_eq!(sage_persist_staging_bytes(128, StagedBackward::Sage), 65_536);
+        assert_eq!(sage_plain_staging_bytes(128, StagedBackward::Sage), 65_536);
+        assert!(staged_backward_smem_bytes(128, StagedBackward::Sage) + 65_536 + 16 <= 232_448);
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
         // sage_bwd_main_ws's WsLayout::bytes at d = 64: K, V; 3 stages of Q, dO; 2 dS tiles; rows, mbarriers, slack.
         assert_eq!(ws_backward_smem_bytes(64), 32_768 + 49_152 + 32_768 + 1_536 + 80 + 1_024);
