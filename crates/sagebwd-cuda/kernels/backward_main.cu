@@ -1479,16 +1479,19 @@ struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F>> : QueryStager<StagedSage
 //   bulk reduce (pipe14b's sage14_bulk_dq). main's profile (prof15, d 128 N 4096 full): the instruction after
 //   the reductions waited for the LSU to read their source registers (long scoreboard, 7.0 % of the samples)
 //   and the reductions themselves for the LSU queue (LG throttle, 2.8 %).
-// - the row constants of block qb + 1 loaded raw (lse2, offset, D) after (a) and subtracted when stored at the
-//   end of the tile (pipe14's (3)): warps 0–1 no longer wait for the global loads inside the tile (3.9 %), and
-//   the first Sᵀ wgmma no longer waits for them (warpgroup arrive, 2.7 %);
-// - s_Q, s_dO of block qb + 1 loaded in tile qb and s_K once per item (the scale loads sat behind the stage's
-//   cp.async in the LSU queue: 3.8 %);
+// - SB128_RAW_ROWS: the row constants of block qb + 1 loaded raw (lse2, offset, D) after (a) and subtracted when
+//   stored at the end of the tile (pipe14's (3)): warps 0–1 no longer wait for the global loads inside the tile
+//   (2.2 %), and the first Sᵀ wgmma no longer waits for them (warpgroup arrive, 2.6 %);
+// - SB128_SCALES_AHEAD: s_Q, s_dO of block qb + 1 loaded in tile qb and s_K once per item (the scale loads sat
+//   behind the stage's cp.async in the LSU queue: 3.8 %);
 // - SB128_I2FP: float(acc) of the dV, dK, dQ dequantizations as one I2FP (sage10_i2f's d = 64 form; exact,
 //   |acc| < 2^22) instead of i2f_exact's VIADD + FADD: 160 instructions fewer per thread per tile.
 // The same products and FP32 operations as StagedSage, in the same order (only the unordered FP32 additions
 // of dQ into the accumulator happen in another order, as pipe14b's bulk dQ). Shared memory: StagedSage's
 // layout plus two 32 KB staging tiles (231 488 B, 960 B under the H200's opt-in limit).
+// Measured (sb128's call, docs/RESULTS-gpu.md; verified 152/152): sagebwd backward at d = 128 −4.5 to −9.1 % at
+// N 1024 / 4096 (persistent grid), −13 % at N 16384 (plain grid); without SB128_I2FP or without SB128_BULK +4 % each
+// at N 4096.
 #ifndef SB128_BULK
 #define SB128_BULK 1
 #endif
