@@ -1005,6 +1005,16 @@ __device__ __forceinline__ int sbwd13_wg() {
 #define PIPE14_LOOP 0
 #define PIPE14_STAGES 2
 #endif
+// sb128: the INT8 path at d = 128 on sm_90a as its own type StagedSage128 (below StagedSage14T) with its own
+// query loop (dQ by bulk reduce-adds, raw row constants, scales a tile ahead); SB128=0 gives main bdfcd1a's code.
+#ifndef SB128
+#define SB128 1
+#endif
+#if BWD_WGMMA && HEAD_DIM == 128 && SBWD12_DS_STSM && SAGE_EARLY_DQ && SB128
+#define SB128_LOOP 1
+#else
+#define SB128_LOOP 0
+#endif
 
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
@@ -1463,6 +1473,169 @@ typedef StagedSage14T<1, SAGE14_PERSIST_OPTS> StagedSage14P;
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT>
 struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT>> : QueryStager<StagedSage> {
     __device__ __forceinline__ QueryStager(const BackwardParams& p, int bh) : QueryStager<StagedSage>(p, bh) {}
+};
+#endif
+
+#if SB128_LOOP
+// ---- sb128: the INT8 path at d = 128 (sm_90a) as its own type, with its own query loop -----------------
+// StagedSage128 = StagedSage (two query-block stages, the same tile: dQ of block qb − 1 issued before Sᵀ, dPᵀ)
+// with, in staged_query_loop<StagedSage128> (below sage14's helpers) and its tile():
+// - SB128_BULK: the landed dQ of block qb − 1 (the values sage10_add_dq adds, fl(float(acc)·scale)) goes to a
+//   staging tile [64][d] FP32 (tile i mod 2 in tile i = qb − qb0) instead of 16 red.global.add.v2.f32 per
+//   thread; after barrier (a) of tile i + 1, warp w adds rows 8w..8w + 7 (4 KB) to the accumulator by one
+//   bulk reduce (pipe14b's sage14_bulk_dq). main's profile (prof15, d 128 N 4096 full): the instruction after
+//   the reductions waited for the LSU to read their source registers (long scoreboard, 7.0 % of the samples)
+//   and the reductions themselves for the LSU queue (LG throttle, 2.8 %).
+// - SB128_RAW_ROWS: the row constants of block qb + 1 loaded raw (lse2, offset, D) after (a) and subtracted when
+//   stored at the end of the tile (pipe14's (3)): warps 0–1 no longer wait for the global loads inside the tile
+//   (2.2 %), and the first Sᵀ wgmma no longer waits for them (warpgroup arrive, 2.6 %);
+// - SB128_SCALES_AHEAD: s_Q, s_dO of block qb + 1 loaded in tile qb and s_K once per item (the scale loads sat
+//   behind the stage's cp.async in the LSU queue: 3.8 %);
+// - SB128_I2FP: float(acc) of the dV, dK, dQ dequantizations as one I2FP (sage10_i2f's d = 64 form; exact,
+//   |acc| < 2^22) instead of i2f_exact's VIADD + FADD: 160 instructions fewer per thread per tile.
+// The same products and FP32 operations as StagedSage, in the same order (only the unordered FP32 additions
+// of dQ into the accumulator happen in another order, as pipe14b's bulk dQ). Shared memory: StagedSage's
+// layout plus two 32 KB staging tiles (231 488 B, 960 B under the H200's opt-in limit).
+// Measured (sb128's call, docs/RESULTS-gpu.md; verified 152/152): sagebwd backward at d = 128 −4.5 to −9.1 % at
+// N 1024 / 4096 (persistent grid), −13 % at N 16384 (plain grid); without SB128_I2FP or without SB128_BULK +4 % each
+// at N 4096.
+#ifndef SB128_BULK
+#define SB128_BULK 1
+#endif
+#ifndef SB128_I2FP
+#define SB128_I2FP 1
+#endif
+#ifndef SB128_SCALES_AHEAD
+#define SB128_SCALES_AHEAD 1
+#endif
+#ifndef SB128_RAW_ROWS
+#define SB128_RAW_ROWS 1
+#endif
+#ifndef SAGE14_DQ_ROW
+#define SAGE14_DQ_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded)
+#endif
+struct StagedSage128 : StagedSage {
+    static constexpr bool BULK_DQ = SB128_BULK;
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, SB128_BULK ? BLOCK_Q * HEAD_DIM * 4 : 0> Layout;
+
+    static __device__ __forceinline__ float i2f(int a) { return SB128_I2FP ? (float)a : i2f_exact(a); }
+
+    // = StagedSage::dequant_chunk with i2f.
+    static __device__ __forceinline__ void dequant_chunk(const int (*acc)[4], float (*out)[4], float scale) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) out[nt][e] = __fmaf_rn(i2f(acc[nt][e]), scale, out[nt][e]);
+    }
+
+    // = StagedSage::wg_key_products with i2f.
+    static __device__ __forceinline__ void wg_key_products(u32 st_lo, const u32 (*pa)[4], const u32 (*da)[4], float scale_v,
+                                                           float scale_k, float (*dv)[4], float (*dk)[4]) {
+        constexpr int C = HEAD_DIM / 32, N = 2 * C;
+        int acc[2][4][4];
+        wg_issue_chunk(acc[0], pa, st_lo, dot, 0);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const int j = i + 1;
+            if (j < N) {
+                wg_issue_chunk(acc[j & 1], j < C ? pa : da, st_lo, j < C ? dot : qt, j % C);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            wgmma_fence_regs(acc[i & 1]);
+            dequant_chunk(acc[i & 1], (i < C ? dv : dk) + 4 * (i % C), i < C ? scale_v : scale_k);
+        }
+    }
+
+    // sage14_stage_dq with i2f: the landed dQ tile's values fl(float(acc)·scale) into a staging tile, warp w's
+    // rows 16(w mod 4) + lane/4 (+ 8), columns (w div 4)·d/2 + 8n + 2(lane mod 4).
+    static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        float* lo = (float*)(tile + ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW) + (warp >> 2) * (HEAD_DIM / 2) + 2 * (lane & 3);
+        float* hi = lo + 8 * (SAGE14_DQ_ROW / 4);
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 16; ++n) {
+            *(float2*)(lo + 8 * n) = make_float2(__fmul_rn(i2f(acc[n][0]), scale), __fmul_rn(i2f(acc[n][1]), scale));
+            *(float2*)(hi + 8 * n) = make_float2(__fmul_rn(i2f(acc[n][2]), scale), __fmul_rn(i2f(acc[n][3]), scale));
+        }
+    }
+
+    // sage10_add_dq with i2f (SB128_BULK = 0, and the item's last dQ tile in dq()).
+    static __device__ __forceinline__ void add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
+        float val[HEAD_DIM / 16][4];
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 16; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(i2f(acc[n][e]), scale);
+        int r_lo;
+        float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
+        if ((qb + 1) * BLOCK_Q <= p.dims.n_q) {  // block-uniform
+#pragma unroll
+            for (int n = 0; n < HEAD_DIM / 16; ++n) {
+                red_add_f32x2(dq_lo + 8 * n, val[n][0], val[n][1]);
+                red_add_f32x2(dq_lo + 8 * HEAD_DIM + 8 * n, val[n][2], val[n][3]);
+            }
+        } else {
+#pragma unroll
+            for (int np = 0; np < HEAD_DIM / 32; ++np) red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, val + 2 * np);
+        }
+    }
+
+    // StagedSage::tile (the wgmma form) with the block's scales given (s_k, s_q, s_do) and the landed dQ of
+    // block qb − 1 staged at dq_st (SB128_BULK) or added (else). Returns the dQ tile's scale fl(s_dŜ·s_K).
+    static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, unsigned char* dq_st,
+                                                 float s_k, float s_q, float s_do, float (*dv)[4], float (*dk)[4]) {
+        const Dims& d = p.dims;
+        const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
+
+        int s_acc[8][4];
+        float ds[8][4];
+        float prob[8][4];
+        const u32 smem_lo = sage10_desc_lo(x.smem), st_lo = sage10_desc_lo(x.st);
+        // Issued on every tile (the same commit groups each time); the first tile's result is not used.
+        int dq_acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        issue_dq(dq_acc, smem_lo, sage10_desc_lo(x.prev_ds));
+        wgmma_commit();
+        wg_issue_scores_dp(s_acc, ds, smem_lo, st_lo, sbwd13_wg());
+        wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
+        wgmma_fence_regs(dq_acc);
+        if (x.has_prev) {  // block-uniform
+            if (SB128_BULK) stage_dq(dq_st, dq_acc, x.prev_dq_scale);
+            else add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);
+        } else {
+            sbwd12_interleave_kt(x.smem + kt);  // the item's first tile; block (b) below is the barrier
+        }
+        wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
+        wgmma_fence_regs(s_acc);
+        tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
+        float amax_p = sage10_tile_max<false>(prob);  // while dPᵀ runs; redone below if the tile is masked
+        wgmma_wait<0>();
+        wgmma_fence_regs(ds);
+        sage10_ds_regs(x.rows, prob, ds);
+        if (sage10_mask(d, x.qb, x.kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
+        float amax_ds = sage10_tile_max<true>(ds);
+        block_max2(amax_p, amax_ds, x.red);  // (b)
+        GroupScale sc_p, sc_ds;
+        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+
+        u32 pa[2][4], da[2][4];
+        quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, x.ds, pa, da);
+        wg_key_products(st_lo, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
+        return __fmul_rn(sc_ds.scale, s_k);
+    }
+
+    // StagedSage::dq (the item's last dQ tile, after the loop) with i2f.
+    static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
+        int acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        issue_dq(acc, sage10_desc_lo(smem), sage10_desc_lo(ds_tile));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        add_dq(p, acc, scale, bh, qb);
+    }
 };
 #endif
 
@@ -2235,7 +2408,7 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
     return dq_scale;
 }
 
-#if PIPE14_LOOP
+#if PIPE14_LOOP || SB128_LOOP
 // pipe14: the sage query loop at d = 64 on sm_90a, software-pipelined across query blocks (see the
 // pipe14 note above StagedSage; pipe14b: the loop of StagedSage14T, sage14_query_loop, options there). Same contract as the generic loop: entered with the key block and
 // block qb0 staged (one commit group) and qb0's row constants stored; leaves every dQ but the last
@@ -2367,6 +2540,8 @@ __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile
     sage14_bulk_commit();
 }
 
+#endif  // PIPE14_LOOP || SB128_LOOP (the row-constant and bulk dQ helpers above are shared with sb128)
+#if PIPE14_LOOP
 // dPᵀ's registers: declared in the loop (ds_in) or, with F (dPᵀ issued a tile ahead), before it (Sage14Ds).
 template <bool F>
 struct Sage14Ds {
@@ -2565,6 +2740,104 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14P>(const Backward
 }
 #endif
 
+#if SB128_LOOP
+// sb128: the query loop of StagedSage128 (the generic loop's contract and order: barrier (a), block qb + 1
+// staged, the tile; see the sb128 note above StagedSage128). Per tile i = qb − qb0: every thread waits for
+// its bulk reduce of tile i − 1 to have read staging tile i mod 2 (the one tile i writes), then (a) (which
+// makes tile i − 1's dQ staging stores visible to the bulk copies: the proxy fence before it); warp w adds
+// its rows of the dQ tile staged by tile i − 1 (block qb − 2) by one bulk reduce; block qb + 1 staged, its
+// raw row constants and scales loaded; the tile; the row constants of qb + 1 stored. After the loop's final
+// barrier the dQ tile staged by the last tile (block n_qblk − 2) goes out the same way; the last block's
+// dQ stays with the driver (StagedSage128::dq), the CTA waits for its bulk reduces before it exits
+// (staged_finish).
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage128>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                  const QueryStager<StagedSage128>& stage_next, int kb, int bh,
+                                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    typedef StagedSage128::Layout Lay;
+    constexpr bool BULK = StagedSage128::BULK_DQ;
+    const Dims& d = p.dims;
+    const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
+    const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
+    // The warp for the bulk reduces, as a plain value: broadcast by a shuffle here (pipe14b's form), it made
+    // ptxas treat the persistent kernel's item loop as divergent (BRA.DIV at the item broadcast), and the
+    // query loop's counters, stage addresses and wgmma descriptors went to vector registers (+40 R2UR per
+    // tile). The elected lane's operands go to uniform registers by R2UR either way.
+    const int warp_u = threadIdx.x >> 5;
+#if SB128_SCALES_AHEAD
+    const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
+    const float* q_scale = p.op.q_scale + bh * d.n_qblk;
+    const float* do_scale = p.do_scale + bh * d.n_qblk;
+    float s_q = 0.0f, s_do = 0.0f;
+    if (qb0 < d.n_qblk) {
+        s_q = q_scale[qb0];
+        s_do = do_scale[qb0];
+    }
+#endif
+    float dq_scale = 0.0f;  // of the pending dQ tile
+    for (int qb = qb0; qb < d.n_qblk; ++qb) {
+        const int i = qb - qb0, buf = i & 1;
+        const bool has_next = qb + 1 < d.n_qblk;
+        if (BULK) sage14_bulk_wait_read();  // staging tile buf free (the bulk of tile i − 1 read it)
+        cp_async_wait<0>();    // this thread's copies of block qb are done
+        fence_proxy_async();   // cp.async writes, dŜ and dQ staging stores → the async proxy's reads
+        __syncthreads();       // (a)
+        if (has_next) stage_next(p, stage(buf ^ 1), bh, qb + 1);
+        cp_async_commit();
+#if SB128_RAW_ROWS
+        Sage14Rows next_rows = {pos_inf(), 0.0f, 0.0f};
+        if (has_next && threadIdx.x < BLOCK_Q) next_rows = sage14_load_rows(p, bh, qb + 1, threadIdx.x);
+#else
+        RowConsts next_rc = {pos_inf(), 0.0f};
+        if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
+#endif
+#if SB128_SCALES_AHEAD
+        const int qn = has_next ? qb + 1 : qb;
+        const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
+#else
+        const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
+        const float s_q = p.op.q_scale[bh * d.n_qblk + qb], s_do = p.do_scale[bh * d.n_qblk + qb];
+#endif
+        // dQ of block qb − 2, staged by tile i − 1 in staging tile (i − 1) mod 2, visible since (a).
+        if (BULK && i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (buf ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
+
+        StagedTile x;
+        x.smem = smem;
+        x.st = stage(buf);
+        x.rows = rows_of(buf);
+        x.ds = smem_ptr + Lay::ds0 + buf * Lay::ds_bytes;
+        x.red = (float*)(smem_ptr + Lay::red);
+        x.bh = bh;
+        x.bh_kv = bh_kv;
+        x.qb = qb;
+        x.kb = kb;
+        x.prev_ds = smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes;
+        x.has_prev = qb > qb0;
+        x.prev_dq_scale = dq_scale;
+        x.next_st = stage(buf ^ 1);
+        x.has_next = has_next;
+        const float tile_dq_scale =
+            StagedSage128::tile(p, x, smem_ptr + Lay::dqst0 + buf * Lay::dqst_bytes, s_k, s_q, s_do, dv, dk);
+#if SB128_RAW_ROWS
+        if (has_next && threadIdx.x < BLOCK_Q) sage14_store_rows_at(rows_of(buf ^ 1), next_rows, threadIdx.x);
+#else
+        if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
+#endif
+        dq_scale = tile_dq_scale;
+#if SB128_SCALES_AHEAD
+        s_q = s_q_next;
+        s_do = s_do_next;
+#endif
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();  // the dŜ stores → dQ's wgmma reads; the dQ staging stores → the bulk copies
+    __syncthreads();      // dS of the last block complete
+    const int n = d.n_qblk - qb0;
+    if (BULK && n >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
+    return dq_scale;
+}
+#endif
+
 // A key block's FP32 dV, dK accumulators (this thread's fragments) set to 0 before its query blocks.
 __device__ __forceinline__ void zero_dv_dk(float (*dv)[4], float (*dk)[4]) {
 #pragma unroll
@@ -2590,6 +2863,12 @@ __device__ __forceinline__ void staged_finish<StagedSage14>() {
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage14P>() {
     if (StagedSage14P::BULK_DQ) sage14_bulk_wait();
+}
+#endif
+#if SB128_LOOP
+template <>
+__device__ __forceinline__ void staged_finish<StagedSage128>() {
+    if (StagedSage128::BULK_DQ) sage14_bulk_wait();
 }
 #endif
 
@@ -2738,6 +3017,9 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
 #if PIPE14_LOOP
 typedef StagedSage14 StagedSageKernel;         // sage_bwd_main_mma_sage
 typedef StagedSage14P StagedSagePersistKernel;  // sage_bwd_main_persist_sage
+#elif SB128_LOOP
+typedef StagedSage128 StagedSageKernel;         // sb128: sage_bwd_main_mma_sage at d = 128
+typedef StagedSage128 StagedSagePersistKernel;  // sage_bwd_main_persist_sage
 #else
 typedef StagedSage StagedSageKernel;
 typedef StagedSage StagedSagePersistKernel;
@@ -2751,7 +3033,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage
 // pipe14b: the sage path on the plain grid in its own kernel (sage_bwd_main_mma's grid and block order;
 // the host takes it for the sage path at d = 64 on sm_90a), so that sage_bwd_main_mma's registers and
 // code for its other paths stay main 37e5e90's.
-#if BWD_WGMMA && HEAD_DIM == 64
+#if BWD_WGMMA && (HEAD_DIM == 64 || SB128_LOOP)
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();

@@ -74,7 +74,7 @@ pub fn staged_backward(flags: i32) -> Option<StagedBackward> {
 /// round its start up to the 1024-byte boundary wgmma's swizzled tiles need. The sage path at d = 64
 /// has a third stage and a second amax scratch (`PIPE14_STAGES`: its pipelined query loop on sm_90a;
 /// the sm_80 build uses two stages and leaves the rest unused). Its two sm_90a kernels at d = 64 (the persistent
-/// one and, since bulk15, the plain-grid one) need [`sage14_staging_bytes`] more.
+/// one and, since bulk15, the plain-grid one) need [`sage_staging_bytes`] more (as do the d = 128 ones, sb128).
 pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usize {
     let (stage_operands, ds_tile) = match path {
         StagedBackward::Sage => (5 * BLOCK_Q * head_dim, BLOCK_Q * BLOCK_KV),
@@ -87,12 +87,16 @@ pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usiz
     4 * BLOCK_KV * head_dim + stages * stage_operands + 2 * rows + 2 * ds_tile + (stages - 1) * red + align_slack
 }
 
-/// The two dQ staging tiles (64 rows of d FP32 + 32 bytes) of the sage path's sm_90a kernels at d = 64,
-/// `sage_bwd_main_persist_sage` (`StagedSage14P`, pipe14b) and `sage_bwd_main_mma_sage` (`StagedSage14`,
-/// bulk15: the plain grid's dQ also added by bulk reduces; its rows use 4d bytes of the 4d + 32), after
-/// the staged layout; else 0.
-pub fn sage14_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
-    if path == StagedBackward::Sage && head_dim == 64 { 2 * BLOCK_Q * (4 * head_dim + 32) } else { 0 }
+/// The two dQ staging tiles of the sage path's sm_90a kernels, persistent (`sage_bwd_main_persist_sage`)
+/// and plain grid (`sage_bwd_main_mma_sage`), after the staged layout: at d = 64 (`StagedSage14P`, pipe14b;
+/// `StagedSage14`, bulk15) 64 rows of d FP32 + 32 bytes (the rows use 4d bytes); at d = 128 (`StagedSage128`,
+/// sb128) 64 rows of d FP32; else 0.
+pub fn sage_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
+    match (path, head_dim) {
+        (StagedBackward::Sage, 64) => 2 * BLOCK_Q * (4 * head_dim + 32),
+        (StagedBackward::Sage, 128) => 2 * BLOCK_Q * 4 * head_dim,
+        _ => 0,
+    }
 }
 
 /// The dQ staging area of `sage_bwd_main_persist_bf16q` (fpab15, `Bf16BulkLayout` in backward_main.cu): the
@@ -302,12 +306,13 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let ws = use_ws_kernel(gpu, staged, s.head_dim);
     let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
     let bulk_dq = persist && staged.is_some_and(|path| use_bf16_bulk_dq(gpu, path, s.head_dim));
+    // pipe14b, bulk15, sb128: the sage path's own plain-grid kernel on sm_90a at d = 64 and 128.
+    let sage_plain = !persist && staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a"
+        && (s.head_dim == 64 || s.head_dim == 128);
     let smem = match staged {
         _ if ws => ws_backward_smem_bytes(s.head_dim),
         Some(path) if bulk_dq => staged_backward_smem_bytes(s.head_dim, path) + bf16_bulk_staging_bytes(s.head_dim),
-        Some(path) if persist || (path == StagedBackward::Sage && gpu.dev.arch == "sm_90a") => {
-            staged_backward_smem_bytes(s.head_dim, path) + sage14_staging_bytes(s.head_dim, path)
-        }
+        Some(path) if persist || sage_plain => staged_backward_smem_bytes(s.head_dim, path) + sage_staging_bytes(s.head_dim, path),
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
         None => backward_smem_bytes(s.head_dim),
     };
@@ -326,8 +331,8 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             c"sage_bwd_main_persist_bf16"
         };
         (bwd_main_function(k, name, smem)?, THREADS)
-    } else if staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a" && s.head_dim == 64 {
-        // pipe14b: the pipelined sage path's own plain-grid kernel (sage_bwd_main_mma keeps the others).
+    } else if sage_plain {
+        // pipe14b (d = 64), sb128 (d = 128): the sage path's own plain-grid kernel (sage_bwd_main_mma keeps the others).
         (bwd_main_function(k, c"sage_bwd_main_mma_sage", smem)?, THREADS)
     } else {
         let func = if gpu.tensor_cores() { &k.bwd_main_mma } else { &k.bwd_main };
@@ -741,9 +746,13 @@ mod tests {
         }
         // d = 64: sage's three stages (pipe14) 32 768 + 3 · 20 480 + 1 024 + 16 384 + 2 · 64 + 1 024; fpa's two.
         assert_eq!(staged_backward_smem_bytes(64, StagedBackward::Sage), 112_768);
-        // The two dQ staging tiles of the sage kernels at d = 64 on sm_90a (pipe14b, bulk15) 2 · 64 · 288.
-        assert_eq!(sage14_staging_bytes(64, StagedBackward::Sage), 36_864);
-        assert_eq!(sage14_staging_bytes(128, StagedBackward::Sage) + sage14_staging_bytes(64, StagedBackward::Bf16), 0);
+        // The sage kernels' two dQ staging tiles on sm_90a, both grids: d = 64 (pipe14b, bulk15) 2 · 64 · 288;
+        // d = 128 (sb128) 2 · 64 · 512, the whole layout (231 488 B) plus the persistent kernel's 16 static bytes
+        // within the H200's opt-in 232 448.
+        assert_eq!(sage_staging_bytes(64, StagedBackward::Sage), 36_864);
+        assert_eq!(sage_staging_bytes(128, StagedBackward::Sage), 65_536);
+        assert_eq!(sage_staging_bytes(128, StagedBackward::Bf16) + sage_staging_bytes(64, StagedBackward::Bf16), 0);
+        assert!(staged_backward_smem_bytes(128, StagedBackward::Sage) + 65_536 + 16 <= 232_448);
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
         // fpab15: Bf16BulkLayout at d = 128: 165 888 (the staged layout's end rounded up to 1024) + 32 768 + 1 024.
         assert_eq!(staged_backward_smem_bytes(128, StagedBackward::Bf16) + bf16_bulk_staging_bytes(128), 199_680);
