@@ -2485,6 +2485,7 @@ __device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (
         *(float2*)(hi + 8 * n) = make_float2(__fmul_rn(sage10_i2f(acc[n][2]), scale), __fmul_rn(sage10_i2f(acc[n][3]), scale));
     }
 }
+#if PIPE14_LOOP  // bulk15's permuted staging stores: d = 64 only (4 n-tiles per warp)
 // bulk15 (ROT): sage14_stage_dq's values at sage14_stage_dq's addresses, the order of the stores permuted
 // per row. Rows are 256 bytes, so every row of a 16-row block starts at the same bank and
 // sage14_stage_dq's STS.64 (8 rows × 32 bytes, n-tile j of every row) takes 8 wavefronts, not 2. Here
@@ -2529,6 +2530,7 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
         sage14_sts_f2(a + 8 * SAGE14_DQ_ROW, v[1][j]);
     }
 }
+#endif
 // The staged dQ tile of block qb added to the accumulator: rows 8w..8w + 7 (those < n_q, 2 KB contiguous)
 // by warp w (warp_u = w, warp-uniform to ptxas) in one bulk reduce. One commit group per call per thread.
 __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile, int bh, int qb, int warp_u) {
