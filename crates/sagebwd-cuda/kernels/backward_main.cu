@@ -3028,6 +3028,7 @@ typedef StagedSage StagedSagePersistKernel;
 #endif
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
     if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
     require_dynamic_smem((u32)StagedSagePersistKernel::Layout::bytes);
     staged_backward_persist<StagedSagePersistKernel>(p, smem_raw);
@@ -3038,6 +3039,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage
 #if BWD_WGMMA && (HEAD_DIM == 64 || SB128_LOOP)
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
     if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
     require_dynamic_smem((u32)StagedSageKernel::Layout::bytes);
     staged_backward_main<StagedSageKernel>(p, smem_raw);
@@ -3045,6 +3047,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(Bac
 #endif
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
     if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();
     require_dynamic_smem((u32)StagedBf16::Layout::bytes);
 #if FPA_EARLY_PATH
@@ -3061,6 +3064,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
 #if FPA_EARLY_PATH && HEAD_DIM == 128
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16q(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
     const BackwardParams& p = pm.p;
     if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();
     require_dynamic_smem((u32)StagedBf16Bulk::Layout::bytes);
@@ -3073,6 +3077,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
 // memory.
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
     const int path = bwd_fast_path(p.flags);
     if (path == BWD_STAGED_SAGE) {
         require_dynamic_smem((u32)StagedSage::Layout::bytes);

@@ -17,6 +17,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_delta(const u16* 
                                                                      const u16* __restrict__ d_o,
                                                                      float* __restrict__ delta, long rows,
                                                                      float* __restrict__ dq_zero) {
+    pdl_trigger();  // the backward main kernel (PDL, src/backward.rs) waits for this grid before any global access
     const long row = ((long)blockIdx.x * THREADS + threadIdx.x) / DELTA_LANES;
     const int j = threadIdx.x % DELTA_LANES;
     // Whole rows per warp (DELTA_LANES divides 32), so a row's lanes exit or stay together.

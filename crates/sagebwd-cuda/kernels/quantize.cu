@@ -720,6 +720,9 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM) sage_bwd_pre_do(QuantRows
 // Fills n values of a buffer with one 32-bit pattern: NaN poison before kernels write outputs,
 // zeros for accumulators.
 extern "C" __global__ void sage_fill_u32(u32* __restrict__ dst, u64 n, u32 value) {
+    // The backward main kernel (PDL, src/backward.rs) may follow this fill (the dS row sums' zeroing): it
+    // waits for this grid before any global access, so its blocks may take the SMs early.
+    pdl_trigger();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         dst[i] = value;
 }
@@ -825,6 +828,7 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM, 768 / HEAD_DIM) sage_tran
                                                                             i8* __restrict__ q_hat_t, int n_q, int n_qpad,
                                                                             const i8* __restrict__ k_hat,
                                                                             i8* __restrict__ k_hat_t, int n_k, int n_kpad) {
+    pdl_trigger();  // the backward main kernel (PDL) may follow: it waits for this grid before any global access
     transpose_qk_hat_tile16(q_hat, q_hat_t, n_q, n_qpad, k_hat, k_hat_t, n_k, n_kpad);
     pdl_wait();  // every thread, last (see above)
 }

@@ -113,6 +113,27 @@ fn use_bf16_bulk_dq(gpu: &Gpu, path: StagedBackward, head_dim: usize) -> bool {
         && !std::env::var("SAGEBWD_FPA_BULK_DQ").is_ok_and(|v| v == "0")
 }
 
+/// Whether the backward main kernel is launched with programmatic dependent launch after its
+/// preprocess (the delta / dO kernels, the transposes or a fill, each triggering at its start): its
+/// blocks then take the SMs the preprocess's last wave frees and wait there (`pdl_wait` first in
+/// every tensor-core main kernel). Where [`crate::quantize::pdl_enabled`], unless `SAGEBWD_PDL_BWD=0`.
+fn pdl_main_backward(gpu: &Gpu) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("SAGEBWD_PDL_BWD").is_ok_and(|v| v == "0"));
+    !off && crate::quantize::pdl_enabled(gpu)
+}
+
+/// The main kernel's launch: with PDL when `pdl` ([`pdl_main_backward`]), else plain.
+#[allow(clippy::too_many_arguments)]
+fn launch_main(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), threads: u32, smem: u32, stream: sys::CUstream,
+               args: &mut [*mut std::ffi::c_void], pdl: bool) -> Result<()> {
+    if pdl {
+        crate::quantize::launch_pdl(gpu, func, grid, threads, smem, stream, args)
+    } else {
+        gpu.launch_raw(func, grid, threads, smem, stream, args)
+    }
+}
+
 /// The kernel parameter of `sage_bwd_main_persist_bf16q` (`BwdParamsDqMap`): the dQ accumulator's tensor map, then
 /// the parameters.
 #[repr(C, align(64))]
@@ -341,6 +362,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         (func.cu_function(), THREADS)
     };
 
+    // The tensor-core main kernels (not the ws one) wait for their predecessor first (pdl_wait in
+    // backward_main.cu), so they may be launched with PDL.
+    let main_pdl = !ws && gpu.tensor_cores() && pdl_main_backward(gpu);
     let bh = s.batch * s.heads_q;
     let plan = if staged == Some(StagedBackward::Sage) && direct {
         GroupPlan::of(s, gpu.backward_group_policy()?)
@@ -460,10 +484,10 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             let map = dq_acc_map(dq_acc, rows, n_q, d)?;
             let mut pm = BackwardParamsDqMap { map, p };
             let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsDqMap).cast()];
-            gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
+            launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
         } else {
             let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
-            gpu.launch_raw(main_fn, grid, main_threads, smem as u32, stream, &mut args)?;
+            launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
         }
         let (mut acc, mut rowsum, mut k_mean) = (dq_acc, ds_rowsum, op.k_mean);
         let (mut dq_rows, mut gd, mut c, mut fl) = (at(gpu.ptr(&dq), q_rows, 2), gd, c, fl);
