@@ -2080,14 +2080,16 @@ struct StagedBf16 {
 // SASS); FPA_EARLY_DV=0 gives that kernel StagedBf16 again.
 // Staging block qb + 1 inside this tile and loading the next row constants late measured slower
 // (+1.7 to +9 %; RESULTS-gpu.md, fpab14) and were removed.
-// fpab15 variant U (opt-in, NOT MEASURED): FPAB15_UNIFORM_WG=1 gives sage_bwd_main_persist_bf16q's tile the
-// warpgroup index as sbwd13_wg() (warp-uniform to ptxas), for its Sᵀ, dPᵀ A descriptors and its dQ B descriptor.
-// With threadIdx.x >> 7 (the default, as measured) ptxas builds those descriptors in vector registers, hoists six
-// of them out of the query loop and, at 255 registers, spills them (40 B of stack): each tile reloads them right
-// before the Sᵀ / dPᵀ issue, 11.6 % of the ncu stall samples (fpab15's profile). With U: 250 registers, no
-// stack, query loop 905 → 872 static instructions (no LDL/STL, R2UR 51 → 4, one SHFL per tile).
+// fpab15 variant U (the default since session 14's final call): FPAB15_UNIFORM_WG=1 gives
+// sage_bwd_main_persist_bf16q's tile the warpgroup index as sbwd13_wg() (warp-uniform to ptxas), for its Sᵀ, dPᵀ
+// A descriptors and its dQ B descriptor. With threadIdx.x >> 7 (FPAB15_UNIFORM_WG=0, as fpab15 measured) ptxas
+// builds those descriptors in vector registers, hoists six of them out of the query loop and, at 255 registers,
+// spills them (40 B of stack): each tile reloads them right before the Sᵀ / dPᵀ issue, 11.6 % of the ncu stall
+// samples (fpab15's profile). With U: 250 registers, no stack, query loop 905 → 872 static instructions (no
+// LDL/STL, R2UR 51 → 4, one SHFL per tile). Measured (same binary, cubin-swapped, H200): fpa d 128 backward
+// −6.1 / −8.7 % at N 1k full / causal, −6.3 / −4.9 % at N 4k (RESULTS-gpu.md, lead session 14).
 #ifndef FPAB15_UNIFORM_WG
-#define FPAB15_UNIFORM_WG 0
+#define FPAB15_UNIFORM_WG 1
 #endif
 #ifndef FPA_EARLY_DV
 #define FPA_EARLY_DV (HEAD_DIM == 128)
