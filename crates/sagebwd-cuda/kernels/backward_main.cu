@@ -880,12 +880,14 @@ __device__ __forceinline__ void sage10_ds_regs(const float* rows, const float (*
 // A block whose 64 rows are all below n_q (every one but a ragged last) takes a branch-free path
 // from one lane pointer; before, every 8-byte reduction sat in its own guarded branch with its
 // address rebuilt inside (~200 instructions per tile at d = 64, now ~70).
+// I2FP: the INT32 → FP32 conversion by one I2FP at every d (sb128's d = 128 path), else sage10_i2f.
+template <bool I2FP = false>
 __device__ __forceinline__ void sage10_add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
     float val[HEAD_DIM / 16][4];
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 16; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(sage10_i2f(acc[n][e]), scale);
+        for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(I2FP ? (float)acc[n][e] : sage10_i2f(acc[n][e]), scale);
     int r_lo;
     float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
     if ((qb + 1) * BLOCK_Q <= p.dims.n_q) {  // block-uniform
@@ -1433,6 +1435,22 @@ struct QueryStager<StagedSage> {
 };
 #endif
 
+#define SAGE14_DQ_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded; pipe14b, bulk15, sb128)
+// A landed dQ tile of the wgmma layout (the values sage10_add_dq adds: fl(float(acc)·scale)) into a
+// staging tile (I2FP: as sage10_add_dq's): warp w's rows 16(w mod 4) + lane/4 (+ 8), columns (w div 4)·d/2 + 8n + 2(lane mod 4).
+template <bool I2FP = false>
+__device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
+    const auto cvt = [](int a) { return I2FP ? (float)a : sage10_i2f(a); };
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float* lo = (float*)(tile + ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW) + (warp >> 2) * (HEAD_DIM / 2) + 2 * (lane & 3);
+    float* hi = lo + 8 * (SAGE14_DQ_ROW / 4);
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 16; ++n) {
+        *(float2*)(lo + 8 * n) = make_float2(__fmul_rn(cvt(acc[n][0]), scale), __fmul_rn(cvt(acc[n][1]), scale));
+        *(float2*)(hi + 8 * n) = make_float2(__fmul_rn(cvt(acc[n][2]), scale), __fmul_rn(cvt(acc[n][3]), scale));
+    }
+}
+
 #if PIPE14_LOOP
 // ---- pipe14b: the pipelined sage path (d = 64, sm_90a) as its own types, with its own entries ----------
 // StagedSage14T<KIND, BULK, ROWS8, F, ROT> = StagedSage with the pipelined loop (staged_query_loop below) and its
@@ -1462,7 +1480,6 @@ struct QueryStager<StagedSage> {
 #ifndef SAGE14_PERSIST_OPTS
 #define SAGE14_PERSIST_OPTS true, true, true, false
 #endif
-#define SAGE14_DQ_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded)
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT>
 struct StagedSage14T : StagedSage {
     static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT;
@@ -1511,9 +1528,6 @@ struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT>> : QueryStager<Stage
 #ifndef SB128_RAW_ROWS
 #define SB128_RAW_ROWS 1
 #endif
-#ifndef SAGE14_DQ_ROW
-#define SAGE14_DQ_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded)
-#endif
 struct StagedSage128 : StagedSage {
     static constexpr bool BULK_DQ = SB128_BULK;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, SB128_BULK ? BLOCK_Q * HEAD_DIM * 4 : 0> Layout;
@@ -1548,38 +1562,14 @@ struct StagedSage128 : StagedSage {
         }
     }
 
-    // sage14_stage_dq with i2f: the landed dQ tile's values fl(float(acc)·scale) into a staging tile, warp w's
-    // rows 16(w mod 4) + lane/4 (+ 8), columns (w div 4)·d/2 + 8n + 2(lane mod 4).
+    // sage14_stage_dq with i2f: the landed dQ tile's values fl(float(acc)·scale) into a staging tile.
     static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        float* lo = (float*)(tile + ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW) + (warp >> 2) * (HEAD_DIM / 2) + 2 * (lane & 3);
-        float* hi = lo + 8 * (SAGE14_DQ_ROW / 4);
-#pragma unroll
-        for (int n = 0; n < HEAD_DIM / 16; ++n) {
-            *(float2*)(lo + 8 * n) = make_float2(__fmul_rn(i2f(acc[n][0]), scale), __fmul_rn(i2f(acc[n][1]), scale));
-            *(float2*)(hi + 8 * n) = make_float2(__fmul_rn(i2f(acc[n][2]), scale), __fmul_rn(i2f(acc[n][3]), scale));
-        }
+        sage14_stage_dq<SB128_I2FP>(tile, acc, scale);
     }
 
     // sage10_add_dq with i2f (SB128_BULK = 0, and the item's last dQ tile in dq()).
     static __device__ __forceinline__ void add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
-        float val[HEAD_DIM / 16][4];
-#pragma unroll
-        for (int n = 0; n < HEAD_DIM / 16; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(i2f(acc[n][e]), scale);
-        int r_lo;
-        float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
-        if ((qb + 1) * BLOCK_Q <= p.dims.n_q) {  // block-uniform
-#pragma unroll
-            for (int n = 0; n < HEAD_DIM / 16; ++n) {
-                red_add_f32x2(dq_lo + 8 * n, val[n][0], val[n][1]);
-                red_add_f32x2(dq_lo + 8 * HEAD_DIM + 8 * n, val[n][2], val[n][3]);
-            }
-        } else {
-#pragma unroll
-            for (int np = 0; np < HEAD_DIM / 32; ++np) red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, val + 2 * np);
-        }
+        sage10_add_dq<SB128_I2FP>(p, acc, scale, bh, qb);
     }
 
     // StagedSage::tile (the wgmma form) with the block's scales given (s_k, s_q, s_do) and the landed dQ of
@@ -2475,18 +2465,6 @@ __device__ __forceinline__ void sage14_bulk_commit() { asm volatile("cp.async.bu
 __device__ __forceinline__ void sage14_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // ... and completed (its global writes done): before the CTA exits.
 __device__ __forceinline__ void sage14_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// A landed dQ tile of the wgmma layout (the values sage10_add_dq adds: fl(float(acc)·scale)) into a
-// staging tile: warp w's rows 16(w mod 4) + lane/4 (+ 8), columns (w div 4)·d/2 + 8n + 2(lane mod 4).
-__device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float* lo = (float*)(tile + ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW) + (warp >> 2) * (HEAD_DIM / 2) + 2 * (lane & 3);
-    float* hi = lo + 8 * (SAGE14_DQ_ROW / 4);
-#pragma unroll
-    for (int n = 0; n < HEAD_DIM / 16; ++n) {
-        *(float2*)(lo + 8 * n) = make_float2(__fmul_rn(sage10_i2f(acc[n][0]), scale), __fmul_rn(sage10_i2f(acc[n][1]), scale));
-        *(float2*)(hi + 8 * n) = make_float2(__fmul_rn(sage10_i2f(acc[n][2]), scale), __fmul_rn(sage10_i2f(acc[n][3]), scale));
-    }
-}
 #if PIPE14_LOOP  // bulk15's permuted staging stores: d = 64 only (4 n-tiles per warp)
 // bulk15 (ROT): sage14_stage_dq's values at sage14_stage_dq's addresses, the order of the stores permuted
 // per row. Rows are 256 bytes, so every row of a 16-row block starts at the same bank and
