@@ -1127,6 +1127,7 @@ struct StagedSage {
     // dV += P̂ᵀ dÔ (#4) and dK += dŜᵀ Q̂ (#7) of the tile: out[nd][e] = fma(float(acc), scale, out),
     // acc exact over the tile's 64 rows (§2.3). 2·d/32 chunks of 32 columns (dV's, then dK's), two
     // in flight, so that one chunk's dequantization overlaps the next chunk's product.
+    template <bool I2FP = false>
     static __device__ __forceinline__ void wg_key_products(u32 st_lo, const u32 (*pa)[4], const u32 (*da)[4], float scale_v,
                                                            float scale_k, float (*dv)[4], float (*dk)[4]) {
         constexpr int C = HEAD_DIM / 32, N = 2 * C;
@@ -1142,12 +1143,7 @@ struct StagedSage {
                 wgmma_wait<0>();
             }
             wgmma_fence_regs(acc[i & 1]);
-            float(*out)[4] = (i < C ? dv : dk) + 4 * (i % C);
-            const float scale = i < C ? scale_v : scale_k;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) out[nt][e] = __fmaf_rn(sage10_i2f(acc[i & 1][nt][e]), scale, out[nt][e]);
+            dequant_chunk<I2FP>(acc[i & 1], (i < C ? dv : dk) + 4 * (i % C), i < C ? scale_v : scale_k);
         }
     }
 #endif
@@ -1171,11 +1167,14 @@ struct StagedSage {
 
 #if BWD_WGMMA
     // out[nt][e] = fma(float(acc), scale, out) of one 32-column chunk (wg_key_products' dequantization).
+    // I2FP: one I2FP per value at every d (sb128's d = 128 tile), else sage10_i2f.
+    template <bool I2FP = false>
     static __device__ __forceinline__ void dequant_chunk(const int (*acc)[4], float (*out)[4], float scale) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) out[nt][e] = __fmaf_rn(sage10_i2f(acc[nt][e]), scale, out[nt][e]);
+            for (int e = 0; e < 4; ++e)
+                out[nt][e] = __fmaf_rn(I2FP ? (float)acc[nt][e] : sage10_i2f(acc[nt][e]), scale, out[nt][e]);
     }
 #endif
 
@@ -1532,42 +1531,12 @@ struct StagedSage128 : StagedSage {
     static constexpr bool BULK_DQ = SB128_BULK;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, SB128_BULK ? BLOCK_Q * HEAD_DIM * 4 : 0> Layout;
 
-    static __device__ __forceinline__ float i2f(int a) { return SB128_I2FP ? (float)a : i2f_exact(a); }
-
-    // = StagedSage::dequant_chunk with i2f.
-    static __device__ __forceinline__ void dequant_chunk(const int (*acc)[4], float (*out)[4], float scale) {
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) out[nt][e] = __fmaf_rn(i2f(acc[nt][e]), scale, out[nt][e]);
-    }
-
-    // = StagedSage::wg_key_products with i2f.
-    static __device__ __forceinline__ void wg_key_products(u32 st_lo, const u32 (*pa)[4], const u32 (*da)[4], float scale_v,
-                                                           float scale_k, float (*dv)[4], float (*dk)[4]) {
-        constexpr int C = HEAD_DIM / 32, N = 2 * C;
-        int acc[2][4][4];
-        wg_issue_chunk(acc[0], pa, st_lo, dot, 0);
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-            const int j = i + 1;
-            if (j < N) {
-                wg_issue_chunk(acc[j & 1], j < C ? pa : da, st_lo, j < C ? dot : qt, j % C);
-                wgmma_wait<1>();
-            } else {
-                wgmma_wait<0>();
-            }
-            wgmma_fence_regs(acc[i & 1]);
-            dequant_chunk(acc[i & 1], (i < C ? dv : dk) + 4 * (i % C), i < C ? scale_v : scale_k);
-        }
-    }
-
-    // sage14_stage_dq with i2f: the landed dQ tile's values fl(float(acc)·scale) into a staging tile.
+    // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (SB128_I2FP: one I2FP per value).
     static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
         sage14_stage_dq<SB128_I2FP>(tile, acc, scale);
     }
 
-    // sage10_add_dq with i2f (SB128_BULK = 0, and the item's last dQ tile in dq()).
+    // sage10_add_dq, SB128_I2FP as above (SB128_BULK = 0, and the item's last dQ tile in dq()).
     static __device__ __forceinline__ void add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
         sage10_add_dq<SB128_I2FP>(p, acc, scale, bh, qb);
     }
@@ -1612,7 +1581,7 @@ struct StagedSage128 : StagedSage {
 
         u32 pa[2][4], da[2][4];
         quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, x.ds, pa, da);
-        wg_key_products(st_lo, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
+        wg_key_products<SB128_I2FP>(st_lo, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
         return __fmul_rn(sc_ds.scale, s_k);
     }
 
