@@ -2314,6 +2314,29 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, int kb, int
         }
 }
 
+// The StagedTile of query block qb in stage buf (0 or 1) of layout Lay: its operands, row constants and dS
+// tile, the other stage's dS tile (block qb − 1's) and stage (block qb + 1's).
+template <class Lay>
+__device__ __forceinline__ StagedTile staged_tile(u32 smem, unsigned char* smem_ptr, int buf, int bh, int bh_kv, int kb, int qb,
+                                                  bool has_prev, float prev_dq_scale, bool has_next) {
+    StagedTile x;
+    x.smem = smem;
+    x.st = smem + Lay::stage0 + buf * Lay::stage_bytes;
+    x.rows = (const float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes);
+    x.ds = smem_ptr + Lay::ds0 + buf * Lay::ds_bytes;
+    x.red = (float*)(smem_ptr + Lay::red);
+    x.bh = bh;
+    x.bh_kv = bh_kv;
+    x.qb = qb;
+    x.kb = kb;
+    x.prev_ds = smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes;
+    x.has_prev = has_prev;
+    x.prev_dq_scale = prev_dq_scale;
+    x.next_st = smem + Lay::stage0 + (buf ^ 1) * Lay::stage_bytes;
+    x.has_next = has_next;
+    return x;
+}
+
 // The query-block loop of one work item (key block kb of head bh, its key block and first query block
 // staged, the row constants of qb0 stored): every tile, dQ of all blocks but the last, then the
 // barrier after which the last block's dS is complete. Returns the pending dQ tile's scale. Shared by
@@ -2340,21 +2363,7 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         RowConsts next_rc = {pos_inf(), 0.0f};
         if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
 
-        StagedTile x;
-        x.smem = smem;
-        x.st = stage(buf);
-        x.rows = rows_of(buf);
-        x.ds = smem_ptr + Lay::ds0 + buf * Lay::ds_bytes;
-        x.red = (float*)(smem_ptr + Lay::red);
-        x.bh = bh;
-        x.bh_kv = bh_kv;
-        x.qb = qb;
-        x.kb = kb;
-        x.prev_ds = smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes;
-        x.has_prev = qb > qb0;
-        x.prev_dq_scale = dq_scale;
-        x.next_st = stage(buf ^ 1);
-        x.has_next = has_next;
+        StagedTile x = staged_tile<Lay>(smem, smem_ptr, buf, bh, bh_kv, kb, qb, qb > qb0, dq_scale, has_next);
         const float tile_dq_scale = Path::tile(p, x, dv, dk);
         if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
         if (qb > qb0 && !Path::DQ_IN_TILE) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
@@ -2752,21 +2761,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
         // dQ of block qb − 2, staged by tile i − 1 in staging tile (i − 1) mod 2, visible since (a).
         if (BULK && i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (buf ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
 
-        StagedTile x;
-        x.smem = smem;
-        x.st = stage(buf);
-        x.rows = rows_of(buf);
-        x.ds = smem_ptr + Lay::ds0 + buf * Lay::ds_bytes;
-        x.red = (float*)(smem_ptr + Lay::red);
-        x.bh = bh;
-        x.bh_kv = bh_kv;
-        x.qb = qb;
-        x.kb = kb;
-        x.prev_ds = smem + Lay::ds0 + (buf ^ 1) * Lay::ds_bytes;
-        x.has_prev = qb > qb0;
-        x.prev_dq_scale = dq_scale;
-        x.next_st = stage(buf ^ 1);
-        x.has_next = has_next;
+        StagedTile x = staged_tile<Lay>(smem, smem_ptr, buf, bh, bh_kv, kb, qb, qb > qb0, dq_scale, has_next);
         const float tile_dq_scale =
             StagedSage128::tile(p, x, smem_ptr + Lay::dqst0 + buf * Lay::dqst_bytes, s_k, s_q, s_do, dv, dk);
 #if SB128_RAW_ROWS
