@@ -1330,7 +1330,9 @@ struct StagedSage {
     // Every product of tile() has been waited for inside it.
     static __device__ __forceinline__ void drain(float (*)[4], float (*)[4]) {}
 
-    // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile).
+    // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile). I2FP: as
+    // sage10_add_dq's (wgmma dQ only).
+    template <bool I2FP = false>
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
 #if BWD_WGMMA_DQ
         int acc[HEAD_DIM / 16][4];
@@ -1339,7 +1341,7 @@ struct StagedSage {
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_regs(acc);
-        sage10_add_dq(p, acc, scale, bh, qb);
+        sage10_add_dq<I2FP>(p, acc, scale, bh, qb);
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int c0 = (warp >> 2) * (HEAD_DIM / 2);
@@ -1585,15 +1587,9 @@ struct StagedSage128 : StagedSage {
         return __fmul_rn(sc_ds.scale, s_k);
     }
 
-    // StagedSage::dq (the item's last dQ tile, after the loop) with i2f.
+    // StagedSage::dq (the item's last dQ tile, after the loop), SB128_I2FP as above (wgmma dQ: sm_90a).
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
-        int acc[HEAD_DIM / 16][4];
-        wgmma_fence();
-        issue_dq(acc, sage10_desc_lo(smem), sage10_desc_lo(ds_tile));
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_regs(acc);
-        add_dq(p, acc, scale, bh, qb);
+        StagedSage::dq<SB128_I2FP>(p, smem, ds_tile, scale, bh, qb);
     }
 };
 #endif
