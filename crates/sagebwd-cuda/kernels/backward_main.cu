@@ -1296,15 +1296,9 @@ struct StagedSage {
         tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
         amax_p = sage10_tile_max<false>(prob);
 #endif
-        sage10_ds_regs(x.rows, prob, ds);
-        if (sage10_mask(d, x.qb, x.kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
-        float amax_ds = sage10_tile_max<true>(ds);
-        block_max2(amax_p, amax_ds, x.red);  // (b)
         GroupScale sc_p, sc_ds;
-        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
-
         u32 pa[2][4], da[2][4];
-        quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, x.ds, pa, da);
+        quantize_p_ds(d, x, prob, ds, amax_p, sc_p, sc_ds, pa, da);
 #if BWD_WGMMA
         wg_key_products(st_lo, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
 #else
@@ -1326,6 +1320,19 @@ struct StagedSage {
                         sage10_kstep_desc<HEAD_DIM, BLOCK_KV>(smem_lo, kt, wg * (HEAD_DIM / 2), ks), ks);
     }
 #endif
+
+    // dS = P ∘ (dP − D) (sage10_ds_regs), the mask, P's and dS's block amax (barrier (b); amax_p: P's warp
+    // amax before the mask), their group scales, and P̂, dŜ quantized: dŜ stored at x.ds, both as A fragments.
+    static __device__ __forceinline__ void quantize_p_ds(const Dims& d, const StagedTile& x, float (*prob)[4], float (*ds)[4],
+                                                         float amax_p, GroupScale& sc_p, GroupScale& sc_ds, u32 (*pa)[4],
+                                                         u32 (*da)[4]) {
+        sage10_ds_regs(x.rows, prob, ds);
+        if (sage10_mask(d, x.qb, x.kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
+        float amax_ds = sage10_tile_max<true>(ds);
+        block_max2(amax_p, amax_ds, x.red);  // (b)
+        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+        quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, x.ds, pa, da);
+    }
 
     // Every product of tile() has been waited for inside it.
     static __device__ __forceinline__ void drain(float (*)[4], float (*)[4]) {}
@@ -1574,15 +1581,9 @@ struct StagedSage128 : StagedSage {
         float amax_p = sage10_tile_max<false>(prob);  // while dPᵀ runs; redone below if the tile is masked
         wgmma_wait<0>();
         wgmma_fence_regs(ds);
-        sage10_ds_regs(x.rows, prob, ds);
-        if (sage10_mask(d, x.qb, x.kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
-        float amax_ds = sage10_tile_max<true>(ds);
-        block_max2(amax_p, amax_ds, x.red);  // (b)
         GroupScale sc_p, sc_ds;
-        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
-
         u32 pa[2][4], da[2][4];
-        quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, x.ds, pa, da);
+        quantize_p_ds(d, x, prob, ds, amax_p, sc_p, sc_ds, pa, da);
         wg_key_products<SB128_I2FP>(st_lo, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
         return __fmul_rn(sc_ds.scale, s_k);
     }
