@@ -1459,6 +1459,57 @@ __device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (
     }
 }
 
+// bulk15 (ROT; d = 64, and since session 14 d = 128 with SB128_ROT): sage14_stage_dq's values at
+// sage14_stage_dq's addresses, the order of the stores permuted per row. Rows are 4d bytes (256 or 512),
+// so every row of a 16-row block starts at the same bank and
+// sage14_stage_dq's STS.64 (8 rows × 32 bytes, n-tile j of every row) takes 8 wavefronts, not 2. Here
+// store j of lane (r = lane/4, c = lane mod 4) writes n-tile j ^ k, k = r mod 4 (columns 8(j ^ k) + 2c,
+// +1 of the warp's half): rows r and r + 4 share a group of 8 banks, the 4 groups differ, 2 wavefronts.
+// With NT = d/16 n-tiles per warp (4 or 8) and the tile 32·NT-byte aligned (ALIGNED: d = 64's 1024-byte
+// layout start, dqst0 and dqst_bytes multiples of 128, checked where the tile is chosen), the lane's
+// offset has bits 5 .. 4 + log2(NT) clear, so the address of store j is (base + 32k) ^ 32j. The values
+// are picked by two select stages (swap n-tiles j, j ^ 1 where k & 1, then j, j ^ 2 where k & 2).
+// SAGE14_ROT_SEL 1 (a variant for the device call, not the default): the second stage only (k & 2),
+// 4 wavefronts per store, half the selects.
+#ifndef SAGE14_ROT_SEL
+#define SAGE14_ROT_SEL 2
+#endif
+__device__ __forceinline__ void sage14_sts_f2(u32 addr, float2 v) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
+}
+// ALIGNED = false (d = 128's layout: the tile only 16-byte aligned): the XOR on the offset within the tile,
+// then one add per store; the whole warp's addresses shift by the same amount, so the banks stay distinct.
+template <bool I2FP = false, bool ALIGNED = true>
+__device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4], float scale) {
+    constexpr int NT = HEAD_DIM / 16;
+    static_assert(NT == 4 || NT == 8, "the permutation assumes 4 or 8 n-tiles per warp");
+    const auto cvt = [](int a) { return I2FP ? (float)a : sage10_i2f(a); };
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int k = SAGE14_ROT_SEL == 2 ? (lane >> 2) & 3 : (lane >> 2) & 2;
+    const u32 off = ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW + (warp >> 2) * (HEAD_DIM * 2) + 8 * (lane & 3) + 32 * k;
+    const u32 lo = ALIGNED ? tile + off : off;
+    float2 v[2][NT], t[2][NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        v[0][n] = make_float2(__fmul_rn(cvt(acc[n][0]), scale), __fmul_rn(cvt(acc[n][1]), scale));
+        v[1][n] = make_float2(__fmul_rn(cvt(acc[n][2]), scale), __fmul_rn(cvt(acc[n][3]), scale));
+    }
+    const bool x1 = k & 1, x2 = k & 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) t[h][j] = x1 ? v[h][j ^ 1] : v[h][j];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) v[h][j] = x2 ? t[h][j ^ 2] : t[h][j];  // = the n-tile j ^ k
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const u32 a = ALIGNED ? lo ^ (32 * j) : tile + (lo ^ (32 * j));
+        sage14_sts_f2(a, v[0][j]);
+        sage14_sts_f2(a + 8 * SAGE14_DQ_ROW, v[1][j]);
+    }
+}
 #if PIPE14_LOOP
 // ---- pipe14b: the pipelined sage path (d = 64, sm_90a) as its own types, with its own entries ----------
 // StagedSage14T<KIND, BULK, ROWS8, F, ROT> = StagedSage with the pipelined loop (staged_query_loop below) and its
@@ -1533,6 +1584,12 @@ struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT>> : QueryStager<Stage
 #ifndef SB128_SCALES_AHEAD
 #define SB128_SCALES_AHEAD 1
 #endif
+// SB128_ROT (session 14, lead): the dQ staging stores in bulk15's permuted order (sage14_stage_dq_rot: 2
+// shared wavefronts per STS.64 instead of 8); 0: sage14_stage_dq's order.
+#ifndef SB128_ROT
+#define SB128_ROT 1
+#endif
+static_assert(!SB128_ROT || SB128_BULK, "SB128_ROT permutes the bulk dQ's staging stores");
 #ifndef SB128_RAW_ROWS
 #define SB128_RAW_ROWS 1
 #endif
@@ -1542,7 +1599,11 @@ struct StagedSage128 : StagedSage {
 
     // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (SB128_I2FP: one I2FP per value).
     static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
+#if SB128_ROT
+        sage14_stage_dq_rot<SB128_I2FP, false>((u32)__cvta_generic_to_shared(tile), acc, scale);
+#else
         sage14_stage_dq<SB128_I2FP>(tile, acc, scale);
+#endif
     }
 
     // sage10_add_dq, SB128_I2FP as above (SB128_BULK = 0, and the item's last dQ tile in dq()).
@@ -2440,52 +2501,6 @@ __device__ __forceinline__ void sage14_bulk_commit() { asm volatile("cp.async.bu
 __device__ __forceinline__ void sage14_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // ... and completed (its global writes done): before the CTA exits.
 __device__ __forceinline__ void sage14_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-#if PIPE14_LOOP  // bulk15's permuted staging stores: d = 64 only (4 n-tiles per warp)
-// bulk15 (ROT): sage14_stage_dq's values at sage14_stage_dq's addresses, the order of the stores permuted
-// per row. Rows are 256 bytes, so every row of a 16-row block starts at the same bank and
-// sage14_stage_dq's STS.64 (8 rows × 32 bytes, n-tile j of every row) takes 8 wavefronts, not 2. Here
-// store j of lane (r = lane/4, c = lane mod 4) writes n-tile j ^ k, k = r mod 4 (columns 8(j ^ k) + 2c,
-// +1 of the warp's half): rows r and r + 4 share a group of 8 banks, the 4 groups differ, 2 wavefronts.
-// The tile is 128-byte aligned (1024-byte layout start, dqst0 and dqst_bytes multiples of 128) and
-// the lane's offset has bits 5, 6 clear, so the address of store j is (base + 32k) ^ 32j. The values
-// are picked by two select stages (swap n-tiles j, j ^ 1 where k & 1, then j, j ^ 2 where k & 2).
-// SAGE14_ROT_SEL 1 (a variant for the device call, not the default): the second stage only (k & 2),
-// 4 wavefronts per store, half the selects.
-#ifndef SAGE14_ROT_SEL
-#define SAGE14_ROT_SEL 2
-#endif
-__device__ __forceinline__ void sage14_sts_f2(u32 addr, float2 v) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
-}
-__device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4], float scale) {
-    constexpr int NT = HEAD_DIM / 16;
-    static_assert(NT == 4, "the permutation assumes 4 n-tiles per warp (d = 64)");
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int k = SAGE14_ROT_SEL == 2 ? (lane >> 2) & 3 : (lane >> 2) & 2;
-    const u32 lo = tile + ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW + (warp >> 2) * (HEAD_DIM * 2) + 8 * (lane & 3) + 32 * k;
-    float2 v[2][NT], t[2][NT];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        v[0][n] = make_float2(__fmul_rn(sage10_i2f(acc[n][0]), scale), __fmul_rn(sage10_i2f(acc[n][1]), scale));
-        v[1][n] = make_float2(__fmul_rn(sage10_i2f(acc[n][2]), scale), __fmul_rn(sage10_i2f(acc[n][3]), scale));
-    }
-    const bool x1 = k & 1, x2 = k & 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) t[h][j] = x1 ? v[h][j ^ 1] : v[h][j];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) v[h][j] = x2 ? t[h][j ^ 2] : t[h][j];  // = the n-tile j ^ k
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const u32 a = lo ^ (32 * j);
-        sage14_sts_f2(a, v[0][j]);
-        sage14_sts_f2(a + 8 * SAGE14_DQ_ROW, v[1][j]);
-    }
-}
-#endif
 // The staged dQ tile of block qb added to the accumulator: rows 8w..8w + 7 (those < n_q, 2 KB contiguous)
 // by warp w (warp_u = w, warp-uniform to ptxas) in one bulk reduce. One commit group per call per thread.
 __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile, int bh, int qb, int warp_u) {
@@ -2630,8 +2645,8 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         if (BULK) {
             if (i > 0) {  // block-uniform
                 if (Path::ROT_DQ) {
-                    static_assert(!Path::ROT_DQ || (Lay::dqst0 % 128 == 0 && Lay::dqst_bytes % 128 == 0),
-                                  "sage14_stage_dq_rot's XOR addressing needs 128-byte aligned staging tiles");
+                    static_assert(!Path::ROT_DQ || (Lay::dqst0 % (2 * HEAD_DIM) == 0 && Lay::dqst_bytes % (2 * HEAD_DIM) == 0),
+                                  "sage14_stage_dq_rot's XOR addressing needs 32·NT-byte aligned staging tiles");
                     sage14_stage_dq_rot(smem + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);
                 } else {
                     sage14_stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);
