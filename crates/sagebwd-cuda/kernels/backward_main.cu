@@ -1585,7 +1585,8 @@ struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT>> : QueryStager<Stage
 #define SB128_SCALES_AHEAD 1
 #endif
 // SB128_ROT (session 14, lead): the dQ staging stores in bulk15's permuted order (sage14_stage_dq_rot: 2
-// shared wavefronts per STS.64 instead of 8); 0: sage14_stage_dq's order.
+// shared wavefronts per STS.64 instead of 8); 0: sage14_stage_dq's order. Measured (H200, same binary):
+// backward −4.6 to −8.5 % at N 1k / 4k, −11.6 / −11.2 % at N 16k (RESULTS-gpu.md, lead session 14).
 #ifndef SB128_ROT
 #define SB128_ROT 1
 #endif
