@@ -113,17 +113,8 @@ fn use_bf16_bulk_dq(gpu: &Gpu, path: StagedBackward, head_dim: usize) -> bool {
         && !std::env::var("SAGEBWD_FPA_BULK_DQ").is_ok_and(|v| v == "0")
 }
 
-/// Whether the backward main kernel is launched with programmatic dependent launch after its
-/// preprocess (the delta / dO kernels, the transposes or a fill, each triggering at its start): its
-/// blocks then take the SMs the preprocess's last wave frees and wait there (`pdl_wait` first in
-/// every tensor-core main kernel). Where [`crate::quantize::pdl_enabled`], unless `SAGEBWD_PDL_BWD=0`.
-fn pdl_main_backward(gpu: &Gpu) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("SAGEBWD_PDL_BWD").is_ok_and(|v| v == "0"));
-    !off && crate::quantize::pdl_enabled(gpu)
-}
-
-/// The main kernel's launch: with PDL when `pdl` ([`pdl_main_backward`]), else plain.
+/// The main kernel's launch: with PDL after its preprocess (the delta / dO kernels, the transposes or a fill,
+/// each triggering at its start; `pdl_wait` first in every tensor-core main kernel) when `pdl`, else plain.
 #[allow(clippy::too_many_arguments)]
 fn launch_main(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), threads: u32, smem: u32, stream: sys::CUstream,
                args: &mut [*mut std::ffi::c_void], pdl: bool) -> Result<()> {
@@ -364,7 +355,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
 
     // The tensor-core main kernels (not the ws one) wait for their predecessor first (pdl_wait in
     // backward_main.cu), so they may be launched with PDL.
-    let main_pdl = !ws && gpu.tensor_cores() && pdl_main_backward(gpu);
+    let main_pdl = !ws && gpu.tensor_cores() && crate::quantize::pdl_main(gpu, crate::quantize::PdlMain::Backward);
     let bh = s.batch * s.heads_q;
     let plan = if staged == Some(StagedBackward::Sage) && direct {
         GroupPlan::of(s, gpu.backward_group_policy()?)

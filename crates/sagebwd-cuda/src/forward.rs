@@ -401,7 +401,7 @@ fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
 /// 128-byte swizzled (the layout the P̂V wgmma descriptor reads).
 fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
-    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, WsShape { smem: ws_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS })
+    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, WsShape { smem: ws_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS, pdl: false })
 }
 
 /// Dynamic shared memory of the persistent INT8 kernels (`WspSmem::kSmemBytes`): two slots of Q̂ of
@@ -415,19 +415,11 @@ fn wsp_smem_bytes(head_dim: usize) -> u32 {
 /// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
 /// the V̂ᵀ tensor map as its first parameter (as `sage_forward_ws`).
 fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
-    let mut vmap = int8_v_map(gpu, p, quant, head_dim)?;
-    let shape = WsShape { smem: wsp_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS };
-    static PDL_FWD_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let pdl_off = *PDL_FWD_OFF.get_or_init(|| std::env::var("SAGEBWD_PDL_FWD").is_ok_and(|v| v == "0"));
-    if crate::quantize::pdl_enabled(gpu) && !pdl_off {
-        // Programmatic dependent launch after sage_quantize_qkv (which triggers at its start): the
-        // kernel's blocks start on the SMs its last wave frees and wait (pdl_wait in wsp_main) for
-        // it to complete. `SAGEBWD_PDL_FWD=0` launches it plainly (for timing comparisons).
-        let func = ws_function(gpu, k, kernel, shape.smem)?;
-        let mut params = *p;
-        let mut args: Vec<*mut std::ffi::c_void> = vec![(&mut vmap as *mut crate::tma::TensorMap).cast(), (&mut params as *mut ForwardParams).cast()];
-        return crate::quantize::launch_pdl(gpu, func, (shape.grid.0, shape.grid.1, 1), shape.threads, shape.smem, gpu.dev.stream.cu_stream(), &mut args);
-    }
+    let vmap = int8_v_map(gpu, p, quant, head_dim)?;
+    // Programmatic dependent launch after sage_quantize_qkv (which triggers at its start): the blocks
+    // start on the SMs its last wave frees and wait (pdl_wait in wsp_main) for it to complete.
+    let pdl = crate::quantize::pdl_main(gpu, crate::quantize::PdlMain::Forward);
+    let shape = WsShape { smem: wsp_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS, pdl };
     launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, shape)
 }
 
@@ -461,7 +453,7 @@ const WS3C_SMEM_BYTES: u32 = (3 * 64 * 64 + 2 * 4 * 128 * 64 + 16 * 4 + 1024) as
 fn launch_ws3c(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, 64)?;
     let grid = ((p.dims.n_qblk as u32).div_ceil(3), (p.dims.batch * p.dims.heads_q) as u32);
-    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, WsShape { smem: WS3C_SMEM_BYTES, grid, threads: WS3C_THREADS })
+    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, WsShape { smem: WS3C_SMEM_BYTES, grid, threads: WS3C_THREADS, pdl: false })
 }
 
 /// A BF16 `[heads][rows][head_dim]` tensor as TMA boxes of 64 columns × 128 rows, 128-byte
@@ -506,9 +498,9 @@ fn launch_ws_bf16(
         bf16_panel_map(p.v, d.batch * d.heads_kv, d.n_k, head_dim)?,
     ];
     match grid {
-        Bf16WsGrid::Pairs => launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS }),
+        Bf16WsGrid::Pairs => launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS, pdl: false }),
         Bf16WsGrid::Persistent => {
-            launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_persistent_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS })
+            launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_persistent_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS, pdl: false })
         }
     }
 }
@@ -519,6 +511,8 @@ struct WsShape {
     smem: u32,
     grid: (u32, u32),
     threads: u32,
+    /// launched with programmatic dependent launch (`crate::quantize::launch_pdl`; the kernel waits first)
+    pdl: bool,
 }
 
 /// Launches a warp-specialized kernel of the forward module by name as `shape` says, with the
@@ -531,26 +525,22 @@ fn launch_ws_kernel(
     p: &ForwardParams,
     shape: WsShape,
 ) -> Result<()> {
-    let WsShape { smem, grid, threads } = shape;
-    use cudarc::driver::sys;
-    let func = ws_function(gpu, k, name, smem)?;
-    let mut params = *p;
-    let mut args: Vec<*mut std::ffi::c_void> = maps.iter_mut().map(|m| (m as *mut crate::tma::TensorMap).cast()).collect();
-    args.push((&mut params as *mut ForwardParams).cast());
-    drv("launch forward (warp-specialized)", unsafe {
-        sys::cuLaunchKernel(func, grid.0, grid.1, 1, threads, 1, 1, smem, gpu.dev.stream.cu_stream(), args.as_mut_ptr(), std::ptr::null_mut())
-            .result()
-    })
-}
-
-/// A forward kernel by name, allowed `smem` bytes of dynamic shared memory, the context bound.
-fn ws_function(gpu: &Gpu, k: &Kernels, name: &std::ffi::CStr, smem: u32) -> Result<cudarc::driver::sys::CUfunction> {
+    let WsShape { smem, grid, threads, pdl } = shape;
     use cudarc::driver::sys;
     drv("bind context", gpu.dev.ctx.bind_to_thread())?;
     let func = k.forward_function(name)?;
     let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
-    Ok(func)
+    let mut params = *p;
+    let mut args: Vec<*mut std::ffi::c_void> = maps.iter_mut().map(|m| (m as *mut crate::tma::TensorMap).cast()).collect();
+    args.push((&mut params as *mut ForwardParams).cast());
+    let stream = gpu.dev.stream.cu_stream();
+    if pdl {
+        return crate::quantize::launch_pdl(gpu, func, (grid.0, grid.1, 1), threads, smem, stream, &mut args);
+    }
+    drv("launch forward (warp-specialized)", unsafe {
+        sys::cuLaunchKernel(func, grid.0, grid.1, 1, threads, 1, 1, smem, stream, args.as_mut_ptr(), std::ptr::null_mut()).result()
+    })
 }
 
 /// The grid of the non-persistent warp-specialized kernels: (query-block pairs, B·H_q).

@@ -254,10 +254,32 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
 /// `SAGEBWD_PDL=0` (read once per process).
 pub(crate) fn pdl_enabled(gpu: &Gpu) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("SAGEBWD_PDL").is_ok_and(|v| v == "0"));
+    let off = *OFF.get_or_init(|| env_is_zero("SAGEBWD_PDL"));
     let major: u32 = gpu.dev.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect::<String>()
         .parse().unwrap_or(0);
     !off && major >= 90
+}
+
+/// The main attention kernels launched with PDL after their glue (the persistent INT8 forward; the
+/// tensor-core backward main kernels): [`pdl_enabled`], unless `SAGEBWD_PDL_FWD=0` / `SAGEBWD_PDL_BWD=0`
+/// (read once per process; for timing comparisons).
+#[derive(Clone, Copy)]
+pub(crate) enum PdlMain {
+    Forward,
+    Backward,
+}
+
+pub(crate) fn pdl_main(gpu: &Gpu, which: PdlMain) -> bool {
+    static OFF: [std::sync::OnceLock<bool>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    let (i, var) = match which {
+        PdlMain::Forward => (0, "SAGEBWD_PDL_FWD"),
+        PdlMain::Backward => (1, "SAGEBWD_PDL_BWD"),
+    };
+    !*OFF[i].get_or_init(|| env_is_zero(var)) && pdl_enabled(gpu)
+}
+
+fn env_is_zero(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v == "0")
 }
 
 /// [`Gpu::launch_raw`] with programmatic stream serialization (PDL) where [`pdl_enabled`]: the
@@ -296,14 +318,7 @@ pub(crate) fn launch_pdl(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32)
 pub(crate) fn post_dq_sage(gpu: &Gpu, k: &Kernels, groups8: usize, stream: sys::CUstream,
                            args: &mut [*mut std::ffi::c_void]) -> Result<()> {
     const UNROLL: usize = 4; // POST_UNROLL in backward_post.cu
-    let func = unsafe {
-        let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
-        drv("backward post module", sys::cuFuncGetModule(module.as_mut_ptr(), k.post_dq.cu_function()).result())?;
-        let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
-        drv("load function sage_bwd_post_dq_sage",
-            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), c"sage_bwd_post_dq_sage".as_ptr()).result())?;
-        f.assume_init()
-    };
+    let func = k.backward_post_function(c"sage_bwd_post_dq_sage")?;
     let blocks = groups8.div_ceil(THREADS as usize * UNROLL).max(1) as u32;
     launch_pdl(gpu, func, (blocks, 1, 1), THREADS, 0, stream, args)
 }
@@ -515,13 +530,12 @@ pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64),
 pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64), (q_hat_t, k_hat_t): (&CudaSlice<i8>, &CudaSlice<i8>),
                                (rows, kv_rows): (usize, usize), (n_q, n_k): (usize, usize), stream: sys::CUstream,
                                one_group: bool) -> Result<()> {
-    let func = k.transpose_qk_hat.cu_function();
-    // 64 rows per block; the grid covers the longer of the two, blocks past a tensor's end return.
-    let grid_x = n_q.max(n_k).div_ceil(64) as u32;
     // Kernel arguments (x, x_t, n, n_pad) of the z = 0 and z = 1 slots.
     let q = (q_hat, gpu.ptr(q_hat_t), n_q as i32, padded_q(n_q) as i32);
     let k_ = (k_hat, gpu.ptr(k_hat_t), n_k as i32, padded_k(n_k) as i32);
-    let launch = |slot0: (u64, u64, i32, i32), slot1: (u64, u64, i32, i32), grid_y: usize, grid_z: u32| -> Result<()> {
+    // `rows_per_block` rows of the longer tensor per block in x (blocks past a tensor's end return).
+    let launch = |func: sys::CUfunction, rows_per_block: usize, pdl: bool, slot0: (u64, u64, i32, i32),
+                  slot1: (u64, u64, i32, i32), grid_y: usize, grid_z: u32| -> Result<()> {
         let (mut x0, mut t0, mut n0, mut p0) = slot0;
         let (mut x1, mut t1, mut n1, mut p1) = slot1;
         let mut args: [*mut std::ffi::c_void; 8] = [
@@ -529,27 +543,25 @@ pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64
             (&mut p0 as *mut i32).cast(), (&mut x1 as *mut u64).cast(), (&mut t1 as *mut u64).cast(),
             (&mut n1 as *mut i32).cast(), (&mut p1 as *mut i32).cast(),
         ];
-        gpu.launch_raw(func, (grid_x, grid_y as u32, grid_z), k.head_dim as u32, 0, stream, &mut args)
+        let grid = (n_q.max(n_k).div_ceil(rows_per_block) as u32, grid_y as u32, grid_z);
+        if pdl {
+            launch_pdl(gpu, func, grid, k.head_dim as u32, 0, stream, &mut args)
+        } else {
+            gpu.launch_raw(func, grid, k.head_dim as u32, 0, stream, &mut args)
+        }
     };
+    let func = k.transpose_qk_hat.cu_function();
     if rows == kv_rows {
         if one_group {
             // glue15: 16 × 16 bytes per thread, 256 rows per block; PDL after the preprocess
-            let func = k.quantize_function(c"sage_transpose_qk_hat16")?;
-            let (mut x0, mut t0, mut n0, mut p0) = q;
-            let (mut x1, mut t1, mut n1, mut p1) = k_;
-            let mut args: [*mut std::ffi::c_void; 8] = [
-                (&mut x0 as *mut u64).cast(), (&mut t0 as *mut u64).cast(), (&mut n0 as *mut i32).cast(),
-                (&mut p0 as *mut i32).cast(), (&mut x1 as *mut u64).cast(), (&mut t1 as *mut u64).cast(),
-                (&mut n1 as *mut i32).cast(), (&mut p1 as *mut i32).cast(),
-            ];
-            let grid_x = n_q.max(n_k).div_ceil(256) as u32;
-            return launch_pdl(gpu, func, (grid_x, rows as u32, 2), k.head_dim as u32, 0, stream, &mut args);
+            let func16 = k.quantize_function(c"sage_transpose_qk_hat16")?;
+            return launch(func16, 256, true, q, k_, rows, 2);
         }
-        return launch(q, k_, rows, 2);  // z = 0: Q̂, z = 1: K̂
+        return launch(func, 64, false, q, k_, rows, 2);  // z = 0: Q̂, z = 1: K̂
     }
     // GQA: Q̂ over the query rows, then K̂ over the key rows, each in slot z = 0.
-    launch(q, k_, rows, 1)?;
-    launch(k_, k_, kv_rows, 1)
+    launch(func, 64, false, q, k_, rows, 1)?;
+    launch(func, 64, false, k_, k_, kv_rows, 1)
 }
 
 #[cfg(test)]

@@ -394,6 +394,12 @@ impl Kernels {
         sibling_function(&self.bwd_main_mma, "backward module", name)
     }
 
+    /// A kernel of the backward-postprocess module by name (`sage_bwd_post_dq_sage`, launched with PDL
+    /// through the driver, so `load` does not take it), as `forward_function`.
+    pub fn backward_post_function(&self, name: &std::ffi::CStr) -> Result<cudarc::driver::sys::CUfunction> {
+        sibling_function(&self.post_dq, "backward post module", name)
+    }
+
     pub fn load(dev: &Device, head_dim: usize) -> Result<Kernels> {
         let mut modules = Vec::new();
         for cubin in compile_all(&dev.arch, head_dim)? {
