@@ -43,8 +43,9 @@ typedef unsigned long long u64;
 #define F_DQ_CORR 1024
 
 // Programmatic dependent launch (PDL, sm_90+; src/quantize.rs `launch_pdl`; the glue kernels and the
-// persistent INT8 forward). A kernel launched with programmatic stream serialization may start while its predecessor in the stream (the primary)
-// still runs, once every CTA of the primary has executed pdl_trigger() or exited. pdl_wait() blocks
+// main attention kernels). A kernel launched with programmatic stream serialization may start while
+// its predecessor in the stream (the primary) still runs, once every CTA of the primary has executed
+// pdl_trigger() or exited. pdl_wait() blocks
 // until the primary has completed and its memory operations are visible. Both are no-ops when the
 // launch did not ask for PDL (and on sm_80, where they compile to nothing). The rules that make the
 // glue's uses safe by construction: a PDL kernel reads before its pdl_wait() only tensors written
