@@ -245,6 +245,11 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
         // All-zero Q̂ blocks (INT8 score scale 0) on causal diagonal and sequence-end tiles.
         (Case { shape: shape(1, 2, 1, 300, 300, 64), causal: true, sigma: 2.0, with_do: true, zero_q: true }, presets()),
         (Case { shape: shape(1, 2, 2, 200, 333, 128), causal: true, sigma: 2.0, with_do: true, zero_q: true }, presets()),
+        // No GQA, N_q a multiple of B_q (the training shapes): the one-group backward's fused preprocess
+        // (dO quantization + D + dQ zeroing in one pass, `sage_bwd_pre_do`) and its 16 × 16 transposes,
+        // which the shapes above (GQA, or N_q not a multiple of 64) never reach.
+        (case(shape(2, 3, 3, 512, 512, 64), true, 2.0), presets()),
+        (case(shape(1, 2, 2, 384, 640, 128), false, 3.0), presets()),
     ];
     if !quick {
         v.push((case(shape(1, 2, 2, 4097, 4097, 128), true, 1.0), all_configs()));
