@@ -1594,9 +1594,68 @@ static_assert(!SB128_ROT || SB128_BULK, "SB128_ROT permutes the bulk dQ's stagin
 #ifndef SB128_RAW_ROWS
 #define SB128_RAW_ROWS 1
 #endif
+// sb16 (session 15): SB16_PIPE = staged_query_loop<StagedSage128> pipelined across query blocks (pipe14's loop at
+// d = 64, in two stages): Sᵀ of block qb + 1 issued at the end of tile qb, one block barrier per tile (the amax
+// barrier (b)), and each stage split by lifetime: its Sᵀ/dPᵀ operands (Q̂, dO: part A, free once every warp has
+// waited for dPᵀ, i.e. at (b)) and its dV/dK operands (dÔᵀ, Q̂ᵀ: part B, free at the next (b)). After (b) of
+// tile qb, A of block qb + 2 goes to the A part of stage qb mod 2 and B of block qb + 1 to the B part of stage
+// (qb + 1) mod 2, so block j's operands still sit in stage j mod 2 and the two stages (80 KB) suffice where
+// pipe14 needed three. A second amax scratch (+64 B). Same products and FP32 operations in the same order.
+#ifndef SB16_PIPE
+#define SB16_PIPE 1
+#endif
+// Where the tile waits for dQ(qb − 1) and stages it: 0 before the first dV chunk is issued, 1 after the first,
+// 2 after the first two.
+#ifndef SB16_DQ_WAIT
+#define SB16_DQ_WAIT 2
+#endif
+static_assert(!SB16_PIPE || (SB128_BULK && SB128_RAW_ROWS && SB128_SCALES_AHEAD), "SB16_PIPE builds on sb128's loop");
 struct StagedSage128 : StagedSage {
     static constexpr bool BULK_DQ = SB128_BULK;
-    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, SB128_BULK ? BLOCK_Q * HEAD_DIM * 4 : 0> Layout;
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, SB128_BULK ? BLOCK_Q * HEAD_DIM * 4 : 0> Layout128;
+#if SB16_PIPE
+    // sb128's layout with a second amax scratch before the dQ staging tiles (one barrier per tile).
+    struct Layout : Layout128 {
+        static constexpr int dqst0 = Layout128::red + 2 * Layout128::red_bytes;
+        static constexpr int bytes = dqst0 + 2 * Layout128::dqst_bytes + ALIGN_SLACK;
+    };
+    // stage_query_block in two parts: A = Q̂, dO (Sᵀ's and dPᵀ's B operands), B = dÔᵀ, Q̂ᵀ (the key products').
+    static __device__ __forceinline__ void stage_query_a(const BackwardParams& p, u32 st, int bh, int qb) {
+        const Dims& d = p.dims;
+        const int row0 = qb * BLOCK_Q;
+        const i8* q_hat = p.op.q_hat + ((long)bh * d.n_q + row0) * HEAD_DIM;
+        stage_rows_at<BLOCK_Q, HEAD_DIM / 16>(st, q_hat, HEAD_DIM, d.n_q - row0, WgKmajor<BLOCK_Q, HEAD_DIM, true>());
+        stage_rows_at<BLOCK_Q, HEAD_DIM / 8>(st + d_o, p.d_o + ((long)bh * d.n_q + row0) * HEAD_DIM, BF_ROW, d.n_q - row0,
+                                             WgKmajor<BLOCK_Q, BF_ROW, true>());
+    }
+    static __device__ __forceinline__ void stage_query_b(const BackwardParams& p, u32 st, int bh, int qb) {
+        const Dims& d = p.dims;
+        const long t_off = (long)bh * HEAD_DIM * d.n_qpad + qb * BLOCK_Q;
+        stage_rows_at<HEAD_DIM, BLOCK_Q / 16>(st + dot, p.tr.do_hat_t + t_off, d.n_qpad, HEAD_DIM,
+                                              WgKmajor<HEAD_DIM, BLOCK_Q, false>());
+        stage_rows_at<HEAD_DIM, BLOCK_Q / 16>(st + qt, p.tr.q_hat_t + t_off, d.n_qpad, HEAD_DIM,
+                                              WgKmajor<HEAD_DIM, BLOCK_Q, false>());
+    }
+    // wg_issue_scores_dp's two commit groups as two calls (pipe14's wg_issue_scores / wg_issue_dp, d = 128).
+    static __device__ __forceinline__ void issue_scores(int (&s)[8][4], u32 smem_lo, u32 st_lo, int wg) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 32; ++ks)
+            wgmma_s8_ss_n64(s, sage10_kstep_desc<BLOCK_KV, HEAD_DIM>(smem_lo, 0, 64 * wg, ks),
+                            sage10_kstep_desc<BLOCK_Q, HEAD_DIM>(st_lo, 0, 0, ks), ks);
+        wgmma_commit();
+    }
+    static __device__ __forceinline__ void issue_dp(float (&dp)[8][4], u32 smem_lo, u32 st_lo, int wg) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
+            wgmma_bf16_ss_n64(dp, sage10_kstep_desc<BLOCK_KV, BF_ROW>(smem_lo, v, 64 * wg, ks),
+                              sage10_kstep_desc<BLOCK_Q, BF_ROW>(st_lo, d_o, 0, ks), ks);
+        wgmma_commit();
+    }
+#else
+    typedef Layout128 Layout;
+#endif
 
     // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (SB128_I2FP: one I2FP per value).
     static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
@@ -2713,7 +2772,179 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14P>(const Backward
 }
 #endif
 
-#if SB128_LOOP
+#if SB128_LOOP && SB16_PIPE
+// sb16: the query loop of StagedSage128 pipelined across query blocks (see the sb16 note above StagedSage128).
+// The generic loop's contract: entered with the key block and block qb0 staged (one commit group) and qb0's
+// row constants stored; leaves every dQ but the last added (staged and bulk-reduced), the last block's dŜ
+// complete behind a barrier, no wgmma or copy in flight. Per tile, block qb (i = qb − qb0, par = i mod 2:
+// its stage, L/D buffer, dŜ tile, amax scratch and dQ staging tile):
+//   Sᵀ of qb was issued at the end of tile qb − 1 (before the loop for qb0); L read, wait for it, issue dPᵀ
+//   → P while dPᵀ runs; D read, wait; dS, mask, the warps' amax; L, D of qb + 1 stored (raw rows, loaded a
+//   tile earlier); this thread's bulk reduce of tile i − 1 has read its staging tile (par ^ 1 … the one tile
+//   i + 1 writes: read before (b) of tile i + 1 at the latest, here at (b) of tile i) and its copies are done
+//   → (b), the tile's one block barrier: the tile amax; A(qb + 1), B(qb), dŜ(qb − 1), the dQ(qb − 2) staging
+//     stores, L, D of qb + 1 visible; every warp has waited for Sᵀ(qb), dPᵀ(qb) (A part of stage par free),
+//     for tile qb − 1's products (B part of stage par ^ 1, dŜ tile par and amax scratch par ^ 1 free)
+//   → group scales; dQ(qb − 1) issued (stale, unused, on the first tile: the same commit groups every tile);
+//     A(qb + 2) → stage par, B(qb + 1) → stage par ^ 1 (cp.async, one group), raw L, D of qb + 2 loaded;
+//     dQ(qb − 2) (staging par ^ 1) out by one bulk reduce per warp; P̂, dŜ quantized, dŜ stored; the 8
+//     dV/dK chunks, two in flight; dQ(qb − 1) staged (staging par) once landed; Sᵀ(qb + 1) issued after
+//     the last chunk (of a stale stage and unused on the last tile) and runs while the last two chunks are
+//     dequantized.
+// Only Sᵀ crosses the back edge, waited for by wgmma_wait<0> (pipe14: a partial wait there serializes every
+// wgmma, C7514).
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage128>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                  const QueryStager<StagedSage128>&, int kb, int bh,
+                                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    typedef StagedSage128 S;
+    typedef S::Layout Lay;
+    const Dims& d = p.dims;
+    const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
+    const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
+    if (qb0 >= d.n_qblk) {
+        cp_async_wait<0>();
+        __syncthreads();
+        return 0.0f;
+    }
+    const int wg = sbwd13_wg(), t = threadIdx.x & 3;
+    const int warp_u = threadIdx.x >> 5;  // plain, as sb128's loop (a shuffle made ptxas see the item loop divergent)
+    const u32 smem_lo = sage10_desc_lo(smem);
+    const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
+    const float* q_scale = p.op.q_scale + bh * d.n_qblk;
+    const float* do_scale = p.do_scale + bh * d.n_qblk;
+    float s_q = q_scale[qb0], s_do = do_scale[qb0];
+
+    // A of block qb0 + 1 into stage 1 (its B follows in tile qb0), its raw L, D into registers.
+    const bool two = qb0 + 1 < d.n_qblk;
+    if (two) S::stage_query_a(p, stage(1), bh, qb0 + 1);
+    cp_async_commit();
+    Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
+    if (two && threadIdx.x < BLOCK_Q) rows_next = sage14_load_rows(p, bh, qb0 + 1, threadIdx.x);
+    cp_async_wait<1>();  // the key block and block qb0
+    fence_proxy_async();
+    __syncthreads();
+    sbwd12_interleave_kt(smem + StagedSage::kt);  // K̂ᵀ's byte order for dQ; (b) of tile qb0 orders it before the first dQ
+
+    int s_acc[8][4];
+    S::issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
+
+    float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
+    for (int qb = qb0; qb < d.n_qblk; ++qb) {
+        const int i = qb - qb0, par = i & 1;
+        const bool has_next = qb + 1 < d.n_qblk, has_next2 = qb + 2 < d.n_qblk;
+        const float* rows = rows_of(par);
+        const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
+        const int qn = has_next ? qb + 1 : qb;
+        const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
+        const u32 st_lo = sage10_desc_lo(stage(par));
+
+        // P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
+        float2 L[8];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) L[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));
+        wgmma_wait<0>();  // Sᵀ of qb
+        wgmma_fence_regs(s_acc);
+        float ds[8][4];  // dPᵀ, then dS in place
+        S::issue_dp(ds, smem_lo, st_lo, wg);
+        float prob[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s_acc[nt][e], s_qk), (e & 1) ? L[nt].y : L[nt].x));
+        float amax_p = sage10_tile_max<false>(prob);  // redone below if the tile is masked
+        // dS = fl(P·fl(dP − D)) (sage10_ds_regs), D read before the wait.
+        float2 D[8];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) D[nt] = *(const float2*)(rows + BLOCK_Q + qrow_of(nt, 2 * t));
+        wgmma_wait<0>();  // dPᵀ of qb
+        wgmma_fence_regs(ds);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D[nt].y : D[nt].x));
+        if (sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
+        float amax_ds = sage10_tile_max<true>(ds);
+        if (has_next && threadIdx.x < BLOCK_Q) sage14_store_rows_at(rows_of(par ^ 1), rows_next, threadIdx.x);
+        sage14_bulk_wait_read();  // tile i − 1's bulk has read staging tile par, which this tile writes after (b)
+        cp_async_wait<0>();       // this thread's copies of A(qb + 1), B(qb)
+        fence_proxy_async();      // they, the dŜ stores of qb − 1 and the dQ staging stores → the async proxy
+        block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
+        GroupScale sc_p, sc_ds;
+        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+
+        // dQ of block qb − 1 (every tile: the same commit groups each time; the first tile's is stale).
+        int dq_acc[HEAD_DIM / 16][4];
+        wgmma_fence();
+        StagedSage::issue_dq(dq_acc, smem_lo, sage10_desc_lo(smem + Lay::ds0 + (par ^ 1) * Lay::ds_bytes));
+        wgmma_commit();
+        if (has_next2) S::stage_query_a(p, stage(par), bh, qb + 2);
+        if (has_next) S::stage_query_b(p, stage(par ^ 1), bh, qb + 1);
+        cp_async_commit();
+        Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
+        if (has_next2 && threadIdx.x < BLOCK_Q) rows_next2 = sage14_load_rows(p, bh, qb + 2, threadIdx.x);
+        // dQ of block qb − 2, staged by tile i − 1 in staging tile par ^ 1, visible since (b).
+        if (i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
+
+        u32 pa[2][4], da[2][4];
+        StagedSage::quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, pa, da);
+        const float scale_v = __fmul_rn(sc_p.scale, s_do), scale_k = __fmul_rn(sc_ds.scale, s_q);
+        // wg_key_products' chunks (dV's 4, then dK's 4, two in flight), dQ(qb − 1) staged after the first two
+        // are issued, Sᵀ(qb + 1) after the last.
+        constexpr int C = HEAD_DIM / 32, N = 2 * C;
+        int acc[2][4][4];
+#if SB16_DQ_WAIT == 0
+        // dQ(qb − 1) waited for before the chunks (fewer registers live while it is staged)
+        wgmma_wait<0>();
+        wgmma_fence_regs(dq_acc);
+        if (i > 0) S::stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
+        StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
+        StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
+#elif SB16_DQ_WAIT == 1
+        StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
+        wgmma_wait<1>();  // dQ of qb − 1 landed
+        wgmma_fence_regs(dq_acc);
+        if (i > 0) S::stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
+        StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
+#else
+        StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
+        StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
+        wgmma_wait<2>();  // dQ of qb − 1 landed
+        wgmma_fence_regs(dq_acc);
+        if (i > 0) S::stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
+#endif
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            // in flight younger than chunk j: chunk j + 1 (j + 1 < N), Sᵀ(qb + 1) (j ≥ N − 2)
+            if (j == N - 2) {
+                wgmma_wait<2>();
+            } else {
+                wgmma_wait<1>();
+            }
+            wgmma_fence_regs(acc[j & 1]);
+            StagedSage::dequant_chunk<SB128_I2FP>(acc[j & 1], (j < C ? dv : dk) + 4 * (j % C), j < C ? scale_v : scale_k);
+            const int k = j + 2;
+            if (k < N) StagedSage::wg_issue_chunk(acc[j & 1], k < C ? pa : da, st_lo, k < C ? StagedSage::dot : StagedSage::qt, k % C);
+            if (j == N - 3) S::issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(par ^ 1)), wg);  // block qb + 1
+        }
+
+        dq_scale = __fmul_rn(sc_ds.scale, s_k);
+        s_q = s_q_next;
+        s_do = s_do_next;
+        rows_next = rows_next2;
+    }
+    wgmma_wait<0>();      // the last tile's (unused) Sᵀ
+    cp_async_wait<0>();
+    fence_proxy_async();  // the last dŜ stores and dQ staging stores → the async proxy's reads
+    __syncthreads();      // dS of the last block complete
+    // dQ of block n_qblk − 2, staged by the last tile (i = n − 1 ≥ 1). Waited for (read) before the next item's
+    // first (b), completed before the CTA exits (staged_finish).
+    const int n = d.n_qblk - qb0;
+    if (n >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
+    return dq_scale;
+}
+#elif SB128_LOOP
 // sb128: the query loop of StagedSage128 (the generic loop's contract and order: barrier (a), block qb + 1
 // staged, the tile; see the sb128 note above StagedSage128). Per tile i = qb − qb0: every thread waits for
 // its bulk reduce of tile i − 1 to have read staging tile i mod 2 (the one tile i writes), then (a) (which

@@ -90,14 +90,18 @@ pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usiz
 /// The two dQ staging tiles of the sage path's sm_90a kernels, persistent (`sage_bwd_main_persist_sage`)
 /// and plain grid (`sage_bwd_main_mma_sage`), after the staged layout: at d = 64 (`StagedSage14P`, pipe14b;
 /// `StagedSage14`, bulk15) 64 rows of d FP32 + 32 bytes (the rows use 4d bytes); at d = 128 (`StagedSage128`,
-/// sb128) 64 rows of d FP32; else 0.
+/// sb128) 64 rows of d FP32, and sb16's second amax scratch; else 0.
 pub fn sage_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
     match (path, head_dim) {
         (StagedBackward::Sage, 64) => 2 * BLOCK_Q * (4 * head_dim + 32),
-        (StagedBackward::Sage, 128) => 2 * BLOCK_Q * 4 * head_dim,
+        (StagedBackward::Sage, 128) => 2 * BLOCK_Q * 4 * head_dim + SB16_SECOND_AMAX,
         _ => 0,
     }
 }
+
+/// sb16: the d = 128 sage kernels' query loop pipelined across blocks (`SB16_PIPE`) has one block barrier per
+/// tile and so a second amax scratch (8 warps × 2 floats) before its dQ staging tiles.
+const SB16_SECOND_AMAX: usize = 2 * (THREADS as usize / 32) * 4;
 
 /// The dQ staging area of `sage_bwd_main_persist_bf16q` (fpab15, `Bf16BulkLayout` in backward_main.cu): the
 /// staged layout's end rounded up to 1024 bytes, then 8 warps × 16 rows × 64 FP32, beyond the staged bytes.
@@ -765,9 +769,9 @@ mod tests {
         // d = 128 (sb128) 2 · 64 · 512, the whole layout (231 488 B) plus the persistent kernel's 16 static bytes
         // within the H200's opt-in 232 448.
         assert_eq!(sage_staging_bytes(64, StagedBackward::Sage), 36_864);
-        assert_eq!(sage_staging_bytes(128, StagedBackward::Sage), 65_536);
+        assert_eq!(sage_staging_bytes(128, StagedBackward::Sage), 65_536 + 64); // + sb16's second amax scratch
         assert_eq!(sage_staging_bytes(128, StagedBackward::Bf16) + sage_staging_bytes(64, StagedBackward::Bf16), 0);
-        assert!(staged_backward_smem_bytes(128, StagedBackward::Sage) + 65_536 + 16 <= 232_448);
+        assert!(staged_backward_smem_bytes(128, StagedBackward::Sage) + 65_536 + 64 + 16 <= 232_448);
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
         // fpab15: Bf16BulkLayout at d = 128: 165 888 (the staged layout's end rounded up to 1024) + 32 768 + 1 024.
         assert_eq!(staged_backward_smem_bytes(128, StagedBackward::Bf16) + bf16_bulk_staging_bytes(128), 199_680);
