@@ -1535,13 +1535,15 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 // both kernels the same shared memory), the stores use the first 4d.
 // - SPLIT (bwd16): the query loop as two loops, the tiles that may need the causal / n_k mask first, then
 //   the rest without any mask code (sage14_query_loop): ptxas had put 32 register moves of P and the mask
-//   test into every tile for the mask branch. Plain grid only: in the persistent kernel (252 registers)
-//   the second copy of the loop body made ptxas spill (255 registers + 8 bytes of stack).
+//   test into every tile for the mask branch; with it the row constants' loads later in the tile and the
+//   group scales without division or shuffles (BWD16_LATE_ROWS, BWD16_SCALES). Both kernels (the
+//   persistent one 252 → 233 registers, no stack; the split alone made it spill: the late row loads free
+//   the registers).
 #ifndef SAGE14_PLAIN_OPTS
 #define SAGE14_PLAIN_OPTS true, false, false, true, true
 #endif
 #ifndef SAGE14_PERSIST_OPTS
-#define SAGE14_PERSIST_OPTS true, true, true, false, false
+#define SAGE14_PERSIST_OPTS true, true, true, false, true
 #endif
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct StagedSage14T : StagedSage {
@@ -2530,12 +2532,47 @@ struct Sage14Ds<true> {
     __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
 };
 
+#ifndef BWD16_LATE_ROWS
+#define BWD16_LATE_ROWS 1
+#endif
+// bwd16 (SCALES, with SPLIT): the tile's group scales computed by every thread, without a division or a
+// shuffle: fl(amax/127) by div127_rn (common.cuh, exact on every finite amax ≥ 0), fl(127/amax) by
+// fwd14's branch-free division (forward.cu's inv127_rn, checked on the device against __fdiv_rn(127, amax)
+// on every non-negative FP32; copied here: forward.cu is not included in this module). The same bits as
+// sage10_group_scales' (0 and 0 for amax = 0) for every finite amax; they sat right after barrier (b) on
+// every warp's path: the IEEE division (FCHK, its slow-path branch) and 4 shuffles before the first
+// quantization FFMA (ncu: the FFMA waited for the shuffle, ~1 % of the samples; the division's FCHK ~0.4 %).
+// (amax = +inf, only from an infinite dS: fl(amax/127) becomes NaN instead of +inf; either way every
+// dequantized product of that tile is NaN, since all its quantized values are 0.)
+#ifndef BWD16_SCALES
+#define BWD16_SCALES 1
+#endif
+__device__ __forceinline__ float bwd16_rcp_approx_ftz(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float bwd16_inv127_rn(float amax) {  // = forward.cu's inv127_rn
+    const bool big = amax > 0x1p62f;
+    const float b = __fmul_rn(amax, big ? 0x1p-64f : 0x1p32f);  // exact
+    float r = bwd16_rcp_approx_ftz(b);
+    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+    const float q0 = __fmul_rn(r, 127.0f);
+    const float q = __fmaf_rn(r, __fmaf_rn(-b, q0, 127.0f), q0);  // fl(127/b)
+    const float inv = __fmul_rn(q, big ? 0x1p-64f : 0x1p32f);  // fl(127/amax) = fl(127/b)·s, b = amax·s
+    return amax == 0.0f || amax == pos_inf() ? 0.0f : inv;
+}
+__device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
+    g.scale = div127_rn(amax);  // 0 for amax = 0
+    g.inv = bwd16_inv127_rn(amax);
+}
 template <class Path>
 __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
                                                    const QueryStager<Path>& stage_next, int kb, int bh,
                                                    int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
     typedef typename Path::Layout Lay;
-    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD, SPLIT = Path::SPLIT_MASK;
+    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD, SPLIT = Path::SPLIT_MASK, LATE_ROWS = SPLIT && BWD16_LATE_ROWS,
+                   SCALES = SPLIT && BWD16_SCALES;
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
@@ -2630,7 +2667,12 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         fence_proxy_async();  // they and the dŜ stores of block qb − 1 → wgmma's reads
         block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
         GroupScale sc_p, sc_ds;
-        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+        if (SCALES) {
+            bwd16_group_scales(amax_p, sc_p);
+            bwd16_group_scales(amax_ds, sc_ds);
+        } else {
+            sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+        }
 
         // dQ of block qb − 1 (every tile: the same commit groups each time; the first tile's is stale).
         int dq_acc[HEAD_DIM / 16][4];
@@ -2641,7 +2683,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         if (has_next2) stage_next(p, st_free, bh, qb + 2);
         cp_async_commit();
         Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
-        if (has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
+        if (!LATE_ROWS && has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
         // BULK: dQ of block qb − 2, staged in tile i − 1 (tile par ^ 1), visible since (b).
         if (BULK && i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
 
@@ -2676,6 +2718,10 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         StagedSage::dequant_chunk(acc[1], dv + 4, scale_v);
         StagedSage::wg_issue_chunk(acc[1], da, st_lo, StagedSage::qt, 1);
         StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
+        // LATE_ROWS: the row constants of block qb + 2 (threads 0..63, warps 0 and 1: ~20 instructions
+        // the other warps of warpgroup 0 waited for at the dV chunks' warpgroup arrive) loaded here, while
+        // every warp waits for the dK chunks; they are stored in tile qb + 1, as before.
+        if (LATE_ROWS && has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
         if (F) {
             StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
             wgmma_wait<3>();
