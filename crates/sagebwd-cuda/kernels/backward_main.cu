@@ -1535,15 +1535,14 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 // both kernels the same shared memory), the stores use the first 4d.
 // - SPLIT (bwd16): the query loop as two loops, the tiles that may need the causal / n_k mask first, then
 //   the rest without any mask code (sage14_query_loop): ptxas had put 32 register moves of P and the mask
-//   test into every tile for the mask branch; with it the row constants' loads later in the tile and the
-//   group scales without division or shuffles (BWD16_LATE_ROWS, BWD16_SCALES). Both kernels (the
-//   persistent one 252 → 233 registers, no stack; the split alone made it spill: the late row loads free
-//   the registers).
+//   test into every tile for the mask branch. Measured (bwd16's call, docs/RESULTS-gpu.md): sagebwd backward
+//   −3.2 % at the training shape N 4096 (plain grid). Plain grid only: in the persistent kernel (252
+//   registers) the second copy of the loop body makes ptxas spill (255 registers + 8 bytes of stack).
 #ifndef SAGE14_PLAIN_OPTS
 #define SAGE14_PLAIN_OPTS true, false, false, true, true
 #endif
 #ifndef SAGE14_PERSIST_OPTS
-#define SAGE14_PERSIST_OPTS true, true, true, false, true
+#define SAGE14_PERSIST_OPTS true, true, true, false, false
 #endif
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct StagedSage14T : StagedSage {
@@ -2532,20 +2531,19 @@ struct Sage14Ds<true> {
     __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
 };
 
-#ifndef BWD16_LATE_ROWS
-#define BWD16_LATE_ROWS 1
-#endif
-// bwd16 (SCALES, with SPLIT): the tile's group scales computed by every thread, without a division or a
-// shuffle: fl(amax/127) by div127_rn (common.cuh, exact on every finite amax ≥ 0), fl(127/amax) by
-// fwd14's branch-free division (forward.cu's inv127_rn, checked on the device against __fdiv_rn(127, amax)
-// on every non-negative FP32; copied here: forward.cu is not included in this module). The same bits as
-// sage10_group_scales' (0 and 0 for amax = 0) for every finite amax; they sat right after barrier (b) on
-// every warp's path: the IEEE division (FCHK, its slow-path branch) and 4 shuffles before the first
-// quantization FFMA (ncu: the FFMA waited for the shuffle, ~1 % of the samples; the division's FCHK ~0.4 %).
-// (amax = +inf, only from an infinite dS: fl(amax/127) becomes NaN instead of +inf; either way every
-// dequantized product of that tile is NaN, since all its quantized values are 0.)
+// bwd16 (BWD16_SCALES=1, with SPLIT; OFF by default, a compile-time option): the tile's group scales
+// computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
+// on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (forward.cu's inv127_rn, checked
+// on the device against __fdiv_rn(127, amax) on every non-negative FP32; copied here: forward.cu is not
+// included in this module). The same bits as sage10_group_scales' (0 and 0 for amax = 0) for every finite
+// amax (amax = +inf, only from an infinite dS: fl(amax/127) becomes NaN instead of +inf; every dequantized
+// product of that tile is NaN either way, since all its quantized values are 0). Instead of the IEEE
+// division (FCHK, its slow-path branch) and 4 shuffles after barrier (b): +17 instructions per tile.
+// Measured (bwd16's call) only together with the row constants loaded after the Sᵀ issue (a variant that
+// lost, +7 %: the loop-carried copy of the loaded values at the back edge waited for the global load):
+// there −3.6 % at the training shape N 4096 and −2.2 % at N 1024; with the split alone not measured.
 #ifndef BWD16_SCALES
-#define BWD16_SCALES 1
+#define BWD16_SCALES 0
 #endif
 __device__ __forceinline__ float bwd16_rcp_approx_ftz(float x) {
     float y;
@@ -2571,8 +2569,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
                                                    const QueryStager<Path>& stage_next, int kb, int bh,
                                                    int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
     typedef typename Path::Layout Lay;
-    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD, SPLIT = Path::SPLIT_MASK, LATE_ROWS = SPLIT && BWD16_LATE_ROWS,
-                   SCALES = SPLIT && BWD16_SCALES;
+    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD, SPLIT = Path::SPLIT_MASK, SCALES = SPLIT && BWD16_SCALES;
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
@@ -2683,7 +2680,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         if (has_next2) stage_next(p, st_free, bh, qb + 2);
         cp_async_commit();
         Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
-        if (!LATE_ROWS && has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
+        if (has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
         // BULK: dQ of block qb − 2, staged in tile i − 1 (tile par ^ 1), visible since (b).
         if (BULK && i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
 
@@ -2718,10 +2715,6 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         StagedSage::dequant_chunk(acc[1], dv + 4, scale_v);
         StagedSage::wg_issue_chunk(acc[1], da, st_lo, StagedSage::qt, 1);
         StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
-        // LATE_ROWS: the row constants of block qb + 2 (threads 0..63, warps 0 and 1: ~20 instructions
-        // the other warps of warpgroup 0 waited for at the dV chunks' warpgroup arrive) loaded here, while
-        // every warp waits for the dK chunks; they are stored in tile qb + 1, as before.
-        if (LATE_ROWS && has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
         if (F) {
             StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
             wgmma_wait<3>();
