@@ -1512,7 +1512,7 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 }
 #if PIPE14_LOOP
 // ---- pipe14b: the pipelined sage path (d = 64, sm_90a) as its own types, with its own entries ----------
-// StagedSage14T<KIND, BULK, ROWS8, F, ROT> = StagedSage with the pipelined loop (staged_query_loop below) and its
+// StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT> = StagedSage with the pipelined loop (staged_query_loop below) and its
 // layout: three query-block stages, two amax scratches and, with BULK, two dQ staging tiles (64 rows ×
 // (d FP32 + 32 bytes; the rows are used unpadded, the 32 bytes are pipe14b's padded variant's, kept so that
 // the measured kernel is the committed one)). Options, measured in pipe14b's call (docs/RESULTS-gpu.md):
@@ -1533,21 +1533,26 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 // shape N 1024). sage_bwd_main_mma keeps StagedSage with the generic loop (= main 37e5e90's code for every path it runs).
 // The staging rows are reserved 4d + 32 bytes either way (pipe14b's padded variant; the host allocates
 // both kernels the same shared memory), the stores use the first 4d.
+// - SPLIT (bwd16): the query loop as two loops, the tiles that may need the causal / n_k mask first, then
+//   the rest without any mask code (sage14_query_loop): ptxas had put 32 register moves of P and the mask
+//   test into every tile for the mask branch. Measured (bwd16's call, docs/RESULTS-gpu.md): sagebwd backward
+//   −3.2 % at the training shape N 4096 (plain grid). Plain grid only: in the persistent kernel (252
+//   registers) the second copy of the loop body makes ptxas spill (255 registers + 8 bytes of stack).
 #ifndef SAGE14_PLAIN_OPTS
-#define SAGE14_PLAIN_OPTS true, false, false, true
+#define SAGE14_PLAIN_OPTS true, false, false, true, true
 #endif
 #ifndef SAGE14_PERSIST_OPTS
-#define SAGE14_PERSIST_OPTS true, true, true, false
+#define SAGE14_PERSIST_OPTS true, true, true, false, false
 #endif
-template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT>
+template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct StagedSage14T : StagedSage {
-    static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT;
+    static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT, SPLIT_MASK = SPLIT;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
 };
 typedef StagedSage14T<0, SAGE14_PLAIN_OPTS> StagedSage14;
 typedef StagedSage14T<1, SAGE14_PERSIST_OPTS> StagedSage14P;
-template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT>
-struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT>> : QueryStager<StagedSage> {
+template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
+struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT>> : QueryStager<StagedSage> {
     __device__ __forceinline__ QueryStager(const BackwardParams& p, int bh) : QueryStager<StagedSage>(p, bh) {}
 };
 #endif
@@ -2585,12 +2590,45 @@ struct Sage14Ds<true> {
     __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
 };
 
+// bwd16 (BWD16_SCALES=1, with SPLIT; OFF by default, a compile-time option): the tile's group scales
+// computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
+// on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (forward.cu's inv127_rn, checked
+// on the device against __fdiv_rn(127, amax) on every non-negative FP32; copied here: forward.cu is not
+// included in this module). The same bits as sage10_group_scales' (0 and 0 for amax = 0) for every finite
+// amax (amax = +inf, only from an infinite dS: fl(amax/127) becomes NaN instead of +inf; every dequantized
+// product of that tile is NaN either way, since all its quantized values are 0). Instead of the IEEE
+// division (FCHK, its slow-path branch) and 4 shuffles after barrier (b): +17 instructions per tile.
+// Measured (bwd16's call) only together with the row constants loaded after the Sᵀ issue (a variant that
+// lost, +7 %: the loop-carried copy of the loaded values at the back edge waited for the global load):
+// there −3.6 % at the training shape N 4096 and −2.2 % at N 1024; with the split alone not measured.
+#ifndef BWD16_SCALES
+#define BWD16_SCALES 0
+#endif
+__device__ __forceinline__ float bwd16_rcp_approx_ftz(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float bwd16_inv127_rn(float amax) {  // = forward.cu's inv127_rn
+    const bool big = amax > 0x1p62f;
+    const float b = __fmul_rn(amax, big ? 0x1p-64f : 0x1p32f);  // exact
+    float r = bwd16_rcp_approx_ftz(b);
+    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+    const float q0 = __fmul_rn(r, 127.0f);
+    const float q = __fmaf_rn(r, __fmaf_rn(-b, q0, 127.0f), q0);  // fl(127/b)
+    const float inv = __fmul_rn(q, big ? 0x1p-64f : 0x1p32f);  // fl(127/amax) = fl(127/b)·s, b = amax·s
+    return amax == 0.0f || amax == pos_inf() ? 0.0f : inv;
+}
+__device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
+    g.scale = div127_rn(amax);  // 0 for amax = 0
+    g.inv = bwd16_inv127_rn(amax);
+}
 template <class Path>
 __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
                                                    const QueryStager<Path>& stage_next, int kb, int bh,
                                                    int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
     typedef typename Path::Layout Lay;
-    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD;
+    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD, SPLIT = Path::SPLIT_MASK, SCALES = SPLIT && BWD16_SCALES;
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
@@ -2630,7 +2668,14 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
 
     float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
     u32 st_cur = stage(0), st_next = stage(1), st_free = stage(2);
-    for (int qb = qb0; qb < d.n_qblk; ++qb) {
+    // bwd16: the loop body once with the mask (MASKED: tiles whose key block some row of the query block
+    // may not see) and once without it. The masked tiles come first: a block needs the mask iff its
+    // last key kb·128 + 127 is ≥ n_k (every block of a ragged last key block) or, causal, lies past the
+    // block's first row's last visible key (qb·64 + n_k − n_q), and that holds for a prefix of the
+    // query blocks (the second term falls as qb grows). The unmasked loop carries no mask code: with the
+    // mask as a branch inside every tile, ptxas kept P's 32 registers out of the branch's way by 32
+    // moves on every tile (and the mask test itself). The same operations on every value.
+    const auto body = [&](const int qb, const bool MASKED) {
         const int i = qb - qb0, par = i & 1;
         const bool has_next = qb + 1 < d.n_qblk, has_next2 = qb + 2 < d.n_qblk;
         const float* rows = rows_of(par);
@@ -2670,7 +2715,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D[nt].y : D[nt].x));
-        if (sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
+        if (MASKED && sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
         float amax_ds = sage10_tile_max<true>(ds);
         if (has_next && row_thread) sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
         if (BULK) sage14_bulk_wait_read();  // staging tile par (its bulk of tile i − 1) free after (b)
@@ -2678,7 +2723,12 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         fence_proxy_async();  // they and the dŜ stores of block qb − 1 → wgmma's reads
         block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
         GroupScale sc_p, sc_ds;
-        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+        if (SCALES) {
+            bwd16_group_scales(amax_p, sc_p);
+            bwd16_group_scales(amax_ds, sc_ds);
+        } else {
+            sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+        }
 
         // dQ of block qb − 1 (every tile: the same commit groups each time; the first tile's is stale).
         int dq_acc[HEAD_DIM / 16][4];
@@ -2748,6 +2798,16 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         st_cur = st_next;
         st_next = st_free;
         st_free = st_done;
+    };
+    int qb = qb0;
+    if (SPLIT) {
+        const int last_key = kb * BLOCK_KV + BLOCK_KV - 1;
+        const bool ragged = last_key >= d.n_k;
+        for (; qb < d.n_qblk && (ragged || (d.causal && last_key > qb * BLOCK_Q + (d.n_k - d.n_q))); ++qb)
+            body(qb, true);
+        for (; qb < d.n_qblk; ++qb) body(qb, false);
+    } else {
+        for (; qb < d.n_qblk; ++qb) body(qb, true);
     }
     wgmma_wait<0>();      // the last tile's (unused) Sᵀ (and dPᵀ with F)
     fence_proxy_async();  // the last dŜ stores (and dQ staging stores) → the async proxy's reads
@@ -3137,8 +3197,8 @@ struct PersistUniformItem<StagedSage> {
     static constexpr bool value = false;
 };
 #if PIPE14_LOOP
-template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT>
-struct PersistUniformItem<StagedSage14T<KIND, BULK, ROWS8, F, ROT>> {
+template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
+struct PersistUniformItem<StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT>> {
     static constexpr bool value = false;
 };
 #endif
