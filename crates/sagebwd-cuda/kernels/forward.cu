@@ -1306,33 +1306,53 @@ struct WsInt8 {
 // end + 1 turns per tile; the caller passes the first and takes the last. (ws_consume itself does
 // not call this: at d = 128 ptxas then scheduled the BF16 `fws*` kernels' stage addresses
 // differently, so it keeps its own copy and their SASS stays unchanged.)
-template <bool PINGPONG, bool OVERLAP, class Mix, class Ring>
+// UIDX (fwd16, opt-in): the ring counters as unsigned (stage = counter & 7, phase = bit 3: one
+// uniform instruction each instead of the signed modulo's four).
+// EARLY_PASS (fwd16, opt-in): the turn passed right behind the wgmma issues (FA3's place), with the
+// accumulators fenced after each wait (Mix::fence_pv / fence_s) so that no read of them is moved
+// above the wait (without the fences ptxas reported C7514 and serialized every wgmma).
+template <bool PINGPONG, bool OVERLAP, bool UIDX = false, bool EARLY_PASS = false, class Mix, class Ring>
 __device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, int w, int row0, int it0, int end,
                                         RowState& st, float (*o)[4]) {
     if (end > 0) {
-        sm.wait_full(it0);
+        if (UIDX) sm.wait_full_u((u32)it0);
+        else sm.wait_full(it0);
         if (PINGPONG) take_turn(w);
-        mx.issue_scores(sm.k_stage(it0 % Ring::kStages));
+        mx.issue_scores(sm.k_stage(UIDX ? (int)((u32)it0 % Ring::kStages) : it0 % Ring::kStages));
         if (PINGPONG) pass_turn(w);
         wgmma_wait<0>();
     }
     for (int kb = 0; kb < end; ++kb) {
-        const int s = (it0 + kb) % Ring::kStages, s1 = (it0 + kb + 1) % Ring::kStages;
+        const int s = UIDX ? (int)((u32)(it0 + kb) % Ring::kStages) : (it0 + kb) % Ring::kStages;
+        const int s1 = UIDX ? (int)((u32)(it0 + kb + 1) % Ring::kStages) : (it0 + kb + 1) % Ring::kStages;
         const bool next = kb + 1 < end;
         mx.begin_block(kb, next);
         mx.softmax(d, st, row0, kb * BLOCK_KV);
-        if (OVERLAP && next) sm.wait_full(it0 + kb + 1);
+        if (OVERLAP && next) {
+            if (UIDX) sm.wait_full_u((u32)(it0 + kb + 1));
+            else sm.wait_full(it0 + kb + 1);
+        }
         mx.pin();
         if (PINGPONG) take_turn(w);
         mx.issue_pv(sm.v_stage(s));
-        if (OVERLAP && next) mx.issue_scores(sm.k_stage(s1));
-        if (OVERLAP && next) wgmma_wait<1>();  // P·V(kb) done; S(kb + 1) may still run
-        else wgmma_wait<0>();
-        // The turn passes once P·V(kb) is done (FA3 passes it right after the issue; a bar.arrive
-        // with two wgmma groups in flight made ptxas serialize every wgmma, C7514).
-        if (PINGPONG) pass_turn(w);
+        if constexpr (EARLY_PASS) {
+            // Always a second group: S(kb + 1), or in the last block a dummy S on this block's own
+            // stage (result unused; the stage is released only after it, below), so that the code
+            // from the issues to the wait is straight-line.
+            mx.issue_scores(sm.k_stage(next ? s1 : s));
+            if (PINGPONG) pass_turn(w);
+            wgmma_wait<1>();
+            mx.fence_pv();
+        } else {
+            if (OVERLAP && next) mx.issue_scores(sm.k_stage(s1));
+            if (OVERLAP && next) wgmma_wait<1>();  // P·V(kb) done; S(kb + 1) may still run
+            else wgmma_wait<0>();
+            // The turn passes once P·V(kb) is done (FA3 passes it right after the issue; a bar.arrive
+            // with two wgmma groups in flight made ptxas serialize every wgmma, C7514).
+            if (PINGPONG) pass_turn(w);
+        }
         __syncwarp();
-        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
+        if ((!EARLY_PASS || next) && (threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
         mx.o_update(o, st);
         if (!OVERLAP && next) {
             sm.wait_full(it0 + kb + 1);
@@ -1341,6 +1361,13 @@ __device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, 
             if (PINGPONG) pass_turn(w);
         }
         wgmma_wait<0>();
+        if constexpr (EARLY_PASS) {
+            mx.fence_s();
+            if (!next) {
+                __syncwarp();
+                if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // after the dummy S
+            }
+        }
         mx.end_block();
     }
 }
@@ -2307,6 +2334,7 @@ struct WspSmem {
     __device__ __forceinline__ u32 empty_bar(int s) const { return empty + 8 * s; }
     __device__ __forceinline__ u32 q_empty_bar(int i) const { return q_empty + 8 * (i & 1); }
     __device__ __forceinline__ void wait_full(int kb) const { mbar_wait(full_bar(kb % WSP_STAGES), (kb / WSP_STAGES) & 1); }
+    __device__ __forceinline__ void wait_full_u(u32 kb) const { mbar_wait(full_bar(kb % WSP_STAGES), (kb / WSP_STAGES) & 1); }
     // Producer: the previous use of the stage of the it-th key block / of the j-th Q slot was released.
     __device__ __forceinline__ void wait_empty(int it) const {
         if (it >= WSP_STAGES) mbar_wait(empty_bar(it % WSP_STAGES), ((it / WSP_STAGES) - 1) & 1);
@@ -2397,28 +2425,127 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // d = 64: the b_r loads at the tile's start, their latency hidden by the key loop (wsp_store).
 #define WSP_EARLY_RO (HEAD_DIM == 64)
 
+// fwd16: variants of the persistent consumer (bits of V). WSP16_IMAX: on key blocks that need no mask,
+// the thread's row maxima of the score factors a = float(acc) as float(max acc), the integer max by
+// VIMNMX3 (three-input, 17 per row instead of 31 FMNMX on the converted values), started straight
+// from the S accumulators: the conversion is exact (|acc| ≤ 127²·64 < 2²⁴) and non-decreasing, so
+// float(max acc) = max float(acc) bit for bit (I2FP of 0 is +0, no −0 arises); masked blocks keep
+// the float max over the masked factors. The same mx as before, hence the same m, α, P̂, l.
+// WSP16_IMAX_EARLY: the same, with the integer maxima taken before the mask test (so that ptxas
+// interleaves them with the 64 I2FP; wasted on masked blocks). WSP16_NO_PINGPONG: no turns at all.
+// WSP16_UIDX: ws_tile's UIDX.
+#define WSP16_IMAX 1
+#define WSP16_NO_PINGPONG 2
+#define WSP16_UIDX 4
+#define WSP16_IMAX_EARLY 8
+#define WSP16_EARLY_PASS 16
+
+// The max of row h (0: elements 0, 1 of each n-tile; 1: elements 2, 3) of this thread's S
+// accumulators: 32 → 11 → 4 → 2 → 1.
+__device__ __forceinline__ int wsp_row_imax(const int (&acc)[64], int h) {
+    int a[11];
+#pragma unroll
+    for (int k = 0; k < 11; ++k) {
+        const int i = 3 * k;  // entries i, i + 1, i + 2 of the row: n-tile j / 2, element 2h + j % 2
+        const int x0 = acc[4 * (i >> 1) + 2 * h + (i & 1)], x1 = acc[4 * ((i + 1) >> 1) + 2 * h + ((i + 1) & 1)];
+        a[k] = k < 10 ? __vimax3_s32(x0, x1, acc[4 * ((i + 2) >> 1) + 2 * h + ((i + 2) & 1)]) : max(x0, x1);
+    }
+    const int b0 = __vimax3_s32(a[0], a[1], a[2]), b1 = __vimax3_s32(a[3], a[4], a[5]);
+    const int b2 = __vimax3_s32(a[6], a[7], a[8]), b3 = max(a[9], a[10]);
+    return max(__vimax3_s32(b0, b1, b2), b3);
+}
+
+// softmax_p_hat_early<true> with the thread's row maxima mx (before the quad reduction) given.
+__device__ __forceinline__ void softmax_p_hat_early_mx(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx) {
+    float m_use[2], inv[2];
+    quad_max_update<true>(st, mx, m_use, sc);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float amax = exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h]));
+        st.p_scale[h] = div127_rn(amax);  // 0 for amax = 0, as group_scale
+        inv[h] = inv127_rn(amax);
+    }
+    softmax_exp_sum<false, true>(t, st, m_use, nullptr, sc);
+#pragma unroll
+    for (int s = 0; s < BLOCK_KV / 32; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
+}
+
+template <int V>
+struct WspInt8 : WsInt8<true, true> {
+    using Base = WsInt8<true, true>;
+    __device__ __forceinline__ WspInt8(const ForwardParams& p, u32 q_tiles, int w, int bh, int bh_kv, int qb, int cta_end)
+        : Base(p, q_tiles, w, bh, bh_kv, qb, cta_end) {}
+    __device__ __forceinline__ void fence_pv() {
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM / 2; ++i) asm volatile("" : "+r"(pacc[i])::"memory");
+    }
+    __device__ __forceinline__ void fence_s() {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) asm volatile("" : "+r"(sacc[i])::"memory");
+    }
+    __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
+        if constexpr (V & WSP16_IMAX_EARLY) {
+            float t[S_TILES][4], mx[2];
+            float sc = __fmul_rn(sq, k_sc);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mx[h] = (float)wsp_row_imax(sacc, h);
+#pragma unroll
+            for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) t[nt][e] = (float)sacc[4 * nt + e];
+            if (tile_needs_mask(d, row0, key0)) {
+                mask_permuted(d, t, row0, key0, sc);
+                thread_row_max(t, mx);
+            }
+            softmax_p_hat_early_mx(t, st, pa, sc, mx);
+        } else if constexpr (!(V & WSP16_IMAX)) {
+            Base::softmax(d, st, row0, key0);
+        } else {
+            float t[S_TILES][4], mx[2];
+            float sc = __fmul_rn(sq, k_sc);
+#pragma unroll
+            for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) t[nt][e] = (float)sacc[4 * nt + e];
+            if (tile_needs_mask(d, row0, key0)) {
+                mask_permuted(d, t, row0, key0, sc);
+                thread_row_max(t, mx);
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) mx[h] = (float)wsp_row_imax(sacc, h);
+            }
+            softmax_p_hat_early_mx(t, st, pa, sc, mx);
+        }
+    }
+};
+
 // Consumer warpgroup w: query block 2·pair + w of each of the block's tiles, one ws_tile each with
 // WsInt8<early amax> (the per-tile scales), then its Q slot released and O stored. Ping-pong: the
 // turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
 // first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
 // so it has turns iff any tile has.
-template <bool SNAKE>
+template <bool SNAKE, int V>
 __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
+    constexpr bool PP = !(V & WSP16_NO_PINGPONG);
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
-    const bool turns = (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
+    const bool turns = PP && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
     if (turns && w == 1) pass_turn(1);
     int it = 0, j = 0;
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
         const int qb = 2 * x.pair + w, row0 = qb * BLOCK_Q + warp * 16;
-        WsInt8<true, true> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
+        WspInt8<V> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
         float ro[2];
         if (WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
         RowState st;
         float o[O_TILES][4];
         start_rows(st, o);
-        ws_tile<true, true>(d, sm, mx, w, row0, it, x.end, st, o);
+        ws_tile<PP, true, (V & WSP16_UIDX) != 0, (V & WSP16_EARLY_PASS) != 0>(d, sm, mx, w, row0, it, x.end, st, o);
         it += x.end;
         if (x.end > 0) {
             __syncwarp();
@@ -2436,7 +2563,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
 
 // The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // WspSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
-template <bool SNAKE>
+template <bool SNAKE, int V>
 __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& p, unsigned char* smem) {
 #ifdef SAGE_WGMMA
     require_dynamic_smem((u32)WspSmem::kSmemBytes);
@@ -2454,20 +2581,35 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         wsp_producer<SNAKE>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        wsp_consumer<SNAKE>(p, sm, wg - 1);
+        wsp_consumer<SNAKE, V>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define WSP_ENTRY(name, SNAKE)                                                                                    \
+#define WSP_ENTRY(name, SNAKE, V)                                                                                 \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        wsp_main<SNAKE>(&vmap, p, ws_smem);                                                                       \
+        wsp_main<SNAKE, V>(&vmap, p, ws_smem);                                                                    \
     }
-WSP_ENTRY(sage_forward_ws_p3s, true)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
+// fwd16: d = 64 takes the integer row max before the mask test, the early turn pass and the unsigned
+// ring counters (WSP16_*); d = 128 main's kernel (V = 0).
+#define WSP16_DEFAULT (HEAD_DIM == 64 ? WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_UIDX : 0)
+WSP_ENTRY(sage_forward_ws_p3s, true, WSP16_DEFAULT)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
+// fwd16's opt-in variants (SAGEBWD_FORWARD_WGMMA=wsp3s-X, X the letters: i integer row max, j the
+// same before the mask test, n no ping-pong, u unsigned ring counters, e the early turn pass; 0 main's)
+WSP_ENTRY(sage_forward_ws_p3s_0, true, 0)
+WSP_ENTRY(sage_forward_ws_p3s_i, true, WSP16_IMAX)
+WSP_ENTRY(sage_forward_ws_p3s_j, true, WSP16_IMAX_EARLY)
+WSP_ENTRY(sage_forward_ws_p3s_n, true, WSP16_NO_PINGPONG)
+WSP_ENTRY(sage_forward_ws_p3s_u, true, WSP16_UIDX)
+WSP_ENTRY(sage_forward_ws_p3s_e, true, WSP16_EARLY_PASS)
+WSP_ENTRY(sage_forward_ws_p3s_ju, true, WSP16_IMAX_EARLY | WSP16_UIDX)
+WSP_ENTRY(sage_forward_ws_p3s_je, true, WSP16_IMAX_EARLY | WSP16_EARLY_PASS)
+WSP_ENTRY(sage_forward_ws_p3s_jn, true, WSP16_IMAX_EARLY | WSP16_NO_PINGPONG)
+WSP_ENTRY(sage_forward_ws_p3s_jnu, true, WSP16_IMAX_EARLY | WSP16_NO_PINGPONG | WSP16_UIDX)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
