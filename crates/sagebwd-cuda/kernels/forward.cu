@@ -2312,6 +2312,18 @@ FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with hea
 #define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
 
 #ifdef SAGE_WGMMA
+// mbar_wait with a suspend-time hint of 1 µs (fwd16): ptxas turns it into TRYWAIT, then NANOSLEEP.SYNCS
+// 1000 ns and a test, in a loop, instead of re-polling at the system's default interval (~50 ns
+// under ncu: ~35 polls per stage). For the producer's "empty" waits only: it runs up to 7 stages
+// (~10 µs at the training shape) ahead of the consumers, so a late wake-up costs nothing there.
+__device__ __forceinline__ void mbar_wait_hint(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, 1000;\n"
+        "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
 // WsRing's layout and interface (stage indices s, counters kb over the block's key blocks) with two
 // Q̂ slots (the j-th tile with key blocks uses slot j & 1) and their "empty" mbarriers after the
 // stages' ones.
@@ -2339,6 +2351,11 @@ struct WspSmem {
     __device__ __forceinline__ void wait_empty(int it) const {
         if (it >= WSP_STAGES) mbar_wait(empty_bar(it % WSP_STAGES), ((it / WSP_STAGES) - 1) & 1);
     }
+    // The same with a suspend-time hint (fwd16, WSP16_PRODUCER_SLEEP): under ncu the producer re-issued
+    // its try_wait on "empty" ~35 times per stage (7 M of the kernel's 183 M warp instructions).
+    __device__ __forceinline__ void wait_empty_sleep(int it) const {
+        if (it >= WSP_STAGES) mbar_wait_hint(empty_bar(it % WSP_STAGES), ((it / WSP_STAGES) - 1) & 1);
+    }
     __device__ __forceinline__ void wait_q_empty(int i) const {
         if (i >= 2) mbar_wait(q_empty_bar(i), ((i >> 1) - 1) & 1);  // i = j
     }
@@ -2356,7 +2373,7 @@ struct WspSmem {
 
 // The producer warpgroup (ws_producer's loads, over all the block's tiles): stage `it` is completed
 // after stage it + 1 was issued (two in flight), across tile boundaries too.
-template <bool SNAKE>
+template <bool SNAKE, bool SLEEP = false>
 __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const WspSmem& sm) {
     const Dims& d = p.dims;
     const int tid = threadIdx.x, n_tiles = fp_tile_count(d);  // tid 0..127
@@ -2368,7 +2385,8 @@ __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const Wsp
         sm.wait_q_empty(j);
         for (int kb = 0; kb < x.end; ++kb, ++it) {
             const int s = it % WSP_STAGES;
-            sm.wait_empty(it);
+            if (SLEEP) sm.wait_empty_sleep(it);
+            else sm.wait_empty(it);
             if (tid == 0) {
                 mbar_arrive_expect_tx(sm.full_bar(s), WG_TILE);
                 tma_load_2d(sm.v_stage(s), vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full_bar(s));
@@ -2439,6 +2457,31 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 #define WSP16_UIDX 4
 #define WSP16_IMAX_EARLY 8
 #define WSP16_EARLY_PASS 16
+#define WSP16_PRODUCER_SLEEP 32  // the producer's "empty" waits with a suspend-time hint (WspSmem::wait_empty_sleep)
+#define WSP16_MASK_LIMIT 64      // boundary blocks masked by one limit per row (wsp_mask_limit; with IMAX_EARLY only)
+
+// mask_permuted's −∞ by one limit per row (the BF16 mask's form, fwd9, for the permuted key order):
+// the key of entry (nt, e) is col0 + c with col0 = key0 + 4·(lane % 4) and the compile-time offset
+// c = 16·(nt / 2) + 2·(nt % 2) + (e % 2) (permuted_key), and visible(d, r, j) ⇔ j < visible_end(d, r)
+// for j ≥ 0 (common.cuh), so an entry is masked iff c ≥ visible_end(d, r) − col0: one compare and one
+// select per entry instead of visible()'s three tests. Same entries, same sc = 0 rule (mask_tile).
+// For boundary blocks only (the caller tests tile_needs_mask).
+__device__ __forceinline__ void wsp_mask_limit(const Dims& d, float (*t)[4], int row0, int key0, float& sc) {
+    if (sc == 0.0f) {
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) t[nt][e] = 0.0f;
+        sc = 1.0f;
+    }
+    const int col0 = key0 + 4 * (threadIdx.x & 3);
+    const int limit[2] = {visible_end(d, row0 + c_row(0)) - col0, visible_end(d, row0 + c_row(2)) - col0};
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if ((nt >> 1) * 16 + 2 * (nt & 1) + (e & 1) >= limit[e >> 1]) t[nt][e] = neg_inf();
+}
 
 // The max of row h (0: elements 0, 1 of each n-tile; 1: elements 2, 3) of this thread's S
 // accumulators: 32 → 11 → 4 → 2 → 1.
@@ -2498,7 +2541,8 @@ struct WspInt8 : WsInt8<true, true> {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) t[nt][e] = (float)sacc[4 * nt + e];
             if (tile_needs_mask(d, row0, key0)) {
-                mask_permuted(d, t, row0, key0, sc);
+                if constexpr ((V & WSP16_MASK_LIMIT) != 0) wsp_mask_limit(d, t, row0, key0, sc);
+                else mask_permuted(d, t, row0, key0, sc);
                 thread_row_max(t, mx);
             }
             softmax_p_hat_early_mx(t, st, pa, sc, mx);
@@ -2578,7 +2622,7 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        wsp_producer<SNAKE>(vmap, p, sm);
+        wsp_producer<SNAKE, (V & WSP16_PRODUCER_SLEEP) != 0>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
         wsp_consumer<SNAKE, V>(p, sm, wg - 1);
@@ -2594,22 +2638,25 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         wsp_main<SNAKE, V>(&vmap, p, ws_smem);                                                                    \
     }
-// fwd16: d = 64 takes the integer row max before the mask test, the early turn pass and the unsigned
-// ring counters (WSP16_*); d = 128 main's kernel (V = 0).
-#define WSP16_DEFAULT (HEAD_DIM == 64 ? WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_UIDX : 0)
+// fwd16: d = 64 takes the integer row max before the mask test, the early turn pass, the unsigned
+// ring counters and the one-limit-per-row mask (WSP16_*); d = 128 main's kernel (V = 0).
+#define WSP16_DEFAULT (HEAD_DIM == 64 ? WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_UIDX | WSP16_MASK_LIMIT : 0)
 WSP_ENTRY(sage_forward_ws_p3s, true, WSP16_DEFAULT)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
-// fwd16's opt-in variants (SAGEBWD_FORWARD_WGMMA=wsp3s-X, X the letters: i integer row max, j the
-// same before the mask test, n no ping-pong, u unsigned ring counters, e the early turn pass; 0 main's)
+// fwd16's opt-in variants (SAGEBWD_FORWARD_WGMMA=wsp3s-X, X the letters: j the integer row max
+// (WSP16_IMAX_EARLY), n no ping-pong, u unsigned ring counters, e the early turn pass, w the
+// producer's sleeping "empty" waits, m the one-limit mask (with j); 0 main's)
 WSP_ENTRY(sage_forward_ws_p3s_0, true, 0)
-WSP_ENTRY(sage_forward_ws_p3s_i, true, WSP16_IMAX)
 WSP_ENTRY(sage_forward_ws_p3s_j, true, WSP16_IMAX_EARLY)
 WSP_ENTRY(sage_forward_ws_p3s_n, true, WSP16_NO_PINGPONG)
 WSP_ENTRY(sage_forward_ws_p3s_u, true, WSP16_UIDX)
 WSP_ENTRY(sage_forward_ws_p3s_e, true, WSP16_EARLY_PASS)
-WSP_ENTRY(sage_forward_ws_p3s_ju, true, WSP16_IMAX_EARLY | WSP16_UIDX)
 WSP_ENTRY(sage_forward_ws_p3s_je, true, WSP16_IMAX_EARLY | WSP16_EARLY_PASS)
 WSP_ENTRY(sage_forward_ws_p3s_jn, true, WSP16_IMAX_EARLY | WSP16_NO_PINGPONG)
-WSP_ENTRY(sage_forward_ws_p3s_jnu, true, WSP16_IMAX_EARLY | WSP16_NO_PINGPONG | WSP16_UIDX)
+WSP_ENTRY(sage_forward_ws_p3s_w, true, WSP16_PRODUCER_SLEEP)
+WSP_ENTRY(sage_forward_ws_p3s_jeu, true, WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_UIDX)
+WSP_ENTRY(sage_forward_ws_p3s_jm, true, WSP16_IMAX_EARLY | WSP16_MASK_LIMIT)
+WSP_ENTRY(sage_forward_ws_p3s_jem, true, WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_MASK_LIMIT)
+WSP_ENTRY(sage_forward_ws_p3s_jeumw, true, WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_UIDX | WSP16_MASK_LIMIT | WSP16_PRODUCER_SLEEP)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
