@@ -1306,53 +1306,33 @@ struct WsInt8 {
 // end + 1 turns per tile; the caller passes the first and takes the last. (ws_consume itself does
 // not call this: at d = 128 ptxas then scheduled the BF16 `fws*` kernels' stage addresses
 // differently, so it keeps its own copy and their SASS stays unchanged.)
-// UIDX (fwd16, opt-in): the ring counters as unsigned (stage = counter & 7, phase = bit 3: one
-// uniform instruction each instead of the signed modulo's four).
-// EARLY_PASS (fwd16, opt-in): the turn passed right behind the wgmma issues (FA3's place), with the
-// accumulators fenced after each wait (Mix::fence_pv / fence_s) so that no read of them is moved
-// above the wait (without the fences ptxas reported C7514 and serialized every wgmma).
-template <bool PINGPONG, bool OVERLAP, bool UIDX = false, bool EARLY_PASS = false, class Mix, class Ring>
+template <bool PINGPONG, bool OVERLAP, class Mix, class Ring>
 __device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, int w, int row0, int it0, int end,
                                         RowState& st, float (*o)[4]) {
     if (end > 0) {
-        if (UIDX) sm.wait_full_u((u32)it0);
-        else sm.wait_full(it0);
+        sm.wait_full(it0);
         if (PINGPONG) take_turn(w);
-        mx.issue_scores(sm.k_stage(UIDX ? (int)((u32)it0 % Ring::kStages) : it0 % Ring::kStages));
+        mx.issue_scores(sm.k_stage(it0 % Ring::kStages));
         if (PINGPONG) pass_turn(w);
         wgmma_wait<0>();
     }
     for (int kb = 0; kb < end; ++kb) {
-        const int s = UIDX ? (int)((u32)(it0 + kb) % Ring::kStages) : (it0 + kb) % Ring::kStages;
-        const int s1 = UIDX ? (int)((u32)(it0 + kb + 1) % Ring::kStages) : (it0 + kb + 1) % Ring::kStages;
+        const int s = (it0 + kb) % Ring::kStages, s1 = (it0 + kb + 1) % Ring::kStages;
         const bool next = kb + 1 < end;
         mx.begin_block(kb, next);
         mx.softmax(d, st, row0, kb * BLOCK_KV);
-        if (OVERLAP && next) {
-            if (UIDX) sm.wait_full_u((u32)(it0 + kb + 1));
-            else sm.wait_full(it0 + kb + 1);
-        }
+        if (OVERLAP && next) sm.wait_full(it0 + kb + 1);
         mx.pin();
         if (PINGPONG) take_turn(w);
         mx.issue_pv(sm.v_stage(s));
-        if constexpr (EARLY_PASS) {
-            // Always a second group: S(kb + 1), or in the last block a dummy S on this block's own
-            // stage (result unused; the stage is released only after it, below), so that the code
-            // from the issues to the wait is straight-line.
-            mx.issue_scores(sm.k_stage(next ? s1 : s));
-            if (PINGPONG) pass_turn(w);
-            wgmma_wait<1>();
-            mx.fence_pv();
-        } else {
-            if (OVERLAP && next) mx.issue_scores(sm.k_stage(s1));
-            if (OVERLAP && next) wgmma_wait<1>();  // P·V(kb) done; S(kb + 1) may still run
-            else wgmma_wait<0>();
-            // The turn passes once P·V(kb) is done (FA3 passes it right after the issue; a bar.arrive
-            // with two wgmma groups in flight made ptxas serialize every wgmma, C7514).
-            if (PINGPONG) pass_turn(w);
-        }
+        if (OVERLAP && next) mx.issue_scores(sm.k_stage(s1));
+        if (OVERLAP && next) wgmma_wait<1>();  // P·V(kb) done; S(kb + 1) may still run
+        else wgmma_wait<0>();
+        // The turn passes once P·V(kb) is done (FA3 passes it right after the issue; a bar.arrive
+        // with two wgmma groups in flight made ptxas serialize every wgmma, C7514).
+        if (PINGPONG) pass_turn(w);
         __syncwarp();
-        if ((!EARLY_PASS || next) && (threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
+        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
         mx.o_update(o, st);
         if (!OVERLAP && next) {
             sm.wait_full(it0 + kb + 1);
@@ -1361,13 +1341,6 @@ __device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, 
             if (PINGPONG) pass_turn(w);
         }
         wgmma_wait<0>();
-        if constexpr (EARLY_PASS) {
-            mx.fence_s();
-            if (!next) {
-                __syncwarp();
-                if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // after the dummy S
-            }
-        }
         mx.end_block();
     }
 }
@@ -2312,18 +2285,6 @@ FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with hea
 #define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
 
 #ifdef SAGE_WGMMA
-// mbar_wait with a suspend-time hint of 1 µs (fwd16): ptxas turns it into TRYWAIT, then NANOSLEEP.SYNCS
-// 1000 ns and a test, in a loop, instead of re-polling at the system's default interval (~50 ns
-// under ncu: ~35 polls per stage). For the producer's "empty" waits only: it runs up to 7 stages
-// (~10 µs at the training shape) ahead of the consumers, so a late wake-up costs nothing there.
-__device__ __forceinline__ void mbar_wait_hint(u32 bar, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, 1000;\n"
-        "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
 // WsRing's layout and interface (stage indices s, counters kb over the block's key blocks) with two
 // Q̂ slots (the j-th tile with key blocks uses slot j & 1) and their "empty" mbarriers after the
 // stages' ones.
@@ -2346,15 +2307,9 @@ struct WspSmem {
     __device__ __forceinline__ u32 empty_bar(int s) const { return empty + 8 * s; }
     __device__ __forceinline__ u32 q_empty_bar(int i) const { return q_empty + 8 * (i & 1); }
     __device__ __forceinline__ void wait_full(int kb) const { mbar_wait(full_bar(kb % WSP_STAGES), (kb / WSP_STAGES) & 1); }
-    __device__ __forceinline__ void wait_full_u(u32 kb) const { mbar_wait(full_bar(kb % WSP_STAGES), (kb / WSP_STAGES) & 1); }
     // Producer: the previous use of the stage of the it-th key block / of the j-th Q slot was released.
     __device__ __forceinline__ void wait_empty(int it) const {
         if (it >= WSP_STAGES) mbar_wait(empty_bar(it % WSP_STAGES), ((it / WSP_STAGES) - 1) & 1);
-    }
-    // The same with a suspend-time hint (fwd16, WSP16_PRODUCER_SLEEP): under ncu the producer re-issued
-    // its try_wait on "empty" ~35 times per stage (7 M of the kernel's 183 M warp instructions).
-    __device__ __forceinline__ void wait_empty_sleep(int it) const {
-        if (it >= WSP_STAGES) mbar_wait_hint(empty_bar(it % WSP_STAGES), ((it / WSP_STAGES) - 1) & 1);
     }
     __device__ __forceinline__ void wait_q_empty(int i) const {
         if (i >= 2) mbar_wait(q_empty_bar(i), ((i >> 1) - 1) & 1);  // i = j
@@ -2373,7 +2328,7 @@ struct WspSmem {
 
 // The producer warpgroup (ws_producer's loads, over all the block's tiles): stage `it` is completed
 // after stage it + 1 was issued (two in flight), across tile boundaries too.
-template <bool SNAKE, bool SLEEP = false>
+template <bool SNAKE>
 __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const WspSmem& sm) {
     const Dims& d = p.dims;
     const int tid = threadIdx.x, n_tiles = fp_tile_count(d);  // tid 0..127
@@ -2385,8 +2340,7 @@ __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const Wsp
         sm.wait_q_empty(j);
         for (int kb = 0; kb < x.end; ++kb, ++it) {
             const int s = it % WSP_STAGES;
-            if (SLEEP) sm.wait_empty_sleep(it);
-            else sm.wait_empty(it);
+            sm.wait_empty(it);
             if (tid == 0) {
                 mbar_arrive_expect_tx(sm.full_bar(s), WG_TILE);
                 tma_load_2d(sm.v_stage(s), vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full_bar(s));
@@ -2443,22 +2397,21 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // d = 64: the b_r loads at the tile's start, their latency hidden by the key loop (wsp_store).
 #define WSP_EARLY_RO (HEAD_DIM == 64)
 
-// fwd16: variants of the persistent consumer (bits of V). WSP16_IMAX: on key blocks that need no mask,
-// the thread's row maxima of the score factors a = float(acc) as float(max acc), the integer max by
-// VIMNMX3 (three-input, 17 per row instead of 31 FMNMX on the converted values), started straight
-// from the S accumulators: the conversion is exact (|acc| ≤ 127²·64 < 2²⁴) and non-decreasing, so
-// float(max acc) = max float(acc) bit for bit (I2FP of 0 is +0, no −0 arises); masked blocks keep
-// the float max over the masked factors. The same mx as before, hence the same m, α, P̂, l.
-// WSP16_IMAX_EARLY: the same, with the integer maxima taken before the mask test (so that ptxas
-// interleaves them with the 64 I2FP; wasted on masked blocks). WSP16_NO_PINGPONG: no turns at all.
-// WSP16_UIDX: ws_tile's UIDX.
+// fwd16: the persistent consumer's key-block softmax at d = 64 (bits of V; the default WSP16_DEFAULT
+// below). WSP16_IMAX: the thread's row maxima of the score factors a = float(acc) as float(max acc),
+// the integer max by VIMNMX3 (15 three-input + 1 two-input per row instead of 31 FMNMX on the floats),
+// taken straight from the S accumulators before the mask test (so that ptxas interleaves them with
+// the 64 I2FP; wasted on boundary blocks, which overwrite mx with the float max of the masked
+// factors): the conversion is exact (|acc| ≤ 127²·64 < 2²⁴) and non-decreasing, so float(max acc) =
+// max float(acc) bit for bit (I2FP of 0 is +0, no −0 arises). The same mx as before, hence the same
+// m, α, P̂, l. WSP16_MASK_LIMIT (with WSP16_IMAX): boundary blocks masked by wsp_mask_limit (one
+// limit per row) instead of mask_permuted. WSP16_NO_PINGPONG: no turns at all (opt-in, `wsp3s-nopp`).
+// Measured (RESULTS-gpu.md, fwd16): IMAX + MASK_LIMIT −7.8 % / −10.4 % of the training-shape forward
+// at N 4k / 1k; also measured and dropped: the turn passed right behind the wgmma issues (+6 % at
+// N 4k), unsigned ring counters (+0.8 %), the producer's "empty" waits with a suspend hint (±0).
 #define WSP16_IMAX 1
-#define WSP16_NO_PINGPONG 2
-#define WSP16_UIDX 4
-#define WSP16_IMAX_EARLY 8
-#define WSP16_EARLY_PASS 16
-#define WSP16_PRODUCER_SLEEP 32  // the producer's "empty" waits with a suspend-time hint (WspSmem::wait_empty_sleep)
-#define WSP16_MASK_LIMIT 64      // boundary blocks masked by one limit per row (wsp_mask_limit; with IMAX_EARLY only)
+#define WSP16_MASK_LIMIT 2
+#define WSP16_NO_PINGPONG 4
 
 // mask_permuted's −∞ by one limit per row (the BF16 mask's form, fwd9, for the permuted key order):
 // the key of entry (nt, e) is col0 + c with col0 = key0 + 4·(lane % 4) and the compile-time offset
@@ -2522,16 +2475,8 @@ struct WspInt8 : WsInt8<true, true> {
     using Base = WsInt8<true, true>;
     __device__ __forceinline__ WspInt8(const ForwardParams& p, u32 q_tiles, int w, int bh, int bh_kv, int qb, int cta_end)
         : Base(p, q_tiles, w, bh, bh_kv, qb, cta_end) {}
-    __device__ __forceinline__ void fence_pv() {
-#pragma unroll
-        for (int i = 0; i < HEAD_DIM / 2; ++i) asm volatile("" : "+r"(pacc[i])::"memory");
-    }
-    __device__ __forceinline__ void fence_s() {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) asm volatile("" : "+r"(sacc[i])::"memory");
-    }
     __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
-        if constexpr (V & WSP16_IMAX_EARLY) {
+        if constexpr (V & WSP16_IMAX) {
             float t[S_TILES][4], mx[2];
             float sc = __fmul_rn(sq, k_sc);
 #pragma unroll
@@ -2546,23 +2491,8 @@ struct WspInt8 : WsInt8<true, true> {
                 thread_row_max(t, mx);
             }
             softmax_p_hat_early_mx(t, st, pa, sc, mx);
-        } else if constexpr (!(V & WSP16_IMAX)) {
-            Base::softmax(d, st, row0, key0);
         } else {
-            float t[S_TILES][4], mx[2];
-            float sc = __fmul_rn(sq, k_sc);
-#pragma unroll
-            for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) t[nt][e] = (float)sacc[4 * nt + e];
-            if (tile_needs_mask(d, row0, key0)) {
-                mask_permuted(d, t, row0, key0, sc);
-                thread_row_max(t, mx);
-            } else {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) mx[h] = (float)wsp_row_imax(sacc, h);
-            }
-            softmax_p_hat_early_mx(t, st, pa, sc, mx);
+            Base::softmax(d, st, row0, key0);
         }
     }
 };
@@ -2589,7 +2519,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
         RowState st;
         float o[O_TILES][4];
         start_rows(st, o);
-        ws_tile<PP, true, (V & WSP16_UIDX) != 0, (V & WSP16_EARLY_PASS) != 0>(d, sm, mx, w, row0, it, x.end, st, o);
+        ws_tile<PP, true>(d, sm, mx, w, row0, it, x.end, st, o);
         it += x.end;
         if (x.end > 0) {
             __syncwarp();
@@ -2622,7 +2552,7 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        wsp_producer<SNAKE, (V & WSP16_PRODUCER_SLEEP) != 0>(vmap, p, sm);
+        wsp_producer<SNAKE>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
         wsp_consumer<SNAKE, V>(p, sm, wg - 1);
@@ -2638,25 +2568,11 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         wsp_main<SNAKE, V>(&vmap, p, ws_smem);                                                                    \
     }
-// fwd16: d = 64 takes the integer row max before the mask test, the early turn pass, the unsigned
-// ring counters and the one-limit-per-row mask (WSP16_*); d = 128 main's kernel (V = 0).
-#define WSP16_DEFAULT (HEAD_DIM == 64 ? WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_UIDX | WSP16_MASK_LIMIT : 0)
+// fwd16: d = 64 with the integer row max and the one-limit boundary mask; d = 128 main's kernel (V = 0).
+#define WSP16_DEFAULT (HEAD_DIM == 64 ? WSP16_IMAX | WSP16_MASK_LIMIT : 0)
 WSP_ENTRY(sage_forward_ws_p3s, true, WSP16_DEFAULT)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
-// fwd16's opt-in variants (SAGEBWD_FORWARD_WGMMA=wsp3s-X, X the letters: j the integer row max
-// (WSP16_IMAX_EARLY), n no ping-pong, u unsigned ring counters, e the early turn pass, w the
-// producer's sleeping "empty" waits, m the one-limit mask (with j); 0 main's)
-WSP_ENTRY(sage_forward_ws_p3s_0, true, 0)
-WSP_ENTRY(sage_forward_ws_p3s_j, true, WSP16_IMAX_EARLY)
-WSP_ENTRY(sage_forward_ws_p3s_n, true, WSP16_NO_PINGPONG)
-WSP_ENTRY(sage_forward_ws_p3s_u, true, WSP16_UIDX)
-WSP_ENTRY(sage_forward_ws_p3s_e, true, WSP16_EARLY_PASS)
-WSP_ENTRY(sage_forward_ws_p3s_je, true, WSP16_IMAX_EARLY | WSP16_EARLY_PASS)
-WSP_ENTRY(sage_forward_ws_p3s_jn, true, WSP16_IMAX_EARLY | WSP16_NO_PINGPONG)
-WSP_ENTRY(sage_forward_ws_p3s_w, true, WSP16_PRODUCER_SLEEP)
-WSP_ENTRY(sage_forward_ws_p3s_jeu, true, WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_UIDX)
-WSP_ENTRY(sage_forward_ws_p3s_jm, true, WSP16_IMAX_EARLY | WSP16_MASK_LIMIT)
-WSP_ENTRY(sage_forward_ws_p3s_jem, true, WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_MASK_LIMIT)
-WSP_ENTRY(sage_forward_ws_p3s_jeumw, true, WSP16_IMAX_EARLY | WSP16_EARLY_PASS | WSP16_UIDX | WSP16_MASK_LIMIT | WSP16_PRODUCER_SLEEP)
+WSP_ENTRY(sage_forward_ws_p3s_0, true, 0)            // wsp3s-0: main's kernel before fwd16 (for A/B in one binary)
+WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  // wsp3s-nopp: no turns (not yet timed)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
