@@ -2283,6 +2283,10 @@ FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with hea
 // by WsInt8's constructor.
 #define WSP_STAGES (HEAD_DIM == 128 ? 4 : 8)  // 4 × 32 KB or 8 × 16 KB of K̂ and V̂ᵀ
 #define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
+// fwd16's variant bits of the persistent kernel (wsp_consumer, WspInt8; described there).
+#define WSP16_IMAX 1
+#define WSP16_MASK_LIMIT 2
+#define WSP16_NO_PINGPONG 4
 
 #ifdef SAGE_WGMMA
 // WsRing's layout and interface (stage indices s, counters kb over the block's key blocks) with two
@@ -2409,9 +2413,7 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // Measured (RESULTS-gpu.md, fwd16): IMAX + MASK_LIMIT −7.8 % / −10.4 % of the training-shape forward
 // at N 4k / 1k; also measured and dropped: the turn passed right behind the wgmma issues (+6 % at
 // N 4k), unsigned ring counters (+0.8 %), the producer's "empty" waits with a suspend hint (±0).
-#define WSP16_IMAX 1
-#define WSP16_MASK_LIMIT 2
-#define WSP16_NO_PINGPONG 4
+// (The WSP16_* bits are defined above, outside SAGE_WGMMA: the entries use them on sm_80 too.)
 
 // mask_permuted's −∞ by one limit per row (the BF16 mask's form, fwd9, for the permuted key order):
 // the key of entry (nt, e) is col0 + c with col0 = key0 + 4·(lane % 4) and the compile-time offset
