@@ -2283,6 +2283,10 @@ FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with hea
 // by WsInt8's constructor.
 #define WSP_STAGES (HEAD_DIM == 128 ? 4 : 8)  // 4 × 32 KB or 8 × 16 KB of K̂ and V̂ᵀ
 #define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
+// fwd16's variant bits of the persistent kernel (wsp_consumer, WspInt8; described there).
+#define WSP16_IMAX 1
+#define WSP16_MASK_LIMIT 2
+#define WSP16_NO_PINGPONG 4
 
 #ifdef SAGE_WGMMA
 // WsRing's layout and interface (stage indices s, counters kb over the block's key blocks) with two
@@ -2397,28 +2401,127 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // d = 64: the b_r loads at the tile's start, their latency hidden by the key loop (wsp_store).
 #define WSP_EARLY_RO (HEAD_DIM == 64)
 
+// fwd16: the persistent consumer's key-block softmax at d = 64 (bits of V; the default WSP16_DEFAULT
+// below). WSP16_IMAX: the thread's row maxima of the score factors a = float(acc) as float(max acc),
+// the integer max by VIMNMX3 (15 three-input + 1 two-input per row instead of 31 FMNMX on the floats),
+// taken straight from the S accumulators before the mask test (so that ptxas interleaves them with
+// the 64 I2FP; wasted on boundary blocks, which overwrite mx with the float max of the masked
+// factors): the conversion is exact (|acc| ≤ 127²·64 < 2²⁴) and non-decreasing, so float(max acc) =
+// max float(acc) bit for bit (I2FP of 0 is +0, no −0 arises). The same mx as before, hence the same
+// m, α, P̂, l. WSP16_MASK_LIMIT (with WSP16_IMAX): boundary blocks masked by wsp_mask_limit (one
+// limit per row) instead of mask_permuted. WSP16_NO_PINGPONG: no turns at all (opt-in, `wsp3s-nopp`).
+// Measured (RESULTS-gpu.md, fwd16): IMAX + MASK_LIMIT −7.8 % / −10.4 % of the training-shape forward
+// at N 4k / 1k; also measured and dropped: the turn passed right behind the wgmma issues (+6 % at
+// N 4k), unsigned ring counters (+0.8 %), the producer's "empty" waits with a suspend hint (±0).
+// (The WSP16_* bits are defined above, outside SAGE_WGMMA: the entries use them on sm_80 too.)
+
+// mask_permuted's −∞ by one limit per row (the BF16 mask's form, fwd9, for the permuted key order):
+// the key of entry (nt, e) is col0 + c with col0 = key0 + 4·(lane % 4) and the compile-time offset
+// c = 16·(nt / 2) + 2·(nt % 2) + (e % 2) (permuted_key), and visible(d, r, j) ⇔ j < visible_end(d, r)
+// for j ≥ 0 (common.cuh), so an entry is masked iff c ≥ visible_end(d, r) − col0: one compare and one
+// select per entry instead of visible()'s three tests. Same entries, same sc = 0 rule (mask_tile).
+// For boundary blocks only (the caller tests tile_needs_mask).
+__device__ __forceinline__ void wsp_mask_limit(const Dims& d, float (*t)[4], int row0, int key0, float& sc) {
+    if (sc == 0.0f) {
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) t[nt][e] = 0.0f;
+        sc = 1.0f;
+    }
+    const int col0 = key0 + 4 * (threadIdx.x & 3);
+    const int limit[2] = {visible_end(d, row0 + c_row(0)) - col0, visible_end(d, row0 + c_row(2)) - col0};
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if ((nt >> 1) * 16 + 2 * (nt & 1) + (e & 1) >= limit[e >> 1]) t[nt][e] = neg_inf();
+}
+
+// The max of row h (0: elements 0, 1 of each n-tile; 1: elements 2, 3) of this thread's S
+// accumulators: 32 → 11 → 4 → 2 → 1.
+__device__ __forceinline__ int wsp_row_imax(const int (&acc)[64], int h) {
+    int a[11];
+#pragma unroll
+    for (int k = 0; k < 11; ++k) {
+        const int i = 3 * k;  // entries i, i + 1, i + 2 of the row: n-tile j / 2, element 2h + j % 2
+        const int x0 = acc[4 * (i >> 1) + 2 * h + (i & 1)], x1 = acc[4 * ((i + 1) >> 1) + 2 * h + ((i + 1) & 1)];
+        a[k] = k < 10 ? __vimax3_s32(x0, x1, acc[4 * ((i + 2) >> 1) + 2 * h + ((i + 2) & 1)]) : max(x0, x1);
+    }
+    const int b0 = __vimax3_s32(a[0], a[1], a[2]), b1 = __vimax3_s32(a[3], a[4], a[5]);
+    const int b2 = __vimax3_s32(a[6], a[7], a[8]), b3 = max(a[9], a[10]);
+    return max(__vimax3_s32(b0, b1, b2), b3);
+}
+
+// softmax_p_hat_early<true> with the thread's row maxima mx (before the quad reduction) given.
+__device__ __forceinline__ void softmax_p_hat_early_mx(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx) {
+    float m_use[2], inv[2];
+    quad_max_update<true>(st, mx, m_use, sc);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float amax = exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h]));
+        st.p_scale[h] = div127_rn(amax);  // 0 for amax = 0, as group_scale
+        inv[h] = inv127_rn(amax);
+    }
+    softmax_exp_sum<false, true>(t, st, m_use, nullptr, sc);
+#pragma unroll
+    for (int s = 0; s < BLOCK_KV / 32; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
+}
+
+template <int V>
+struct WspInt8 : WsInt8<true, true> {
+    using Base = WsInt8<true, true>;
+    __device__ __forceinline__ WspInt8(const ForwardParams& p, u32 q_tiles, int w, int bh, int bh_kv, int qb, int cta_end)
+        : Base(p, q_tiles, w, bh, bh_kv, qb, cta_end) {}
+    __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
+        if constexpr (V & WSP16_IMAX) {
+            float t[S_TILES][4], mx[2];
+            float sc = __fmul_rn(sq, k_sc);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mx[h] = (float)wsp_row_imax(sacc, h);
+#pragma unroll
+            for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) t[nt][e] = (float)sacc[4 * nt + e];
+            if (tile_needs_mask(d, row0, key0)) {
+                if constexpr ((V & WSP16_MASK_LIMIT) != 0) wsp_mask_limit(d, t, row0, key0, sc);
+                else mask_permuted(d, t, row0, key0, sc);
+                thread_row_max(t, mx);
+            }
+            softmax_p_hat_early_mx(t, st, pa, sc, mx);
+        } else {
+            Base::softmax(d, st, row0, key0);
+        }
+    }
+};
+
 // Consumer warpgroup w: query block 2·pair + w of each of the block's tiles, one ws_tile each with
 // WsInt8<early amax> (the per-tile scales), then its Q slot released and O stored. Ping-pong: the
 // turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
 // first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
 // so it has turns iff any tile has.
-template <bool SNAKE>
+template <bool SNAKE, int V>
 __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
+    constexpr bool PP = !(V & WSP16_NO_PINGPONG);
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
-    const bool turns = (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
+    const bool turns = PP && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
     if (turns && w == 1) pass_turn(1);
     int it = 0, j = 0;
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
         const int qb = 2 * x.pair + w, row0 = qb * BLOCK_Q + warp * 16;
-        WsInt8<true, true> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
+        WspInt8<V> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
         float ro[2];
         if (WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
         RowState st;
         float o[O_TILES][4];
         start_rows(st, o);
-        ws_tile<true, true>(d, sm, mx, w, row0, it, x.end, st, o);
+        ws_tile<PP, true>(d, sm, mx, w, row0, it, x.end, st, o);
         it += x.end;
         if (x.end > 0) {
             __syncwarp();
@@ -2436,7 +2539,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
 
 // The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // WspSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
-template <bool SNAKE>
+template <bool SNAKE, int V>
 __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& p, unsigned char* smem) {
 #ifdef SAGE_WGMMA
     require_dynamic_smem((u32)WspSmem::kSmemBytes);
@@ -2454,20 +2557,24 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         wsp_producer<SNAKE>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        wsp_consumer<SNAKE>(p, sm, wg - 1);
+        wsp_consumer<SNAKE, V>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define WSP_ENTRY(name, SNAKE)                                                                                    \
+#define WSP_ENTRY(name, SNAKE, V)                                                                                 \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        wsp_main<SNAKE>(&vmap, p, ws_smem);                                                                       \
+        wsp_main<SNAKE, V>(&vmap, p, ws_smem);                                                                    \
     }
-WSP_ENTRY(sage_forward_ws_p3s, true)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
+// fwd16: d = 64 with the integer row max and the one-limit boundary mask; d = 128 main's kernel (V = 0).
+#define WSP16_DEFAULT (HEAD_DIM == 64 ? WSP16_IMAX | WSP16_MASK_LIMIT : 0)
+WSP_ENTRY(sage_forward_ws_p3s, true, WSP16_DEFAULT)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
+WSP_ENTRY(sage_forward_ws_p3s_0, true, 0)            // wsp3s-0: main's kernel before fwd16 (for A/B in one binary)
+WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  // wsp3s-nopp: no turns (not yet timed)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

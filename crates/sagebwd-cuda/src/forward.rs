@@ -260,6 +260,11 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
     }
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("wsp3s") => Some(c"sage_forward_ws_p3s"),
+        // fwd16's opt-in variants of the persistent kernel (forward.cu, WSP16_*): main's kernel before
+        // fwd16 (`wsp3s-0`), and the default without the ping-pong turns (`wsp3s-nopp`, not yet timed;
+        // at d 64 the integer max without turns measured −2.8 % against it with turns).
+        Ok("wsp3s-0") => Some(c"sage_forward_ws_p3s_0"),
+        Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
         Ok("ws3") => None,
         _ => int8_persistent_pays(head_dim, n_q, causal).then_some(c"sage_forward_ws_p3s"),
     }
