@@ -1093,8 +1093,9 @@ struct StagedSage {
         wgmma_commit();
     }
 
-#if PIPE14_LOOP
-    // pipe14: wg_issue_scores_dp's two commit groups as two calls (Sᵀ goes out a tile ahead, dPᵀ with its tile).
+#if PIPE14_LOOP || SB128_LOOP
+    // pipe14 (d = 64) and sb16 (d = 128): wg_issue_scores_dp's two commit groups as two calls (Sᵀ goes out a
+    // tile ahead, dPᵀ with its tile).
     static __device__ __forceinline__ void wg_issue_scores(int (&s)[8][4], u32 smem_lo, u32 st_lo, int wg) {
         wgmma_fence();  // the accumulators were last read by ordinary instructions
 #pragma unroll
@@ -1624,7 +1625,13 @@ struct StagedSage128 : StagedSage {
         static constexpr int dqst0 = Layout128::red + 2 * Layout128::red_bytes;
         static constexpr int bytes = dqst0 + 2 * Layout128::dqst_bytes + ALIGN_SLACK;
     };
-    // stage_query_block in two parts: A = Q̂, dO (Sᵀ's and dPᵀ's B operands), B = dÔᵀ, Q̂ᵀ (the key products').
+#else
+    typedef Layout128 Layout;
+#endif
+
+    // StagedSage::stage_query_block in two parts, copied at different times by sb16's loop: A = Q̂, dO (Sᵀ's and
+    // dPᵀ's B operands), B = dÔᵀ, Q̂ᵀ (the key products'). (Not shared with stage_query_block: written as two
+    // calls there, ptxas scheduled the d = 64 and d = 128 kernels differently.)
     static __device__ __forceinline__ void stage_query_a(const BackwardParams& p, u32 st, int bh, int qb) {
         const Dims& d = p.dims;
         const int row0 = qb * BLOCK_Q;
@@ -1641,26 +1648,6 @@ struct StagedSage128 : StagedSage {
         stage_rows_at<HEAD_DIM, BLOCK_Q / 16>(st + qt, p.tr.q_hat_t + t_off, d.n_qpad, HEAD_DIM,
                                               WgKmajor<HEAD_DIM, BLOCK_Q, false>());
     }
-    // wg_issue_scores_dp's two commit groups as two calls (pipe14's wg_issue_scores / wg_issue_dp, d = 128).
-    static __device__ __forceinline__ void issue_scores(int (&s)[8][4], u32 smem_lo, u32 st_lo, int wg) {
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < HEAD_DIM / 32; ++ks)
-            wgmma_s8_ss_n64(s, sage10_kstep_desc<BLOCK_KV, HEAD_DIM>(smem_lo, 0, 64 * wg, ks),
-                            sage10_kstep_desc<BLOCK_Q, HEAD_DIM>(st_lo, 0, 0, ks), ks);
-        wgmma_commit();
-    }
-    static __device__ __forceinline__ void issue_dp(float (&dp)[8][4], u32 smem_lo, u32 st_lo, int wg) {
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
-            wgmma_bf16_ss_n64(dp, sage10_kstep_desc<BLOCK_KV, BF_ROW>(smem_lo, v, 64 * wg, ks),
-                              sage10_kstep_desc<BLOCK_Q, BF_ROW>(st_lo, d_o, 0, ks), ks);
-        wgmma_commit();
-    }
-#else
-    typedef Layout128 Layout;
-#endif
 
     // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (SB128_I2FP: one I2FP per value).
     static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
@@ -2592,9 +2579,8 @@ struct Sage14Ds<true> {
 
 // bwd16 (BWD16_SCALES=1, with SPLIT; OFF by default, a compile-time option): the tile's group scales
 // computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
-// on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (forward.cu's inv127_rn, checked
-// on the device against __fdiv_rn(127, amax) on every non-negative FP32; copied here: forward.cu is not
-// included in this module). The same bits as sage10_group_scales' (0 and 0 for amax = 0) for every finite
+// on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (common.cuh's inv127_rn, checked
+// on the device against __fdiv_rn(127, amax) on every non-negative FP32). The same bits as sage10_group_scales' (0 and 0 for amax = 0) for every finite
 // amax (amax = +inf, only from an infinite dS: fl(amax/127) becomes NaN instead of +inf; every dequantized
 // product of that tile is NaN either way, since all its quantized values are 0). Instead of the IEEE
 // division (FCHK, its slow-path branch) and 4 shuffles after barrier (b): +17 instructions per tile.
@@ -2604,24 +2590,9 @@ struct Sage14Ds<true> {
 #ifndef BWD16_SCALES
 #define BWD16_SCALES 0
 #endif
-__device__ __forceinline__ float bwd16_rcp_approx_ftz(float x) {
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float bwd16_inv127_rn(float amax) {  // = forward.cu's inv127_rn
-    const bool big = amax > 0x1p62f;
-    const float b = __fmul_rn(amax, big ? 0x1p-64f : 0x1p32f);  // exact
-    float r = bwd16_rcp_approx_ftz(b);
-    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
-    const float q0 = __fmul_rn(r, 127.0f);
-    const float q = __fmaf_rn(r, __fmaf_rn(-b, q0, 127.0f), q0);  // fl(127/b)
-    const float inv = __fmul_rn(q, big ? 0x1p-64f : 0x1p32f);  // fl(127/amax) = fl(127/b)·s, b = amax·s
-    return amax == 0.0f || amax == pos_inf() ? 0.0f : inv;
-}
 __device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
     g.scale = div127_rn(amax);  // 0 for amax = 0
-    g.inv = bwd16_inv127_rn(amax);
+    g.inv = inv127_rn(amax);  // common.cuh
 }
 template <class Path>
 __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
@@ -2887,7 +2858,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
     sbwd12_interleave_kt(smem + StagedSage::kt);  // K̂ᵀ's byte order for dQ; (b) of tile qb0 orders it before the first dQ
 
     int s_acc[8][4];
-    S::issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
+    S::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
 
     float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
     for (int qb = qb0; qb < d.n_qblk; ++qb) {
@@ -2906,7 +2877,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
         wgmma_wait<0>();  // Sᵀ of qb
         wgmma_fence_regs(s_acc);
         float ds[8][4];  // dPᵀ, then dS in place
-        S::issue_dp(ds, smem_lo, st_lo, wg);
+        S::wg_issue_dp(ds, smem_lo, st_lo, wg);
         float prob[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
@@ -2986,7 +2957,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
             StagedSage::dequant_chunk<SB128_I2FP>(acc[j & 1], (j < C ? dv : dk) + 4 * (j % C), j < C ? scale_v : scale_k);
             const int k = j + 2;
             if (k < N) StagedSage::wg_issue_chunk(acc[j & 1], k < C ? pa : da, st_lo, k < C ? StagedSage::dot : StagedSage::qt, k % C);
-            if (j == N - 3) S::issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(par ^ 1)), wg);  // block qb + 1
+            if (j == N - 3) S::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(par ^ 1)), wg);  // block qb + 1
         }
 
         dq_scale = __fmul_rn(sc_ds.scale, s_k);

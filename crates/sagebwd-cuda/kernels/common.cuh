@@ -120,6 +120,33 @@ __device__ __forceinline__ GroupScale group_scale(float amax) {
     return g;
 }
 
+// fl(127/amax), group_scale's inv (0 for amax = 0), without the IEEE division's branches (fwd14):
+// the division's fast path (MUFU.RCP, one Newton step, the quotient, its exact remainder, one
+// correction), applied to b = amax·s with s = 2^32 (amax ≤ 2^62) or 2^-64 (larger), so that b, 1/b
+// and 127/b lie far inside the normal range, where that sequence is correctly rounded; 127/amax =
+// (127/b)·s, and fl(127/b)·s is exactly fl(127/amax) (scaling by a power of two commutes with the
+// rounding; a quotient ≥ 2^128 becomes +∞ in the product as in the division). amax = 0 and +∞ give
+// 0 (the division's 127/+∞), NaN stays NaN. Checked on the device against __fdiv_rn(127, amax) for
+// every non-negative FP32 bit pattern (dev/fwd14/divcheck). Used by the INT8 forward (fwd14) and, opt-in,
+// the INT8 backward's group scales (bwd16's BWD16_SCALES). With `__fdiv_rn` behind group_scale's
+// `amax == 0` test, ptxas put each row's division (FCHK, the branch to its slow path) between the
+// row max and the exponentials; this form is straight-line and interleaves with them.
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float inv127_rn(float amax) {
+    const bool big = amax > 0x1p62f;
+    const float b = __fmul_rn(amax, big ? 0x1p-64f : 0x1p32f);  // exact
+    float r = rcp_approx_ftz(b);
+    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+    const float q0 = __fmul_rn(r, 127.0f);
+    const float q = __fmaf_rn(r, __fmaf_rn(-b, q0, 127.0f), q0);  // fl(127/b)
+    const float inv = __fmul_rn(q, big ? 0x1p-64f : 0x1p32f);  // fl(127/amax) = fl(127/b)·s, b = amax·s
+    return amax == 0.0f || amax == pos_inf() ? 0.0f : inv;
+}
+
 // clamp(rne(x · inv), −127, 127) with the product exact (ALGORITHM.md §2.2): fma(x, inv, 1.5·2^23)
 // rounds the exact x·inv + 1.5·2^23 once, to the nearest integer with ties to even (ulp 1 on
 // [2^23, 2^24), and 1.5·2^23 is even) when |x·inv| < 2^22; subtracting 1.5·2^23 again is exact.

@@ -1157,42 +1157,19 @@ __device__ void ws_producer(const void* vmap, const ForwardParams& p, const Ring
     }
 }
 
-// fl(127/amax), group_scale's inv (0 for amax = 0), without the IEEE division's branches (fwd14):
-// the division's fast path (MUFU.RCP, one Newton step, the quotient, its exact remainder, one
-// correction), applied to b = amax·s with s = 2^32 (amax ≤ 2^62) or 2^-64 (larger), so that b, 1/b
-// and 127/b lie far inside the normal range, where that sequence is correctly rounded; 127/amax =
-// (127/b)·s, and fl(127/b)·s is exactly fl(127/amax) (scaling by a power of two commutes with the
-// rounding; a quotient ≥ 2^128 becomes +∞ in the product as in the division). amax = 0 and +∞ give
-// 0 (the division's 127/+∞), NaN stays NaN. Checked on the device against __fdiv_rn(127, amax) for
-// every non-negative FP32 bit pattern (dev/fwd14/divcheck). With `__fdiv_rn` behind group_scale's
-// `amax == 0` test, ptxas put each row's division (FCHK, the branch to its slow path) between the
-// row max and the exponentials; this form is straight-line and interleaves with them.
-__device__ __forceinline__ float rcp_approx_ftz(float x) {
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float inv127_rn(float amax) {
-    const bool big = amax > 0x1p62f;
-    const float b = __fmul_rn(amax, big ? 0x1p-64f : 0x1p32f);  // exact
-    float r = rcp_approx_ftz(b);
-    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
-    const float q0 = __fmul_rn(r, 127.0f);
-    const float q = __fmaf_rn(r, __fmaf_rn(-b, q0, 127.0f), q0);  // fl(127/b)
-    const float inv = __fmul_rn(q, big ? 0x1p-64f : 0x1p32f);  // fl(127/amax) = fl(127/b)·s, b = amax·s
-    return amax == 0.0f || amax == pos_inf() ? 0.0f : inv;
-}
 
 // P̂ with the group amax known before the exponentials (EARLY_AMAX above); otherwise softmax_p_hat.
 // The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 1] (the fused
 // argument exceeds 0 by at most ½ ulp of the row max; sagebwd-gpu-check's exhaustive ex2
 // self-test), so every p of the row is ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
-// BRANCHLESS (fwd14, the persistent kernel): the group scales by div127_rn and inv127_rn (above; no
+// BRANCHLESS (fwd14, the persistent kernel): the group scales by div127_rn and inv127_rn (common.cuh; no
 // branch), the same bits as group_scale.
+// softmax_p_hat_early_mx: the same with the thread's row maxima mx (before the quad reduction) given
+// (fwd16: the persistent kernel takes them from its integer row max).
 template <bool BRANCHLESS = false>
-__device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
-    float mx[2], m_use[2], inv[2];
-    row_max_update<true>(t, st, mx, m_use, sc);
+__device__ __forceinline__ void softmax_p_hat_early_mx(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx) {
+    float m_use[2], inv[2];
+    quad_max_update<true>(st, mx, m_use, sc);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         // max_j exp2(fma(a_j, sc, −m_use)) = exp2(fma(a_max, sc, −m_use)): fma with sc ≥ 0 and exp2
@@ -1214,6 +1191,12 @@ __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st,
         for (int half = 0; half < 2; ++half)
 #pragma unroll
             for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
+}
+template <bool BRANCHLESS = false>
+__device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
+    float mx[2];
+    thread_row_max(t, mx);
+    softmax_p_hat_early_mx<BRANCHLESS>(t, st, pa, sc, mx);
 }
 
 // Keeps the P̂ fragments' computation before this point: without it ptxas sank the quantization
@@ -2453,25 +2436,6 @@ __device__ __forceinline__ int wsp_row_imax(const int (&acc)[64], int h) {
     return max(__vimax3_s32(b0, b1, b2), b3);
 }
 
-// softmax_p_hat_early<true> with the thread's row maxima mx (before the quad reduction) given.
-__device__ __forceinline__ void softmax_p_hat_early_mx(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx) {
-    float m_use[2], inv[2];
-    quad_max_update<true>(st, mx, m_use, sc);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float amax = exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h]));
-        st.p_scale[h] = div127_rn(amax);  // 0 for amax = 0, as group_scale
-        inv[h] = inv127_rn(amax);
-    }
-    softmax_exp_sum<false, true>(t, st, m_use, nullptr, sc);
-#pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
-}
-
 template <int V>
 struct WspInt8 : WsInt8<true, true> {
     using Base = WsInt8<true, true>;
@@ -2492,7 +2456,7 @@ struct WspInt8 : WsInt8<true, true> {
                 else mask_permuted(d, t, row0, key0, sc);
                 thread_row_max(t, mx);
             }
-            softmax_p_hat_early_mx(t, st, pa, sc, mx);
+            softmax_p_hat_early_mx<true>(t, st, pa, sc, mx);
         } else {
             Base::softmax(d, st, row0, key0);
         }
