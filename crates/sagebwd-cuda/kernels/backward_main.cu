@@ -2577,18 +2577,17 @@ struct Sage14Ds<true> {
     __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
 };
 
-// bwd16 (BWD16_SCALES=1, with SPLIT; OFF by default, a compile-time option): the tile's group scales
+// bwd16 (BWD16_SCALES, with SPLIT; the default since session 15's final call): the tile's group scales
 // computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
 // on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (common.cuh's inv127_rn, checked
-// on the device against __fdiv_rn(127, amax) on every non-negative FP32). The same bits as sage10_group_scales' (0 and 0 for amax = 0) for every finite
-// amax (amax = +inf, only from an infinite dS: fl(amax/127) becomes NaN instead of +inf; every dequantized
-// product of that tile is NaN either way, since all its quantized values are 0). Instead of the IEEE
-// division (FCHK, its slow-path branch) and 4 shuffles after barrier (b): +17 instructions per tile.
-// Measured (bwd16's call) only together with the row constants loaded after the Sᵀ issue (a variant that
-// lost, +7 %: the loop-carried copy of the loaded values at the back edge waited for the global load):
-// there −3.6 % at the training shape N 4096 and −2.2 % at N 1024; with the split alone not measured.
+// on the device against __fdiv_rn(127, amax) on every non-negative FP32). The same bits as
+// sage10_group_scales' (0 and 0 for amax = 0) for every finite amax (amax = +inf, only from an infinite dS:
+// fl(amax/127) becomes NaN instead of +inf; every dequantized product of that tile is NaN either way, since
+// all its quantized values are 0). Instead of the IEEE division (FCHK, its slow-path branch) and 4 shuffles
+// after barrier (b): +17 instructions per tile. Measured with the split (final call, same binary): −3.7 % at
+// the training shape N 4096, ±0 at N 1024 (the persistent grid there has no split, so no SCALES either).
 #ifndef BWD16_SCALES
-#define BWD16_SCALES 0
+#define BWD16_SCALES 1
 #endif
 __device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
     g.scale = div127_rn(amax);  // 0 for amax = 0

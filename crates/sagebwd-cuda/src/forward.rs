@@ -253,7 +253,8 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// kernel to launch on min(tiles, SMs) blocks (sfwd12): `wsp3s` (`sage_forward_ws_p3s`, snake tile
 /// order; sfwd12's plain-stride `wsp3` was never faster and is gone). `SAGEBWD_FORWARD_WGMMA=ws3` (or
 /// `ws1`, `ws13`) keeps the pairs grid; `wsp3s` asks for the persistent one; otherwise the default
-/// by shape (`int8_persistent_pays`). Only with the ping-pong + early-amax flags (ws3).
+/// by shape (`int8_persistent_pays`; beyond it, causal d = 64 takes the persistent kernel without the
+/// ping-pong turns, `wsp3s-nopp`). Only with the ping-pong + early-amax flags (ws3).
 fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
         return None;
@@ -261,12 +262,17 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("wsp3s") => Some(c"sage_forward_ws_p3s"),
         // fwd16's opt-in variants of the persistent kernel (forward.cu, WSP16_*): main's kernel before
-        // fwd16 (`wsp3s-0`), and the default without the ping-pong turns (`wsp3s-nopp`, not yet timed;
-        // at d 64 the integer max without turns measured −2.8 % against it with turns).
+        // fwd16 (`wsp3s-0`), and the default without the ping-pong turns (`wsp3s-nopp`: training shape
+        // +1.6 % at N 1k, −2.6 % at N 4k in session 15's final call; not the default until measured at more N).
         Ok("wsp3s-0") => Some(c"sage_forward_ws_p3s_0"),
         Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
         Ok("ws3") => None,
-        _ => int8_persistent_pays(head_dim, n_q, causal).then_some(c"sage_forward_ws_p3s"),
+        _ if int8_persistent_pays(head_dim, n_q, causal) => Some(c"sage_forward_ws_p3s"),
+        // Causal d = 64 beyond 4k: fwd16's kernel without the turns, where the pairs kernel `ws3` was the
+        // default (session 15's last call, same binary: −19.6 / −17.9 % at N 8k / 16k with B·N 16k, H·D 2048,
+        // −23.8 % at N 8k with the training model's H·D 768; `wsp3s-nopp` was verified forced on every case).
+        _ if head_dim == 64 && causal => Some(c"sage_forward_ws_p3s_nopp"),
+        _ => None,
     }
 }
 
