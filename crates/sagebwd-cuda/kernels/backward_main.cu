@@ -2564,6 +2564,19 @@ __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile
     sage14_bulk_commit();
 }
 
+// The pipelined loops' (pipe14 at d = 64, sb16 at d = 128) row constants of the thread's 16 rows (raw, from the
+// staged row-constant block: L at `rows`, D at rows + BLOCK_Q) and P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs).
+__device__ __forceinline__ void sage14_row_pairs(float2 (&x)[8], const float* rows, int t) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) x[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));
+}
+__device__ __forceinline__ void sage14_prob(float (&prob)[8][4], const int (&s_acc)[8][4], float s_qk, const float2 (&L)[8]) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s_acc[nt][e], s_qk), (e & 1) ? L[nt].y : L[nt].x));
+}
 #endif  // PIPE14_LOOP || SB128_LOOP (the row-constant and bulk dQ helpers above are shared with sb128)
 #if PIPE14_LOOP
 // dPᵀ's registers: declared in the loop (ds_in) or, with F (dPᵀ issued a tile ahead), before it (Sage14Ds).
@@ -2655,8 +2668,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
 
         // P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
         float2 L[8];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) L[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));
+        sage14_row_pairs(L, rows, t);
         float ds_in[8][4];  // dPᵀ, then dS in place (without F)
         float (&ds)[8][4] = ds_ahead.pick(ds_in);
         wgmma_wait<0>();  // Sᵀ of qb (F: and dPᵀ)
@@ -2667,16 +2679,11 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
             StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_cur), wg);
         }
         float prob[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s_acc[nt][e], s_qk), (e & 1) ? L[nt].y : L[nt].x));
+        sage14_prob(prob, s_acc, s_qk, L);
         float amax_p = sage10_tile_max<false>(prob);  // redone below if the tile is masked
         // dS = fl(P·fl(dP − D)) (sage10_ds_regs), D read before the wait.
         float2 D[8];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) D[nt] = *(const float2*)(rows + BLOCK_Q + qrow_of(nt, 2 * t));
+        sage14_row_pairs(D, rows + BLOCK_Q, t);
         if (!F) {
             wgmma_wait<0>();  // dPᵀ of qb
             wgmma_fence_regs(ds);
@@ -2871,23 +2878,17 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
 
         // P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
         float2 L[8];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) L[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));
+        sage14_row_pairs(L, rows, t);
         wgmma_wait<0>();  // Sᵀ of qb
         wgmma_fence_regs(s_acc);
         float ds[8][4];  // dPᵀ, then dS in place
         S::wg_issue_dp(ds, smem_lo, st_lo, wg);
         float prob[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s_acc[nt][e], s_qk), (e & 1) ? L[nt].y : L[nt].x));
+        sage14_prob(prob, s_acc, s_qk, L);
         float amax_p = sage10_tile_max<false>(prob);  // redone below if the tile is masked
         // dS = fl(P·fl(dP − D)) (sage10_ds_regs), D read before the wait.
         float2 D[8];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) D[nt] = *(const float2*)(rows + BLOCK_Q + qrow_of(nt, 2 * t));
+        sage14_row_pairs(D, rows + BLOCK_Q, t);
         wgmma_wait<0>();  // dPᵀ of qb
         wgmma_fence_regs(ds);
 #pragma unroll
