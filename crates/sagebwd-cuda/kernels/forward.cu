@@ -608,6 +608,17 @@ __device__ __forceinline__ int permuted_key(int nt, int e) {
     return (nt >> 1) * 16 + 2 * (nt & 1) + 4 * (threadIdx.x & 3) + (e & 1);
 }
 
+// The sc = 0 rule of the permuted masks (mask_tile, below): a masked tile of an all-zero Q̂ or K̂ block takes a = 0, sc = 1.
+__device__ __forceinline__ void masked_zero_scale(float (*t)[4], float& sc) {
+    if (sc == 0.0f) {
+#pragma unroll
+        for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) t[nt][e] = 0.0f;
+        sc = 1.0f;
+    }
+}
+
 // −∞ on the masked entries of the warp's 16 rows (from row0) × 128 keys (from key0), the keys in
 // the permuted order kmap (INT8 paths) or natural (BF16 paths); only boundary tiles (sequence ends,
 // causal diagonal) pay for it.
@@ -646,13 +657,7 @@ __device__ __forceinline__ void mask_tile(const Dims& d, float (*t)[4], int row0
         return;
     }
     if (!tile_needs_mask(d, row0, key0)) return;
-    if (sc == 0.0f) {
-#pragma unroll
-        for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) t[nt][e] = 0.0f;
-        sc = 1.0f;
-    }
+    masked_zero_scale(t, sc);
 #pragma unroll
     for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
@@ -2405,13 +2410,7 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // select per entry instead of visible()'s three tests. Same entries, same sc = 0 rule (mask_tile).
 // For boundary blocks only (the caller tests tile_needs_mask).
 __device__ __forceinline__ void wsp_mask_limit(const Dims& d, float (*t)[4], int row0, int key0, float& sc) {
-    if (sc == 0.0f) {
-#pragma unroll
-        for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) t[nt][e] = 0.0f;
-        sc = 1.0f;
-    }
+    masked_zero_scale(t, sc);
     const int col0 = key0 + 4 * (threadIdx.x & 3);
     const int limit[2] = {visible_end(d, row0 + c_row(0)) - col0, visible_end(d, row0 + c_row(2)) - col0};
 #pragma unroll
