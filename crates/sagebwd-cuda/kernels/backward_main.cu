@@ -2577,6 +2577,21 @@ __device__ __forceinline__ void sage14_prob(float (&prob)[8][4], const int (&s_a
         for (int e = 0; e < 4; ++e)
             prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s_acc[nt][e], s_qk), (e & 1) ? L[nt].y : L[nt].x));
 }
+// The pipelined loops' start (pipe14 at d = 64, sb16 at d = 128): an item without query blocks drains its copies
+// and returns; otherwise, after the first copies are issued, wait for the key block and block qb0 (the newest copy
+// group, block qb0 + 1, may still fly) and put K̂ᵀ in dQ's byte order ((b) of tile qb0 orders it before the first dQ).
+__device__ __forceinline__ bool sage14_no_query_block(const Dims& d, int qb0) {
+    if (qb0 < d.n_qblk) return false;
+    cp_async_wait<0>();
+    __syncthreads();
+    return true;
+}
+__device__ __forceinline__ void sage14_first_wait(u32 smem) {
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+    sbwd12_interleave_kt(smem + StagedSage::kt);
+}
 #endif  // PIPE14_LOOP || SB128_LOOP (the row-constant and bulk dQ helpers above are shared with sb128)
 #if PIPE14_LOOP
 // dPᵀ's registers: declared in the loop (ds_in) or, with F (dPᵀ issued a tile ahead), before it (Sage14Ds).
@@ -2615,11 +2630,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
-    if (qb0 >= d.n_qblk) {
-        cp_async_wait<0>();
-        __syncthreads();
-        return 0.0f;
-    }
+    if (sage14_no_query_block(d, qb0)) return 0.0f;
     const int wg = sbwd13_wg(), t = threadIdx.x & 3;
     const bool row_thread = sage14_row_thread<Path::ROWS_8>();
     const int rl = sage14_row_of_thread<Path::ROWS_8>();
@@ -2636,10 +2647,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     cp_async_commit();
     Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
     if (two && row_thread) rows_next = sage14_load_rows(p, bh, qb0 + 1, rl);
-    cp_async_wait<1>();  // the key block and block qb0
-    fence_proxy_async();
-    __syncthreads();
-    sbwd12_interleave_kt(smem + StagedSage::kt);  // K̂ᵀ's byte order for dQ; (b) of tile qb0 orders it before the first dQ
+    sage14_first_wait(smem);
 
     int s_acc[8][4];
     StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
@@ -2839,11 +2847,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
-    if (qb0 >= d.n_qblk) {
-        cp_async_wait<0>();
-        __syncthreads();
-        return 0.0f;
-    }
+    if (sage14_no_query_block(d, qb0)) return 0.0f;
     const int wg = sbwd13_wg(), t = threadIdx.x & 3;
     const int warp_u = threadIdx.x >> 5;  // plain, as sb128's loop (a shuffle made ptxas see the item loop divergent)
     const u32 smem_lo = sage10_desc_lo(smem);
@@ -2858,10 +2862,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
     cp_async_commit();
     Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
     if (two && threadIdx.x < BLOCK_Q) rows_next = sage14_load_rows(p, bh, qb0 + 1, threadIdx.x);
-    cp_async_wait<1>();  // the key block and block qb0
-    fence_proxy_async();
-    __syncthreads();
-    sbwd12_interleave_kt(smem + StagedSage::kt);  // K̂ᵀ's byte order for dQ; (b) of tile qb0 orders it before the first dQ
+    sage14_first_wait(smem);
 
     int s_acc[8][4];
     S::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
