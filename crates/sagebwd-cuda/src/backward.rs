@@ -766,7 +766,7 @@ mod tests {
         // d = 64: sage's three stages (pipe14) 32 768 + 3 · 20 480 + 1 024 + 16 384 + 2 · 64 + 1 024; fpa's two.
         assert_eq!(staged_backward_smem_bytes(64, StagedBackward::Sage), 112_768);
         // The sage kernels' two dQ staging tiles on sm_90a, both grids: d = 64 (pipe14b, bulk15) 2 · 64 · 288;
-        // d = 128 (sb128) 2 · 64 · 512, the whole layout (231 488 B) plus the persistent kernel's 16 static bytes
+        // d = 128 (sb128) 2 · 64 · 512 + sb16's 64, the whole layout (231 552 B) plus the persistent kernel's 16 static bytes
         // within the H200's opt-in 232 448.
         assert_eq!(sage_staging_bytes(64, StagedBackward::Sage), 36_864);
         assert_eq!(sage_staging_bytes(128, StagedBackward::Sage), 65_536 + 64); // + sb16's second amax scratch
