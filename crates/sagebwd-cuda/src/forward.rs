@@ -249,41 +249,36 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 }
 
 /// How the INT8 warp-specialized forward (`sage_forward_ws*`, ws3's schedule) walks the work:
-/// `None`, one block per query-block pair and (batch·head) (`sage_forward_ws`); or the persistent
-/// kernel to launch on min(tiles, SMs) blocks (sfwd12): `wsp3s` (`sage_forward_ws_p3s`, snake tile
-/// order; sfwd12's plain-stride `wsp3` was never faster and is gone). `SAGEBWD_FORWARD_WGMMA=ws3` (or
-/// `ws1`, `ws13`) keeps the pairs grid; `wsp3s` asks for the persistent one; otherwise the default
-/// by shape (`int8_persistent_pays`; beyond it, causal d = 64 takes the persistent kernel without the
-/// ping-pong turns, `wsp3s-nopp`). Only with the ping-pong + early-amax flags (ws3).
-fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
+/// `None`, one block per query-block pair and (batch·head) (`sage_forward_ws`, the pairs kernel);
+/// or the persistent kernel to launch on min(tiles, SMs) blocks (sfwd12, snake tile order):
+/// `wsp3s` (`sage_forward_ws_p3s`, ping-pong turns between the consumer warpgroups) or `wsp3s-nopp`
+/// (`sage_forward_ws_p3s_nopp`, no turns). The default is persistent at every shape
+/// (`int8_persistent_default`); `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`, `ws13`) asks for the pairs
+/// kernel, `wsp3s` / `wsp3s-nopp` / `wsp3s-0` (before fwd16) for one persistent variant.
+/// Only with the ping-pong + early-amax flags (ws3).
+fn int8_persistent_kernel(n_q: usize, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
         return None;
     }
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("wsp3s") => Some(c"sage_forward_ws_p3s"),
-        // fwd16's opt-in variants of the persistent kernel (forward.cu, WSP16_*): main's kernel before
-        // fwd16 (`wsp3s-0`), and the default without the ping-pong turns (`wsp3s-nopp`: training shape
-        // +1.6 % at N 1k, −2.6 % at N 4k in session 15's final call; not the default until measured at more N).
         Ok("wsp3s-0") => Some(c"sage_forward_ws_p3s_0"),
         Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
         Ok("ws3") => None,
-        _ if int8_persistent_pays(head_dim, n_q, causal) => Some(c"sage_forward_ws_p3s"),
-        // Causal d = 64 beyond 4k: fwd16's kernel without the turns, where the pairs kernel `ws3` was the
-        // default (session 15's last call, same binary: −19.6 / −17.9 % at N 8k / 16k with B·N 16k, H·D 2048,
-        // −23.8 % at N 8k with the training model's H·D 768; `wsp3s-nopp` was verified forced on every case).
-        _ if head_dim == 64 && causal => Some(c"sage_forward_ws_p3s_nopp"),
-        _ => None,
+        _ => Some(int8_persistent_default(n_q)),
     }
 }
 
-/// Where the persistent INT8 kernel (`wsp3s`) is the default: where it beat the pairs kernel `ws3`
-/// in sfwd12's call (H200, same binary and call): causal N ≤ 4k at both head dims (−4 to −8 %;
-/// training shape N 1k and 4k −7.6 / −7.9 % of the forward incl. quantization), non-causal d = 64
-/// N = 1k (−3.8 %) and d = 128 N ≤ 4k (−3.9 / −2.1 %). Non-causal d = 64 N = 4k was a tie (+0.1 %: the
-/// pair-major order reads K̂, V̂ᵀ of ~132 heads at once where the pairs grid keeps one head's in L2),
-/// and N > 4k was not measured: `ws3` there (RESULTS-gpu.md, sfwd12).
-fn int8_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
-    n_q <= if causal || head_dim == 128 { 4096 } else { 1024 }
+/// The default persistent INT8 forward: without the ping-pong turns (`wsp3s-nopp`) from N = 2k on,
+/// with them below. Measured (H200, same binary and call, RESULTS-gpu.md "Lead, session 16"):
+/// against the pairs kernel `ws3`, which was the default at non-causal d = 64 N ≥ 2k and d = 128
+/// N ≥ 8k, `wsp3s-nopp` is −14 to −18.5 % (d 64 non-causal N 2k–16k) and −6 to −17 % (d 128 N 8k,
+/// 16k, both masks), and `wsp3s` 0.5–4 % behind it at every one of those shapes; at the training
+/// shape (d 64 causal, H·D 768) `wsp3s-nopp` is +1.6 % at N 1k, level at 2k, −2.6 % at 4k and −3 %
+/// at 8k against `wsp3s` (session 15's last call). The measurements split on N alone, not on the
+/// head dim or the mask.
+fn int8_persistent_default(n_q: usize) -> &'static std::ffi::CStr {
+    if n_q >= 2048 { c"sage_forward_ws_p3s_nopp" } else { c"sage_forward_ws_p3s" }
 }
 
 /// The wgmma flag bits when the forward takes the sm_90a wgmma path: staged INT8 products without
@@ -358,7 +353,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     if wgmma & F_WS != 0 {
         match ws3c_kernel(s.head_dim) {
             Some(kernel) => launch_ws3c(gpu, k, kernel, &p, &quant)?,
-            None => match int8_persistent_kernel(s.head_dim, s.n_q, x.causal, wgmma) {
+            None => match int8_persistent_kernel(s.n_q, wgmma) {
                 Some(kernel) => launch_wsp(gpu, k, kernel, &p, &quant, s.head_dim)?,
                 None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
             },
