@@ -1545,9 +1545,16 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 #ifndef SAGE14_PERSIST_OPTS
 #define SAGE14_PERSIST_OPTS true, true, true, false, false
 #endif
+// - ATOMIC_AMAX (bwd17, BWD17_AMAX; the plain grid's kernel, KIND 0, only): the tile amax of P and dS by one
+//   red.shared.max.u32 per value per warp into a 2-float slot, then one 8-byte load after the barrier (bwd17_block_max2),
+//   instead of 8 partials per value stored, read back as 4 LDS.128 and combined by 14 FMNMX after it.
+#ifndef BWD17_AMAX
+#define BWD17_AMAX 1
+#endif
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct StagedSage14T : StagedSage {
     static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT, SPLIT_MASK = SPLIT;
+    static constexpr bool ATOMIC_AMAX = KIND == 0 && BWD17_AMAX;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
 };
 typedef StagedSage14T<0, SAGE14_PLAIN_OPTS> StagedSage14;
@@ -2621,6 +2628,24 @@ __device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
     g.scale = div127_rn(amax);  // 0 for amax = 0
     g.inv = inv127_rn(amax);  // common.cuh
 }
+// bwd17 (ATOMIC_AMAX): block_max2 of the pipelined d = 64 loop with the block step in shared atomics. Tile i's slot
+// (2 floats, slot i mod 4 at byte 8(i mod 4) of the loop's 128-byte amax scratch) is +0 when its first red arrives: the
+// slots start at +0 (zeroed before the loop's first barrier) and tile i's thread 0 zeroes slot i − 1 mod 4 after
+// barrier (b) of tile i, when every read of it (tile i − 1, before (b) of tile i) is done and before any red into it
+// (tile i + 3, after (b) of tile i + 2). a and b are per-thread maxima from +0 (sage10_tile_max: never NaN, never below
+// +0), so the u32 max of their bits is their fmax, bit for bit, as redux's warp step is already: the same values as
+// block_max2's. Every lane issues the two reds, lane 0 to the slot and lanes 1..31 to sink words at bytes 32..127 of
+// the scratch (never read; `lane_addr` = the scratch + (lane 0: 0, else 32 + 4·(lane mod 16)), the slot's offset added
+// here): one ATOMS each, no branch (a lane-0 or elect.sync predicate became a branch around each ATOMS, and ptxas
+// re-aggregated a lane-0 atomic over the active lanes by another redux).
+__device__ __forceinline__ void bwd17_block_max2(float& a, float& b, u32 lane_addr, int i) {
+    a = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(a)));
+    b = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(b)));
+    const u32 addr = lane_addr + 8 * (i & 3);
+    asm volatile("red.shared.max.u32 [%0], %1;\nred.shared.max.u32 [%0+4], %2;\n"
+                 ::"r"(addr), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)) : "memory");
+    __syncthreads();
+}
 template <class Path>
 __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
                                                    const QueryStager<Path>& stage_next, int kb, int bh,
@@ -2647,6 +2672,11 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     cp_async_commit();
     Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
     if (two && row_thread) rows_next = sage14_load_rows(p, bh, qb0 + 1, rl);
+    float* const amax_slots = (float*)(smem_ptr + Lay::red);  // ATOMIC_AMAX: 4 slots of 2 floats, then sink words
+    static_assert(!Path::ATOMIC_AMAX || Lay::dqst0 - Lay::red >= 128, "bwd17_block_max2 needs a 128-byte scratch");
+    const int lane = threadIdx.x & 31;
+    const u32 amax_lane = smem + Lay::red + (lane == 0 ? 0u : 32u + 4u * (lane & 15));
+    if (Path::ATOMIC_AMAX && threadIdx.x < 8) amax_slots[threadIdx.x] = 0.0f;  // before the first barrier
     sage14_first_wait(smem);
 
     int s_acc[8][4];
@@ -2706,7 +2736,15 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         if (BULK) sage14_bulk_wait_read();  // staging tile par (its bulk of tile i − 1) free after (b)
         cp_async_wait<0>();   // this thread's copies of block qb + 1
         fence_proxy_async();  // they and the dŜ stores of block qb − 1 → wgmma's reads
-        block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
+        if (Path::ATOMIC_AMAX) {
+            bwd17_block_max2(amax_p, amax_ds, amax_lane, i);  // (b)
+            const float2 m = *(const float2*)(amax_slots + 2 * (i & 3));
+            amax_p = m.x;
+            amax_ds = m.y;
+            if (threadIdx.x == 0) *(float2*)(amax_slots + 2 * ((i - 1) & 3)) = make_float2(0.0f, 0.0f);
+        } else {
+            block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
+        }
         GroupScale sc_p, sc_ds;
         if (SCALES) {
             bwd16_group_scales(amax_p, sc_p);
