@@ -1547,8 +1547,10 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 #endif
 // - ATOMIC_AMAX (bwd17, BWD17_AMAX; the plain grid's kernel, KIND 0, only): the tile amax of P and dS by one
 //   red.shared.max.u32 per value per warp into a 2-float slot, then one 8-byte load after the barrier (bwd17_block_max2),
-//   instead of 8 partials per value stored, read back as 4 LDS.128 and combined by 14 FMNMX after it.
-// - ROWS4 (bwd17, BWD17_ROWS4; KIND 0 only): the row constants of a buffer interleaved, {L(r), L(r + 1), D(r), D(r + 1)}
+//   instead of 8 partials per value stored, read back as 4 LDS.128 and combined by 14 FMNMX after it. Measured (bwd17's
+//   call, docs/RESULTS-gpu.md): sagebwd backward −1.0 % at the training shape N 4096; verified (170/170, plain grid --quick).
+// - ROWS4 (bwd17, BWD17_ROWS4, off: measured +1.7 % alone, +0.3 % on top of ATOMIC_AMAX at the training shape N 4096,
+//   verified in the same call; 221 registers; KIND 0 only): the row constants of a buffer interleaved, {L(r), L(r + 1), D(r), D(r + 1)}
 //   for every even row r, so that a thread's L and D pairs come as 8 LDS.128 instead of 16 LDS.64 (L and D of the tile
 //   both read before the Sᵀ wait). Block qb0's rows are loaded again by the loop and stored interleaved into buffer 1
 //   (the generic prologue's split store into buffer 0 is not read), and tile i reads buffer (i + 1) mod 2 and stores
@@ -1557,7 +1559,7 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 #define BWD17_AMAX 1
 #endif
 #ifndef BWD17_ROWS4
-#define BWD17_ROWS4 1
+#define BWD17_ROWS4 0
 #endif
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct StagedSage14T : StagedSage {
