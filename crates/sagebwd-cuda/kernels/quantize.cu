@@ -3,7 +3,8 @@
 // `sagebwd::sim::Quantized`.
 //
 // Three launches for Q, K, V (plus the K mean: two small ones) and one for dO, each reading its
-// input once with 16-byte loads. What the staged kernel paths read (x̂ and x̂ᵀ, no BF16 copy, no
+// input once with 16-byte loads; at d = 64 with K-smoothing the K mean and K's quantization are one
+// cluster kernel that reads K once (sage_quantize_k_cluster), then V and Q in sage_quantize_qkv. What the staged kernel paths read (x̂ and x̂ᵀ, no BF16 copy, no
 // Q-smoothing) comes from register tiles: a thread holds 8 rows × 8 columns of its group, quantizes
 // them once and writes the INT8 tile as it is and byte-transposed. Q-smoothing and the BF16
 // transposed copies of the gathering paths stage the group in a padded shared tile instead, from
@@ -578,6 +579,8 @@ __device__ __forceinline__ GroupAt group_at(const QuantRowsParams& p, int g) {
 // V and write V̂ᵀ and s_V, which neither K-mean kernel touches, so they run whole before pdl_wait().
 // v_first (opt-in, SAGEBWD_QKV_VFIRST=1) puts V's groups first so that they run during the K mean:
 // measured slower than the K, V, Q order (K's reuse of L2 after the partial sums is lost).
+// After sage_quantize_k_cluster (glue17) the grid has no K groups (k_blocks = 0): V's, then Q's, which
+// wait for the cluster grid (it writes K_m) as they wait for sage_k_mean otherwise.
 extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(QuantQkvParams p) {
     extern __shared__ __align__(16) unsigned char s_dyn[];
     __shared__ double s_kmd[HEAD_DIM];

@@ -274,7 +274,7 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
 /// Buffers one head group uses and the next reuses (sized for the largest group; stream order
 /// keeps a group from overwriting them before the previous one is done).
 struct GroupBuffers {
-    /// Q̂ᵀ, K̂ᵀ of the group's rows, when the path reads them.
+    /// Q̂ᵀ, K̂ᵀ of the group's rows, when the path reads them and the forward did not write them.
     qk_hat_t: Option<(CudaSlice<i8>, CudaSlice<i8>)>,
     /// dÔᵀ of the group's rows (several groups; one group reads the preprocess's).
     do_hat_t: Option<CudaSlice<i8>>,

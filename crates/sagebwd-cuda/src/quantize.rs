@@ -86,9 +86,10 @@ pub struct QuantizedDev {
     /// `[B, H_q, N_q]` b_r = fl(cλ·q_r·K_m), the base-2 score offset K-smoothing removes (§3.5).
     pub row_offset: Option<CudaSlice<f32>>,
     /// Transposed copies `[B, H, d, N_pad]` (Q̂ᵀ, Qᵀ, K̂ᵀ, Kᵀ, V̂ᵀ, Vᵀ) for the tensor-core products
-    /// that reduce over tokens. Q̂ᵀ and K̂ᵀ are read by backward products only, so the forward's
-    /// quantization leaves them `None`: the backward byte-transposes the saved Q̂, K̂ per head group
-    /// (`transpose_qk_hat`), so that no full copy is kept between the passes.
+    /// that reduce over tokens. Q̂ᵀ and K̂ᵀ are read by backward products only: the forward's
+    /// quantization writes them when the staged sagebwd backward runs in one head group (glue17,
+    /// `qk_hat_t_in_forward`), else leaves them `None` and the backward byte-transposes the saved Q̂,
+    /// K̂ per head group (`transpose_qk_hat`), so that no full copy is kept between the passes.
     pub q_hat_t: Option<CudaSlice<i8>>,
     pub q_t: Option<CudaSlice<u16>>,
     pub k_hat_t: Option<CudaSlice<i8>>,
@@ -356,15 +357,16 @@ fn env_switch(cell: &'static std::sync::OnceLock<Option<bool>>, var: &str) -> Op
 /// takes them (and skips `transpose_qk_hat`): 2·B·N·H·d bytes kept from the forward to the backward
 /// instead of made there. Not with head groups (`lean`): they keep no full copy between the passes.
 /// `SAGEBWD_QKT_FWD=0` never, `=1` always (any group plan) on the staged sagebwd path.
-fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config) -> Result<bool> {
+fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config) -> bool {
     use crate::backward::{staged_backward, GroupPolicy, StagedBackward};
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     if !gpu.tensor_cores() || staged_backward(flags(cfg)) != Some(StagedBackward::Sage) {
-        return Ok(false);
+        return false;
     }
     match env_switch(&MODE, "SAGEBWD_QKT_FWD") {
-        Some(on) => Ok(on),
-        None => Ok(gpu.backward_group_policy()? == GroupPolicy::Count(1)),
+        Some(on) => on,
+        // (an invalid SAGEBWD_BWD_GROUPS is the backward's error, not the forward's)
+        None => matches!(gpu.backward_group_policy(), Ok(GroupPolicy::Count(1))),
     }
 }
 
@@ -417,7 +419,7 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let row_offset = gpu.alloc_poisoned_f32(bh_q * s.n_q)?;
     // Q̂ᵀ and K̂ᵀ: only backward products read them; written here when [`qk_hat_t_in_forward`] (the
     // staged sagebwd backward in one head group), else the backward transposes Q̂, K̂ (`transpose_qk_hat`).
-    let qk_t = qk_hat_t_in_forward(gpu, cfg)?;
+    let qk_t = qk_hat_t_in_forward(gpu, cfg);
     let hat_t = |n: usize| -> Result<Option<CudaSlice<i8>>> { if qk_t { Ok(Some(gpu.alloc_poisoned_i8(n)?)) } else { Ok(None) } };
     let (q_hat_t, q_t) = (hat_t(q_t_len)?, bf16_t(q_t_len)?);
     let (k_hat_t, k_t) = (hat_t(kv_t_len)?, bf16_t(kv_t_len)?);
