@@ -3,8 +3,8 @@
 // `sagebwd::sim::Quantized`.
 //
 // Three launches for Q, K, V (plus the K mean: two small ones) and one for dO, each reading its
-// input once with 16-byte loads; at d = 64 with K-smoothing the K mean and K's quantization are one
-// cluster kernel that reads K once (sage_quantize_k_cluster), then V and Q in sage_quantize_qkv. What the staged kernel paths read (x̂ and x̂ᵀ, no BF16 copy, no
+// input once with 16-byte loads (opt-in, SAGEBWD_K_CLUSTER=1: the K mean and K's quantization in one
+// cluster kernel that reads K once, sage_quantize_k_cluster, then V and Q in sage_quantize_qkv). What the staged kernel paths read (x̂ and x̂ᵀ, no BF16 copy, no
 // Q-smoothing) comes from register tiles: a thread holds 8 rows × 8 columns of its group, quantizes
 // them once and writes the INT8 tile as it is and byte-transposed. Q-smoothing and the BF16
 // transposed copies of the gathering paths stage the group in a padded shared tile instead, from
@@ -623,8 +623,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(Quant
 // quantizes its chunk's B_kv groups from shared memory with quantize_group_tiles' thread layout and
 // arithmetic (8 rows × 8 columns per thread, x_s = fl(x − K_m), group amax, group_scale,
 // quant_bits, x̂ and x̂ᵀ by store_tile8): K̂, s_K (and K̂ᵀ if asked) bit for bit. No global state:
-// stream-safe. Host (src/quantize.rs): K-smoothing on, n_k a multiple of B_kv, ⌈n_k / 512⌉ ≤ 8,
-// aligned buffers, no BF16 Kᵀ; sm_90. Launched normally (the head of the forward's PDL chain); it
+// stream-safe. Host (src/quantize.rs): opt-in (SAGEBWD_K_CLUSTER=1; measured slower at the training
+// shape than the three kernels it replaces: 24 µs, two waves of clusters — docs/RESULTS-gpu.md, glue17);
+// K-smoothing on, n_k a multiple of B_kv, ⌈n_k / 512⌉ ≤ 8, aligned buffers, no BF16 Kᵀ; sm_90. Launched normally (the head of the forward's PDL chain); it
 // triggers at its start for sage_quantize_qkv (V and Q only, PDL: Q's groups wait before reading K_m).
 // Dynamic shared memory: K_MEAN_CHUNK × HEAD_DIM BF16 (64 KB at d = 64: 3 CTAs per SM).
 #define KC_HALF (THREADS / VEC_PER_ROW / 2)  // per-thread sums staged in two halves (8 KB)

@@ -371,14 +371,15 @@ fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config) -> bool {
 }
 
 /// Whether `sage_quantize_k_cluster` (glue17: the K mean and K's quantization in one pass over K, a
-/// thread-block cluster per (batch, KV head)) takes the K job `kj` (with K-smoothing): sm_90+, at
-/// most 8 chunks of K_MEAN_CHUNK rows (N_k ≤ 4096), every B_kv group full, the register-tile
-/// layout (no BF16 Kᵀ), aligned buffers; d = 64 (the measured one), or any d with
-/// `SAGEBWD_K_CLUSTER=1`; `=0` never.
-fn k_cluster_applies(gpu: &Gpu, head_dim: usize, kj: &RowsJob, n_chunks: usize) -> bool {
+/// thread-block cluster per (batch, KV head)) takes the K job `kj` (with K-smoothing): opt-in,
+/// `SAGEBWD_K_CLUSTER=1` (measured slower than the three kernels it replaces at the training shape:
+/// 24.3 µs alone, 45 clusters of 8 resident at once for 48, so two waves, each a load → sum → cluster
+/// barrier → quantize → store sequence; docs/RESULTS-gpu.md, glue17); then where it fits: sm_90+, at
+/// most 8 chunks of K_MEAN_CHUNK rows (N_k ≤ 4096), every B_kv group full, the register-tile layout
+/// (no BF16 Kᵀ), aligned buffers.
+fn k_cluster_applies(gpu: &Gpu, kj: &RowsJob, n_chunks: usize) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let mode = env_switch(&MODE, "SAGEBWD_K_CLUSTER");
-    let wanted = mode.unwrap_or(head_dim == 64);
+    let wanted = env_switch(&MODE, "SAGEBWD_K_CLUSTER") == Some(true);
     let fits = (1..=8).contains(&n_chunks) && kj.n % BLOCK_KV == 0 && kj.transposed.1.is_none() && kj.block_mean.is_none()
         && gpu.ptr(kj.x) % 16 == 0 && gpu.ptr(kj.x_hat) % 8 == 0 && gpu.ptr(kj.transposed.0) % 8 == 0 && kj.transposed.2 % 8 == 0;
     wanted && fits && sm90_or_newer(gpu)
@@ -449,8 +450,8 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     }];
     // K_m: FP64 partial sums over chunks of K_MEAN_CHUNK rows (in parallel), then their sum.
     let n_chunks = s.n_k.div_ceil(K_MEAN_CHUNK);
-    // glue17: K_m and K̂ in one pass over K, one cluster per (batch, KV head), when it applies
-    if smooth_k && k_cluster_applies(gpu, d, &jobs[0], n_chunks) {
+    // glue17 (opt-in, SAGEBWD_K_CLUSTER=1): K_m and K̂ in one pass over K, one cluster per (batch, KV head)
+    if smooth_k && k_cluster_applies(gpu, &jobs[0], n_chunks) {
         let mut p = rows_params(gpu, &jobs[0]);
         let (mut km, mut nc) = (gpu.ptr(&k_mean), n_chunks as i32);
         let mut args: [*mut std::ffi::c_void; 3] =
