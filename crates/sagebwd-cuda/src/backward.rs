@@ -274,7 +274,7 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
 /// Buffers one head group uses and the next reuses (sized for the largest group; stream order
 /// keeps a group from overwriting them before the previous one is done).
 struct GroupBuffers {
-    /// Q̂ᵀ, K̂ᵀ of the group's rows, when the path reads them.
+    /// Q̂ᵀ, K̂ᵀ of the group's rows, when the path reads them and the forward did not write them.
     qk_hat_t: Option<(CudaSlice<i8>, CudaSlice<i8>)>,
     /// dÔᵀ of the group's rows (several groups; one group reads the preprocess's).
     do_hat_t: Option<CudaSlice<i8>>,
@@ -367,9 +367,14 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         GroupPlan::one(bh)
     };
     let qd = &saved.quant;
-    // Q̂ᵀ, K̂ᵀ (made here, not by the forward) for every path that reads quantized operands but
-    // the staged BF16 one.
-    let qk_hat_t = qd.needs.quantized && staged != Some(StagedBackward::Bf16);
+    // Q̂ᵀ, K̂ᵀ for every path that reads quantized operands but the staged BF16 one: the forward's
+    // (glue17, `quantize::qk_hat_t_in_forward`: the whole tensors, addressed per group below), else
+    // made here per group.
+    let fwd_qk_t = match (&qd.q_hat_t, &qd.k_hat_t) {
+        (Some(q_t), Some(k_t)) => Some((gpu.ptr(q_t), gpu.ptr(k_t))),
+        _ => None,
+    };
+    let qk_hat_t = qd.needs.quantized && staged != Some(StagedBackward::Bf16) && fwd_qk_t.is_none();
     // Σ dS is read only with the dQ correction (by the kernels' flag checks): else one unused element.
     let dq_corr = fl & crate::F_DQ_CORR != 0;
     let sets = (0..plan.buffer_sets()).map(|_| GroupBuffers::new(gpu, s, &plan, qk_hat_t, dq_corr)).collect::<Result<Vec<_>>>()?;
@@ -430,7 +435,11 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             row_offset: at(op0.row_offset, r0 * n_q, 4),
         };
         let mut tr = full;
-        if let Some((q_hat_t, k_hat_t)) = &bufs.qk_hat_t {
+        if let Some((q_hat_t, k_hat_t)) = fwd_qk_t {
+            // [B·H, d, N_pad] whole (GQA: K̂ᵀ over B·H_kv; one group then): the group's rows
+            let (pq, pk) = (crate::runtime::padded_q(n_q), crate::runtime::padded_k(n_k));
+            (tr.q_hat_t, tr.k_hat_t) = (at(q_hat_t, r0 * d * pq, 1), at(k_hat_t, r0 * d * pk, 1));
+        } else if let Some((q_hat_t, k_hat_t)) = &bufs.qk_hat_t {
             let kv_rows = if plan.count == 1 { kv_rows_one } else { rows };
             // one group: the 16 × 16 kernel, PDL right after the preprocess (glue15; safe by construction: quantize.cu)
             let one_group = plan.count == 1;

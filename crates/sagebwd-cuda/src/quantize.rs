@@ -86,9 +86,10 @@ pub struct QuantizedDev {
     /// `[B, H_q, N_q]` b_r = fl(cλ·q_r·K_m), the base-2 score offset K-smoothing removes (§3.5).
     pub row_offset: Option<CudaSlice<f32>>,
     /// Transposed copies `[B, H, d, N_pad]` (Q̂ᵀ, Qᵀ, K̂ᵀ, Kᵀ, V̂ᵀ, Vᵀ) for the tensor-core products
-    /// that reduce over tokens. Q̂ᵀ and K̂ᵀ are read by backward products only, so the forward's
-    /// quantization leaves them `None`: the backward byte-transposes the saved Q̂, K̂ per head group
-    /// (`transpose_qk_hat`), so that no full copy is kept between the passes.
+    /// that reduce over tokens. Q̂ᵀ and K̂ᵀ are read by backward products only: the forward's
+    /// quantization writes them when the staged sagebwd backward runs in one head group (glue17,
+    /// `qk_hat_t_in_forward`), else leaves them `None` and the backward byte-transposes the saved Q̂,
+    /// K̂ per head group (`transpose_qk_hat`), so that no full copy is kept between the passes.
     pub q_hat_t: Option<CudaSlice<i8>>,
     pub q_t: Option<CudaSlice<u16>>,
     pub k_hat_t: Option<CudaSlice<i8>>,
@@ -218,17 +219,19 @@ fn fused_qkv_applies(gpu: &Gpu, jobs: [&RowsJob; 3]) -> bool {
 }
 
 /// K, V and Q quantized in one launch (`sage_quantize_qkv`, the same bits as three
-/// `sage_quantize_rows` launches), when [`fused_qkv_applies`]; else the three launches.
-fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
+/// `sage_quantize_rows` launches), when [`fused_qkv_applies`]; else the three launches. `k_done`:
+/// K was quantized already (`sage_quantize_k_cluster`), only V and Q here.
+fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3], k_done: bool) -> Result<()> {
     if !fused_qkv_applies(gpu, [&jobs[0], &jobs[1], &jobs[2]]) {
-        for job in jobs {
+        for job in jobs.into_iter().skip(k_done as usize) {
             quantize_rows(gpu, k, job)?;
         }
         return Ok(());
     }
     let [kj, vj, qj] = &jobs;
     let (kp, vp, qp) = (rows_params(gpu, kj), rows_params(gpu, vj), rows_params(gpu, qj));
-    let k_blocks = kp.n_blk * kj.bh as i32;
+    // with K done: no K groups (the grid holds V's, then Q's; Q's wait for the K kernel's K_m)
+    let k_blocks = if k_done { 0 } else { kp.n_blk * kj.bh as i32 };
     let v_blocks = vp.n_blk * vj.bh as i32;
     let q_blocks = qp.n_blk * qj.bh as i32 / 2;
     // Grid order K, V, Q (main's), also under PDL: K's first wave loads K and waits for the K mean,
@@ -338,6 +341,57 @@ fn launch_rows(gpu: &Gpu, k: &Kernels, p: &QuantRowsParams, bh: usize, (threads,
 /// Rows per partial sum of the K mean (`K_MEAN_CHUNK` in quantize.cu).
 const K_MEAN_CHUNK: usize = 512;
 
+/// An env switch read once: `Some(false)` for "0", `Some(true)` for "1", else `None` (the default rule).
+fn env_switch(cell: &'static std::sync::OnceLock<Option<bool>>, var: &str) -> Option<bool> {
+    *cell.get_or_init(|| match std::env::var(var).as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    })
+}
+
+/// Whether the forward's quantization writes Q̂ᵀ and K̂ᵀ (glue17): the staged sagebwd backward reads
+/// them, and in one head group (the default `SAGEBWD_BWD_GROUPS`) it would make them whole anyway;
+/// made by the quantizer from the same register tiles as Q̂, K̂ (`store_tile8`), they are the bytes
+/// the backward's transposes would write (the padding columns unwritten in both), so the backward
+/// takes them (and skips `transpose_qk_hat`): 2·B·N·H·d bytes kept from the forward to the backward
+/// instead of made there. Not with head groups (`lean`): they keep no full copy between the passes.
+/// `SAGEBWD_QKT_FWD=0` never, `=1` always (any group plan) on the staged sagebwd path.
+fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config) -> bool {
+    use crate::backward::{staged_backward, GroupPolicy, StagedBackward};
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    if !gpu.tensor_cores() || staged_backward(flags(cfg)) != Some(StagedBackward::Sage) {
+        return false;
+    }
+    match env_switch(&MODE, "SAGEBWD_QKT_FWD") {
+        Some(on) => on,
+        // (an invalid SAGEBWD_BWD_GROUPS is the backward's error, not the forward's)
+        None => matches!(gpu.backward_group_policy(), Ok(GroupPolicy::Count(1))),
+    }
+}
+
+/// Whether `sage_quantize_k_cluster` (glue17: the K mean and K's quantization in one pass over K, a
+/// thread-block cluster per (batch, KV head)) takes the K job `kj` (with K-smoothing): opt-in,
+/// `SAGEBWD_K_CLUSTER=1` (measured slower than the three kernels it replaces at the training shape:
+/// 24.3 µs alone, 45 clusters of 8 resident at once for 48, so two waves, each a load → sum → cluster
+/// barrier → quantize → store sequence; docs/RESULTS-gpu.md, glue17); then where it fits: sm_90+, at
+/// most 8 chunks of K_MEAN_CHUNK rows (N_k ≤ 4096), every B_kv group full, the register-tile layout
+/// (no BF16 Kᵀ), aligned buffers.
+fn k_cluster_applies(gpu: &Gpu, kj: &RowsJob, n_chunks: usize) -> bool {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let wanted = env_switch(&MODE, "SAGEBWD_K_CLUSTER") == Some(true);
+    let fits = (1..=8).contains(&n_chunks) && kj.n % BLOCK_KV == 0 && kj.transposed.1.is_none() && kj.block_mean.is_none()
+        && gpu.ptr(kj.x) % 16 == 0 && gpu.ptr(kj.x_hat) % 8 == 0 && gpu.ptr(kj.transposed.0) % 8 == 0 && kj.transposed.2 % 8 == 0;
+    wanted && fits && sm90_or_newer(gpu)
+}
+
+/// Compute capability 9.0 or newer (cluster launches), whatever `SAGEBWD_PDL` says.
+fn sm90_or_newer(gpu: &Gpu) -> bool {
+    let major: u32 = gpu.dev.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect::<String>()
+        .parse().unwrap_or(0);
+    major >= 90
+}
+
 /// K_m, then K̂ (from K_s), V̂, Q̂ (from Q_s) and their transposed copies (ALGORITHM.md §3), as far
 /// as the kernel paths for `cfg` read them ([`QuantNeeds`]).
 pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<QuantizedDev> {
@@ -364,14 +418,55 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let (q_hat, k_hat) = (Some(q_hat), Some(k_hat));
     let q_mean = gpu.alloc_poisoned_f32(if cfg.smooth_q { bh_q * dims.n_qblk as usize * d } else { 1 })?;
     let row_offset = gpu.alloc_poisoned_f32(bh_q * s.n_q)?;
-    // Q̂ᵀ and K̂ᵀ: only backward products read them; the backward transposes Q̂, K̂ (`transpose_qk_hat`).
-    let (q_hat_t, q_t) = (None, bf16_t(q_t_len)?);
-    let (k_hat_t, k_t) = (None, bf16_t(kv_t_len)?);
+    // Q̂ᵀ and K̂ᵀ: only backward products read them; written here when [`qk_hat_t_in_forward`] (the
+    // staged sagebwd backward in one head group), else the backward transposes Q̂, K̂ (`transpose_qk_hat`).
+    let qk_t = qk_hat_t_in_forward(gpu, cfg);
+    let hat_t = |n: usize| -> Result<Option<CudaSlice<i8>>> { if qk_t { Ok(Some(gpu.alloc_poisoned_i8(n)?)) } else { Ok(None) } };
+    let (q_hat_t, q_t) = (hat_t(q_t_len)?, bf16_t(q_t_len)?);
+    let (k_hat_t, k_t) = (hat_t(kv_t_len)?, bf16_t(kv_t_len)?);
     let (v_hat_t, v_t) = (Some(gpu.alloc_poisoned_i8(kv_t_len)?), bf16_t(kv_t_len)?);
     let stream = &gpu.dev.stream;
     let smooth_k = flags(cfg) & crate::F_SMOOTH_K != 0;
+    let (_, c_lambda) = crate::forward::scales(d);
+    let jobs = [RowsJob {
+        x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
+        head_mean: Some((&k_mean, 1)), block_mean: None,
+        x_hat: &k_hat, scale: &k_scale,
+        transposed: (&k_hat_t, &k_t, padded_k(s.n_k)),
+        row_offset: None,
+    }, RowsJob {
+        x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
+        head_mean: None, block_mean: None,
+        x_hat: &v_hat, scale: &v_scale,
+        transposed: (&v_hat_t, &v_t, padded_k(s.n_k)),
+        row_offset: None,
+    }, RowsJob {
+        x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
+        head_mean: None, block_mean: cfg.smooth_q.then_some(&q_mean),
+        x_hat: &q_hat, scale: &q_scale,
+        transposed: (&q_hat_t, &q_t, padded_q(s.n_q)),
+        // b_r = fl(cλ·q_r·K_m) (§3.5) from the staged Q tile
+        row_offset: Some(RowOffsets { k_mean: &k_mean, out: &row_offset, heads_q: s.heads_q, heads_kv: s.heads_kv, c_lambda }),
+    }];
     // K_m: FP64 partial sums over chunks of K_MEAN_CHUNK rows (in parallel), then their sum.
     let n_chunks = s.n_k.div_ceil(K_MEAN_CHUNK);
+    // glue17 (opt-in, SAGEBWD_K_CLUSTER=1): K_m and K̂ in one pass over K, one cluster per (batch, KV head)
+    if smooth_k && k_cluster_applies(gpu, &jobs[0], n_chunks) {
+        let mut p = rows_params(gpu, &jobs[0]);
+        let (mut km, mut nc) = (gpu.ptr(&k_mean), n_chunks as i32);
+        let mut args: [*mut std::ffi::c_void; 3] =
+            [(&mut p as *mut QuantRowsParams).cast(), (&mut km as *mut u64).cast(), (&mut nc as *mut i32).cast()];
+        let func = k.quantize_function(c"sage_quantize_k_cluster")?;
+        let smem = (K_MEAN_CHUNK * d * 2) as u32;  // the chunk of K, BF16
+        crate::runtime::launch_cluster(&gpu.dev.ctx, func, (n_chunks as u32, bh_kv as u32, 1), n_chunks as u32, THREADS, smem,
+                                       stream.cu_stream(), &mut args)?;
+        // V and Q (PDL after it: the cluster kernel triggers at its start; Q's groups wait for K_m)
+        quantize_qkv(gpu, k, jobs, true)?;
+        return Ok(QuantizedDev {
+            needs, q_hat, q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat, k_scale: Some(k_scale),
+            k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat, v_scale: Some(v_scale),
+        });
+    }
     let partial = gpu.alloc_f32(if smooth_k { 2 * bh_kv * n_chunks * d } else { 2 })?;  // f64
     let (n_k, n_chunks_i) = (s.n_k as i32, n_chunks as i32);
     if smooth_k {
@@ -397,27 +492,7 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     } else {
         gpu.launch_raw(k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
     }
-    let (_, c_lambda) = crate::forward::scales(d);
-    quantize_qkv(gpu, k, [RowsJob {
-        x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
-        head_mean: Some((&k_mean, 1)), block_mean: None,
-        x_hat: &k_hat, scale: &k_scale,
-        transposed: (&k_hat_t, &k_t, padded_k(s.n_k)),
-        row_offset: None,
-    }, RowsJob {
-        x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
-        head_mean: None, block_mean: None,
-        x_hat: &v_hat, scale: &v_scale,
-        transposed: (&v_hat_t, &v_t, padded_k(s.n_k)),
-        row_offset: None,
-    }, RowsJob {
-        x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
-        head_mean: None, block_mean: cfg.smooth_q.then_some(&q_mean),
-        x_hat: &q_hat, scale: &q_scale,
-        transposed: (&q_hat_t, &q_t, padded_q(s.n_q)),
-        // b_r = fl(cλ·q_r·K_m) (§3.5) from the staged Q tile
-        row_offset: Some(RowOffsets { k_mean: &k_mean, out: &row_offset, heads_q: s.heads_q, heads_kv: s.heads_kv, c_lambda }),
-    }])?;
+    quantize_qkv(gpu, k, jobs, false)?;
     Ok(QuantizedDev {
         needs, q_hat, q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat, k_scale: Some(k_scale),
         k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat, v_scale: Some(v_scale),
