@@ -3,8 +3,7 @@
 // `sagebwd::sim::Quantized`.
 //
 // Three launches for Q, K, V (plus the K mean: two small ones) and one for dO, each reading its
-// input once with 16-byte loads (opt-in, SAGEBWD_K_CLUSTER=1: the K mean and K's quantization in one
-// cluster kernel that reads K once, sage_quantize_k_cluster, then V and Q in sage_quantize_qkv). What the staged kernel paths read (x̂ and x̂ᵀ, no BF16 copy, no
+// input once with 16-byte loads. What the staged kernel paths read (x̂ and x̂ᵀ, no BF16 copy, no
 // Q-smoothing) comes from register tiles: a thread holds 8 rows × 8 columns of its group, quantizes
 // them once and writes the INT8 tile as it is and byte-transposed. Q-smoothing and the BF16
 // transposed copies of the gathering paths stage the group in a padded shared tile instead, from
@@ -579,8 +578,6 @@ __device__ __forceinline__ GroupAt group_at(const QuantRowsParams& p, int g) {
 // V and write V̂ᵀ and s_V, which neither K-mean kernel touches, so they run whole before pdl_wait().
 // v_first (opt-in, SAGEBWD_QKV_VFIRST=1) puts V's groups first so that they run during the K mean:
 // measured slower than the K, V, Q order (K's reuse of L2 after the partial sums is lost).
-// After sage_quantize_k_cluster (glue17) the grid has no K groups (k_blocks = 0): V's, then Q's, which
-// wait for the cluster grid (it writes K_m) as they wait for sage_k_mean otherwise.
 extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(QuantQkvParams p) {
     extern __shared__ __align__(16) unsigned char s_dyn[];
     __shared__ double s_kmd[HEAD_DIM];
@@ -609,132 +606,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(Quant
         quantize_group_tiles<false, true>(p.q, q.blk, q.bh, q.row0, q.base, kv_row_of(p.q, q.bh), threadIdx.x - half * q_threads,
                                     half, warps / 2, s_scratch, s_kmd, s_rows);
     }
-}
-
-// K read once (glue17): the K mean and K's quantization in one kernel. One thread-block cluster per
-// (batch, KV head): CTA `chunk` (= its rank in the cluster; cluster dims (n_chunks, 1, 1), grid
-// (n_chunks, B·H_kv), n_chunks ≤ 8) copies rows chunk·K_MEAN_CHUNK .. +K_MEAN_CHUNK of K into shared
-// memory (cp.async, one read of K), sums them exactly as sage_k_mean_partial does (thread (lr, c8)
-// sums the 8 columns c8 of rows lr, lr + ROW_STEP, … in increasing order from 0.0 in FP64; then
-// column c sums the ROW_STEP per-thread sums from 0.0 in lr order: the same operations, so the same
-// partial), publishes its partial in shared memory, and after a cluster barrier every CTA sums the
-// n_chunks partials from the cluster's shared memory as sage_k_mean does (from 0.0, chunks in
-// increasing order, FP64, __ddiv_rn, one rounding): K_m bit for bit; rank 0 writes it. Then each CTA
-// quantizes its chunk's B_kv groups from shared memory with quantize_group_tiles' thread layout and
-// arithmetic (8 rows × 8 columns per thread, x_s = fl(x − K_m), group amax, group_scale,
-// quant_bits, x̂ and x̂ᵀ by store_tile8): K̂, s_K (and K̂ᵀ if asked) bit for bit. No global state:
-// stream-safe. Host (src/quantize.rs): opt-in (SAGEBWD_K_CLUSTER=1; measured slower at the training
-// shape than the three kernels it replaces: 24 µs, two waves of clusters — docs/RESULTS-gpu.md, glue17);
-// K-smoothing on, n_k a multiple of B_kv, ⌈n_k / 512⌉ ≤ 8, aligned buffers, no BF16 Kᵀ; sm_90. Launched normally (the head of the forward's PDL chain); it
-// triggers at its start for sage_quantize_qkv (V and Q only, PDL: Q's groups wait before reading K_m).
-// Dynamic shared memory: K_MEAN_CHUNK × HEAD_DIM BF16 (64 KB at d = 64: 3 CTAs per SM).
-#define KC_HALF (THREADS / VEC_PER_ROW / 2)  // per-thread sums staged in two halves (8 KB)
-#define KC_GROUP_THREADS (BLOCK_KV / 8 * HEAD_DIM / 8)  // quantize_group_tiles' threads per group
-extern "C" __global__ void __launch_bounds__(THREADS, 3) sage_quantize_k_cluster(QuantRowsParams p,
-                                                                               float* __restrict__ k_mean,
-                                                                               int n_chunks) {
-#if __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(16) unsigned char s_dyn[];
-    __shared__ double s_part[KC_HALF][HEAD_DIM];
-    __shared__ double s_chunk[HEAD_DIM];  // this chunk's partial sum, read by the whole cluster
-    __shared__ float s_mean[HEAD_DIM];
-    __shared__ float s_scratch[THREADS / 32];
-    pdl_trigger();  // sage_quantize_qkv (PDL) may follow: its V groups need nothing of this grid
-    constexpr int ROW_STEP = THREADS / VEC_PER_ROW;
-    const int chunk = blockIdx.x, bh = blockIdx.y, t = threadIdx.x;
-    {
-        u32 nrank;
-        asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nrank));
-        if ((int)nrank != n_chunks || (int)gridDim.x != n_chunks) __trap();  // the cluster must be the head's chunks
-    }
-    const int row_c0 = chunk * K_MEAN_CHUNK;
-    const int rows = min(K_MEAN_CHUNK, p.n - row_c0);  // a multiple of B_kv (host)
-    u16* s_x = (u16*)s_dyn;                             // rows × HEAD_DIM, row-major
-    const u16* src = p.x + ((long)bh * p.n + row_c0) * HEAD_DIM;
-    for (int e = t; e < rows * VEC_PER_ROW; e += THREADS) cp_async16(smem_addr(s_x + e * 8), src + e * 8, true);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-
-    // sage_k_mean_partial's sums, from shared memory.
-    const int lr = t / VEC_PER_ROW, c8 = t % VEC_PER_ROW;
-    double acc[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = 0.0;
-    for (int r = lr; r < rows; r += ROW_STEP) {
-        const uint4 v = *(const uint4*)(s_x + r * HEAD_DIM + c8 * 8);
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            acc[2 * j] = __dadd_rn(acc[2 * j], (double)lo_bf16(w[j]));
-            acc[2 * j + 1] = __dadd_rn(acc[2 * j + 1], (double)hi_bf16(w[j]));
-        }
-    }
-    double sum = 0.0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // lr in [h·KC_HALF, (h + 1)·KC_HALF): the same order as one pass
-        if (lr / KC_HALF == h) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) s_part[lr % KC_HALF][c8 * 8 + j] = acc[j];
-        }
-        __syncthreads();
-        if (t < HEAD_DIM)
-            for (int i = 0; i < KC_HALF; ++i) sum = __dadd_rn(sum, s_part[i][t]);
-        __syncthreads();
-    }
-    if (t < HEAD_DIM) s_chunk[t] = sum;
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-    // sage_k_mean's sum over the chunks, read from each chunk's CTA.
-    if (t < HEAD_DIM) {
-        const u32 local = smem_addr(&s_chunk[t]);
-        double total = 0.0;
-        for (int i = 0; i < n_chunks; ++i) {
-            u32 remote;
-            double part;
-            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(i));
-            asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(part) : "r"(remote) : "memory");
-            total = __dadd_rn(total, part);
-        }
-        const float mean = __double2float_rn(__ddiv_rn(total, (double)p.n));
-        s_mean[t] = mean;
-        if (chunk == 0) k_mean[bh * HEAD_DIM + t] = mean;
-    }
-    // done with the other CTAs' shared memory: they may exit once every CTA has arrived (wait at the end)
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    __syncthreads();
-
-    // quantize_group_tiles<true> over the chunk's groups, from shared memory.
-    constexpr int GROUPS_PER_PASS = THREADS / KC_GROUP_THREADS, WARPS_PER_BAND = HEAD_DIM / 64;
-    const int group = t / KC_GROUP_THREADS, tt = t % KC_GROUP_THREADS;
-    const int warp = tt >> 5, lane = tt & 31;
-    const int r_first = (warp / WARPS_PER_BAND) * 32 + (lane >> 3) * 8;
-    const int c0 = ((warp % WARPS_PER_BAND) * 8 + (lane & 7)) * 8;
-    float m[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) m[j] = s_mean[c0 + j];
-    for (int pass = 0; pass < K_MEAN_CHUNK / BLOCK_KV / GROUPS_PER_PASS; ++pass) {
-        const int gi = pass * GROUPS_PER_PASS + group;  // group within the chunk
-        const bool valid = gi * BLOCK_KV < rows;
-        uint4 v[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-            v[i] = valid ? *(const uint4*)(s_x + (gi * BLOCK_KV + r_first + i) * HEAD_DIM + c0) : make_uint4(0, 0, 0, 0);
-        const float amax = tile8_amax(v, [&](u32 w, int c) { return smoothed<true>((c & 1) ? hi_bf16(w) : lo_bf16(w), m[c]); });
-        const GroupScale g = group_scale(group_max(amax, s_scratch, group, KC_GROUP_THREADS / 32));
-        if (valid) {
-            const int row0 = row_c0 + gi * BLOCK_KV, blk = row0 / BLOCK_KV;
-            if (tt == 0) p.scale[(long)bh * p.n_blk + blk] = g.scale;
-            u32 nat[8][2];
-            quantize_tile8(v, g.inv, nat, [&](u32 w, int c) {
-                return smoothed<true>((c & 1) ? hi_bf16_again(w) : lo_bf16_again(w), m[c]);
-            });
-            store_tile8(p, ((long)bh * p.n + row0) * HEAD_DIM, bh, row0, r_first, c0, nat);
-        }
-    }
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __trap();  // cluster launches need sm_90 (src/quantize.rs launches it only there)
-#endif
 }
 
 // Backward preprocess of one head group in one pass over dO (full B_q groups, aligned buffers, no

@@ -219,19 +219,17 @@ fn fused_qkv_applies(gpu: &Gpu, jobs: [&RowsJob; 3]) -> bool {
 }
 
 /// K, V and Q quantized in one launch (`sage_quantize_qkv`, the same bits as three
-/// `sage_quantize_rows` launches), when [`fused_qkv_applies`]; else the three launches. `k_done`:
-/// K was quantized already (`sage_quantize_k_cluster`), only V and Q here.
-fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3], k_done: bool) -> Result<()> {
+/// `sage_quantize_rows` launches), when [`fused_qkv_applies`]; else the three launches.
+fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
     if !fused_qkv_applies(gpu, [&jobs[0], &jobs[1], &jobs[2]]) {
-        for job in jobs.into_iter().skip(k_done as usize) {
+        for job in jobs {
             quantize_rows(gpu, k, job)?;
         }
         return Ok(());
     }
     let [kj, vj, qj] = &jobs;
     let (kp, vp, qp) = (rows_params(gpu, kj), rows_params(gpu, vj), rows_params(gpu, qj));
-    // with K done: no K groups (the grid holds V's, then Q's; Q's wait for the K kernel's K_m)
-    let k_blocks = if k_done { 0 } else { kp.n_blk * kj.bh as i32 };
+    let k_blocks = kp.n_blk * kj.bh as i32;
     let v_blocks = vp.n_blk * vj.bh as i32;
     let q_blocks = qp.n_blk * qj.bh as i32 / 2;
     // Grid order K, V, Q (main's), also under PDL: K's first wave loads K and waits for the K mean,
@@ -370,28 +368,6 @@ fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config) -> bool {
     }
 }
 
-/// Whether `sage_quantize_k_cluster` (glue17: the K mean and K's quantization in one pass over K, a
-/// thread-block cluster per (batch, KV head)) takes the K job `kj` (with K-smoothing): opt-in,
-/// `SAGEBWD_K_CLUSTER=1` (measured slower than the three kernels it replaces at the training shape:
-/// 24.3 µs alone, 45 clusters of 8 resident at once for 48, so two waves, each a load → sum → cluster
-/// barrier → quantize → store sequence; docs/RESULTS-gpu.md, glue17); then where it fits: sm_90+, at
-/// most 8 chunks of K_MEAN_CHUNK rows (N_k ≤ 4096), every B_kv group full, the register-tile layout
-/// (no BF16 Kᵀ), aligned buffers.
-fn k_cluster_applies(gpu: &Gpu, kj: &RowsJob, n_chunks: usize) -> bool {
-    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let wanted = env_switch(&MODE, "SAGEBWD_K_CLUSTER") == Some(true);
-    let fits = (1..=8).contains(&n_chunks) && kj.n % BLOCK_KV == 0 && kj.transposed.1.is_none() && kj.block_mean.is_none()
-        && gpu.ptr(kj.x) % 16 == 0 && gpu.ptr(kj.x_hat) % 8 == 0 && gpu.ptr(kj.transposed.0) % 8 == 0 && kj.transposed.2 % 8 == 0;
-    wanted && fits && sm90_or_newer(gpu)
-}
-
-/// Compute capability 9.0 or newer (cluster launches), whatever `SAGEBWD_PDL` says.
-fn sm90_or_newer(gpu: &Gpu) -> bool {
-    let major: u32 = gpu.dev.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect::<String>()
-        .parse().unwrap_or(0);
-    major >= 90
-}
-
 /// K_m, then K̂ (from K_s), V̂, Q̂ (from Q_s) and their transposed copies (ALGORITHM.md §3), as far
 /// as the kernel paths for `cfg` read them ([`QuantNeeds`]).
 pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<QuantizedDev> {
@@ -450,23 +426,6 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     }];
     // K_m: FP64 partial sums over chunks of K_MEAN_CHUNK rows (in parallel), then their sum.
     let n_chunks = s.n_k.div_ceil(K_MEAN_CHUNK);
-    // glue17 (opt-in, SAGEBWD_K_CLUSTER=1): K_m and K̂ in one pass over K, one cluster per (batch, KV head)
-    if smooth_k && k_cluster_applies(gpu, &jobs[0], n_chunks) {
-        let mut p = rows_params(gpu, &jobs[0]);
-        let (mut km, mut nc) = (gpu.ptr(&k_mean), n_chunks as i32);
-        let mut args: [*mut std::ffi::c_void; 3] =
-            [(&mut p as *mut QuantRowsParams).cast(), (&mut km as *mut u64).cast(), (&mut nc as *mut i32).cast()];
-        let func = k.quantize_function(c"sage_quantize_k_cluster")?;
-        let smem = (K_MEAN_CHUNK * d * 2) as u32;  // the chunk of K, BF16
-        crate::runtime::launch_cluster(&gpu.dev.ctx, func, (n_chunks as u32, bh_kv as u32, 1), n_chunks as u32, THREADS, smem,
-                                       stream.cu_stream(), &mut args)?;
-        // V and Q (PDL after it: the cluster kernel triggers at its start; Q's groups wait for K_m)
-        quantize_qkv(gpu, k, jobs, true)?;
-        return Ok(QuantizedDev {
-            needs, q_hat, q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat, k_scale: Some(k_scale),
-            k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat, v_scale: Some(v_scale),
-        });
-    }
     let partial = gpu.alloc_f32(if smooth_k { 2 * bh_kv * n_chunks * d } else { 2 })?;  // f64
     let (n_k, n_chunks_i) = (s.n_k as i32, n_chunks as i32);
     if smooth_k {
@@ -492,7 +451,7 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     } else {
         gpu.launch_raw(k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
     }
-    quantize_qkv(gpu, k, jobs, false)?;
+    quantize_qkv(gpu, k, jobs)?;
     Ok(QuantizedDev {
         needs, q_hat, q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat, k_scale: Some(k_scale),
         k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat, v_scale: Some(v_scale),

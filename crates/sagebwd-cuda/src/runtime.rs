@@ -427,32 +427,6 @@ impl Kernels {
     }
 }
 
-/// A thread-block-cluster launch (sm_90+): `cuLaunchKernelEx` with clusters of `cluster_x` × 1 × 1
-/// CTAs (grid.0 a multiple of it) and `smem` bytes of dynamic shared memory (set as the kernel's
-/// maximum first). A normal launch otherwise (no PDL). For `sage_quantize_k_cluster` (glue17).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_cluster(ctx: &Arc<CudaContext>, func: sys::CUfunction, grid: (u32, u32, u32), cluster_x: u32, block: u32,
-                             smem: u32, stream: sys::CUstream, args: &mut [*mut std::ffi::c_void]) -> Result<()> {
-    drv("bind context", ctx.bind_to_thread())?;
-    drv("set smem attribute", unsafe {
-        sys::cuFuncSetAttribute(func, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .result()
-    })?;
-    // SAFETY: a zeroed union is a valid value; the one field the attribute id selects is set.
-    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-    value.clusterDim.x = cluster_x;
-    value.clusterDim.y = 1;
-    value.clusterDim.z = 1;
-    let mut attr = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, pad: [0; 4], value };
-    let cfg = sys::CUlaunchConfig {
-        gridDimX: grid.0, gridDimY: grid.1, gridDimZ: grid.2, blockDimX: block, blockDimY: 1, blockDimZ: 1,
-        sharedMemBytes: smem, hStream: stream, attrs: &mut attr, numAttrs: 1,
-    };
-    drv("cuLaunchKernelEx (cluster)", unsafe {
-        sys::cuLaunchKernelEx(&cfg, func, args.as_mut_ptr(), std::ptr::null_mut()).result()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
