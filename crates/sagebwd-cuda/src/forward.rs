@@ -256,7 +256,7 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// (`int8_persistent_default`); `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`, `ws13`) asks for the pairs
 /// kernel, `wsp3s` / `wsp3s-nopp` / `wsp3s-0` (before fwd16) for one persistent variant.
 /// Only with the ping-pong + early-amax flags (ws3).
-fn int8_persistent_kernel(n_q: usize, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
+fn int8_persistent_kernel(head_dim: usize, n_q: usize, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
         return None;
     }
@@ -265,20 +265,22 @@ fn int8_persistent_kernel(n_q: usize, ws_flags: i32) -> Option<&'static std::ffi
         Ok("wsp3s-0") => Some(c"sage_forward_ws_p3s_0"),
         Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
         Ok("ws3") => None,
-        _ => Some(int8_persistent_default(n_q)),
+        _ => Some(int8_persistent_default(head_dim, n_q)),
     }
 }
 
-/// The default persistent INT8 forward: without the ping-pong turns (`wsp3s-nopp`) from N = 2k on,
-/// with them below. Measured (H200, same binary and call, RESULTS-gpu.md "Lead, session 16"):
-/// against the pairs kernel `ws3`, which was the default at non-causal d = 64 N ≥ 2k and d = 128
-/// N ≥ 8k, `wsp3s-nopp` is −14 to −18.5 % (d 64 non-causal N 2k–16k) and −6 to −17 % (d 128 N 8k,
-/// 16k, both masks), and `wsp3s` 0.5–4 % behind it at every one of those shapes; at the training
-/// shape (d 64 causal, H·D 768) `wsp3s-nopp` is +1.6 % at N 1k, level at 2k, −2.6 % at 4k and −3 %
-/// at 8k against `wsp3s` (session 15's last call). The measurements split on N alone, not on the
-/// head dim or the mask.
-fn int8_persistent_default(n_q: usize) -> &'static std::ffi::CStr {
-    if n_q >= 2048 { c"sage_forward_ws_p3s_nopp" } else { c"sage_forward_ws_p3s" }
+/// The default persistent INT8 forward: without the ping-pong turns (`wsp3s-nopp`) from N = 2k on at
+/// d = 64 and from N = 8k on at d = 128, with them (`wsp3s`) below. Measured (H200; RESULTS-gpu.md
+/// "Lead, session 16"): against the pairs kernel `ws3`, which was the default at non-causal d = 64
+/// N ≥ 2k and d = 128 N ≥ 8k, `wsp3s-nopp` is −14 to −18.5 % (d 64 non-causal N 2k–16k) and −6 to
+/// −17 % (d 128 N 8k, 16k, both masks), with `wsp3s` 0.2–4 % behind it at each of those shapes; at
+/// the training shape (d 64 causal, H·D 768) `wsp3s-nopp` is +1.6 % at N 1k, level at 2k, −2.6 % at
+/// 4k and −3 % at 8k against `wsp3s` (session 15); at d 128 N 2k and 4k (both masks, H·D 2048) it was
+/// 0.2–3 % slower than `wsp3s` (the forward kernel's time, quantization excluded, in this session's
+/// two sweeps: same cubins, two calls).
+fn int8_persistent_default(head_dim: usize, n_q: usize) -> &'static std::ffi::CStr {
+    let no_turns_from = if head_dim == 128 { 8192 } else { 2048 };
+    if n_q >= no_turns_from { c"sage_forward_ws_p3s_nopp" } else { c"sage_forward_ws_p3s" }
 }
 
 /// The wgmma flag bits when the forward takes the sm_90a wgmma path: staged INT8 products without
@@ -353,7 +355,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     if wgmma & F_WS != 0 {
         match ws3c_kernel(s.head_dim) {
             Some(kernel) => launch_ws3c(gpu, k, kernel, &p, &quant)?,
-            None => match int8_persistent_kernel(s.n_q, wgmma) {
+            None => match int8_persistent_kernel(s.head_dim, s.n_q, wgmma) {
                 Some(kernel) => launch_wsp(gpu, k, kernel, &p, &quant, s.head_dim)?,
                 None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
             },
