@@ -1549,22 +1549,15 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 //   red.shared.max.u32 per value per warp into a 2-float slot, then one 8-byte load after the barrier (bwd17_block_max2),
 //   instead of 8 partials per value stored, read back as 4 LDS.128 and combined by 14 FMNMX after it. Measured (bwd17's
 //   call, docs/RESULTS-gpu.md): sagebwd backward −1.0 % at the training shape N 4096; verified (170/170, plain grid --quick).
-// - ROWS4 (bwd17, BWD17_ROWS4, off: measured +1.7 % alone, +0.3 % on top of ATOMIC_AMAX at the training shape N 4096,
-//   verified in the same call; 221 registers; KIND 0 only): the row constants of a buffer interleaved, {L(r), L(r + 1), D(r), D(r + 1)}
-//   for every even row r, so that a thread's L and D pairs come as 8 LDS.128 instead of 16 LDS.64 (L and D of the tile
-//   both read before the Sᵀ wait). Block qb0's rows are loaded again by the loop and stored interleaved into buffer 1
-//   (the generic prologue's split store into buffer 0 is not read), and tile i reads buffer (i + 1) mod 2 and stores
-//   block qb + 1's rows into buffer i mod 2.
+//   (bwd17's ROWS4, the row constants interleaved for 8 LDS.128 instead of 16 LDS.64, measured +1.7 % alone and +0.3 %
+//   on top of this: removed, kept on branch bwd17.)
 #ifndef BWD17_AMAX
 #define BWD17_AMAX 1
-#endif
-#ifndef BWD17_ROWS4
-#define BWD17_ROWS4 0
 #endif
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct StagedSage14T : StagedSage {
     static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT, SPLIT_MASK = SPLIT;
-    static constexpr bool ATOMIC_AMAX = KIND == 0 && BWD17_AMAX, ROWS4 = KIND == 0 && BWD17_ROWS4 && !ROWS8;
+    static constexpr bool ATOMIC_AMAX = KIND == 0 && BWD17_AMAX;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
 };
 typedef StagedSage14T<0, SAGE14_PLAIN_OPTS> StagedSage14;
@@ -2638,20 +2631,6 @@ __device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
     g.scale = div127_rn(amax);  // 0 for amax = 0
     g.inv = inv127_rn(amax);  // common.cuh
 }
-// bwd17 (ROWS4): row rl's L, D (as sage14_store_rows_at) at their interleaved places, and a thread's L and D pairs.
-__device__ __forceinline__ void bwd17_store_rows4(float* rows, const Sage14Rows& r, int rl) {
-    float* q = rows + 2 * (rl & ~1) + (rl & 1);
-    q[0] = __fsub_rn(r.lse2, r.off);
-    q[2] = r.D;
-}
-__device__ __forceinline__ void bwd17_row_pairs4(float2 (&L)[8], float2 (&D)[8], const float* rows, int t) {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        const float4 v = *(const float4*)(rows + 2 * qrow_of(nt, 2 * t));  // qrow_of(nt, 2t) is even
-        L[nt] = make_float2(v.x, v.y);
-        D[nt] = make_float2(v.z, v.w);
-    }
-}
 // bwd17 (ATOMIC_AMAX): block_max2 of the pipelined d = 64 loop with the block step in shared atomics. Tile i's slot
 // (2 floats, slot i mod 4 at byte 8(i mod 4) of the loop's 128-byte amax scratch, 32-byte aligned) is +0 when its first
 // red arrives: the slots start at +0 (zeroed before the loop's first barrier) and tile i's thread 0 zeroes slot
@@ -2706,7 +2685,6 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
                   "bwd17_block_max2 needs a 128-byte, 32-byte aligned scratch");
     const u32 amax_lane_off = (threadIdx.x & 31) == 0 ? 0u : 32u + 4u * (threadIdx.x & 15);
     if (Path::ATOMIC_AMAX && threadIdx.x < 8) ((float*)(smem_ptr + Lay::red))[threadIdx.x] = 0.0f;  // before the first barrier
-    if (Path::ROWS4 && row_thread) bwd17_store_rows4(rows_of(1), sage14_load_rows(p, bh, qb0, rl), rl);
     sage14_first_wait(smem);
 
     int s_acc[8][4];
@@ -2729,18 +2707,14 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     const auto body = [&](const int qb, const bool MASKED) {
         const int i = qb - qb0, par = i & 1;
         const bool has_next = qb + 1 < d.n_qblk, has_next2 = qb + 2 < d.n_qblk;
-        const float* rows = rows_of(Path::ROWS4 ? par ^ 1 : par);
+        const float* rows = rows_of(par);
         const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
         const int qn = has_next ? qb + 1 : qb;
         const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
 
         // P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
         float2 L[8], D[8];
-        if (Path::ROWS4) {
-            bwd17_row_pairs4(L, D, rows, t);
-        } else {
-            sage14_row_pairs(L, rows, t);
-        }
+        sage14_row_pairs(L, rows, t);
         float ds_in[8][4];  // dPᵀ, then dS in place (without F)
         float (&ds)[8][4] = ds_ahead.pick(ds_in);
         wgmma_wait<0>();  // Sᵀ of qb (F: and dPᵀ)
@@ -2754,7 +2728,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         sage14_prob(prob, s_acc, s_qk, L);
         float amax_p = sage10_tile_max<false>(prob);  // redone below if the tile is masked
         // dS = fl(P·fl(dP − D)) (sage10_ds_regs), D read before the wait.
-        if (!Path::ROWS4) sage14_row_pairs(D, rows + BLOCK_Q, t);
+        sage14_row_pairs(D, rows + BLOCK_Q, t);
         if (!F) {
             wgmma_wait<0>();  // dPᵀ of qb
             wgmma_fence_regs(ds);
@@ -2765,13 +2739,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
             for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D[nt].y : D[nt].x));
         if (MASKED && sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
         float amax_ds = sage10_tile_max<true>(ds);
-        if (has_next && row_thread) {
-            if (Path::ROWS4) {
-                bwd17_store_rows4(rows_of(par), rows_next, rl);
-            } else {
-                sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
-            }
-        }
+        if (has_next && row_thread) sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
         if (BULK) sage14_bulk_wait_read();  // staging tile par (its bulk of tile i − 1) free after (b)
         cp_async_wait<0>();   // this thread's copies of block qb + 1
         fence_proxy_async();  // they and the dŜ stores of block qb − 1 → wgmma's reads
