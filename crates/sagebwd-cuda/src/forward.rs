@@ -147,15 +147,6 @@ const F_WS: i32 = 1 << 22;
 const F_WS_PINGPONG: i32 = 1 << 20;
 const F_WS_EARLY_AMAX: i32 = 1 << 21;
 
-/// The 3-consumer INT8 kernel (sage64b, d = 64 only) when `SAGEBWD_FORWARD_WGMMA=ws3c` asks for it:
-/// `sage_forward_ws3c` (3 consumer warpgroups of 64 query rows per block, P̂ amax before the
-/// exponentials, S(kb + 1) overlapping the O update). Verified, but 10–16 % slower than the
-/// default `ws3` at d = 64 (its consumers spill at 160 registers: RESULTS-gpu.md, sage64b), so
-/// opt-in only; `None` otherwise.
-fn ws3c_kernel(head_dim: usize) -> Option<&'static std::ffi::CStr> {
-    let asked = std::env::var("SAGEBWD_FORWARD_WGMMA").is_ok_and(|m| m == "ws3c");
-    (asked && head_dim == 64).then_some(c"sage_forward_ws3c")
-}
 /// How a kernel of the warp-specialized BF16 forward walks the work: `Pairs`, one block per
 /// query-block pair and (batch·head) (`sage_forward_ws_bf16`, `_fws*`); `Persistent`, min(tiles,
 /// SMs) blocks that each walk tiles (`sage_forward_ws_bf16_p*`, fpafwd2), heaviest first over the
@@ -353,12 +344,9 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags, s.head_dim) } else { 0 };
     p.flags |= wgmma & !F_WS;
     if wgmma & F_WS != 0 {
-        match ws3c_kernel(s.head_dim) {
-            Some(kernel) => launch_ws3c(gpu, k, kernel, &p, &quant)?,
-            None => match int8_persistent_kernel(s.head_dim, s.n_q, wgmma) {
-                Some(kernel) => launch_wsp(gpu, k, kernel, &p, &quant, s.head_dim)?,
-                None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
-            },
+        match int8_persistent_kernel(s.head_dim, s.n_q, wgmma) {
+            Some(kernel) => launch_wsp(gpu, k, kernel, &p, &quant, s.head_dim)?,
+            None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
         }
         return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
     }
@@ -448,21 +436,6 @@ fn int8_v_map(gpu: &Gpu, p: &ForwardParams, quant: &QuantizedDev, head_dim: usiz
 
 /// Threads of the 2-consumer warp-specialized forwards (INT8 and BF16): a producer and two consumer warpgroups.
 const WS_THREADS: u32 = 384;
-
-/// Threads of a `sage_forward_ws3c*` block: a producer and 3 consumer warpgroups (`WS3_THREADS`).
-const WS3C_THREADS: u32 = 512;
-
-/// Dynamic shared memory of `sage_forward_ws3c*` at d = 64 (`Ws3Smem::kSmemBytes`): Q̂ of three query
-/// blocks, rings of 4 K̂ and V̂ᵀ tiles, 4 full and 4 empty mbarriers, 1 KiB of alignment slack.
-const WS3C_SMEM_BYTES: u32 = (3 * 64 * 64 + 2 * 4 * 128 * 64 + 16 * 4 + 1024) as u32;
-
-/// Launches a 3-consumer INT8 kernel (d = 64): 512 threads per block of 3 query blocks (192 rows),
-/// grid (⌈n_qblk / 3⌉, B·H_q), the V̂ᵀ tensor map first.
-fn launch_ws3c(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev) -> Result<()> {
-    let vmap = int8_v_map(gpu, p, quant, 64)?;
-    let grid = ((p.dims.n_qblk as u32).div_ceil(3), (p.dims.batch * p.dims.heads_q) as u32);
-    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, WsShape { smem: WS3C_SMEM_BYTES, grid, threads: WS3C_THREADS, pdl: false })
-}
 
 /// A BF16 `[heads][rows][head_dim]` tensor as TMA boxes of 64 columns × 128 rows, 128-byte
 /// swizzled (one panel of the K-major / N-major tiles of `sage_forward_ws_bf16`); rows past `rows`
