@@ -339,15 +339,6 @@ fn launch_rows(gpu: &Gpu, k: &Kernels, p: &QuantRowsParams, bh: usize, (threads,
 /// Rows per partial sum of the K mean (`K_MEAN_CHUNK` in quantize.cu).
 const K_MEAN_CHUNK: usize = 512;
 
-/// An env switch read once: `Some(false)` for "0", `Some(true)` for "1", else `None` (the default rule).
-fn env_switch(cell: &'static std::sync::OnceLock<Option<bool>>, var: &str) -> Option<bool> {
-    *cell.get_or_init(|| match std::env::var(var).as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    })
-}
-
 /// Whether the forward's quantization writes Q̂ᵀ and K̂ᵀ (glue17): the staged sagebwd backward reads
 /// them, and in one head group (the default `SAGEBWD_BWD_GROUPS`) it would make them whole anyway;
 /// made by the quantizer from the same register tiles as Q̂, K̂ (`store_tile8`), they are the bytes
@@ -361,7 +352,12 @@ fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config) -> bool {
     if !gpu.tensor_cores() || staged_backward(flags(cfg)) != Some(StagedBackward::Sage) {
         return false;
     }
-    match env_switch(&MODE, "SAGEBWD_QKT_FWD") {
+    let forced = *MODE.get_or_init(|| match std::env::var("SAGEBWD_QKT_FWD").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    });
+    match forced {
         Some(on) => on,
         // (an invalid SAGEBWD_BWD_GROUPS is the backward's error, not the forward's)
         None => matches!(gpu.backward_group_policy(), Ok(GroupPolicy::Count(1))),
