@@ -2602,6 +2602,16 @@ __device__ __forceinline__ void sage14_first_wait(u32 smem) {
     __syncthreads();
     sbwd12_interleave_kt(smem + StagedSage::kt);
 }
+// The pipelined query loops' scales of key block kb (pipe14's d 64, sb16's d 128): s_K, and the rows of s_Q and
+// s_dO of head bh over its query blocks.
+struct Sage14Scales {
+    float s_k;
+    const float* q_scale;
+    const float* do_scale;
+    __device__ __forceinline__ Sage14Scales(const BackwardParams& p, int kb, int bh, int bh_kv)
+        : s_k(p.op.k_scale[bh_kv * p.dims.n_kblk + kb]), q_scale(p.op.q_scale + bh * p.dims.n_qblk),
+          do_scale(p.do_scale + bh * p.dims.n_qblk) {}
+};
 #endif  // PIPE14_LOOP || SB128_LOOP (the row-constant and bulk dQ helpers above are shared with sb128)
 #if PIPE14_LOOP
 // dPᵀ's registers: declared in the loop (ds_in) or, with F (dPᵀ issued a tile ahead), before it (Sage14Ds).
@@ -2669,9 +2679,8 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     const int rl = sage14_row_of_thread<Path::ROWS_8>();
     const int warp_u = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0);  // the warp, uniform to ptxas
     const u32 smem_lo = sage10_desc_lo(smem);
-    const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
-    const float* q_scale = p.op.q_scale + bh * d.n_qblk;
-    const float* do_scale = p.do_scale + bh * d.n_qblk;
+    const Sage14Scales sc(p, kb, bh, bh_kv);
+    const float s_k = sc.s_k, *q_scale = sc.q_scale, *do_scale = sc.do_scale;
     float s_q = q_scale[qb0], s_do = do_scale[qb0];
 
     // Block qb0 + 1 into stage 1, its L, D into registers (stored in tile qb0).
@@ -2892,9 +2901,8 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
     const int wg = sbwd13_wg(), t = threadIdx.x & 3;
     const int warp_u = threadIdx.x >> 5;  // plain, as sb128's loop (a shuffle made ptxas see the item loop divergent)
     const u32 smem_lo = sage10_desc_lo(smem);
-    const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
-    const float* q_scale = p.op.q_scale + bh * d.n_qblk;
-    const float* do_scale = p.do_scale + bh * d.n_qblk;
+    const Sage14Scales sc(p, kb, bh, bh_kv);
+    const float s_k = sc.s_k, *q_scale = sc.q_scale, *do_scale = sc.do_scale;
     float s_q = q_scale[qb0], s_do = do_scale[qb0];
 
     // A of block qb0 + 1 into stage 1 (its B follows in tile qb0), its raw L, D into registers.
