@@ -1285,6 +1285,8 @@ struct WsInt8 {
         k_sc = k_sc_next;
         v_sc = v_sc_next;
     }
+    // The one lane of the warp that arrives on a stage's "empty" barrier (ws_tile).
+    __device__ __forceinline__ bool warp_leader() const { return (threadIdx.x & 31) == 0; }
 };
 
 // One tile of the persistent INT8 kernel (sfwd12) for consumer warpgroup w: ws_consume's loop
@@ -1294,7 +1296,11 @@ struct WsInt8 {
 // end + 1 turns per tile; the caller passes the first and takes the last. (ws_consume itself does
 // not call this: at d = 128 ptxas then scheduled the BF16 `fws*` kernels' stage addresses
 // differently, so it keeps its own copy and their SASS stays unchanged.)
-template <bool PINGPONG, bool OVERLAP, class Mix, class Ring>
+// EARLY_TEST (fwd17, the persistent kernel without turns): the "full" phase of stage kb + 1 is tested
+// (mbarrier.test_wait, no suspend) before block kb's softmax, and the blocking wait after it runs only
+// if that test failed: the test's shared-memory latency (~1.7 % of the consumer's stall samples at
+// the try_wait's branch, fwd17) overlaps the softmax.
+template <bool PINGPONG, bool OVERLAP, class Mix, class Ring, bool EARLY_TEST = false>
 __device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, int w, int row0, int it0, int end,
                                         RowState& st, float (*o)[4]) {
     if (end > 0) {
@@ -1307,9 +1313,11 @@ __device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, 
     for (int kb = 0; kb < end; ++kb) {
         const int s = (it0 + kb) % Ring::kStages, s1 = (it0 + kb + 1) % Ring::kStages;
         const bool next = kb + 1 < end;
+        bool ready = false;
+        if constexpr (EARLY_TEST && OVERLAP) ready = next && sm.test_full(it0 + kb + 1);
         mx.begin_block(kb, next);
         mx.softmax(d, st, row0, kb * BLOCK_KV);
-        if (OVERLAP && next) sm.wait_full(it0 + kb + 1);
+        if (OVERLAP && next && !ready) sm.wait_full(it0 + kb + 1);
         mx.pin();
         if (PINGPONG) take_turn(w);
         mx.issue_pv(sm.v_stage(s));
@@ -1320,7 +1328,7 @@ __device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, 
         // with two wgmma groups in flight made ptxas serialize every wgmma, C7514).
         if (PINGPONG) pass_turn(w);
         __syncwarp();
-        if ((threadIdx.x & 31) == 0) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
+        if (mx.warp_leader()) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
         mx.o_update(o, st);
         if (!OVERLAP && next) {
             sm.wait_full(it0 + kb + 1);
@@ -2148,6 +2156,11 @@ FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with hea
 #define WSP16_IMAX 1
 #define WSP16_MASK_LIMIT 2
 #define WSP16_NO_PINGPONG 4
+// fwd17's bits (d = 64; wsp17_softmax_p_hat, ws_tile's EARLY_TEST; described there).
+#define WSP17_INV_ROW1 8
+#define WSP17_EARLY_TEST 32
+#define WSP17_QUAD_IMAX 64
+#define WSP17_ELECT 128
 
 #ifdef SAGE_WGMMA
 // WsRing's layout and interface (stage indices s, counters kb over the block's key blocks) with two
@@ -2172,6 +2185,16 @@ struct WspSmem {
     __device__ __forceinline__ u32 empty_bar(int s) const { return empty + 8 * s; }
     __device__ __forceinline__ u32 q_empty_bar(int i) const { return q_empty + 8 * (i & 1); }
     __device__ __forceinline__ void wait_full(int kb) const { mbar_wait(full_bar(kb % WSP_STAGES), (kb / WSP_STAGES) & 1); }
+    // Whether that phase has completed already (no wait; acquire when it has).
+    __device__ __forceinline__ bool test_full(int kb) const {
+        u32 r;
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(r)
+            : "r"(full_bar(kb % WSP_STAGES)), "r"((u32)(kb / WSP_STAGES) & 1)
+            : "memory");
+        return r != 0;
+    }
     // Producer: the previous use of the stage of the it-th key block / of the j-th Q slot was released.
     __device__ __forceinline__ void wait_empty(int it) const {
         if (it >= WSP_STAGES) mbar_wait(empty_bar(it % WSP_STAGES), ((it / WSP_STAGES) - 1) & 1);
@@ -2308,27 +2331,143 @@ __device__ __forceinline__ int wsp_row_imax(const int (&acc)[64], int h) {
     return max(__vimax3_s32(b0, b1, b2), b3);
 }
 
+// fwd17: x with a data dependency on inv, x unchanged: the bits of x plus the sign bit of inv, which
+// is 0 (inv127_rn gives +0, a positive value or +inf — fl(127/amax) overflows for amax < ~2^-121). As
+// inline PTX so that neither NVVM nor ptxas folds it. (The device call's build had fma(0, inv, x),
+// which is NaN for inv = +inf: the σ = 5 verify cases failed with O = inf; see RESULTS-gpu.md, fwd17.)
+__device__ __forceinline__ float wsp17_dep(float x, float inv) {
+    u32 r;
+    asm("{\n.reg .u32 s;\nshr.u32 s, %2, 31;\nadd.u32 %0, %1, s;\n}\n" : "=r"(r) : "r"(__float_as_uint(x)), "r"(__float_as_uint(inv)));
+    return __uint_as_float(r);
+}
+
+// fwd17: softmax_p_hat_early_mx<true> (the same operations, the same order, the same bits) with the
+// exponentials' scale sc of row 1 (WSP17_INV_ROW1) made data-
+// dependent on the group inverses inv of the quantizer (wsp17_dep: the same value). In main's SASS
+// ptxas issued the two RCP chains of inv127_rn after all 64 EX2s (nothing waited on them before the
+// quantization), so the 64 quantizing FFMAs + 48 PRMTs ran after the EX2 stream instead of in the
+// issue slots between its MUFUs; with row 1's exponentials depending on inv, the chains run during
+// row 0's exponentials and the quantization can interleave with row 1's.
+// Measured (fwd17's device call): interleaved as intended (49–52 of the 64 FFMAs before the 60th EX2),
+// but 1.8–2.8 % slower alone at N 4k / 8k: the EX2s of the SMSP's two consumer warps share the XU, so the
+// stream's stall "wait" became "mio" (the MUFU queue) and the slots gained were not free (RESULTS-gpu.md).
+// WSP17_QUAD_IMAX: mx holds the quad's row maxima already (wsp17_quad_max), so only quad_max_update's
+// m, α update is left.
+__device__ __forceinline__ void wsp17_quad_fmax(float* mx) {
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
+        mx[0] = fmaxf(mx[0], a0);
+        mx[1] = fmaxf(mx[1], a1);
+    }
+}
+template <int V>
+__device__ __forceinline__ void wsp17_softmax_p_hat(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx) {
+    float m_use[2], inv[2];
+    if constexpr ((V & WSP17_QUAD_IMAX) != 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // quad_max_update<true> after its shuffles
+            const float m_new = fmaxf(st.m[h], __fmul_rn(mx[h], sc));
+            m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
+            st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
+            st.m[h] = m_new;
+        }
+    } else {
+        quad_max_update<true>(st, mx, m_use, sc);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float amax = exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h]));
+        st.p_scale[h] = div127_rn(amax);
+        inv[h] = inv127_rn(amax);
+    }
+    float sch[2] = {sc, sc};
+    if constexpr ((V & WSP17_INV_ROW1) != 0) sch[1] = wsp17_dep(wsp17_dep(sc, inv[0]), inv[1]);
+    // softmax_exp_sum<false, true> with sc → sch[h]
+    float sum[2];
+    float ps[4][2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ps[k][h] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1, k = nt & 3;
+            const float pj = exp2_ftz(__fmaf_rn(t[nt][e], sch[h], -m_use[h]));
+            t[nt][e] = pj;
+            ps[k][h] = __fadd_rn(ps[k][h], pj);
+        }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        const float s0x = __shfl_xor_sync(0xffffffffu, sum[0], o2), s1x = __shfl_xor_sync(0xffffffffu, sum[1], o2);
+        sum[0] = __fadd_rn(sum[0], s0x);
+        sum[1] = __fadd_rn(sum[1], s1x);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
+#pragma unroll
+    for (int s = 0; s < BLOCK_KV / 32; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
+}
+
 template <int V>
 struct WspInt8 : WsInt8<true, true> {
     using Base = WsInt8<true, true>;
     __device__ __forceinline__ WspInt8(const ForwardParams& p, u32 q_tiles, int w, int bh, int bh_kv, int qb, int cta_end)
         : Base(p, q_tiles, w, bh, bh_kv, qb, cta_end) {}
+    // WSP17_ELECT: elect.sync (one ELECT, any one lane) instead of lane 0 by S2R of %tid, which ptxas
+    // re-read in every key block (its latency before the O update, fwd17).
+    __device__ __forceinline__ bool warp_leader() const {
+        if constexpr ((V & WSP17_ELECT) != 0) {
+            u32 e;
+            asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n" : "=r"(e));
+            return e != 0;
+        } else {
+            return Base::warp_leader();
+        }
+    }
     __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
         if constexpr (V & WSP16_IMAX) {
             float t[S_TILES][4], mx[2];
             float sc = __fmul_rn(sq, k_sc);
+            if constexpr ((V & WSP17_QUAD_IMAX) != 0) {
+                // fwd17: the quad's row maxima on the integers (float(max acc) = max float(acc), as above),
+                // so that the shuffles' latency overlaps the 64 I2FP; boundary blocks redo them on the floats.
+                int im[2];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) mx[h] = (float)wsp_row_imax(sacc, h);
+                for (int h = 0; h < 2; ++h) im[h] = wsp_row_imax(sacc, h);
+#pragma unroll
+                for (int o2 = 1; o2 <= 2; o2 <<= 1)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) im[h] = max(im[h], __shfl_xor_sync(0xffffffffu, im[h], o2));
+#pragma unroll
+                for (int h = 0; h < 2; ++h) mx[h] = (float)im[h];
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) mx[h] = (float)wsp_row_imax(sacc, h);
+            }
 #pragma unroll
             for (int nt = 0; nt < S_TILES; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) t[nt][e] = (float)sacc[4 * nt + e];
-            if (tile_needs_mask(d, row0, key0)) {
+            // (QUAD_IMAX: the test is warp-uniform — row0 and key0 are — and voted so that ptxas knows it: the
+            // shuffles of the masked path then leave the rest of the loop convergent, without BRA.DIV paths.)
+            const bool masked = tile_needs_mask(d, row0, key0);
+            if ((V & WSP17_QUAD_IMAX) != 0 ? __any_sync(0xffffffffu, masked) : masked) {
                 if constexpr ((V & WSP16_MASK_LIMIT) != 0) wsp_mask_limit(d, t, row0, key0, sc);
                 else mask_permuted(d, t, row0, key0, sc);
                 thread_row_max(t, mx);
+                if constexpr ((V & WSP17_QUAD_IMAX) != 0) wsp17_quad_fmax(mx);
             }
-            softmax_p_hat_early_mx<true>(t, st, pa, sc, mx);
+            if constexpr ((V & (WSP17_INV_ROW1 | WSP17_QUAD_IMAX)) != 0) wsp17_softmax_p_hat<V>(t, st, pa, sc, mx);
+            else softmax_p_hat_early_mx<true>(t, st, pa, sc, mx);
         } else {
             Base::softmax(d, st, row0, key0);
         }
@@ -2357,7 +2496,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
         RowState st;
         float o[O_TILES][4];
         start_rows(st, o);
-        ws_tile<PP, true>(d, sm, mx, w, row0, it, x.end, st, o);
+        ws_tile<PP, true, WspInt8<V>, WspSmem, (V & WSP17_EARLY_TEST) != 0>(d, sm, mx, w, row0, it, x.end, st, o);
         it += x.end;
         if (x.end > 0) {
             __syncwarp();
@@ -2413,6 +2552,13 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
 WSP_ENTRY(sage_forward_ws_p3s, true, WSP16_DEFAULT)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
 WSP_ENTRY(sage_forward_ws_p3s_0, true, 0)            // wsp3s-0: main's kernel before fwd16 (for A/B in one binary)
 WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  // wsp3s-nopp: no turns (d 64: N 1k +1.6 %, N 4k −2.6 %)
+// wsp3s-x: wsp3s plus fwd17's bits at d = 64 (row 1's exponentials after the quantizer inverses, the next
+// stage's early test, the quad maxima on the integers, elect.sync; at d = 128 it is wsp3s): −1.8 to −2.5 %
+// against wsp3s at d 64 N 1k and −0.8 % against wsp3s-nopp at the training shape N 2k (session 17's first
+// call); fwd17 measured its pieces slower than wsp3s-nopp at N 4k–8k (RESULTS-gpu.md, fwd17).
+#define WSP17(bits) (HEAD_DIM == 64 ? (bits) : 0)
+#define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
+WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17(WSP17_ALL))
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

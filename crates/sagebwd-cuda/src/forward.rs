@@ -242,10 +242,11 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// How the INT8 warp-specialized forward (`sage_forward_ws*`, ws3's schedule) walks the work:
 /// `None`, one block per query-block pair and (batch·head) (`sage_forward_ws`, the pairs kernel);
 /// or the persistent kernel to launch on min(tiles, SMs) blocks (sfwd12, snake tile order):
-/// `wsp3s` (`sage_forward_ws_p3s`, ping-pong turns between the consumer warpgroups) or `wsp3s-nopp`
+/// `wsp3s` (`sage_forward_ws_p3s`, ping-pong turns between the consumer warpgroups), `wsp3s-x`
+/// (`sage_forward_ws_p3s_x`, wsp3s with fwd17's changes at d = 64) or `wsp3s-nopp`
 /// (`sage_forward_ws_p3s_nopp`, no turns). The default is persistent at every shape
 /// (`int8_persistent_default`); `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`, `ws13`) asks for the pairs
-/// kernel, `wsp3s` / `wsp3s-nopp` / `wsp3s-0` (before fwd16) for one persistent variant.
+/// kernel, `wsp3s` / `wsp3s-x` / `wsp3s-nopp` / `wsp3s-0` (before fwd16) for one persistent variant.
 /// Only with the ping-pong + early-amax flags (ws3).
 fn int8_persistent_kernel(head_dim: usize, n_q: usize, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
@@ -255,23 +256,31 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, ws_flags: i32) -> Option<
         Ok("wsp3s") => Some(c"sage_forward_ws_p3s"),
         Ok("wsp3s-0") => Some(c"sage_forward_ws_p3s_0"),
         Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
+        Ok("wsp3s-x") => Some(c"sage_forward_ws_p3s_x"),
         Ok("ws3") => None,
         _ => Some(int8_persistent_default(head_dim, n_q)),
     }
 }
 
-/// The default persistent INT8 forward: without the ping-pong turns (`wsp3s-nopp`) from N = 2k on at
-/// d = 64 and from N = 8k on at d = 128, with them (`wsp3s`) below. Measured (H200; RESULTS-gpu.md
-/// "Lead, session 16"): against the pairs kernel `ws3`, which was the default at non-causal d = 64
-/// N ≥ 2k and d = 128 N ≥ 8k, `wsp3s-nopp` is −14 to −18.5 % (d 64 non-causal N 2k–16k) and −6 to
-/// −17 % (d 128 N 8k, 16k, both masks), with `wsp3s` 0.2–4 % behind it at each of those shapes; at
-/// the training shape (d 64 causal, H·D 768) `wsp3s-nopp` is +1.6 % at N 1k, level at 2k, −2.6 % at
-/// 4k and −3 % at 8k against `wsp3s` (session 15); at d 128 N 2k and 4k (both masks, H·D 2048) it was
-/// 0.2–3 % slower than `wsp3s` (the forward kernel's time, quantization excluded, in this session's
-/// two sweeps: same cubins, two calls).
+/// The default persistent INT8 forward: without the ping-pong turns (`wsp3s-nopp`) above N = 2k at
+/// d = 64 and from N = 8k on at d = 128; below that with them, at d = 64 as `wsp3s-x`. Measured
+/// (H200; RESULTS-gpu.md "Lead, session 16" and "Lead, session 17"): against the pairs kernel `ws3`,
+/// which was the default at non-causal d = 64 N ≥ 2k and d = 128 N ≥ 8k, `wsp3s-nopp` is −14 to
+/// −18.5 % (d 64 non-causal N 2k–16k) and −6 to −17 % (d 128 N 8k, 16k, both masks), with `wsp3s`
+/// 0.2–4 % behind it at each of those shapes; at the training shape (d 64 causal, H·D 768)
+/// `wsp3s-nopp` is +1.6 % at N 1k, level at 2k, −2.6 % at 4k and −3 % at 8k against `wsp3s`
+/// (session 15); at d 128 N 2k and 4k (both masks, H·D 2048) it was 0.2–3 % slower than `wsp3s` (the
+/// forward kernel's time, quantization excluded, in session 16's two sweeps: same cubins, two calls).
+/// `wsp3s-x` (session 17's first call, same binary, alternated): −1.8 to −2.5 % against `wsp3s` at
+/// d 64 N 1k (both masks, H·D 2048 and the training shape) and −0.8 % against `wsp3s-nopp` at the
+/// training shape N 2k; fwd17 measured its changes slower than `wsp3s-nopp` at N 4k–8k.
 fn int8_persistent_default(head_dim: usize, n_q: usize) -> &'static std::ffi::CStr {
-    let no_turns_from = if head_dim == 128 { 8192 } else { 2048 };
-    if n_q >= no_turns_from { c"sage_forward_ws_p3s_nopp" } else { c"sage_forward_ws_p3s" }
+    match head_dim {
+        128 if n_q >= 8192 => c"sage_forward_ws_p3s_nopp",
+        128 => c"sage_forward_ws_p3s",
+        _ if n_q > 2048 => c"sage_forward_ws_p3s_nopp",
+        _ => c"sage_forward_ws_p3s_x",
+    }
 }
 
 /// The wgmma flag bits when the forward takes the sm_90a wgmma path: staged INT8 products without

@@ -254,7 +254,7 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
     if !quick {
         v.push((case(shape(1, 2, 2, 4097, 4097, 128), true, 1.0), all_configs()));
         v.push((case(shape(1, 2, 2, 4097, 4097, 64), false, 5.0), presets()));
-        // Causal d = 64 beyond 4k (the persistent INT8 forward without turns, the default from N = 2k on:
+        // Causal d = 64 beyond 4k (the persistent INT8 forward without turns, the default above N = 2k:
         // forward.rs, int8_persistent_default); N a multiple of 64, one head: also the fused preprocess at this length.
         v.push((case(shape(1, 1, 1, 4160, 4160, 64), true, 2.0), presets()));
     }
