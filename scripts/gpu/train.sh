@@ -9,7 +9,7 @@
 # 2. ON THE DEVICE, in the repository root, carrying ["dev/train"]:
 #      bash scripts/gpu/train.sh check            # sagebwd train-check (GPU vs CPU step), ~1 min
 #      bash scripts/gpu/train.sh perf             # base model, seq 1024 and 4096, fpa and sagebwd
-#      bash scripts/gpu/train.sh perf4096         # base, 4096, 60 steps, both preset orders (fpa first, sagebwd first)
+#      bash scripts/gpu/train.sh perf4096         # base, 4096, 60 steps (STEPS=n), both preset orders (fpa first, sagebwd first)
 #      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd (SEED=n: another seed)
 #      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
 #      bash scripts/gpu/train.sh profile          # base, 1024: GPU time per phase (SAGEBWD_PROFILE=1, CUDA events)
@@ -19,7 +19,8 @@
 #      bash scripts/gpu/train.sh multi            # 2 GPUs (machine kind nvidia-h200-x2): data-parallel
 #                                                 # throughput, and 2 GPUs × 8 vs 1 GPU × 16 sequences
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
-#    $OUT (default /tmp/sagebwd-train-out); a summary is printed last.
+#    $OUT (default /tmp/sagebwd-train-out); a summary is printed last. Each run also logs SM clock and
+#    board power (NAME.smi.csv) and summarizes its plateaus of high draw (scripts/gpu/power_log.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -46,7 +47,7 @@ prepare() {
 }
 
 if [ "${1:-}" = --prepare ]; then shift; prepare "$@"; exit $?; fi
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,22p' "$0"; exit 0; fi
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,23p' "$0"; exit 0; fi
 
 OUT=${OUT:-/tmp/sagebwd-train-out}
 mkdir -p "$OUT"
@@ -62,10 +63,18 @@ status=0
 run_logged() { # name, command...: runs, keeps the log, copies summary lines
   local name=$1; shift
   echo "== $name: $*" | tee -a "$summary"
-  local t0=$SECONDS
+  local t0=$SECONDS smi=""
+  # SM clock and board power every 100 ms (power_log.py: why they matter): $OUT/NAME.smi.csv
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit --format=csv,noheader,nounits -lms 100 \
+      > "$OUT/$name.smi.csv" 2> /dev/null &
+    smi=$!
+  fi
   "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
+  [ -n "$smi" ] && kill "$smi" 2> /dev/null && wait "$smi" 2> /dev/null
   grep -E "tokens/s|all checks|FAIL|^loss|after .* steps|error|validation loss|^\| (fpa|sagebwd)" "$OUT/$name.log" | sed 's/^/  /' >> "$summary"
+  [ -n "$smi" ] && python3 scripts/gpu/power_log.py "$OUT/$name.smi.csv" >> "$summary" 2>&1
   echo "  exit $rc, $((SECONDS - t0)) s" >> "$summary"
   [ $rc = 0 ] || status=1
 }
@@ -89,8 +98,9 @@ while [ $# -gt 0 ]; do
     perf4096)
       # The issue-5 comparison with less noise: twice as many steps, and each preset once first and once
       # second (a GPU that warms up or down during the call favours neither).
+      # STEPS=n: longer runs (default 60).
       for order in fpa,sagebwd sagebwd,fpa; do
-        run_logged "perf4096-${order/,/-}" $BIN train --device cuda --model base --seq 4096 --batch 4 --steps 60 \
+        run_logged "perf4096-${order/,/-}" $BIN train --device cuda --model base --seq 4096 --batch 4 --steps "${STEPS:-60}" \
           --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset "$order" \
           --name "p4k-${order/,/-}" --runs-dir $RUNS
       done ;;
