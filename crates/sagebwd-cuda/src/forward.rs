@@ -246,7 +246,11 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// (`sage_forward_ws_p3s_x`, wsp3s with fwd17's changes at d = 64) or `wsp3s-nopp`
 /// (`sage_forward_ws_p3s_nopp`, no turns). The default is persistent at every shape
 /// (`int8_persistent_default`); `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`, `ws13`) asks for the pairs
-/// kernel, `wsp3s` / `wsp3s-x` / `wsp3s-nopp` / `wsp3s-0` (before fwd16) for one persistent variant.
+/// kernel, `wsp3s` / `wsp3s-x` / `wsp3s-nopp` / `wsp3s-0` (before fwd16) for one persistent variant;
+/// fwd18's opt-in variants of `wsp3s-nopp` (d = 64; at d = 128 they are `wsp3s-nopp`): `wsp3s-s0`,
+/// `-s2`, `-s3`, `-s4` (the once-per-tile stagger of the two consumer warpgroups, warpgroup 1 starting a
+/// tile at point 0, 2, 3 or 4 of warpgroup 0's first key block), `-o2` (the same only in the block's
+/// first tile), `-a` (the O update's α multiply skipped per row half), `-s2a` (both).
 /// Only with the ping-pong + early-amax flags (ws3).
 fn int8_persistent_kernel(head_dim: usize, n_q: usize, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
@@ -257,6 +261,13 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, ws_flags: i32) -> Option<
         Ok("wsp3s-0") => Some(c"sage_forward_ws_p3s_0"),
         Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
         Ok("wsp3s-x") => Some(c"sage_forward_ws_p3s_x"),
+        Ok("wsp3s-s0") => Some(c"sage_forward_ws_p3s_s0"),
+        Ok("wsp3s-s2") => Some(c"sage_forward_ws_p3s_s2"),
+        Ok("wsp3s-s3") => Some(c"sage_forward_ws_p3s_s3"),
+        Ok("wsp3s-s4") => Some(c"sage_forward_ws_p3s_s4"),
+        Ok("wsp3s-o2") => Some(c"sage_forward_ws_p3s_o2"),
+        Ok("wsp3s-a") => Some(c"sage_forward_ws_p3s_a"),
+        Ok("wsp3s-s2a") => Some(c"sage_forward_ws_p3s_s2a"),
         Ok("ws3") => None,
         _ => Some(int8_persistent_default(head_dim, n_q)),
     }
