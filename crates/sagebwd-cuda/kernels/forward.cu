@@ -2779,7 +2779,10 @@ WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  //
 #define WSP17(bits) (HEAD_DIM == 64 ? (bits) : 0)
 #define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
 WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17(WSP17_ALL))
-// fwd18: wsp3s-nopp with the once-per-tile stagger (wsp18_consumer; d = 128: wsp3s-nopp).
+// fwd18: wsp3s-nopp with the once-per-tile stagger (wsp18_consumer; d = 128: wsp3s-nopp). Measured (fwd18's call,
+// forward incl. quantization, against the default): s0 −2.0 % at the training shape N 4k, −3.1 / −2.3 % at N 1k / 2k
+// (against wsp3s-x), level at 8k, +0.9 / +1.9 % at N 16k causal / full (H·D 2048): the default at d 64 causal N ≤ 4k
+// (src/forward.rs); s2, s3, s4, o2 (warpgroup 1 half a block or more behind) +1.6 to +6 %; a, s2a +2.7 to +5 %.
 #define WSP18(bits) (HEAD_DIM == 64 ? (WSP18_PATH | (bits)) : 0)
 #define WSP18_NOPP (WSP16_DEFAULT | WSP16_NO_PINGPONG)
 WSP_ENTRY(sage_forward_ws_p3s_s0, true, WSP18_NOPP | WSP18(WSP18_STAGGER | WSP18_AT(0)))

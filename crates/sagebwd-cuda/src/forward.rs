@@ -252,7 +252,7 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// tile at point 0, 2, 3 or 4 of warpgroup 0's first key block), `-o2` (the same only in the block's
 /// first tile), `-a` (the O update's α multiply skipped per row half), `-s2a` (both).
 /// Only with the ping-pong + early-amax flags (ws3).
-fn int8_persistent_kernel(head_dim: usize, n_q: usize, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
+fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
         return None;
     }
@@ -269,11 +269,12 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, ws_flags: i32) -> Option<
         Ok("wsp3s-a") => Some(c"sage_forward_ws_p3s_a"),
         Ok("wsp3s-s2a") => Some(c"sage_forward_ws_p3s_s2a"),
         Ok("ws3") => None,
-        _ => Some(int8_persistent_default(head_dim, n_q)),
+        _ => Some(int8_persistent_default(head_dim, n_q, causal)),
     }
 }
 
-/// The default persistent INT8 forward: without the ping-pong turns (`wsp3s-nopp`) above N = 2k at
+/// The default persistent INT8 forward: at d = 64 causal up to N = 4k `wsp3s-s0` (no turns, the
+/// once-per-tile stagger); otherwise without the ping-pong turns (`wsp3s-nopp`) above N = 2k at
 /// d = 64 and from N = 8k on at d = 128; below that with them, at d = 64 as `wsp3s-x`. Measured
 /// (H200; RESULTS-gpu.md "Lead, session 16" and "Lead, session 17"): against the pairs kernel `ws3`,
 /// which was the default at non-causal d = 64 N ≥ 2k and d = 128 N ≥ 8k, `wsp3s-nopp` is −14 to
@@ -285,10 +286,17 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, ws_flags: i32) -> Option<
 /// `wsp3s-x` (session 17's first call, same binary, alternated): −1.8 to −2.5 % against `wsp3s` at
 /// d 64 N 1k (both masks, H·D 2048 and the training shape) and −0.8 % against `wsp3s-nopp` at the
 /// training shape N 2k; fwd17 measured its changes slower than `wsp3s-nopp` at N 4k–8k.
-fn int8_persistent_default(head_dim: usize, n_q: usize) -> &'static std::ffi::CStr {
+/// `wsp3s-s0` (`wsp3s-nopp` with fwd18's once-per-tile stagger: warpgroup 1 starts each tile once
+/// warpgroup 0's first S is done) at d = 64 causal up to N 4k (fwd18's call, same binary, two
+/// alternated rounds, forward ms incl. quantization): training shape (H·D 768) −3.1 % at N 1k and
+/// −2.3 % at N 2k against `wsp3s-x`, −2.0 % at N 4k against `wsp3s-nopp`; causal N 4k at H·D 2048
+/// −2.0 %. Not taken: causal N 8k (−0.3 %), 16k (+0.9 %), non-causal N 4k (+0.3 %), 16k (+1.9 %);
+/// non-causal N ≤ 2k and causal N 1k/2k at H·D 2048 were not measured (the rule takes the latter).
+fn int8_persistent_default(head_dim: usize, n_q: usize, causal: bool) -> &'static std::ffi::CStr {
     match head_dim {
         128 if n_q >= 8192 => c"sage_forward_ws_p3s_nopp",
         128 => c"sage_forward_ws_p3s",
+        _ if causal && n_q <= 4096 => c"sage_forward_ws_p3s_s0",
         _ if n_q > 2048 => c"sage_forward_ws_p3s_nopp",
         _ => c"sage_forward_ws_p3s_x",
     }
@@ -364,7 +372,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags, s.head_dim) } else { 0 };
     p.flags |= wgmma & !F_WS;
     if wgmma & F_WS != 0 {
-        match int8_persistent_kernel(s.head_dim, s.n_q, wgmma) {
+        match int8_persistent_kernel(s.head_dim, s.n_q, x.causal, wgmma) {
             Some(kernel) => launch_wsp(gpu, k, kernel, &p, &quant, s.head_dim)?,
             None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
         }
