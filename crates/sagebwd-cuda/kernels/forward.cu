@@ -2161,15 +2161,9 @@ FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with hea
 #define WSP17_EARLY_TEST 32
 #define WSP17_QUAD_IMAX 64
 #define WSP17_ELECT 128
-// fwd18's bits (d = 64, without turns; wsp18_consumer): WSP18_STAGGER, the once-per-tile stagger of the two
-// consumer warpgroups; WSP18_ONCE, only in the block's first tile; WSP18_AT(a), the point of warpgroup 0's
-// first key block of the tile at which warpgroup 1 may start that tile (described at wsp18_tile).
-#define WSP18_PATH 8192  // wsp18_consumer (with or without the stagger; d = 64, no turns)
-#define WSP18_AHALF 16384  // the O update's α multiply per row half (wsp18_o_update)
-#define WSP18_STAGGER 256
-#define WSP18_ONCE 512
-#define WSP18_AT(a) ((a) << 10)
-#define WSP18_AT_OF(V) (((V) >> 10) & 7)
+// fwd18 (d = 64, without turns): the path of wsp18_consumer, the once-per-tile stagger of the two consumer
+// warpgroups (described there).
+#define WSP18_STAGGER 8192
 
 #ifdef SAGE_WGMMA
 // WsRing's layout and interface (stage indices s, counters kb over the block's key blocks) with two
@@ -2426,58 +2420,6 @@ __device__ __forceinline__ void wsp17_softmax_p_hat(float (*t)[4], RowState& st,
             for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
 }
 
-// fwd18: softmax_p_hat_early_mx<true> (the same operations in the same order: the same bits, and with
-// arrive_at doing nothing the same SASS) with arrive_at(1, ...) before the exponentials (once the group
-// scales are known) and arrive_at(2, ...) after half of them (n-tiles 0..7 of both rows; once the partial
-// sums of n-tile 7 are known): the points at which warpgroup 0 may let warpgroup 1 start a tile (wsp18_tile).
-template <class Arrive>
-__device__ __forceinline__ void wsp18_softmax_p_hat(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx,
-                                                    Arrive arrive_at) {
-    float m_use[2], inv[2];
-    quad_max_update<true>(st, mx, m_use, sc);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float amax = exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h]));
-        st.p_scale[h] = div127_rn(amax);
-        inv[h] = inv127_rn(amax);
-    }
-    arrive_at(1, st.p_scale[0], st.p_scale[1]);
-    // softmax_exp_sum<false, true>
-    float sum[2];
-    float ps[4][2];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) ps[k][h] = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < S_TILES; ++nt) {
-        if (nt == S_TILES / 2) arrive_at(2, ps[3][0], ps[3][1]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int h = e >> 1, k = nt & 3;
-            const float pj = exp2_ftz(__fmaf_rn(t[nt][e], sc, -m_use[h]));
-            t[nt][e] = pj;
-            ps[k][h] = __fadd_rn(ps[k][h], pj);
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
-#pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        const float s0 = __shfl_xor_sync(0xffffffffu, sum[0], o2), s1 = __shfl_xor_sync(0xffffffffu, sum[1], o2);
-        sum[0] = __fadd_rn(sum[0], s0);
-        sum[1] = __fadd_rn(sum[1], s1);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
-#pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
-}
-
 template <int V>
 struct WspInt8 : WsInt8<true, true> {
     using Base = WsInt8<true, true>;
@@ -2533,24 +2475,6 @@ struct WspInt8 : WsInt8<true, true> {
             Base::softmax(d, st, row0, key0);
         }
     }
-    // fwd18: softmax's WSP16_IMAX | WSP16_MASK_LIMIT path (the same code) with wsp18_softmax_p_hat, which
-    // calls arrive_at(point) at its points 1 and 2 (wsp18_tile).
-    template <class Arrive>
-    __device__ __forceinline__ void softmax18(const Dims& d, RowState& st, int row0, int key0, Arrive arrive_at) {
-        float t[S_TILES][4], mx[2];
-        float sc = __fmul_rn(sq, k_sc);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) mx[h] = (float)wsp_row_imax(sacc, h);
-#pragma unroll
-        for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) t[nt][e] = (float)sacc[4 * nt + e];
-        if (tile_needs_mask(d, row0, key0)) {
-            wsp_mask_limit(d, t, row0, key0, sc);
-            thread_row_max(t, mx);
-        }
-        wsp18_softmax_p_hat(t, st, pa, sc, mx, arrive_at);
-    }
 };
 
 // Consumer warpgroup w: query block 2·pair + w of each of the block's tiles, one ws_tile each with
@@ -2589,70 +2513,31 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
     }
     if (turns && w == 0) take_turn(0);
 }
-// fwd18: a cheaper stagger than the turns. Without turns (`wsp3s-nopp`, the default above N 2k at d = 64)
-// the two consumer warpgroups run free; both start a tile on the same stage (its Q̂ and first K̂ arrive
-// together), so they tend to run their key blocks in phase, and the two warps of each SMSP (warp k of
-// each warpgroup) then issue their 68 MUFUs per block at the same time on the one XU (fwd17: ~39 % of
-// the SMSP's cycles at N 4k). The turns (`wsp3s`) keep them half a block apart, at the price of two
-// named barriers per block. Here (WSP18_STAGGER) warpgroup 1 starts each tile's first S only after
-// warpgroup 0 has reached point a = WSP18_AT_OF(V) of its first key block of the tile (named barrier 3,
-// warpgroup 0 arrives): 0 its softmax's start (the S done), 1 its exponentials' start, 2 half of its
-// exponentials, 3 its softmax's end (before P̂V), 4 P̂V done (before the O update). Then the warpgroups
-// run free again: once per tile, no per-block barrier. So that warpgroup 0 never arrives twice on
-// barrier 3 before warpgroup 1 waited there once, warpgroup 0 starts a tile only after warpgroup 1 has
-// started the previous one (barrier 4: warpgroup 1 arrives once before its first tile and after each
-// wait on 3, warpgroup 0 waits before each tile and once after its last). WSP18_ONCE: only in the
-// block's first tile (barrier 3 once, no barrier 4). Tiles without key blocks take no part (both
-// warpgroups skip them alike). The arithmetic is unchanged (wsp18_softmax_p_hat).
+// fwd18: the once-per-tile stagger (WSP18_STAGGER, d = 64, no turns). Without turns (`wsp3s-nopp`) the two
+// consumer warpgroups run free and drift apart within a block's tiles, by different amounts on different
+// SMs. Here warpgroup 1 starts each tile's first S only once warpgroup 0's S of its first key block of the
+// tile is done (named barrier 3, warpgroup 0 arrives at the start of that block's softmax): the two are
+// re-aligned, nearly in phase, at every tile; then they run free again, with no per-block barrier. So that
+// warpgroup 0 never arrives twice on barrier 3 before warpgroup 1 waited there once, warpgroup 0 starts a
+// tile only after warpgroup 1 has started the previous one (barrier 4: warpgroup 1 arrives once before its
+// first tile and after each wait on 3, warpgroup 0 waits before each tile and once after its last). Tiles
+// without key blocks take no part (both warpgroups skip them alike). The arithmetic is ws_tile's.
+// Measured (fwd18's call, RESULTS-gpu.md): in phase is what pays — warpgroup 1 half a block or more behind
+// (at later points of warpgroup 0's first block, or once per kernel) was 1.6–6 % slower than `wsp3s-nopp`,
+// while this variant was −2.0 % at the training shape N 4k; ncu puts the gain in the kernel's tail
+// (the last SM finishes 16 k cycles after the average one instead of 35 k), not in the per-block stalls.
 #define WSP18_BAR_GO1 3  // warpgroup 0 → 1: the tile's start
 #define WSP18_BAR_GO0 4  // warpgroup 1 → 0: the previous tile started
-// bar.arrive on barrier 3 (256 threads) if p, predicated (no branch inside the softmax's code).
+// bar.arrive on barrier 3 (256 threads) if p, predicated (no branch before the softmax's code).
 __device__ __forceinline__ void wsp18_arrive_if(bool p) {
     asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q bar.arrive 3, 256;\n}\n" ::"r"((u32)p) : "memory");
 }
-// The same, issued only once a and b are known: ptxas places a bar.arrive anywhere in its scheduling region
-// (inside the softmax: after the whole EX2 stream), so the barrier's id is 3 + the sign bit of a | b, which is
-// 0: a, b are exponentials (MUFU.EX2: +0, positive, +inf or the canonical NaN) or FP32 sums of them.
-__device__ __forceinline__ void wsp18_arrive_after(bool p, float a, float b) {
-    asm volatile("{\n.reg .pred q;\n.reg .u32 i;\nsetp.ne.u32 q, %0, 0;\nor.b32 i, %1, %2;\nshr.u32 i, i, 31;\n"
-                 "add.u32 i, i, 3;\n@q bar.arrive i, 256;\n}\n" ::"r"((u32)p),
-                 "r"(__float_as_uint(a)), "r"(__float_as_uint(b))
-                 : "memory");
-}
 
-// fwd18 (WSP18_AHALF): ws_o_update with the multiply fl(O·α) skipped per row half h of the warp (rows g,
-// rows g + 8: elements 2h, 2h + 1 of each n-tile) where all its α are 1, instead of only where all 16 are
-// (fwd16/fwd17: the warp's α ≠ 1 path in 77 % of the blocks at N 4k; with i.i.d. scores a row raises its max
-// in block kb with probability ~1/(kb + 1), so 8 rows keep theirs more often than 16). The same bits:
-// fl(O·1) = O, and every other element gets the same fma(float(acc), fl(s_P·s_V), fl(O·α)).
-template <bool M0, bool M1>
-__device__ __forceinline__ void wsp18_o_add(float (*o)[4], const int (&acc)[HEAD_DIM / 2], const RowState& st, float dq0, float dq1) {
-#pragma unroll
-    for (int nd = 0; nd < O_TILES; ++nd)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const bool mul = e < 2 ? M0 : M1;
-            const float base = mul ? __fmul_rn(o[nd][e], st.alpha[e >> 1]) : o[nd][e];
-            o[nd][e] = __fmaf_rn((float)acc[4 * nd + e], e < 2 ? dq0 : dq1, base);
-        }
-}
-// (Four whole paths: with the multiplies in branches of their own and one add loop after them, ptxas
-// put that loop after the next S's wait.)
-__device__ __forceinline__ void wsp18_o_update(float (*o)[4], const int (&acc)[HEAD_DIM / 2], const RowState& st, float s_v) {
-    const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
-    const bool one0 = __all_sync(0xffffffffu, st.alpha[0] == 1.0f), one1 = __all_sync(0xffffffffu, st.alpha[1] == 1.0f);
-    if (one0 && one1) wsp18_o_add<false, false>(o, acc, st, dq0, dq1);
-    else if (one0) wsp18_o_add<false, true>(o, acc, st, dq0, dq1);
-    else if (one1) wsp18_o_add<true, false>(o, acc, st, dq0, dq1);
-    else wsp18_o_add<true, true>(o, acc, st, dq0, dq1);
-}
-
-// ws_tile<false, true> (no turns, overlap; the same steps) with warpgroup 0's arrival on barrier 3 at
-// point AT of the tile's first key block when `arrive`.
+// ws_tile<false, true> (no turns, overlap; the same steps) with warpgroup 0's arrival on barrier 3 at the
+// start of the tile's first key block when `arrive`.
 template <int V>
 __device__ __forceinline__ void wsp18_tile(const Dims& d, const WspSmem& sm, WspInt8<V>& mx, int row0, int it0, int end,
                                            RowState& st, float (*o)[4], bool arrive) {
-    constexpr int AT = WSP18_AT_OF(V);
     if (end > 0) {
         sm.wait_full(it0);
         mx.issue_scores(sm.k_stage(it0 % WspSmem::kStages));
@@ -2665,22 +2550,17 @@ __device__ __forceinline__ void wsp18_tile(const Dims& d, const WspSmem& sm, Wsp
         const int s = (it0 + kb) % WspSmem::kStages, s1 = (it0 + kb + 1) % WspSmem::kStages;
         const bool next = kb + 1 < end;
         mx.begin_block(kb, next);
-        if (AT == 0) wsp18_arrive_if(arr != 0);
-        mx.softmax18(d, st, row0, kb * BLOCK_KV, [&](int a, float x, float y) {
-            if (a == AT) wsp18_arrive_after(arr != 0, x, y);
-        });
-        if (AT == 3) wsp18_arrive_if(arr != 0);
+        wsp18_arrive_if(arr != 0);
+        mx.softmax(d, st, row0, kb * BLOCK_KV);
         if (next) sm.wait_full(it0 + kb + 1);
         mx.pin();
         mx.issue_pv(sm.v_stage(s));
         if (next) mx.issue_scores(sm.k_stage(s1));
         if (next) wgmma_wait<1>();  // P·V(kb) done; S(kb + 1) may still run
         else wgmma_wait<0>();
-        if (AT == 4) wsp18_arrive_if(arr != 0);
         __syncwarp();
         if (mx.warp_leader()) mbar_arrive(sm.empty_bar(s));  // K(kb), V(kb) read by this warp
-        if constexpr ((V & WSP18_AHALF) != 0) wsp18_o_update(o, mx.pacc, st, mx.v_sc);
-        else mx.o_update(o, st);
+        mx.o_update(o, st);
         wgmma_wait<0>();
         mx.end_block();
         arr = 0;
@@ -2691,10 +2571,9 @@ __device__ __forceinline__ void wsp18_tile(const Dims& d, const WspSmem& sm, Wsp
 // wsp_consumer without turns, with the stagger (above).
 template <bool SNAKE, int V>
 __device__ void wsp18_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
-    constexpr bool STAGGER = (V & WSP18_STAGGER) != 0, ONCE = (V & WSP18_ONCE) != 0;
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
-    const bool any = STAGGER && !ONCE && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
+    const bool any = (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
     if (any && w == 1) named_arrive(WSP18_BAR_GO0, 2 * WG_THREADS);
     int it = 0, j = 0;
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
@@ -2708,12 +2587,12 @@ __device__ void wsp18_consumer(const ForwardParams& p, const WspSmem& sm, int w)
         start_rows(st, o);
         // (The warpgroup test voted, so that ptxas knows it is warp-uniform: otherwise it treated the
         // softmax's shuffles as possibly divergent, a second, collective path for them.)
-        const bool stag = STAGGER && x.end > 0 && (!ONCE || j == 0);
-        const bool w0 = STAGGER && __any_sync(0xffffffffu, stag && w == 0), w1 = STAGGER && __any_sync(0xffffffffu, stag && w != 0);
-        if (w0 && !ONCE) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
+        const bool stag = x.end > 0;
+        const bool w0 = __any_sync(0xffffffffu, stag && w == 0), w1 = __any_sync(0xffffffffu, stag && w != 0);
+        if (w0) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
         if (w1) {
             named_sync(WSP18_BAR_GO1, 2 * WG_THREADS);
-            if (!ONCE) named_arrive(WSP18_BAR_GO0, 2 * WG_THREADS);
+            named_arrive(WSP18_BAR_GO0, 2 * WG_THREADS);
         }
         wsp18_tile<V>(d, sm, mx, row0, it, x.end, st, o, w0);
         it += x.end;
@@ -2751,7 +2630,7 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         wsp_producer<SNAKE>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        if constexpr ((V & WSP18_PATH) != 0) wsp18_consumer<SNAKE, V>(p, sm, wg - 1);
+        if constexpr ((V & WSP18_STAGGER) != 0) wsp18_consumer<SNAKE, V>(p, sm, wg - 1);
         else wsp_consumer<SNAKE, V>(p, sm, wg - 1);
     }
 #else
@@ -2779,19 +2658,12 @@ WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  //
 #define WSP17(bits) (HEAD_DIM == 64 ? (bits) : 0)
 #define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
 WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17(WSP17_ALL))
-// fwd18: wsp3s-nopp with the once-per-tile stagger (wsp18_consumer; d = 128: wsp3s-nopp). Measured (fwd18's call,
-// forward incl. quantization, against the default): s0 −2.0 % at the training shape N 4k, −3.1 / −2.3 % at N 1k / 2k
-// (against wsp3s-x), level at 8k, +0.9 / +1.9 % at N 16k causal / full (H·D 2048): the default at d 64 causal N ≤ 4k
-// (src/forward.rs); s2, s3, s4, o2 (warpgroup 1 half a block or more behind) +1.6 to +6 %; a, s2a +2.7 to +5 %.
-#define WSP18(bits) (HEAD_DIM == 64 ? (WSP18_PATH | (bits)) : 0)
-#define WSP18_NOPP (WSP16_DEFAULT | WSP16_NO_PINGPONG)
-WSP_ENTRY(sage_forward_ws_p3s_s0, true, WSP18_NOPP | WSP18(WSP18_STAGGER | WSP18_AT(0)))
-WSP_ENTRY(sage_forward_ws_p3s_s2, true, WSP18_NOPP | WSP18(WSP18_STAGGER | WSP18_AT(2)))
-WSP_ENTRY(sage_forward_ws_p3s_s3, true, WSP18_NOPP | WSP18(WSP18_STAGGER | WSP18_AT(3)))
-WSP_ENTRY(sage_forward_ws_p3s_s4, true, WSP18_NOPP | WSP18(WSP18_STAGGER | WSP18_AT(4)))
-WSP_ENTRY(sage_forward_ws_p3s_o2, true, WSP18_NOPP | WSP18(WSP18_STAGGER | WSP18_ONCE | WSP18_AT(2)))
-WSP_ENTRY(sage_forward_ws_p3s_a, true, WSP18_NOPP | WSP18(WSP18_AHALF))
-WSP_ENTRY(sage_forward_ws_p3s_s2a, true, WSP18_NOPP | WSP18(WSP18_AHALF | WSP18_STAGGER | WSP18_AT(2)))
+// wsp3s-stagger: wsp3s-nopp with fwd18's once-per-tile stagger (wsp18_consumer; at d = 128 it is wsp3s-nopp).
+// Measured (fwd18's call, forward incl. quantization, against the default then): −2.0 % at the training shape
+// N 4k and at causal N 4k H·D 2048, −3.1 / −2.3 % at the training shape N 1k / 2k (against wsp3s-x); level at
+// causal N 8k, +0.9 / +1.9 % at N 16k causal / full, +0.3 % at N 4k full (H·D 2048): the default at d 64 causal
+// up to N 4k (src/forward.rs).
+WSP_ENTRY(sage_forward_ws_p3s_stagger, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | (HEAD_DIM == 64 ? WSP18_STAGGER : 0))
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

@@ -246,11 +246,9 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// (`sage_forward_ws_p3s_x`, wsp3s with fwd17's changes at d = 64) or `wsp3s-nopp`
 /// (`sage_forward_ws_p3s_nopp`, no turns). The default is persistent at every shape
 /// (`int8_persistent_default`); `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`, `ws13`) asks for the pairs
-/// kernel, `wsp3s` / `wsp3s-x` / `wsp3s-nopp` / `wsp3s-0` (before fwd16) for one persistent variant;
-/// fwd18's opt-in variants of `wsp3s-nopp` (d = 64; at d = 128 they are `wsp3s-nopp`): `wsp3s-s0`,
-/// `-s2`, `-s3`, `-s4` (the once-per-tile stagger of the two consumer warpgroups, warpgroup 1 starting a
-/// tile at point 0, 2, 3 or 4 of warpgroup 0's first key block), `-o2` (the same only in the block's
-/// first tile), `-a` (the O update's α multiply skipped per row half), `-s2a` (both).
+/// kernel, `wsp3s` / `wsp3s-x` / `wsp3s-nopp` / `wsp3s-stagger` (`wsp3s-nopp` with fwd18's
+/// once-per-tile stagger of the two consumer warpgroups at d = 64) / `wsp3s-0` (before fwd16) for one
+/// persistent variant.
 /// Only with the ping-pong + early-amax flags (ws3).
 fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
@@ -261,19 +259,13 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
         Ok("wsp3s-0") => Some(c"sage_forward_ws_p3s_0"),
         Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
         Ok("wsp3s-x") => Some(c"sage_forward_ws_p3s_x"),
-        Ok("wsp3s-s0") => Some(c"sage_forward_ws_p3s_s0"),
-        Ok("wsp3s-s2") => Some(c"sage_forward_ws_p3s_s2"),
-        Ok("wsp3s-s3") => Some(c"sage_forward_ws_p3s_s3"),
-        Ok("wsp3s-s4") => Some(c"sage_forward_ws_p3s_s4"),
-        Ok("wsp3s-o2") => Some(c"sage_forward_ws_p3s_o2"),
-        Ok("wsp3s-a") => Some(c"sage_forward_ws_p3s_a"),
-        Ok("wsp3s-s2a") => Some(c"sage_forward_ws_p3s_s2a"),
+        Ok("wsp3s-stagger") => Some(c"sage_forward_ws_p3s_stagger"),
         Ok("ws3") => None,
         _ => Some(int8_persistent_default(head_dim, n_q, causal)),
     }
 }
 
-/// The default persistent INT8 forward: at d = 64 causal up to N = 4k `wsp3s-s0` (no turns, the
+/// The default persistent INT8 forward: at d = 64 causal up to N = 4k `wsp3s-stagger` (no turns, the
 /// once-per-tile stagger); otherwise without the ping-pong turns (`wsp3s-nopp`) above N = 2k at
 /// d = 64 and from N = 8k on at d = 128; below that with them, at d = 64 as `wsp3s-x`. Measured
 /// (H200; RESULTS-gpu.md "Lead, session 16" and "Lead, session 17"): against the pairs kernel `ws3`,
@@ -286,7 +278,7 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
 /// `wsp3s-x` (session 17's first call, same binary, alternated): −1.8 to −2.5 % against `wsp3s` at
 /// d 64 N 1k (both masks, H·D 2048 and the training shape) and −0.8 % against `wsp3s-nopp` at the
 /// training shape N 2k; fwd17 measured its changes slower than `wsp3s-nopp` at N 4k–8k.
-/// `wsp3s-s0` (`wsp3s-nopp` with fwd18's once-per-tile stagger: warpgroup 1 starts each tile once
+/// `wsp3s-stagger` (`wsp3s-nopp` with fwd18's once-per-tile stagger: warpgroup 1 starts each tile once
 /// warpgroup 0's first S is done) at d = 64 causal up to N 4k (fwd18's call, same binary, two
 /// alternated rounds, forward ms incl. quantization): training shape (H·D 768) −3.1 % at N 1k and
 /// −2.3 % at N 2k against `wsp3s-x`, −2.0 % at N 4k against `wsp3s-nopp`; causal N 4k at H·D 2048
@@ -296,7 +288,7 @@ fn int8_persistent_default(head_dim: usize, n_q: usize, causal: bool) -> &'stati
     match head_dim {
         128 if n_q >= 8192 => c"sage_forward_ws_p3s_nopp",
         128 => c"sage_forward_ws_p3s",
-        _ if causal && n_q <= 4096 => c"sage_forward_ws_p3s_s0",
+        _ if causal && n_q <= 4096 => c"sage_forward_ws_p3s_stagger",
         _ if n_q > 2048 => c"sage_forward_ws_p3s_nopp",
         _ => c"sage_forward_ws_p3s_x",
     }
