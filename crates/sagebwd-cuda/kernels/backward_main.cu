@@ -1554,14 +1554,22 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 #ifndef BWD17_AMAX
 #define BWD17_AMAX 1
 #endif
+// - TMA_DQ (bwd18; KIND 2 = StagedSage14Q, kernel sage_bwd_main_mma_sage_q, opt-in by SAGEBWD_SAGE_TMA_DQ=1 in
+//   src/backward.rs; NOT RUN ON A GPU in this form): StagedSage14's tile with fpab15's dQ staging at d = 64: each warp
+//   stores its own landed dQ fragment (16 rows × 32 FP32) into its 2 KB box in the 128-byte swizzle (conflict-free
+//   without bulk15's 32 selects), and after the next tile's barrier (b), where the base issues its row bulk reduces,
+//   one lane adds the box by one TMA tensor reduce (bwd18_tma_stage_dq, bwd18_tma_reduce_dq). Boxes double-buffered
+//   like the staging tiles; the bulk wait_read before (b) and the proxy fence before it cover them as before.
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct StagedSage14T : StagedSage {
     static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT, SPLIT_MASK = SPLIT;
-    static constexpr bool ATOMIC_AMAX = KIND == 0 && BWD17_AMAX;
+    static constexpr bool ATOMIC_AMAX = KIND != 1 && BWD17_AMAX;
+    static constexpr bool TMA_DQ = KIND == 2 && BULK;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
 };
 typedef StagedSage14T<0, SAGE14_PLAIN_OPTS> StagedSage14;
 typedef StagedSage14T<1, SAGE14_PERSIST_OPTS> StagedSage14P;
+typedef StagedSage14T<2, SAGE14_PLAIN_OPTS> StagedSage14Q;
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT>> : QueryStager<StagedSage> {
     __device__ __forceinline__ QueryStager(const BackwardParams& p, int bh) : QueryStager<StagedSage>(p, bh) {}
@@ -2664,12 +2672,62 @@ __device__ __forceinline__ void bwd17_block_max2(float& a, float& b, u32 slot, u
     b = m.y;
     if (threadIdx.x == 0) asm volatile("st.shared.v2.f32 [%0], {%1, %1};\n" ::"r"(slot ^ 16u), "f"(0.0f) : "memory");
 }
+// bwd18 TMA_DQ: the kernel's one __grid_constant__ parameter is the dQ accumulator's tensor map (4-D: 32 columns, d/32
+// column blocks, n_q rows, B·H_q; box 32 × 1 × 16 × 1, 128-byte swizzle; rows past n_q clipped; src/backward.rs)
+// followed by BackwardParams, so the map is at &p − 128 (fpab15's BwdParamsDqMap, which the d = 128 build alone has).
+struct __align__(64) Bwd18DqMap {
+    unsigned long long w[16];
+};
+struct Bwd18ParamsDqMap {
+    Bwd18DqMap map;
+    BackwardParams p;
+};
+static_assert(sizeof(Bwd18DqMap) == 128 && alignof(BackwardParams) <= 128 && sizeof(Bwd18ParamsDqMap) == 448,
+              "Bwd18ParamsDqMap layout: src/backward.rs");
+#define BWD18_WARP_BOX 2048                    // one warp's staging box: 16 rows × 32 FP32
+#define BWD18_BOXES ((THREADS / 32) * BWD18_WARP_BOX)  // one tile's 8 boxes
+__device__ __forceinline__ const void* bwd18_dq_map(const BackwardParams& p) { return (const void*)((const char*)&p - sizeof(Bwd18DqMap)); }
+// {x, y} at shared (base ^ X) (row g) and {z, w} at (base ^ X) + 1024 (row g + 8).
+template <int X>
+__device__ __forceinline__ void bwd18_sts_pair(u32 base, float x, float y, float z, float w) {
+    asm volatile("{\n.reg .b32 a;\nxor.b32 a, %0, %1;\nst.shared.v2.f32 [a], {%2, %3};\nst.shared.v2.f32 [a+1024], {%4, %5};\n}\n"
+                 ::"r"(base), "n"(X), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+}
+// The landed dQ tile (the values sage14_stage_dq_rot stages: fl(float(acc)·scale), sage10_i2f) into the warp's box at
+// boxes + 2048·warp (boxes 1024-aligned): rows 16(w mod 4) + g (+ 8), columns (w div 4)·32 + 8n + 2t (+ 1) at box byte
+// L = 128·row + 32n + 8t, physical L ^ ((row mod 8) << 4) (the map's swizzle): for each n the 32 lanes hit 2 × 8
+// distinct 16-byte chunks of 8 rows, 2 wavefronts per STS.64, no selects.
+__device__ __forceinline__ void bwd18_tma_stage_dq(u32 boxes, const int (*acc)[4], float scale) {
+    static_assert(HEAD_DIM == 64, "bwd18_tma_stage_dq: 4 n-tiles per warp");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const u32 b0 = boxes + warp * BWD18_WARP_BOX + 128 * g + ((8 * t) ^ (g << 4));  // bits 5, 6 of the box row clear
+    float v[4][4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[n][e] = __fmul_rn(sage10_i2f(acc[n][e]), scale);
+    bwd18_sts_pair<0>(b0, v[0][0], v[0][1], v[0][2], v[0][3]);
+    bwd18_sts_pair<32>(b0, v[1][0], v[1][1], v[1][2], v[1][3]);
+    bwd18_sts_pair<64>(b0, v[2][0], v[2][1], v[2][2], v[2][3]);
+    bwd18_sts_pair<96>(b0, v[3][0], v[3][1], v[3][2], v[3][3]);
+}
+// Warp w's box of dQ block qb (staged a tile earlier, its stores fenced and visible since (b)) added to the accumulator
+// by one lane (elect.sync; the warp converged, warp_u uniform), as one commit group: sage14_bulk_dq's place and contract.
+__device__ __forceinline__ void bwd18_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
+    asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
+                 "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 "}\n" ::"l"((unsigned long long)bwd18_dq_map(p)), "r"(0), "r"(warp_u >> 2), "r"(qb * BLOCK_Q + 16 * (warp_u & 3)),
+                 "r"(bh), "r"(boxes + warp_u * BWD18_WARP_BOX)
+                 : "memory");
+    sage14_bulk_commit();
+}
 template <class Path>
 __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
                                                    const QueryStager<Path>& stage_next, int kb, int bh,
                                                    int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
     typedef typename Path::Layout Lay;
     constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD, SPLIT = Path::SPLIT_MASK, SCALES = SPLIT && BWD16_SCALES;
+    constexpr bool TQ = Path::TMA_DQ;  // bwd18
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
@@ -2679,6 +2737,10 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     const int rl = sage14_row_of_thread<Path::ROWS_8>();
     const int warp_u = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0);  // the warp, uniform to ptxas
     const u32 smem_lo = sage10_desc_lo(smem);
+    // TQ: two sets of 8 warp boxes (tile i stages into set i mod 2), 1024-aligned, inside the staging tiles' bytes.
+    const u32 tq_boxes = (smem + Lay::dqst0 + 1023u) & ~1023u;
+    static_assert(!TQ || ((Lay::dqst0 + 1023) & ~1023) + 2 * BWD18_BOXES <= Lay::dqst0 + 2 * Lay::dqst_bytes,
+                  "bwd18 TMA_DQ: the warp boxes inside the staging tiles");
     const Sage14Scales sc(p, kb, bh, bh_kv);
     const float s_k = sc.s_k, *q_scale = sc.q_scale, *do_scale = sc.do_scale;
     float s_q = q_scale[qb0], s_do = do_scale[qb0];
@@ -2776,7 +2838,13 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
         if (has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
         // BULK: dQ of block qb − 2, staged in tile i − 1 (tile par ^ 1), visible since (b).
-        if (BULK && i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
+        if (BULK && i >= 2) {
+            if (TQ) {
+                bwd18_tma_reduce_dq(p, tq_boxes + (par ^ 1) * BWD18_BOXES, bh, qb - 2, warp_u);
+            } else {
+                sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
+            }
+        }
 
         u32 pa[2][4], da[2][4];
         StagedSage::quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, pa, da);
@@ -2789,7 +2857,9 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         wgmma_fence_regs(dq_acc);
         if (BULK) {
             if (i > 0) {  // block-uniform
-                if (Path::ROT_DQ) {
+                if (TQ) {
+                    bwd18_tma_stage_dq(tq_boxes + par * BWD18_BOXES, dq_acc, dq_scale);
+                } else if (Path::ROT_DQ) {
                     static_assert(!Path::ROT_DQ || (Lay::dqst0 % (2 * HEAD_DIM) == 0 && Lay::dqst_bytes % (2 * HEAD_DIM) == 0),
                                   "sage14_stage_dq_rot's XOR addressing needs 32·NT-byte aligned staging tiles");
                     sage14_stage_dq_rot(smem + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);
@@ -2850,8 +2920,20 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     // BULK: dQ of block n_qblk − 2, staged by the last tile (i = n − 1 ≥ 1). Waited for (read) before the
     // next item's first barrier (b), completed before the CTA exits (staged_finish).
     const int n = d.n_qblk - qb0;
-    if (BULK && n >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
+    if (BULK && n >= 2) {
+        if (TQ) {
+            bwd18_tma_reduce_dq(p, tq_boxes + ((n - 1) & 1) * BWD18_BOXES, bh, d.n_qblk - 2, warp_u);
+        } else {
+            sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
+        }
+    }
     return dq_scale;
+}
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage14Q>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                  const QueryStager<StagedSage14Q>& stage_next, int kb, int bh,
+                                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    return sage14_query_loop<StagedSage14Q>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
 }
 template <>
 __device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
@@ -3135,6 +3217,10 @@ template <>
 __device__ __forceinline__ void staged_finish<StagedSage14P>() {
     if (StagedSage14P::BULK_DQ) sage14_bulk_wait();
 }
+template <>
+__device__ __forceinline__ void staged_finish<StagedSage14Q>() {
+    if (StagedSage14Q::BULK_DQ) sage14_bulk_wait();  // bwd18: its dQ tensor reduces complete before the CTA exits
+}
 #endif
 #if SB128_LOOP
 template <>
@@ -3312,6 +3398,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(Bac
     if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
     require_dynamic_smem((u32)StagedSageKernel::Layout::bytes);
     staged_backward_main<StagedSageKernel>(p, smem_raw);
+}
+#endif
+// bwd18: sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage14Q; opt-in,
+// SAGEBWD_SAGE_TMA_DQ=1 in src/backward.rs); the same grid, block order and shared memory.
+#if BWD_WGMMA && HEAD_DIM == 64 && PIPE14_LOOP
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(const __grid_constant__ Bwd18ParamsDqMap pm) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
+    const BackwardParams& p = pm.p;
+    if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
+    require_dynamic_smem((u32)StagedSage14Q::Layout::bytes);
+    staged_backward_main<StagedSage14Q>(p, smem_raw);
 }
 #endif
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16(BackwardParams p) {

@@ -129,8 +129,16 @@ fn launch_main(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), threads:
     }
 }
 
-/// The kernel parameter of `sage_bwd_main_persist_bf16q` (`BwdParamsDqMap`): the dQ accumulator's tensor map, then
-/// the parameters.
+/// bwd18: whether the sage path's plain-grid kernel at d = 64 adds dQ by TMA tensor reduces
+/// (`sage_bwd_main_mma_sage_q`, `StagedSage14Q` in backward_main.cu): opt-in, `SAGEBWD_SAGE_TMA_DQ=1`. Not yet
+/// timed in this form (bwd18's timed form, each reduce issued in its own tile behind its own proxy fence and wait, ran the
+/// backward 15 to 18 % slower than main at the training shape N 4k / 8k: docs/RESULTS-gpu.md).
+fn use_sage_tma_dq(head_dim: usize) -> bool {
+    head_dim == 64 && std::env::var("SAGEBWD_SAGE_TMA_DQ").is_ok_and(|v| v == "1")
+}
+
+/// The kernel parameter of `sage_bwd_main_persist_bf16q` (`BwdParamsDqMap`) and of `sage_bwd_main_mma_sage_q`
+/// (`Bwd18ParamsDqMap`, the same layout): the dQ accumulator's tensor map, then the parameters.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct BackwardParamsDqMap {
@@ -140,16 +148,17 @@ struct BackwardParamsDqMap {
 const _: () = assert!(std::mem::size_of::<BackwardParamsDqMap>() == 448);
 
 /// The FP32 dQ accumulator `[rows][n_q][d]` as a 4-D map for the warps' TMA reduce-adds: 32 columns, d/32
-/// column blocks, n_q rows, `rows` heads; boxes of 32 × 2 × 16 × 1 (a warp's 16 rows × 64 columns), 128-byte
-/// swizzled. Rows past n_q are outside the map (not written).
-fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize) -> Result<crate::tma::TensorMap> {
+/// column blocks, n_q rows, `rows` heads; boxes of 32 × `col_blocks` × 16 × 1 (a warp's 16 rows × 32·col_blocks
+/// columns: 2 for fpab15's d = 128 fpa kernel, 1 for bwd18's d = 64 sage kernel), 128-byte swizzled. Rows past n_q
+/// are outside the map (not written).
+fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize, col_blocks: u32) -> Result<crate::tma::TensorMap> {
     let row_bytes = (head_dim * 4) as u64;
     crate::tma::encode_tiled(
         crate::tma::TmaElem::F32,
         addr,
         &[32, (head_dim / 32) as u64, n_q as u64, rows as u64],
         &[128, row_bytes, row_bytes * n_q as u64],
-        &[32, 2, 16, 1],
+        &[32, col_blocks, 16, 1],
         crate::tma::TmaSwizzle::B128,
     )
 }
@@ -325,6 +334,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     // pipe14b, bulk15, sb128: the sage path's own plain-grid kernel on sm_90a at d = 64 and 128.
     let sage_plain = !persist && staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a"
         && (s.head_dim == 64 || s.head_dim == 128);
+    let sage_tma_dq = sage_plain && use_sage_tma_dq(s.head_dim);
     let smem = match staged {
         _ if ws => ws_backward_smem_bytes(s.head_dim),
         Some(path) if bulk_dq => staged_backward_smem_bytes(s.head_dim, path) + bf16_bulk_staging_bytes(s.head_dim),
@@ -347,6 +357,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             c"sage_bwd_main_persist_bf16"
         };
         (bwd_main_function(k, name, smem)?, THREADS)
+    } else if sage_tma_dq {
+        // bwd18: the d = 64 sage plain-grid kernel with its dQ by TMA tensor reduces (the same shared memory).
+        (bwd_main_function(k, c"sage_bwd_main_mma_sage_q", smem)?, THREADS)
     } else if sage_plain {
         // pipe14b (d = 64), sb128 (d = 128): the sage path's own plain-grid kernel (sage_bwd_main_mma keeps the others).
         (bwd_main_function(k, c"sage_bwd_main_mma_sage", smem)?, THREADS)
@@ -483,9 +496,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         };
         let items = dims.n_kblk as usize * rows;
         let grid = if persist { (items.min(persist_ctas).max(1) as u32, 1, 1) } else { (dims.n_kblk as u32, rows as u32, 1) };
-        if bulk_dq {
-            // One group (the fpa path): the accumulator of every row.
-            let map = dq_acc_map(dq_acc, rows, n_q, d)?;
+        if bulk_dq || sage_tma_dq {
+            // fpa: one group, the accumulator of every row; sage (bwd18): the group's accumulator, as p.dq_acc.
+            let map = dq_acc_map(dq_acc, rows, n_q, d, if bulk_dq { 2 } else { 1 })?;
             let mut pm = BackwardParamsDqMap { map, p };
             let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsDqMap).cast()];
             launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
