@@ -1554,8 +1554,9 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 #ifndef BWD17_AMAX
 #define BWD17_AMAX 1
 #endif
-// - TMA_DQ (bwd18; KIND 2 = StagedSage14Q, kernel sage_bwd_main_mma_sage_q, opt-in by SAGEBWD_SAGE_TMA_DQ=1 in
-//   src/backward.rs; NOT RUN ON A GPU in this form): StagedSage14's tile with fpab15's dQ staging at d = 64: each warp
+// - TMA_DQ (bwd18; KIND 2 = StagedSage14Q, kernel sage_bwd_main_mma_sage_q, the default at d = 64 since session 17's
+//   final call: backward −4.1 % at the training shape N 4k and 8k; SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs restores
+//   KIND 0's bulk reduces): StagedSage14's tile with fpab15's dQ staging at d = 64: each warp
 //   stores its own landed dQ fragment (16 rows × 32 FP32) into its 2 KB box in the 128-byte swizzle (conflict-free
 //   without bulk15's 32 selects), and after the next tile's barrier (b), where the base issues its row bulk reduces,
 //   one lane adds the box by one TMA tensor reduce (bwd18_tma_stage_dq, bwd18_tma_reduce_dq). Boxes double-buffered
@@ -3400,8 +3401,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(Bac
     staged_backward_main<StagedSageKernel>(p, smem_raw);
 }
 #endif
-// bwd18: sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage14Q; opt-in,
-// SAGEBWD_SAGE_TMA_DQ=1 in src/backward.rs); the same grid, block order and shared memory.
+// bwd18: sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage14Q; the default at d = 64,
+// SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs selects sage_bwd_main_mma_sage); the same grid, block order and shared memory.
 #if BWD_WGMMA && HEAD_DIM == 64 && PIPE14_LOOP
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(const __grid_constant__ Bwd18ParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];

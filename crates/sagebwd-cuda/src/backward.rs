@@ -130,11 +130,12 @@ fn launch_main(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), threads:
 }
 
 /// bwd18: whether the sage path's plain-grid kernel at d = 64 adds dQ by TMA tensor reduces
-/// (`sage_bwd_main_mma_sage_q`, `StagedSage14Q` in backward_main.cu): opt-in, `SAGEBWD_SAGE_TMA_DQ=1`. Not yet
-/// timed in this form (bwd18's timed form, each reduce issued in its own tile behind its own proxy fence and wait, ran the
-/// backward 15 to 18 % slower than main at the training shape N 4k / 8k: docs/RESULTS-gpu.md).
+/// (`sage_bwd_main_mma_sage_q`, `StagedSage14Q` in backward_main.cu): the default; `SAGEBWD_SAGE_TMA_DQ=0`
+/// restores bulk15's row bulk reduces (`sage_bwd_main_mma_sage`). Measured (session 17's final call, same
+/// binary, alternated): backward −4.1 % at the training shape (d 64 causal, H·D 768) N 4k and 8k; N 1k
+/// takes the persistent kernel (unchanged). Verified forced: 170/170 and the plain grid `--quick` 132/132.
 fn use_sage_tma_dq(head_dim: usize) -> bool {
-    head_dim == 64 && std::env::var("SAGEBWD_SAGE_TMA_DQ").is_ok_and(|v| v == "1")
+    head_dim == 64 && std::env::var("SAGEBWD_SAGE_TMA_DQ").map_or(true, |v| v != "0")
 }
 
 /// The kernel parameter of `sage_bwd_main_persist_bf16q` (`BwdParamsDqMap`) and of `sage_bwd_main_mma_sage_q`
