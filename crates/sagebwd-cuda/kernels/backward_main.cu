@@ -2182,6 +2182,21 @@ struct StagedBf16 {
 #ifndef FPA_EARLY_DV
 #define FPA_EARLY_DV (HEAD_DIM == 128)
 #endif
+// The kernels that add dQ by TMA tensor reduces (fpab15's d = 128 fpa kernel, bwd18's d = 64 sage kernel) take the
+// dQ accumulator's tensor map in front of BackwardParams in their one __grid_constant__ parameter: the map is at
+// &p − 128 (p sits right after the 128-byte map; BackwardParams is 8-byte aligned).
+struct __align__(64) DqMapParam {
+    unsigned long long w[16];
+};
+struct BwdParamsDqMap {
+    DqMapParam map;
+    BackwardParams p;
+};
+static_assert(sizeof(DqMapParam) == 128 && alignof(BackwardParams) <= 128 && sizeof(BwdParamsDqMap) == 448,
+              "BwdParamsDqMap layout: src/backward.rs");
+__device__ __forceinline__ const void* dq_map_of(const BackwardParams& p) {
+    return (const void*)((const char*)&p - sizeof(DqMapParam));
+}
 #if BWD_WGMMA && FPA_DQ && FPA_EARLY_DV && !FPA_STAGES_NEXT && FPA_DESC_WORDS && FPA_PREFIX_MASK && !FPA_STSM_DS
 #define FPA_EARLY_PATH 1
 // ---- fpab15: dQ of the d = 128 fpa tile by TMA reduce-adds (sage_bwd_main_persist_bf16q) ------------
@@ -2196,21 +2211,8 @@ struct StagedBf16 {
 // The same FP32 values are added (the accumulator's additions were unordered atomics before too);
 // the TMA add is .rn with subnormals flushed, as REDG.E.ADD.F32x2.FTZ.RN.
 // The tensor map travels in front of BackwardParams in the kernel's one __grid_constant__ parameter
-// (BwdParamsDqMap): the map is at &p − 128.
-struct __align__(64) DqMapParam {
-    unsigned long long w[16];
-};
-struct BwdParamsDqMap {
-    DqMapParam map;
-    BackwardParams p;
-};
-// p sits right after the 128-byte map (BackwardParams is 8-byte aligned): offset 128.
-static_assert(sizeof(DqMapParam) == 128 && alignof(BackwardParams) <= 128 && sizeof(BwdParamsDqMap) == 448,
-              "BwdParamsDqMap layout: src/backward.rs");
+// (BwdParamsDqMap, dq_map_of).
 #define FPAB15_WARP_STAGE 4096  // bytes of one warp's staging box (16 rows × 64 FP32)
-__device__ __forceinline__ const void* fpab15_dq_map(const BackwardParams& p) {
-    return (const void*)((const char*)&p - sizeof(DqMapParam));
-}
 // Every earlier bulk reduce of this thread has read its shared source; then the warp's area is free.
 __device__ __forceinline__ void fpab15_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
@@ -2252,7 +2254,7 @@ __device__ __forceinline__ void fpab15_reduce_dq(const BackwardParams& p, u32 ar
     asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
                  "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
                  "@e cp.async.bulk.commit_group;\n}\n"
-                 ::"l"((unsigned long long)fpab15_dq_map(p)), "r"(0), "r"(2 * (warp >> 2)), "r"(qb * BLOCK_Q + 16 * (warp & 3)),
+                 ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(2 * (warp >> 2)), "r"(qb * BLOCK_Q + 16 * (warp & 3)),
                  "r"(bh), "r"(src)
                  : "memory");
 }
@@ -2673,21 +2675,11 @@ __device__ __forceinline__ void bwd17_block_max2(float& a, float& b, u32 slot, u
     b = m.y;
     if (threadIdx.x == 0) asm volatile("st.shared.v2.f32 [%0], {%1, %1};\n" ::"r"(slot ^ 16u), "f"(0.0f) : "memory");
 }
-// bwd18 TMA_DQ: the kernel's one __grid_constant__ parameter is the dQ accumulator's tensor map (4-D: 32 columns, d/32
+// bwd18 TMA_DQ: the kernel's parameter is BwdParamsDqMap, the dQ accumulator's tensor map (4-D: 32 columns, d/32
 // column blocks, n_q rows, B·H_q; box 32 × 1 × 16 × 1, 128-byte swizzle; rows past n_q clipped; src/backward.rs)
-// followed by BackwardParams, so the map is at &p − 128 (fpab15's BwdParamsDqMap, which the d = 128 build alone has).
-struct __align__(64) Bwd18DqMap {
-    unsigned long long w[16];
-};
-struct Bwd18ParamsDqMap {
-    Bwd18DqMap map;
-    BackwardParams p;
-};
-static_assert(sizeof(Bwd18DqMap) == 128 && alignof(BackwardParams) <= 128 && sizeof(Bwd18ParamsDqMap) == 448,
-              "Bwd18ParamsDqMap layout: src/backward.rs");
+// followed by BackwardParams (dq_map_of).
 #define BWD18_WARP_BOX 2048                    // one warp's staging box: 16 rows × 32 FP32
 #define BWD18_BOXES ((THREADS / 32) * BWD18_WARP_BOX)  // one tile's 8 boxes
-__device__ __forceinline__ const void* bwd18_dq_map(const BackwardParams& p) { return (const void*)((const char*)&p - sizeof(Bwd18DqMap)); }
 // {x, y} at shared (base ^ X) (row g) and {z, w} at (base ^ X) + 1024 (row g + 8).
 template <int X>
 __device__ __forceinline__ void bwd18_sts_pair(u32 base, float x, float y, float z, float w) {
@@ -2717,7 +2709,7 @@ __device__ __forceinline__ void bwd18_tma_stage_dq(u32 boxes, const int (*acc)[4
 __device__ __forceinline__ void bwd18_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
     asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
                  "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
-                 "}\n" ::"l"((unsigned long long)bwd18_dq_map(p)), "r"(0), "r"(warp_u >> 2), "r"(qb * BLOCK_Q + 16 * (warp_u & 3)),
+                 "}\n" ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(warp_u >> 2), "r"(qb * BLOCK_Q + 16 * (warp_u & 3)),
                  "r"(bh), "r"(boxes + warp_u * BWD18_WARP_BOX)
                  : "memory");
     sage14_bulk_commit();
@@ -3404,7 +3396,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(Bac
 // bwd18: sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage14Q; the default at d = 64,
 // SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs selects sage_bwd_main_mma_sage); the same grid, block order and shared memory.
 #if BWD_WGMMA && HEAD_DIM == 64 && PIPE14_LOOP
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(const __grid_constant__ Bwd18ParamsDqMap pm) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
     const BackwardParams& p = pm.p;

@@ -2161,7 +2161,7 @@ FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with hea
 #define WSP17_EARLY_TEST 32
 #define WSP17_QUAD_IMAX 64
 #define WSP17_ELECT 128
-// fwd18 (d = 64, without turns): the path of wsp18_consumer, the once-per-tile stagger of the two consumer
+// fwd18 (d = 64, without turns): wsp_consumer with wsp18_tile, the once-per-tile stagger of the two consumer
 // warpgroups (described there).
 #define WSP18_STAGGER 8192
 
@@ -2477,42 +2477,6 @@ struct WspInt8 : WsInt8<true, true> {
     }
 };
 
-// Consumer warpgroup w: query block 2·pair + w of each of the block's tiles, one ws_tile each with
-// WsInt8<early amax> (the per-tile scales), then its Q slot released and O stored. Ping-pong: the
-// turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
-// first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
-// so it has turns iff any tile has.
-template <bool SNAKE, int V>
-__device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
-    constexpr bool PP = !(V & WSP16_NO_PINGPONG);
-    const Dims& d = p.dims;
-    const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
-    const bool turns = PP && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
-    if (turns && w == 1) pass_turn(1);
-    int it = 0, j = 0;
-    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
-        const FpTile x = fp_tile(d, t);
-        const int qb = 2 * x.pair + w, row0 = qb * BLOCK_Q + warp * 16;
-        WspInt8<V> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
-        float ro[2];
-        if (WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
-        RowState st;
-        float o[O_TILES][4];
-        start_rows(st, o);
-        ws_tile<PP, true, WspInt8<V>, WspSmem, (V & WSP17_EARLY_TEST) != 0>(d, sm, mx, w, row0, it, x.end, st, o);
-        it += x.end;
-        if (x.end > 0) {
-            __syncwarp();
-            if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(j));  // every S of the tile is done
-            ++j;
-        }
-        if (qb < d.n_qblk) {
-            if (!WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
-            wsp_store(p, st, o, x.bh, row0, ro);
-        }
-    }
-    if (turns && w == 0) take_turn(0);
-}
 // fwd18: the once-per-tile stagger (WSP18_STAGGER, d = 64, no turns). Without turns (`wsp3s-nopp`) the two
 // consumer warpgroups run free and drift apart within a block's tiles, by different amounts on different
 // SMs. Here warpgroup 1 starts each tile's first S only once warpgroup 0's S of its first key block of the
@@ -2568,13 +2532,22 @@ __device__ __forceinline__ void wsp18_tile(const Dims& d, const WspSmem& sm, Wsp
     }
 }
 
-// wsp_consumer without turns, with the stagger (above).
+// Consumer warpgroup w: query block 2·pair + w of each of the block's tiles, one ws_tile each with
+// WsInt8<early amax> (the per-tile scales), then its Q slot released and O stored. Ping-pong: the
+// turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
+// first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
+// so it has turns iff any tile has. WSP18_STAGGER (no turns): wsp18_tile with the stagger's handshake
+// (above) instead, whose first arrival and last wait follow the same rule.
 template <bool SNAKE, int V>
-__device__ void wsp18_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
+__device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
+    constexpr bool PP = !(V & WSP16_NO_PINGPONG), STAGGER = (V & WSP18_STAGGER) != 0;
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
-    const bool any = (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
-    if (any && w == 1) named_arrive(WSP18_BAR_GO0, 2 * WG_THREADS);
+    const bool turns = (PP || STAGGER) && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
+    if (turns && w == 1) {
+        if constexpr (STAGGER) named_arrive(WSP18_BAR_GO0, 2 * WG_THREADS);
+        else pass_turn(1);
+    }
     int it = 0, j = 0;
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
@@ -2585,16 +2558,20 @@ __device__ void wsp18_consumer(const ForwardParams& p, const WspSmem& sm, int w)
         RowState st;
         float o[O_TILES][4];
         start_rows(st, o);
-        // (The warpgroup test voted, so that ptxas knows it is warp-uniform: otherwise it treated the
-        // softmax's shuffles as possibly divergent, a second, collective path for them.)
-        const bool stag = x.end > 0;
-        const bool w0 = __any_sync(0xffffffffu, stag && w == 0), w1 = __any_sync(0xffffffffu, stag && w != 0);
-        if (w0) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
-        if (w1) {
-            named_sync(WSP18_BAR_GO1, 2 * WG_THREADS);
-            named_arrive(WSP18_BAR_GO0, 2 * WG_THREADS);
+        if constexpr (STAGGER) {
+            // (The warpgroup test voted, so that ptxas knows it is warp-uniform: otherwise it treated the
+            // softmax's shuffles as possibly divergent, a second, collective path for them.)
+            const bool stag = x.end > 0;
+            const bool w0 = __any_sync(0xffffffffu, stag && w == 0), w1 = __any_sync(0xffffffffu, stag && w != 0);
+            if (w0) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
+            if (w1) {
+                named_sync(WSP18_BAR_GO1, 2 * WG_THREADS);
+                named_arrive(WSP18_BAR_GO0, 2 * WG_THREADS);
+            }
+            wsp18_tile<V>(d, sm, mx, row0, it, x.end, st, o, w0);
+        } else {
+            ws_tile<PP, true, WspInt8<V>, WspSmem, (V & WSP17_EARLY_TEST) != 0>(d, sm, mx, w, row0, it, x.end, st, o);
         }
-        wsp18_tile<V>(d, sm, mx, row0, it, x.end, st, o, w0);
         it += x.end;
         if (x.end > 0) {
             __syncwarp();
@@ -2606,7 +2583,10 @@ __device__ void wsp18_consumer(const ForwardParams& p, const WspSmem& sm, int w)
             wsp_store(p, st, o, x.bh, row0, ro);
         }
     }
-    if (any && w == 0) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
+    if (turns && w == 0) {
+        if constexpr (STAGGER) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
+        else take_turn(0);
+    }
 }
 #endif  // SAGE_WGMMA
 
@@ -2630,8 +2610,7 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         wsp_producer<SNAKE>(vmap, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        if constexpr ((V & WSP18_STAGGER) != 0) wsp18_consumer<SNAKE, V>(p, sm, wg - 1);
-        else wsp_consumer<SNAKE, V>(p, sm, wg - 1);
+        wsp_consumer<SNAKE, V>(p, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
@@ -2658,7 +2637,7 @@ WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  //
 #define WSP17(bits) (HEAD_DIM == 64 ? (bits) : 0)
 #define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
 WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17(WSP17_ALL))
-// wsp3s-stagger: wsp3s-nopp with fwd18's once-per-tile stagger (wsp18_consumer; at d = 128 it is wsp3s-nopp).
+// wsp3s-stagger: wsp3s-nopp with fwd18's once-per-tile stagger (wsp18_tile; at d = 128 it is wsp3s-nopp).
 // Measured (fwd18's call, forward incl. quantization, against the default then): −2.0 % at the training shape
 // N 4k and at causal N 4k H·D 2048, −3.1 / −2.3 % at the training shape N 1k / 2k (against wsp3s-x); level at
 // causal N 8k, +0.9 / +1.9 % at N 16k causal / full, +0.3 % at N 4k full (H·D 2048): the default at d 64 causal

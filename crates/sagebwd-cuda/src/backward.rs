@@ -138,8 +138,8 @@ fn use_sage_tma_dq(head_dim: usize) -> bool {
     head_dim == 64 && std::env::var("SAGEBWD_SAGE_TMA_DQ").map_or(true, |v| v != "0")
 }
 
-/// The kernel parameter of `sage_bwd_main_persist_bf16q` (`BwdParamsDqMap`) and of `sage_bwd_main_mma_sage_q`
-/// (`Bwd18ParamsDqMap`, the same layout): the dQ accumulator's tensor map, then the parameters.
+/// The kernel parameter of `sage_bwd_main_persist_bf16q` and `sage_bwd_main_mma_sage_q` (`BwdParamsDqMap`):
+/// the dQ accumulator's tensor map, then the parameters.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct BackwardParamsDqMap {
