@@ -523,14 +523,18 @@ __device__ __forceinline__ void thread_row_max(const float (*t)[4], float* mx) {
         mx[h] = fmaxf(fmaxf(mq[0][h], mq[1][h]), fmaxf(mq[2][h], mq[3][h]));
     }
 }
-template <bool FUSED>
-__device__ __forceinline__ void quad_max_update(RowState& st, float* mx, float* m_use, float sc) {
+// The max of the thread's row maxima mx[0], mx[1] over its quad (the 4 lanes of each row).
+__device__ __forceinline__ void quad_fmax(float* mx) {
 #pragma unroll
     for (int o2 = 1; o2 <= 2; o2 <<= 1) {
         const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
         mx[0] = fmaxf(mx[0], a0);
         mx[1] = fmaxf(mx[1], a1);
     }
+}
+// The running max m, the m_use of the exponentials and the rescale α from the rows' maxima mx.
+template <bool FUSED>
+__device__ __forceinline__ void row_max_commit(RowState& st, const float* mx, float* m_use, float sc) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(st.m[h], FUSED ? __fmul_rn(mx[h], sc) : mx[h]);
@@ -538,6 +542,11 @@ __device__ __forceinline__ void quad_max_update(RowState& st, float* mx, float* 
         st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
         st.m[h] = m_new;
     }
+}
+template <bool FUSED>
+__device__ __forceinline__ void quad_max_update(RowState& st, float* mx, float* m_use, float sc) {
+    quad_fmax(mx);
+    row_max_commit<FUSED>(st, mx, m_use, sc);
 }
 template <bool FUSED>
 __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, float* mx, float* m_use, float sc) {
@@ -548,8 +557,9 @@ __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, floa
 // The exponentials of staged_softmax after row_max_update: p = exp2(fl(t − m_use)), FUSED (INT8
 // #1, §4) p = exp2(fma(a, sc, −m_use)) (one rounding), into t, the row sums (and with AMAX the row
 // maxima of p into amax) over the quad, l = fl(fl(l·α) + sum).
+// sch: the scale of each row half (the same value in both but for wsp17_softmax_p_hat's data dependency).
 template <bool AMAX, bool FUSED>
-__device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, const float* m_use, float* amax, float sc) {
+__device__ __forceinline__ void softmax_exp_sum_rows(float (*t)[4], RowState& st, const float* m_use, float* amax, const float* sch) {
     float sum[2];
     float ps[4][2], pm[4][2];
 #pragma unroll
@@ -564,7 +574,7 @@ __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, con
             const int h = e >> 1, k = nt & 3;
             // A masked t = −∞ needs no select: fl(−∞ − m_use) = −∞ and exp2_ftz(−∞) = +0; FUSED: sc > 0
             // in a masked tile (mask_permuted), so fma(−∞, sc, −m_use) = −∞.
-            const float pj = exp2_ftz(FUSED ? __fmaf_rn(t[nt][e], sc, -m_use[h]) : __fsub_rn(t[nt][e], m_use[h]));
+            const float pj = exp2_ftz(FUSED ? __fmaf_rn(t[nt][e], sch[h], -m_use[h]) : __fsub_rn(t[nt][e], m_use[h]));
             t[nt][e] = pj;
             ps[k][h] = __fadd_rn(ps[k][h], pj);
             if (AMAX) pm[k][h] = fmaxf(pm[k][h], pj);
@@ -587,6 +597,11 @@ __device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, con
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
+}
+template <bool AMAX, bool FUSED>
+__device__ __forceinline__ void softmax_exp_sum(float (*t)[4], RowState& st, const float* m_use, float* amax, float sc) {
+    const float sch[2] = {sc, sc};
+    softmax_exp_sum_rows<AMAX, FUSED>(t, st, m_use, amax, sch);
 }
 
 // Online softmax of the staged paths (as mma_softmax), on the warp's S accumulators t[S_TILES][4]
@@ -2354,30 +2369,13 @@ __device__ __forceinline__ float wsp17_dep(float x, float inv) {
 // Measured (fwd17's device call): interleaved as intended (49–52 of the 64 FFMAs before the 60th EX2),
 // but 1.8–2.8 % slower alone at N 4k / 8k: the EX2s of the SMSP's two consumer warps share the XU, so the
 // stream's stall "wait" became "mio" (the MUFU queue) and the slots gained were not free (RESULTS-gpu.md).
-// WSP17_QUAD_IMAX: mx holds the quad's row maxima already (wsp17_quad_max), so only quad_max_update's
-// m, α update is left.
-__device__ __forceinline__ void wsp17_quad_fmax(float* mx) {
-#pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        const float a0 = __shfl_xor_sync(0xffffffffu, mx[0], o2), a1 = __shfl_xor_sync(0xffffffffu, mx[1], o2);
-        mx[0] = fmaxf(mx[0], a0);
-        mx[1] = fmaxf(mx[1], a1);
-    }
-}
+// WSP17_QUAD_IMAX: mx holds the quad's row maxima already (quad_fmax after the integer shuffles), so only
+// row_max_commit is left.
 template <int V>
 __device__ __forceinline__ void wsp17_softmax_p_hat(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx) {
     float m_use[2], inv[2];
-    if constexpr ((V & WSP17_QUAD_IMAX) != 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // quad_max_update<true> after its shuffles
-            const float m_new = fmaxf(st.m[h], __fmul_rn(mx[h], sc));
-            m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
-            st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
-            st.m[h] = m_new;
-        }
-    } else {
-        quad_max_update<true>(st, mx, m_use, sc);
-    }
+    if constexpr ((V & WSP17_QUAD_IMAX) != 0) row_max_commit<true>(st, mx, m_use, sc);
+    else quad_max_update<true>(st, mx, m_use, sc);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float amax = exp2_ftz(__fmaf_rn(mx[h], sc, -m_use[h]));
@@ -2386,32 +2384,7 @@ __device__ __forceinline__ void wsp17_softmax_p_hat(float (*t)[4], RowState& st,
     }
     float sch[2] = {sc, sc};
     if constexpr ((V & WSP17_INV_ROW1) != 0) sch[1] = wsp17_dep(wsp17_dep(sc, inv[0]), inv[1]);
-    // softmax_exp_sum<false, true> with sc → sch[h]
-    float sum[2];
-    float ps[4][2];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) ps[k][h] = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int h = e >> 1, k = nt & 3;
-            const float pj = exp2_ftz(__fmaf_rn(t[nt][e], sch[h], -m_use[h]));
-            t[nt][e] = pj;
-            ps[k][h] = __fadd_rn(ps[k][h], pj);
-        }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sum[h] = __fadd_rn(__fadd_rn(ps[0][h], ps[1][h]), __fadd_rn(ps[2][h], ps[3][h]));
-#pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        const float s0x = __shfl_xor_sync(0xffffffffu, sum[0], o2), s1x = __shfl_xor_sync(0xffffffffu, sum[1], o2);
-        sum[0] = __fadd_rn(sum[0], s0x);
-        sum[1] = __fadd_rn(sum[1], s1x);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) st.l[h] = __fadd_rn(__fmul_rn(st.l[h], st.alpha[h]), sum[h]);
+    softmax_exp_sum_rows<false, true>(t, st, m_use, nullptr, sch);
 #pragma unroll
     for (int s = 0; s < BLOCK_KV / 32; ++s)
 #pragma unroll
@@ -2467,7 +2440,7 @@ struct WspInt8 : WsInt8<true, true> {
                 if constexpr ((V & WSP16_MASK_LIMIT) != 0) wsp_mask_limit(d, t, row0, key0, sc);
                 else mask_permuted(d, t, row0, key0, sc);
                 thread_row_max(t, mx);
-                if constexpr ((V & WSP17_QUAD_IMAX) != 0) wsp17_quad_fmax(mx);
+                if constexpr ((V & WSP17_QUAD_IMAX) != 0) quad_fmax(mx);
             }
             if constexpr ((V & (WSP17_INV_ROW1 | WSP17_QUAD_IMAX)) != 0) wsp17_softmax_p_hat<V>(t, st, pa, sc, mx);
             else softmax_p_hat_early_mx<true>(t, st, pa, sc, mx);
