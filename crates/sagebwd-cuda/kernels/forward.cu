@@ -683,6 +683,17 @@ __device__ __forceinline__ void mask_permuted(const Dims& d, float (*t)[4], int 
     mask_tile<true>(d, t, row0, key0, sc);
 }
 
+// P̂ of the warp's S tile: the exponentials t quantized with the group inverses inv of its two row halves into
+// the A fragments pa of the P̂V product (quant_quad).
+__device__ __forceinline__ void quantize_p_tile(float (*t)[4], const float* inv, u32 (*pa)[4]) {
+#pragma unroll
+    for (int s = 0; s < BLOCK_KV / 32; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
+}
+
 // Online softmax (staged_softmax) of the permuted score factors t (scale sc), then P̂ of §4 (per row
 // and key block, its scale in st.p_scale) packed straight into the m16n8k32 A fragments of P·V in
 // natural key order.
@@ -695,14 +706,7 @@ __device__ __forceinline__ void softmax_p_hat(float (*t)[4], RowState& st, u32 (
         st.p_scale[h] = g.scale;
         inv[h] = g.inv;
     }
-#pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
-            }
+    quantize_p_tile(t, inv, pa);
 }
 
 // O = fma(float(acc), fl(s_P·s_V), fl(O·α)) (§2.3) for one 16 × 8 d-tile (dq0, dq1: fl(s_P·s_V) of the
@@ -1205,12 +1209,7 @@ __device__ __forceinline__ void softmax_p_hat_early_mx(float (*t)[4], RowState& 
         }
     }
     softmax_exp_sum<false, true>(t, st, m_use, nullptr, sc);
-#pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
+    quantize_p_tile(t, inv, pa);
 }
 template <bool BRANCHLESS = false>
 __device__ __forceinline__ void softmax_p_hat_early(float (*t)[4], RowState& st, u32 (*pa)[4], float sc) {
@@ -2385,12 +2384,7 @@ __device__ __forceinline__ void wsp17_softmax_p_hat(float (*t)[4], RowState& st,
     float sch[2] = {sc, sc};
     if constexpr ((V & WSP17_INV_ROW1) != 0) sch[1] = wsp17_dep(wsp17_dep(sc, inv[0]), inv[1]);
     softmax_exp_sum_rows<false, true>(t, st, m_use, nullptr, sch);
-#pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(t, 4 * s + 2 * half, h, inv[h], QuantPosBits());
+    quantize_p_tile(t, inv, pa);
 }
 
 template <int V>
