@@ -7,7 +7,9 @@ presets can therefore run at different clocks in the same call (session 17: `fpa
 ~1800 MHz at sequence 4096), which a bench of attention alone never shows. A run with several presets
 shows one plateau per preset, in the order of `--preset`.
 
-Input: `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit --format=csv,noheader,nounits -lms 100`.
+Input: `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit[,temperature.gpu] --format=csv,noheader,nounits
+-lms 100` (the temperature column is optional: logs from before session 18 lack it). Leakage grows with temperature, so
+at the cap a warmer GPU runs lower clocks: runs compared should have similar temperatures.
 Usage: power_log.py LOG.csv
 """
 import statistics
@@ -19,7 +21,11 @@ def samples(path):
     for line in open(path):
         f = [x.strip() for x in line.split(",")]
         try:
-            out.append((f[0], float(f[1]), float(f[2]), float(f[3])))
+            temp = float(f[4]) if len(f) > 4 else None
+        except ValueError:
+            temp = None
+        try:
+            out.append((f[0], float(f[1]), float(f[2]), float(f[3]), temp))
         except (IndexError, ValueError):
             continue  # header, a "[N/A]" field or a truncated last line
     return out
@@ -56,8 +62,10 @@ def main():
     for i, p in enumerate(found):
         clk = [r[1] for r in p]
         pw = [r[2] for r in p]
+        temps = [r[4] for r in p if r[4] is not None]
+        temp = f", GPU {min(temps):.0f}–{max(temps):.0f} °C" if temps else ""
         print(f"  power plateau {i + 1}: from {p[0][0]}, {len(p)} samples: SM clock median {statistics.median(clk):.0f} MHz "
-              f"(mean {statistics.mean(clk):.0f}), power median {statistics.median(pw):.0f} W of limit {p[0][3]:.0f} W")
+              f"(mean {statistics.mean(clk):.0f}), power median {statistics.median(pw):.0f} W of limit {p[0][3]:.0f} W{temp}")
 
 
 if __name__ == "__main__":

@@ -65,9 +65,9 @@ run_logged() { # name, command...: runs, keeps the log, copies summary lines
   local name=$1; shift
   echo "== $name: $*" | tee -a "$summary"
   local t0=$SECONDS smi=""
-  # SM clock and board power every 100 ms (power_log.py: why they matter): $OUT/NAME.smi.csv
+  # SM clock, board power and GPU temperature every 100 ms (power_log.py: why they matter): $OUT/NAME.smi.csv
   if command -v nvidia-smi > /dev/null; then
-    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit --format=csv,noheader,nounits -lms 100 \
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv,noheader,nounits -lms 100 \
       > "$OUT/$name.smi.csv" 2> /dev/null &
     smi=$!
   fi

@@ -132,8 +132,9 @@ fn launch_main(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), threads:
 /// bwd18: whether the sage path's plain-grid kernel at d = 64 adds dQ by TMA tensor reduces
 /// (`sage_bwd_main_mma_sage_q`, `StagedSage14Q` in backward_main.cu): the default; `SAGEBWD_SAGE_TMA_DQ=0`
 /// restores bulk15's row bulk reduces (`sage_bwd_main_mma_sage`). Measured (session 17's final call, same
-/// binary, alternated): backward −4.1 % at the training shape (d 64 causal, H·D 768) N 4k and 8k; N 1k
-/// takes the persistent kernel (unchanged). Verified forced: 170/170 and the plain grid `--quick` 132/132.
+/// binary, alternated): backward −4.1 % at the training shape (d 64 causal, H·D 768) N 4k and 8k; since
+/// session 18 also at causal N ≤ 1k, in place of the persistent kernel (−8 %, [`persist_default`]). Verified
+/// forced: 170/170 and the plain grid `--quick` 132/132.
 fn use_sage_tma_dq(head_dim: usize) -> bool {
     head_dim == 64 && std::env::var("SAGEBWD_SAGE_TMA_DQ").map_or(true, |v| v != "0")
 }
@@ -207,12 +208,15 @@ fn use_persistent(path: StagedBackward, head_dim: usize, causal: bool, n_q: usiz
 /// training shape), 0 to +1.5 % slower at N 4096 and not causal. N > 4096 unmeasured: the plain grid, except
 /// fpa at d = 128, whose persistent kernel adds dQ by TMA reduces (fpab15, `sage_bwd_main_persist_bf16q`): at
 /// N 16384 −15.7 % (full) / −15.5 % (causal) against the plain grid (one same-call run each; at N ≤ 4096 it is
-/// −1.1 to −13.0 % against base15's persistent kernel): the persistent grid at every N.
+/// −1.1 to −13.0 % against base15's persistent kernel): the persistent grid at every N. sagebwd at d = 64 with
+/// the TMA-dQ plain-grid kernel (bwd18, [`use_sage_tma_dq`]): the plain grid everywhere — at causal N 1k it
+/// measured −8.3 % (training shape, H 12) and −7.9 % (sweep shape, H 32) backward against the persistent kernel
+/// (session 18, two alternated pairs each); without TMA-dQ the old rule (persistent at causal N ≤ 1024).
 fn persist_default(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
     match (path, head_dim) {
         (StagedBackward::Bf16, 128) => true,
         (StagedBackward::Bf16, 64) | (StagedBackward::Sage, 128) => n_q <= 4096,
-        (StagedBackward::Sage, 64) => causal && n_q <= 1024,
+        (StagedBackward::Sage, 64) => !use_sage_tma_dq(head_dim) && causal && n_q <= 1024,
         _ => false,
     }
 }
@@ -777,7 +781,9 @@ mod tests {
             // fpab15: fpa d = 128 on the persistent grid (its dQ by TMA reduces) at every N.
             assert!(persist_default(Bf16, 128, causal, 8192) && persist_default(Bf16, 128, causal, 16384));
         }
-        assert!(persist_default(Sage, 64, true, 1024) && !persist_default(Sage, 64, true, 4096));
+        // Sage d = 64: the TMA-dQ plain grid (default) at every N; persistent at causal N ≤ 1k only without it.
+        assert_eq!(persist_default(Sage, 64, true, 1024), !use_sage_tma_dq(64));
+        assert!(!persist_default(Sage, 64, true, 4096));
         assert!(!persist_default(Sage, 64, false, 1024) && !persist_default(Sage, 96, true, 1024));
     }
 
