@@ -10,6 +10,7 @@
 #      bash scripts/gpu/train.sh check            # sagebwd train-check (GPU vs CPU step), ~1 min
 #      bash scripts/gpu/train.sh perf             # base model, seq 1024 and 4096, fpa and sagebwd
 #      bash scripts/gpu/train.sh perf4096         # base, 4096, 60 steps (STEPS=n), both preset orders (fpa first, sagebwd first)
+#      bash scripts/gpu/train.sh perf1024         # the same at 1024 (batch 16, 60 steps)
 #      bash scripts/gpu/train.sh perf8192         # the same at 8192 (batch 2, 40 steps)
 #      bash scripts/gpu/train.sh corpus STEPS     # small model on Gutenberg, fpa vs sagebwd (SEED=n: another seed)
 #      bash scripts/gpu/train.sh default          # the README's main command (no arguments) on the GPU
@@ -48,7 +49,7 @@ prepare() {
 }
 
 if [ "${1:-}" = --prepare ]; then shift; prepare "$@"; exit $?; fi
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,24p' "$0"; exit 0; fi
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,25p' "$0"; exit 0; fi
 
 OUT=${OUT:-/tmp/sagebwd-train-out}
 mkdir -p "$OUT"
@@ -96,21 +97,25 @@ while [ $# -gt 0 ]; do
           --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa,sagebwd \
           --name "perf$seq" --runs-dir $RUNS
       done ;;
-    perf4096|perf8192)
+    perf1024|perf4096|perf8192)
       # The issue-5 comparison with less noise: more steps, and each preset once first and once second
       # (a GPU that warms up or down during the call favours neither). STEPS=n: longer runs.
-      if [ "$1" = perf4096 ]; then seq=4096 batch=4 steps=${STEPS:-60}; else seq=8192 batch=2 steps=${STEPS:-40}; fi
+      case $1 in
+        perf1024) seq=1024 batch=16 steps=${STEPS:-60} ;;
+        perf4096) seq=4096 batch=4 steps=${STEPS:-60} ;;
+        *) seq=8192 batch=2 steps=${STEPS:-40} ;;
+      esac
       for order in fpa,sagebwd sagebwd,fpa; do
         run_logged "perf$seq-${order/,/-}" $BIN train --device cuda --model base --seq $seq --batch $batch --steps "$steps" \
           --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset "$order" \
           --name "p$seq-${order/,/-}" --runs-dir $RUNS
       done ;;
     fpa1024)
-      name=fpa1024; case "${2:-}" in ""|check|perf|perf4096|perf8192|profile|profile-fpa|profile4096|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
+      name=fpa1024; case "${2:-}" in ""|check|perf|perf1024|perf4096|perf8192|profile|profile-fpa|profile4096|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
       run_logged "$name" $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 40 --warmup 5 --eval-every 1000 \
         --eval-tokens 16384 --ckpt-every 1000 --preset fpa --name "$name" --runs-dir $RUNS ;;
     profile-fpa)
-      name=profile-fpa; case "${2:-}" in ""|check|perf|perf4096|perf8192|profile|profile-fpa|profile4096|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
+      name=profile-fpa; case "${2:-}" in ""|check|perf|perf1024|perf4096|perf8192|profile|profile-fpa|profile4096|default|corpus|multi|fpa1024) ;; *) name=$2; shift ;; esac
       SAGEBWD_PROFILE=1 run_logged "$name" $BIN train --device cuda --model base --seq 1024 --batch 16 --steps 20 \
         --warmup 5 --eval-every 1000 --eval-tokens 16384 --ckpt-every 1000 --preset fpa --name "$name" --runs-dir $RUNS
       grep -E "^profile|^  [a-z]" "$OUT/$name.log" >> "$summary" ;;
