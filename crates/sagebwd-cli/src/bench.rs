@@ -19,6 +19,7 @@ use cudarc::driver::{sys, CudaEvent};
 use indicatif::{ProgressBar, ProgressStyle};
 use sagebwd::inputs::random;
 use sagebwd::{Config, Shape};
+use sagebwd_cuda::energy::EnergyMeter;
 use sagebwd_cuda::quantize::{quantize_do, quantize_inputs};
 use sagebwd_cuda::pool::Pool;
 use sagebwd_cuda::{DeviceInputs, Gpu, GroupPolicy};
@@ -78,6 +79,13 @@ pub struct BenchArgs {
     /// the method).
     #[arg(long)]
     pub checked: bool,
+    /// Also measure board energy per forward + backward (NVML's energy counter): after the timing, a
+    /// phase of back-to-back forward + backward runs lasting SECS per point reports joules per pass,
+    /// mean board power and the SM clock. Worth it because a GPU at its power cap runs at the clock
+    /// its energy allows (RESULTS.md, session 18). The counter updates every 20–100 ms: 3 s or more
+    /// gives ~1 %. 0: off.
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    pub energy: f64,
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -280,6 +288,34 @@ fn quant_only(gpu: &Gpu, x: &DeviceInputs, cfg: &Config) -> Result<[CudaEvent; 3
     Ok([e0, e1, e2])
 }
 
+/// Back-to-back forward + backward for `secs` between two synchronized reads of the energy counter;
+/// the SM clock is sampled once the queue is full, while the GPU runs.
+fn energy_phase(gpu: &Gpu, sets: &[DeviceInputs], cfg: &Config, meter: &EnergyMeter, secs: f64) -> Result<EnergyRecord> {
+    sync(gpu)?;
+    let span = meter.start()?;
+    let reps = Reps { max: usize::MAX, min: 1, max_ms: secs * 1e3 };
+    let mut clock = None;
+    let passes = time_stages(sets, reps, |i| {
+        if i == 8 {
+            clock = meter.sm_clock_mhz().ok();
+        }
+    }, |x| fwd_bwd(gpu, x, cfg))?
+    .len();
+    sync(gpu)?;
+    let e = meter.since(&span)?;
+    let clock = match clock {
+        Some(c) => c,
+        None => meter.sm_clock_mhz()?,
+    };
+    Ok(EnergyRecord {
+        joules_per_fwdbwd: e.per(passes).context("no forward + backward in the energy phase")?,
+        watts: e.watts(),
+        sm_clock_mhz: clock,
+        passes,
+        seconds: e.seconds,
+    })
+}
+
 /// Measured numbers of one point; times in ms (medians), throughput in TOPS.
 #[derive(Clone, Debug, Serialize)]
 struct Record {
@@ -306,8 +342,21 @@ struct Record {
     peak_mem_bytes: u64,
     /// The same from free device memory (pool reservations included).
     peak_mem_reserved_bytes: u64,
+    /// Board energy per forward + backward (J), mean board power (W) and SM clock (MHz, sampled while
+    /// the phase ran) of the `--energy` phase; absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    energy: Option<EnergyRecord>,
     fwd_ms_all: Vec<f64>,
     bwd_ms_all: Vec<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct EnergyRecord {
+    joules_per_fwdbwd: f64,
+    watts: f64,
+    sm_clock_mhz: u32,
+    passes: usize,
+    seconds: f64,
 }
 
 /// What every point of one sweep shares.
@@ -319,6 +368,8 @@ struct Bench<'a> {
     reps: Reps,
     warmup: usize,
     bar: ProgressBar,
+    /// NVML and the seconds of the energy phase (`--energy`).
+    energy: Option<(EnergyMeter, f64)>,
 }
 
 /// Times one point: warm-up, peak memory, forward/backward repetitions, quantization alone.
@@ -336,6 +387,14 @@ fn run_point(b: &Bench, sets: &[DeviceInputs], p: &Point) -> Result<Record> {
     // Memory-bound and short: a quarter of the time budget is plenty.
     let quant_reps = Reps { max: reps.max, min: reps.min.min(3), max_ms: reps.max_ms / 4.0 };
     let quant = time_stages(sets, quant_reps, |_| {}, |x| quant_only(gpu, x, cfg))?;
+
+    let energy = match &b.energy {
+        Some((meter, secs)) => {
+            b.bar.set_message(format!("{label}: energy"));
+            Some(energy_phase(gpu, sets, cfg, meter, *secs)?)
+        }
+        None => None,
+    };
 
     let fwd: Vec<f64> = timed.iter().map(|t| t.0).collect();
     let bwd: Vec<f64> = timed.iter().map(|t| t.1).collect();
@@ -362,6 +421,7 @@ fn run_point(b: &Bench, sets: &[DeviceInputs], p: &Point) -> Result<Record> {
         quant_do_ms: median(&quant.iter().map(|t| t.1).collect::<Vec<_>>()),
         peak_mem_bytes: mem.live.unwrap_or(mem.reserved),
         peak_mem_reserved_bytes: mem.reserved,
+        energy,
         fwd_ms_all: fwd,
         bwd_ms_all: bwd,
     })
@@ -393,17 +453,26 @@ fn reshape(sets: &mut [DeviceInputs], p: &Point) {
 // Output.
 
 fn table(records: &[Record]) -> String {
+    let energy = records.iter().any(|r| r.energy.is_some());
     let mut out = String::from(
-        "| D | N | B | H | causal | fwd ms | bwd ms | fwd+bwd ms | fwd TOPS | bwd TOPS | fwd+bwd TOPS | quant QKV ms | quant dO ms | peak MiB | reps |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| D | N | B | H | causal | fwd ms | bwd ms | fwd+bwd ms | fwd TOPS | bwd TOPS | fwd+bwd TOPS | quant QKV ms | quant dO ms | peak MiB | reps |",
     );
+    out.push_str(if energy { " J / fwd+bwd | board W | SM MHz |\n" } else { "\n" });
+    out.push_str(&"|---".repeat(if energy { 18 } else { 15 }));
+    out.push_str("|\n");
     for r in records {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.0} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.0} | {} |",
             r.head_dim, r.n, r.batch, r.heads, if r.causal { "yes" } else { "no" },
             r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd_tops, r.bwd_tops, r.fwdbwd_tops,
             r.quant_ms, r.quant_do_ms, r.peak_mem_bytes as f64 / (1u64 << 20) as f64, r.reps
         ));
+        match (energy, r.energy) {
+            (false, _) => {}
+            (true, Some(e)) => out.push_str(&format!(" {:.4} | {:.0} | {} |", e.joules_per_fwdbwd, e.watts, e.sm_clock_mhz)),
+            (true, None) => out.push_str(" – | – | – |"),
+        }
+        out.push('\n');
     }
     out
 }
@@ -436,6 +505,7 @@ struct Settings {
     input_sets: u64,
     seed: u64,
     lean_memory: bool,
+    energy_s: f64,
 }
 
 const TIMING: &str = "CUDA events on the kernels' stream around Gpu::forward (quantization + forward) and \
@@ -451,6 +521,7 @@ const MEM_FREE: &str = "one input set (Q,K,V,dO) + drop of free device memory (c
 // ---------------------------------------------------------------------------------------------
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    ensure!(a.energy.is_finite() && a.energy >= 0.0, "--energy takes seconds ≥ 0 (0: off), got {}", a.energy);
     let cfg = a.config.config()?;
     let points = sweep(&a)?;
     if let Some(arch) = &a.precompile {
@@ -492,6 +563,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             settings: Settings {
                 tokens: a.tokens, hidden: a.hidden, reps: a.reps, min_reps: a.min_reps, warmup: a.warmup,
                 max_time_s: a.max_time, input_sets: a.input_sets, seed: a.seed, lean_memory: a.lean_memory,
+                energy_s: a.energy,
             },
             results: &records,
         };
@@ -512,8 +584,12 @@ fn run_sweep(gpu: &Gpu, cfg: &Config, a: &BenchArgs, points: &[Point], name: &st
     let work: Vec<u64> = points.iter().map(|p| (p.fwd_flops() / 1e9).ceil() as u64).collect();
     let bar = ProgressBar::new(work.iter().sum());
     bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {percent:>3}% eta {eta} {msg}")?);
+    let energy = match a.energy {
+        s if s > 0.0 => Some((EnergyMeter::open(&gpu.dev).context("--energy reads the GPU's energy counter through NVML")?, s)),
+        _ => None,
+    };
     let bench = Bench {
-        gpu, pool, cfg, name, bar,
+        gpu, pool, cfg, name, bar, energy,
         reps: Reps { max: a.reps as usize, min: a.min_reps.min(a.reps) as usize, max_ms: a.max_time * 1e3 },
         warmup: a.warmup as usize,
     };
@@ -538,7 +614,10 @@ fn run_sweep(gpu: &Gpu, cfg: &Config, a: &BenchArgs, points: &[Point], name: &st
         };
         if quiet_bar {
             // No terminal (logs, the device script): one line per point instead of the bar.
-            eprintln!("{name} {}: fwd+bwd {:.3} ms = {:.2} TOPS, {} reps, {:.1} s",
+            let energy = r.energy.map_or(String::new(), |e| {
+                format!(", {:.4} J per fwd+bwd at {:.0} W and {} MHz", e.joules_per_fwdbwd, e.watts, e.sm_clock_mhz)
+            });
+            eprintln!("{name} {}: fwd+bwd {:.3} ms = {:.2} TOPS, {} reps{energy}, {:.1} s",
                       p.label(), r.fwdbwd_ms, r.fwdbwd_tops, r.reps, t0.elapsed().as_secs_f64());
         }
         records.push(r);
@@ -648,8 +727,32 @@ mod tests {
             implementation: "ours-sagebwd".into(), head_dim: 128, n: 4096, batch: 4, heads: 16, causal: true,
             fwd_flops: 1e12, fwd_ms: 1.0, bwd_ms: 2.0, fwdbwd_ms: 3.0, fwd_tops: 1000.0, bwd_tops: 1250.0,
             fwdbwd_tops: 1166.7, reps: 20, quant_ms: 0.1, quant_do_ms: 0.05, peak_mem_bytes: 3 << 30,
-            peak_mem_reserved_bytes: 3 << 30, fwd_ms_all: vec![1.0], bwd_ms_all: vec![2.0],
+            peak_mem_reserved_bytes: 3 << 30, energy: None, fwd_ms_all: vec![1.0], bwd_ms_all: vec![2.0],
         }
+    }
+
+    #[test]
+    fn energy_columns_only_when_measured() {
+        let mut with = record();
+        with.energy = Some(EnergyRecord { joules_per_fwdbwd: 0.6721, watts: 631.2, sm_clock_mhz: 1980, passes: 9388, seconds: 10.0 });
+        let t = table(&[with.clone(), record()]);
+        let rows: Vec<&str> = t.lines().collect();
+        assert!(rows[0].ends_with("| J / fwd+bwd | board W | SM MHz |"), "{t}");
+        // Every row has the same number of cells as the header.
+        let cells = |l: &str| l.matches('|').count();
+        assert!(rows.iter().all(|l| cells(l) == cells(rows[0])), "{t}");
+        assert!(rows[2].ends_with("| 0.6721 | 631 | 1980 |"), "{t}");
+        assert!(rows[3].ends_with("| – | – | – |"), "{t}");
+        assert!(!table(&[record()]).contains("J / fwd+bwd"));
+        let v = serde_json::to_value(&with).unwrap();
+        assert_eq!(v["energy"]["sm_clock_mhz"], 1980);
+        assert!(serde_json::to_value(record()).unwrap().get("energy").is_none());
+    }
+
+    #[test]
+    fn negative_energy_seconds_are_refused_before_any_gpu_work() {
+        let e = run(args(&["--energy=-1"])).unwrap_err().to_string();
+        assert!(e.contains("--energy takes seconds"), "{e}");
     }
 
     #[test]
@@ -668,7 +771,7 @@ mod tests {
             tool: "sagebwd bench", version: "0", device: "GPU".into(), implementation: "ours-sagebwd",
             config: "c".into(), kernels: "scalar", timing: TIMING, flops: FLOPS, mem_method: MEM_POOL,
             settings: Settings { tokens: 16384, hidden: 2048, reps: 20, min_reps: 3, warmup: 2, max_time_s: 10.0,
-                                 input_sets: 3, seed: 0, lean_memory: false },
+                                 input_sets: 3, seed: 0, lean_memory: false, energy_s: 0.0 },
             results: &records,
         };
         let v = serde_json::to_value(&report).unwrap();

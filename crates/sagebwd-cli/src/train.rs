@@ -169,10 +169,15 @@ fn summary_line(s: &RunSummary) -> String {
         String::new()
     };
     let memory = s.peak_memory.map_or(String::new(), |m| format!(", peak memory {:.2} GiB", m as f64 / (1u64 << 30) as f64));
+    // Board energy (NVML) over the same steady steps: tokens per joule is the cost figure.
+    let energy = match (s.steady_joules_per_token, s.steady_board_watts) {
+        (Some(j), Some(w)) if j > 0.0 => format!(", {:.0} tokens/J at {w:.0} W board (steady)", 1.0 / j),
+        _ => String::new(),
+    };
     // Steady state: the median step after the first 3 (warm-up: kernel loading, product planning).
     let steady = s.steady_tokens_per_second.map_or(String::new(), |r| format!(", steady {r:.0}"));
     format!(
-        "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s{steady}, {:.1} model TFLOP/s{mfu}{memory}), final train loss {:.4}{val}",
+        "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s{steady}, {:.1} model TFLOP/s{mfu}{memory}{energy}), final train loss {:.4}{val}",
         s.attention,
         s.steps,
         s.tokens_seen,
@@ -282,4 +287,38 @@ fn read_inputs(paths: &[PathBuf], val_every: usize) -> Result<(Vec<u16>, Vec<u16
         val.extend(v);
     }
     Ok((train, val))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(joules_per_token: Option<f64>) -> RunSummary {
+        RunSummary {
+            dir: "runs/x".into(),
+            attention: "sagebwd".into(),
+            steps: 500,
+            tokens_seen: 8_192_000,
+            final_train_loss: 4.0412,
+            final_val_loss: None,
+            final_val_bpb: None,
+            seconds: 20.0,
+            tokens_per_second: 410_000.0,
+            steady_tokens_per_second: Some(410_761.0),
+            steady_joules_per_token: joules_per_token,
+            steady_board_watts: joules_per_token.map(|_| 676.0),
+            device: "NVIDIA H200".into(),
+            peak_memory: None,
+            flops_per_token: 0.0,
+            gpus: 1,
+        }
+    }
+
+    #[test]
+    fn summary_shows_tokens_per_joule_when_the_engine_measured_energy() {
+        let line = summary_line(&summary(Some(676.0 / 410_761.0)));
+        assert!(line.contains("steady 410761"), "{line}");
+        assert!(line.contains(", 608 tokens/J at 676 W board (steady))"), "{line}");
+        assert!(!summary_line(&summary(None)).contains("tokens/J"));
+    }
 }

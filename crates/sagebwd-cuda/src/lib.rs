@@ -15,6 +15,7 @@
 //! Not yet the fast Hopper design (wgmma, TMA, smem pipelining): see README.md.
 
 pub mod backward;
+pub mod energy;
 pub mod forward;
 pub mod pool;
 pub mod quantize;

@@ -41,6 +41,11 @@ pub trait Engine {
     fn peak_memory(&self) -> Option<u64> {
         None
     }
+    /// The board energy counter of the engine's GPUs (mJ, summed; NVML), where the engine can tell.
+    /// Differences between two reads are the energy spent in between.
+    fn energy_millijoules(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The clipping factor: `max_norm / norm` when the norm exceeds a positive `max_norm`, else 1.

@@ -158,6 +158,10 @@ impl<E: Replica> Engine for DataParallel<E> {
     fn peak_memory(&self) -> Option<u64> {
         self.replicas.iter().filter_map(|r| r.peak_memory()).max()
     }
+
+    fn energy_millijoules(&self) -> Option<u64> {
+        self.replicas.iter().map(|r| r.energy_millijoules()).sum()
+    }
 }
 
 /// Sums gradients through host memory, in replica order (deterministic).

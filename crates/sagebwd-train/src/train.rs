@@ -190,6 +190,13 @@ pub struct RunSummary {
     /// planning, memory-pool growth).
     #[serde(default)]
     pub steady_tokens_per_second: Option<f64>,
+    /// Board energy per token over the same steps (J), where the engine reads its GPUs' energy
+    /// counters (NVML): at the power cap a step's time follows its energy (docs/RESULTS.md, session 18).
+    #[serde(default)]
+    pub steady_joules_per_token: Option<f64>,
+    /// Mean board power over those steps (W, summed over GPUs).
+    #[serde(default)]
+    pub steady_board_watts: Option<f64>,
     /// The engine's description (device, products, attention).
     #[serde(default)]
     pub device: String,
@@ -241,14 +248,17 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let session_start = (state.elapsed, state.tokens_seen);
     let end = opts.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
     let mut step_secs = Vec::new();
+    let mut step_mj = Vec::new();
     while state.step < end {
         let t0 = Instant::now();
+        let mj0 = engine.energy_millijoules();
         let lr = schedule.lr(state.step);
         let (loss, norm) = step(cfg, engine.as_mut(), &mut loader, lr)
             .map_err(|e| diverged(e, state.step + 1, &ckpt_path))?;
         state.step += 1;
         state.tokens_seen += cfg.tokens_per_step() as u64;
         step_secs.push(t0.elapsed().as_secs_f64());
+        step_mj.push(mj0.zip(engine.energy_millijoules()).map(|(a, b)| b.saturating_sub(a)));
         state.elapsed += step_secs.last().copied().unwrap_or(0.0);
         last_loss = loss;
         log.append(&Record {
@@ -285,6 +295,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     }
     bar.finish_and_clear();
     let session_tokens = state.tokens_seen - session_start.1;
+    let energy = steady_energy(&step_secs, &step_mj, cfg.tokens_per_step());
     let session_secs = state.elapsed - session_start.0;
     Ok(RunSummary {
         dir: opts.dir.clone(),
@@ -297,6 +308,8 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         seconds: state.elapsed,
         tokens_per_second: session_tokens as f64 / session_secs.max(1e-9),
         steady_tokens_per_second: steady_rate(&step_secs, cfg.tokens_per_step()),
+        steady_joules_per_token: energy.map(|e| e.0),
+        steady_board_watts: energy.map(|e| e.1),
         device: engine.describe(),
         peak_memory: engine.peak_memory(),
         flops_per_token: cfg.model.flops_per_token(cfg.seq_len),
@@ -313,6 +326,19 @@ pub fn steady_rate(step_secs: &[f64], tokens_per_step: usize) -> Option<f64> {
     t.sort_by(f64::total_cmp);
     let median = if t.len() % 2 == 1 { t[t.len() / 2] } else { 0.5 * (t[t.len() / 2 - 1] + t[t.len() / 2]) };
     Some(tokens_per_step as f64 / median.max(1e-12))
+}
+
+/// Board energy over the steps [`steady_rate`] uses (all after the first 3, at least 5 steps), from
+/// each step's energy in mJ: (joules per token, mean watts over their summed time). None unless every
+/// one of those steps has its energy.
+pub fn steady_energy(step_secs: &[f64], step_mj: &[Option<u64>], tokens_per_step: usize) -> Option<(f64, f64)> {
+    if step_secs.len() < 5 || step_mj.len() != step_secs.len() {
+        return None;
+    }
+    let joules = step_mj[3..].iter().copied().sum::<Option<u64>>()? as f64 * 1e-3;
+    let secs: f64 = step_secs[3..].iter().sum();
+    let tokens = (tokens_per_step * (step_secs.len() - 3)) as f64;
+    Some((joules / tokens, joules / secs.max(1e-12)))
 }
 
 /// One optimizer step: accumulated gradients over `grad_accum` micro-batches, clipping, AdamW.

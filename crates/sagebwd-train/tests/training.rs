@@ -6,7 +6,7 @@ use sagebwd_train::config::ModelConfig;
 use sagebwd_train::metrics::{read_records, Record};
 use sagebwd_train::optim::AdamWConfig;
 use sagebwd_train::plot::{plot_losses, Curve};
-use sagebwd_train::train::{steady_rate, train, Corpus, DeviceChoice, RunOptions, TrainConfig};
+use sagebwd_train::train::{steady_energy, steady_rate, train, Corpus, DeviceChoice, RunOptions, TrainConfig};
 use std::path::Path;
 
 const VOCAB: usize = 64;
@@ -172,4 +172,20 @@ fn steady_rate_is_the_median_after_the_first_three_steps() {
     assert_eq!(steady_rate(&[5.0, 5.0, 5.0, 0.5, 0.1, 0.2], 100), Some(500.0));
     // Even count: the mean of the two middle values (0.2, 0.4).
     assert!((steady_rate(&[9.0, 9.0, 9.0, 0.1, 0.2, 0.4, 0.8], 30).unwrap() - 100.0).abs() < 1e-9);
+}
+
+#[test]
+fn steady_energy_sums_the_steps_after_the_first_three() {
+    let secs = [5.0, 5.0, 5.0, 0.5, 0.25, 0.25];
+    // The warm-up steps' 9 kJ are ignored: 700 J over 1 s and 3 × 100 tokens.
+    let mj = [Some(3_000_000), Some(3_000_000), Some(3_000_000), Some(350_000), Some(175_000), Some(175_000)];
+    let (per_token, watts) = steady_energy(&secs, &mj, 100).unwrap();
+    assert!((per_token - 700.0 / 300.0).abs() < 1e-12 && (watts - 700.0).abs() < 1e-9, "{per_token} {watts}");
+    assert_eq!(steady_energy(&secs[..4], &mj[..4], 100), None, "fewer than 5 steps");
+    let mut missing = mj;
+    missing[4] = None;
+    assert_eq!(steady_energy(&secs, &missing, 100), None, "a step without a reading");
+    missing[4] = Some(1);
+    missing[0] = None;
+    assert!(steady_energy(&secs, &missing, 100).is_some(), "a warm-up step without a reading does not matter");
 }

@@ -20,6 +20,7 @@ use crate::engine::{Engine, EngineState};
 use crate::layers::rotary::Rotary;
 use crate::model::{Batch, ParamLayout, Weights};
 use crate::optim::AdamWConfig;
+use sagebwd_cuda::energy::EnergyMeter;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use sagebwd_cuda::pool::Pool;
 use sagebwd_cuda::{DeviceForward, DeviceInputs, Gpu, SavedForBackward};
@@ -152,6 +153,8 @@ pub struct GpuEngine {
     base_used: u64,
     /// GPU time per phase when `SAGEBWD_PROFILE=1`.
     profile: Option<Profile>,
+    /// The board's energy counter (None without NVML or on a GPU without the counter).
+    energy: Option<EnergyMeter>,
 }
 
 impl GpuEngine {
@@ -241,7 +244,6 @@ impl GpuEngine {
             norm_partial: zeros(&stream, STRIDE_BLOCKS)?,
             rope_cos: upload_f32(cos)?,
             rope_sin: upload_f32(sin)?,
-            gpu,
             k,
             blas,
             cfg,
@@ -258,6 +260,8 @@ impl GpuEngine {
             pool,
             base_used,
             profile: Profile::from_env(),
+            energy: EnergyMeter::open(&gpu.dev).ok(),
+            gpu,
         };
         e.refresh_bf16()?;
         Ok(e)
@@ -620,6 +624,10 @@ impl Engine for GpuEngine {
     fn peak_memory(&self) -> Option<u64> {
         let high = self.pool.as_ref()?.high().ok()?;
         Some(high.saturating_sub(self.base_used))
+    }
+
+    fn energy_millijoules(&self) -> Option<u64> {
+        self.energy.as_ref()?.millijoules().ok()
     }
 }
 
