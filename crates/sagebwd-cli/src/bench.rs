@@ -289,14 +289,15 @@ fn quant_only(gpu: &Gpu, x: &DeviceInputs, cfg: &Config) -> Result<[CudaEvent; 3
 }
 
 /// Back-to-back forward + backward for `secs` between two synchronized reads of the energy counter;
-/// the SM clock is sampled once the queue is full, while the GPU runs.
+/// the SM clock is sampled half-way, when a power cap has had time to pull it down (in the first
+/// tens of ms it still reads the maximum).
 fn energy_phase(gpu: &Gpu, sets: &[DeviceInputs], cfg: &Config, meter: &EnergyMeter, secs: f64) -> Result<EnergyRecord> {
     sync(gpu)?;
     let span = meter.start()?;
     let reps = Reps { max: usize::MAX, min: 1, max_ms: secs * 1e3 };
     let mut clock = None;
-    let passes = time_stages(sets, reps, |i| {
-        if i == 8 {
+    let passes = time_stages(sets, reps, |_| {
+        if clock.is_none() && span.elapsed_secs() >= secs / 2.0 {
             clock = meter.sm_clock_mhz().ok();
         }
     }, |x| fwd_bwd(gpu, x, cfg))?

@@ -87,6 +87,13 @@ pub struct EnergySpan {
     at: Instant,
 }
 
+impl EnergySpan {
+    /// Wall-clock seconds since the span started.
+    pub fn elapsed_secs(&self) -> f64 {
+        self.at.elapsed().as_secs_f64()
+    }
+}
+
 /// Energy spent over a wall-clock interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Energy {

@@ -248,17 +248,23 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let session_start = (state.elapsed, state.tokens_seen);
     let end = opts.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
     let mut step_secs = Vec::new();
-    let mut step_mj = Vec::new();
+    // Board energy of the steady steps (see EnergyWindow): the counter with the time of each read.
+    let origin = Instant::now();
+    let read_energy = |e: &dyn Engine| e.energy_millijoules().map(|mj| (mj, origin.elapsed().as_secs_f64()));
+    let mut energy = EnergyWindow::default();
     while state.step < end {
+        if step_secs.len() == 3 {
+            energy.open(read_energy(engine.as_ref()));
+        }
         let t0 = Instant::now();
-        let mj0 = engine.energy_millijoules();
         let lr = schedule.lr(state.step);
         let (loss, norm) = step(cfg, engine.as_mut(), &mut loader, lr)
             .map_err(|e| diverged(e, state.step + 1, &ckpt_path))?;
         state.step += 1;
         state.tokens_seen += cfg.tokens_per_step() as u64;
         step_secs.push(t0.elapsed().as_secs_f64());
-        step_mj.push(mj0.zip(engine.energy_millijoules()).map(|(a, b)| b.saturating_sub(a)));
+        let step_end = read_energy(engine.as_ref());
+        energy.step_done(step_end);
         state.elapsed += step_secs.last().copied().unwrap_or(0.0);
         last_loss = loss;
         log.append(&Record {
@@ -272,7 +278,9 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
             ..Default::default()
         })?;
         let done = state.step == cfg.steps;
-        if !val.is_empty() && (state.step % cfg.eval_every.max(1) == 0 || done) {
+        let eval_now = !val.is_empty() && (state.step % cfg.eval_every.max(1) == 0 || done);
+        let save_now = state.step % cfg.checkpoint_every.max(1) == 0 || done || Some(state.step) == opts.stop_after;
+        if eval_now {
             let (val_loss, bpb) = evaluate(engine.as_mut(), &val, &corpus.token_bytes)?;
             last_val = Some((val_loss, bpb));
             log.append(&Record {
@@ -285,8 +293,11 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
                 ..Default::default()
             })?;
         }
-        if state.step % cfg.checkpoint_every.max(1) == 0 || done || Some(state.step) == opts.stop_after {
+        if save_now {
             save(&ckpt_path, cfg, engine.as_ref(), &loader, &state)?;
+        }
+        if eval_now || save_now {
+            energy.exclude(step_end, read_energy(engine.as_ref()));
         }
         // Training throughput: step time only (evaluations and checkpoints excluded), as in the summary.
         let rate = (state.tokens_seen - session_start.1) as f64 / (state.elapsed - session_start.0).max(1e-9);
@@ -295,7 +306,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     }
     bar.finish_and_clear();
     let session_tokens = state.tokens_seen - session_start.1;
-    let energy = steady_energy(&step_secs, &step_mj, cfg.tokens_per_step());
+    let energy = energy.per_token(cfg.tokens_per_step());
     let session_secs = state.elapsed - session_start.0;
     Ok(RunSummary {
         dir: opts.dir.clone(),
@@ -328,17 +339,73 @@ pub fn steady_rate(step_secs: &[f64], tokens_per_step: usize) -> Option<f64> {
     Some(tokens_per_step as f64 / median.max(1e-12))
 }
 
-/// Board energy over the steps [`steady_rate`] uses (all after the first 3, at least 5 steps), from
-/// each step's energy in mJ: (joules per token, mean watts over their summed time). None unless every
-/// one of those steps has its energy.
-pub fn steady_energy(step_secs: &[f64], step_mj: &[Option<u64>], tokens_per_step: usize) -> Option<(f64, f64)> {
-    if step_secs.len() < 5 || step_mj.len() != step_secs.len() {
-        return None;
+/// Board energy of a run's steady steps (all after this session's first 3, as [`steady_rate`]): the energy
+/// counter (mJ, with the time in s) read when the first of them starts and after each step, less the
+/// evaluations and checkpoints between steps. The window's energy is the difference of its two end reads,
+/// so read errors do not add up: NVML's counter advances in updates every 20–100 ms, and summing per-step
+/// differences over ~40 ms steps read ~20 % high (session 18, the first form of this code).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EnergyWindow {
+    start: Option<(u64, f64)>,
+    /// The end of the last step done.
+    last: Option<(u64, f64)>,
+    /// Energy (mJ) and time (s) outside the steps, between `start` and `last`.
+    excluded: (u64, f64),
+    /// The same after `last`: counted once another step follows.
+    pending: (u64, f64),
+    steps: usize,
+    /// A read failed inside the window: no figure.
+    broken: bool,
+}
+
+impl EnergyWindow {
+    /// The window starts (a read at the start of the first steady step; None: no counter, no figure).
+    pub fn open(&mut self, at: Option<(u64, f64)>) {
+        *self = EnergyWindow { start: at, last: at, broken: at.is_none(), ..Default::default() };
     }
-    let joules = step_mj[3..].iter().copied().sum::<Option<u64>>()? as f64 * 1e-3;
-    let secs: f64 = step_secs[3..].iter().sum();
-    let tokens = (tokens_per_step * (step_secs.len() - 3)) as f64;
-    Some((joules / tokens, joules / secs.max(1e-12)))
+
+    /// A step ended (the read right after it).
+    pub fn step_done(&mut self, at: Option<(u64, f64)>) {
+        if self.start.is_none() {
+            return;
+        }
+        match at {
+            Some(a) => {
+                self.steps += 1;
+                self.last = Some(a);
+                self.excluded.0 += self.pending.0;
+                self.excluded.1 += self.pending.1;
+                self.pending = (0, 0.0);
+            }
+            None => self.broken = true,
+        }
+    }
+
+    /// Work that is not a step (an evaluation, a checkpoint) ran between the reads `before` and `after`.
+    pub fn exclude(&mut self, before: Option<(u64, f64)>, after: Option<(u64, f64)>) {
+        if self.start.is_none() {
+            return;
+        }
+        match (before, after) {
+            (Some(b), Some(a)) => {
+                self.pending.0 += a.0.saturating_sub(b.0);
+                self.pending.1 += (a.1 - b.1).max(0.0);
+            }
+            _ => self.broken = true,
+        }
+    }
+
+    /// (Joules per token, mean board watts) over the window's steps, each of `tokens_per_step`; None
+    /// without a counter, after a failed read, or with fewer than 2 steady steps.
+    pub fn per_token(&self, tokens_per_step: usize) -> Option<(f64, f64)> {
+        let (start, last) = (self.start?, self.last?);
+        if self.broken || self.steps < 2 {
+            return None;
+        }
+        let joules = last.0.saturating_sub(start.0).saturating_sub(self.excluded.0) as f64 * 1e-3;
+        let secs = last.1 - start.1 - self.excluded.1;
+        (secs > 0.0).then(|| (joules / (self.steps * tokens_per_step) as f64, joules / secs))
+    }
 }
 
 /// One optimizer step: accumulated gradients over `grad_accum` micro-batches, clipping, AdamW.

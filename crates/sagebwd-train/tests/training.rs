@@ -6,7 +6,7 @@ use sagebwd_train::config::ModelConfig;
 use sagebwd_train::metrics::{read_records, Record};
 use sagebwd_train::optim::AdamWConfig;
 use sagebwd_train::plot::{plot_losses, Curve};
-use sagebwd_train::train::{steady_energy, steady_rate, train, Corpus, DeviceChoice, RunOptions, TrainConfig};
+use sagebwd_train::train::{steady_rate, train, EnergyWindow, Corpus, DeviceChoice, RunOptions, TrainConfig};
 use std::path::Path;
 
 const VOCAB: usize = 64;
@@ -175,17 +175,29 @@ fn steady_rate_is_the_median_after_the_first_three_steps() {
 }
 
 #[test]
-fn steady_energy_sums_the_steps_after_the_first_three() {
-    let secs = [5.0, 5.0, 5.0, 0.5, 0.25, 0.25];
-    // The warm-up steps' 9 kJ are ignored: 700 J over 1 s and 3 × 100 tokens.
-    let mj = [Some(3_000_000), Some(3_000_000), Some(3_000_000), Some(350_000), Some(175_000), Some(175_000)];
-    let (per_token, watts) = steady_energy(&secs, &mj, 100).unwrap();
-    assert!((per_token - 700.0 / 300.0).abs() < 1e-12 && (watts - 700.0).abs() < 1e-9, "{per_token} {watts}");
-    assert_eq!(steady_energy(&secs[..4], &mj[..4], 100), None, "fewer than 5 steps");
-    let mut missing = mj;
-    missing[4] = None;
-    assert_eq!(steady_energy(&secs, &missing, 100), None, "a step without a reading");
-    missing[4] = Some(1);
-    missing[0] = None;
-    assert!(steady_energy(&secs, &missing, 100).is_some(), "a warm-up step without a reading does not matter");
+fn energy_window_is_its_two_end_reads_less_the_work_between_steps() {
+    let mut w = EnergyWindow::default();
+    w.step_done(Some((1, 0.0)));
+    assert_eq!(w.per_token(100), None, "steps before the window opens do not count");
+    // Opens at 10 J, t = 1 s; three steps of 0.5 s at 700 W; an evaluation (50 J, 0.2 s) after the second.
+    w.open(Some((10_000, 1.0)));
+    w.step_done(Some((360_000, 1.5)));
+    w.step_done(Some((710_000, 2.0)));
+    w.exclude(Some((710_000, 2.0)), Some((760_000, 2.2)));
+    w.step_done(Some((1_110_000, 2.7)));
+    // An evaluation after the last step is outside the window.
+    w.exclude(Some((1_110_000, 2.7)), Some((1_200_000, 3.0)));
+    let (per_token, watts) = w.per_token(100).unwrap();
+    assert!((per_token - 1050.0 / 300.0).abs() < 1e-9 && (watts - 700.0).abs() < 1e-6, "{per_token} {watts}");
+    let mut no_counter = EnergyWindow::default();
+    no_counter.open(None);
+    no_counter.step_done(Some((1, 1.0)));
+    assert_eq!(no_counter.per_token(100), None);
+    let mut failed = w;
+    failed.step_done(None);
+    assert_eq!(failed.per_token(100), None, "a failed read inside the window");
+    let mut short = EnergyWindow::default();
+    short.open(Some((0, 0.0)));
+    short.step_done(Some((700, 1.0)));
+    assert_eq!(short.per_token(1), None, "one steady step is too few");
 }
