@@ -5,7 +5,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use sagebwd_train::metrics::{read_records, Record};
 use sagebwd_train::plot::{plot_losses, Curve};
-use sagebwd_train::train::read_config;
+use sagebwd_train::train::{read_config, read_summary};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -40,19 +40,23 @@ fn label(dir: &std::path::Path) -> String {
     dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
-/// A text table of each run's attention, tokens per step, steps, and final losses.
+/// A text table of each run's attention, tokens per step, steps, final losses and, from its `summary.json`
+/// (the last training session's), steady tokens/s and tokens per joule of board energy (GPU runs).
 pub fn table(runs: &[PathBuf]) -> Result<String> {
     let mut out = format!(
-        "{:<24} {:>9} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8}\n",
-        "run", "attention", "tok/step", "steps", "tokens", "train loss", "val loss", "val bpb"
+        "{:<24} {:>9} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6}\n",
+        "run", "attention", "tok/step", "steps", "tokens", "train loss", "val loss", "val bpb", "tok/s", "tok/J"
     );
     for dir in runs {
         let records = read_records(dir)?;
         let cfg = read_config(dir).ok();
+        let summary = read_summary(dir).ok();
         let last = |f: fn(&Record) -> Option<f64>| records.iter().rev().find_map(f);
         let fmt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |x| format!("{x:.p$}"));
+        let rate = summary.as_ref().map(|s| s.steady_tokens_per_second.unwrap_or(s.tokens_per_second));
+        let per_joule = summary.as_ref().and_then(|s| s.steady_joules_per_token).filter(|j| *j > 0.0).map(|j| 1.0 / j);
         out += &format!(
-            "{:<24} {:>9} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8}\n",
+            "{:<24} {:>9} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6}\n",
             label(dir),
             cfg.as_ref().map_or("?".into(), |c| c.attention.clone()),
             cfg.as_ref().map_or("?".into(), |c| c.tokens_per_step().to_string()),
@@ -62,6 +66,8 @@ pub fn table(runs: &[PathBuf]) -> Result<String> {
             fmt(mean_last_train(&records, 10), 4),
             fmt(last(|r| r.val_loss), 4),
             fmt(last(|r| r.val_bpb), 3),
+            fmt(rate, 0),
+            fmt(per_joule, 0),
         );
     }
     Ok(out.trim_end().to_string())

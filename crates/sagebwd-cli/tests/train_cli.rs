@@ -63,6 +63,15 @@ fn tokenize_train_on_shards_and_report() {
     assert!(o.status.success(), "{}", stderr(&o));
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("t-exact") && table.contains("t-sagebwd") && table.contains("val loss"), "{table}");
+    // Throughput from each run's summary.json; no energy counter on the CPU, so no tokens/J.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("runs/t-sagebwd/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 3);
+    assert!(summary["steady_joules_per_token"].is_null(), "{summary}");
+    let row = table.lines().find(|l| l.starts_with("t-sagebwd")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells.len(), 10, "{row}");
+    assert!(cells[8].parse::<f64>().unwrap() > 0.0 && cells[9] == "-", "{row}");
     assert!(std::fs::read_to_string(d.join("r.svg")).unwrap().contains("<svg"));
 
     // --resume continues to the new step count from the checkpoint

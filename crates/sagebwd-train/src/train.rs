@@ -308,7 +308,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let session_tokens = state.tokens_seen - session_start.1;
     let energy = energy.per_token(cfg.tokens_per_step());
     let session_secs = state.elapsed - session_start.0;
-    Ok(RunSummary {
+    let summary = RunSummary {
         dir: opts.dir.clone(),
         attention: cfg.attention.clone(),
         steps: state.step,
@@ -325,7 +325,25 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         peak_memory: engine.peak_memory(),
         flops_per_token: cfg.model.flops_per_token(cfg.seq_len),
         gpus: cfg.gpus,
-    })
+    };
+    write_summary(&opts.dir, &summary)?;
+    Ok(summary)
+}
+
+/// The run directory's `summary.json`: the last session's [`RunSummary`] (`sagebwd report` reads its
+/// throughput and energy), written atomically.
+pub const SUMMARY_FILE: &str = "summary.json";
+
+fn write_summary(dir: &Path, s: &RunSummary) -> Result<()> {
+    let text = serde_json::to_string_pretty(s).map_err(|e| Error::Data(format!("run summary: {e}")))?;
+    checkpoint::write_atomically(&dir.join(SUMMARY_FILE), text.as_bytes())
+}
+
+/// Reads a run directory's `summary.json` (absent for runs from before it existed, or still running).
+pub fn read_summary(dir: &Path) -> Result<RunSummary> {
+    let path = dir.join(SUMMARY_FILE);
+    let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
+    serde_json::from_str(&text).map_err(|e| Error::Data(format!("{}: {e}", path.display())))
 }
 
 /// Tokens per step over the median of the step times after the first 3 (None with fewer than 5 steps).
