@@ -414,7 +414,8 @@ impl EnergyWindow {
     }
 
     /// (Joules per token, mean board watts) over the window's steps, each of `tokens_per_step`; None
-    /// without a counter, after a failed read, or with fewer than 2 steady steps.
+    /// without a counter, after a failed read, with fewer than 2 steady steps, or over less than
+    /// [`Self::MIN_SECS`] of steps (a handful of counter updates: a figure off by tens of %).
     pub fn per_token(&self, tokens_per_step: usize) -> Option<(f64, f64)> {
         let (start, last) = (self.start?, self.last?);
         if self.broken || self.steps < 2 {
@@ -422,8 +423,11 @@ impl EnergyWindow {
         }
         let joules = last.0.saturating_sub(start.0).saturating_sub(self.excluded.0) as f64 * 1e-3;
         let secs = last.1 - start.1 - self.excluded.1;
-        (secs > 0.0).then(|| (joules / (self.steps * tokens_per_step) as f64, joules / secs))
+        (secs >= Self::MIN_SECS).then(|| (joules / (self.steps * tokens_per_step) as f64, joules / secs))
     }
+
+    /// The shortest window reported: NVML's counter advances every 20–100 ms, so 2 s hold 20–100 updates.
+    pub const MIN_SECS: f64 = 2.0;
 }
 
 /// One optimizer step: accumulated gradients over `grad_accum` micro-batches, clipping, AdamW.
