@@ -263,8 +263,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         state.step += 1;
         state.tokens_seen += cfg.tokens_per_step() as u64;
         step_secs.push(t0.elapsed().as_secs_f64());
-        let step_end = read_energy(engine.as_ref());
-        energy.step_done(step_end);
+        energy.step_done();
         state.elapsed += step_secs.last().copied().unwrap_or(0.0);
         last_loss = loss;
         log.append(&Record {
@@ -280,6 +279,9 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         let done = state.step == cfg.steps;
         let eval_now = !val.is_empty() && (state.step % cfg.eval_every.max(1) == 0 || done);
         let save_now = state.step % cfg.checkpoint_every.max(1) == 0 || done || Some(state.step) == opts.stop_after;
+        // The counter is read only around evaluations and checkpoints (the session's last step has both or a
+        // checkpoint), never between two steps: an NVML read there would keep the GPU waiting.
+        let before_extra = if eval_now || save_now { read_energy(engine.as_ref()) } else { None };
         if eval_now {
             let (val_loss, bpb) = evaluate(engine.as_mut(), &val, &corpus.token_bytes)?;
             last_val = Some((val_loss, bpb));
@@ -297,7 +299,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
             save(&ckpt_path, cfg, engine.as_ref(), &loader, &state)?;
         }
         if eval_now || save_now {
-            energy.exclude(step_end, read_energy(engine.as_ref()));
+            energy.pause(before_extra, read_energy(engine.as_ref()));
         }
         // Training throughput: step time only (evaluations and checkpoints excluded), as in the summary.
         let rate = (state.tokens_seen - session_start.1) as f64 / (state.elapsed - session_start.0).max(1e-9);
@@ -358,56 +360,58 @@ pub fn steady_rate(step_secs: &[f64], tokens_per_step: usize) -> Option<f64> {
 }
 
 /// Board energy of a run's steady steps (all after this session's first 3, as [`steady_rate`]): the energy
-/// counter (mJ, with the time in s) read when the first of them starts and after each step, less the
-/// evaluations and checkpoints between steps. The window's energy is the difference of its two end reads,
-/// so read errors do not add up: NVML's counter advances in updates every 20–100 ms, and summing per-step
-/// differences over ~40 ms steps read ~20 % high (session 18, the first form of this code).
+/// counter (mJ, with the time in s) read when the first of them starts, then before and after each
+/// evaluation or checkpoint. The figure covers the steps up to the last read before one, less the
+/// evaluations and checkpoints in between; it is a difference of two reads, so read errors do not add up:
+/// NVML's counter advances in updates every 20–100 ms, and summing per-step differences over ~40 ms
+/// steps read ~20 % high (session 18, the first form of this code). No read falls between two steps.
+/// A counter read: (mJ, seconds since the run's origin).
+type EnergyRead = (u64, f64);
+
+/// Where the window's figure ends: the read, the steps done by then, and the excluded energy and time then.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct WindowEnd {
+    at: EnergyRead,
+    steps: usize,
+    excluded: EnergyRead,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EnergyWindow {
-    start: Option<(u64, f64)>,
-    /// The end of the last step done.
-    last: Option<(u64, f64)>,
-    /// Energy (mJ) and time (s) outside the steps, between `start` and `last`.
-    excluded: (u64, f64),
-    /// The same after `last`: counted once another step follows.
-    pending: (u64, f64),
+    start: Option<EnergyRead>,
     steps: usize,
+    /// Energy (mJ) and time (s) of the evaluations and checkpoints since `start`.
+    excluded: EnergyRead,
+    /// The last read at the end of a step.
+    end: Option<WindowEnd>,
     /// A read failed inside the window: no figure.
     broken: bool,
 }
 
 impl EnergyWindow {
     /// The window starts (a read at the start of the first steady step; None: no counter, no figure).
-    pub fn open(&mut self, at: Option<(u64, f64)>) {
-        *self = EnergyWindow { start: at, last: at, broken: at.is_none(), ..Default::default() };
+    pub fn open(&mut self, at: Option<EnergyRead>) {
+        *self = EnergyWindow { start: at, broken: at.is_none(), ..Default::default() };
     }
 
-    /// A step ended (the read right after it).
-    pub fn step_done(&mut self, at: Option<(u64, f64)>) {
-        if self.start.is_none() {
-            return;
-        }
-        match at {
-            Some(a) => {
-                self.steps += 1;
-                self.last = Some(a);
-                self.excluded.0 += self.pending.0;
-                self.excluded.1 += self.pending.1;
-                self.pending = (0, 0.0);
-            }
-            None => self.broken = true,
+    /// A step ended (no read).
+    pub fn step_done(&mut self) {
+        if self.start.is_some() {
+            self.steps += 1;
         }
     }
 
-    /// Work that is not a step (an evaluation, a checkpoint) ran between the reads `before` and `after`.
-    pub fn exclude(&mut self, before: Option<(u64, f64)>, after: Option<(u64, f64)>) {
+    /// Work that is not a step (an evaluation, a checkpoint) ran right after a step, between the reads
+    /// `before` (also the end of the steps so far) and `after`.
+    pub fn pause(&mut self, before: Option<EnergyRead>, after: Option<EnergyRead>) {
         if self.start.is_none() {
             return;
         }
         match (before, after) {
             (Some(b), Some(a)) => {
-                self.pending.0 += a.0.saturating_sub(b.0);
-                self.pending.1 += (a.1 - b.1).max(0.0);
+                self.end = Some(WindowEnd { at: b, steps: self.steps, excluded: self.excluded });
+                self.excluded.0 += a.0.saturating_sub(b.0);
+                self.excluded.1 += (a.1 - b.1).max(0.0);
             }
             _ => self.broken = true,
         }
@@ -417,13 +421,14 @@ impl EnergyWindow {
     /// without a counter, after a failed read, with fewer than 2 steady steps, or over less than
     /// [`Self::MIN_SECS`] of steps (a handful of counter updates: a figure off by tens of %).
     pub fn per_token(&self, tokens_per_step: usize) -> Option<(f64, f64)> {
-        let (start, last) = (self.start?, self.last?);
-        if self.broken || self.steps < 2 {
+        let start = self.start?;
+        let WindowEnd { at: end, steps, excluded } = self.end?;
+        if self.broken || steps < 2 {
             return None;
         }
-        let joules = last.0.saturating_sub(start.0).saturating_sub(self.excluded.0) as f64 * 1e-3;
-        let secs = last.1 - start.1 - self.excluded.1;
-        (secs >= Self::MIN_SECS).then(|| (joules / (self.steps * tokens_per_step) as f64, joules / secs))
+        let joules = end.0.saturating_sub(start.0).saturating_sub(excluded.0) as f64 * 1e-3;
+        let secs = end.1 - start.1 - excluded.1;
+        (secs >= Self::MIN_SECS).then(|| (joules / (steps * tokens_per_step) as f64, joules / secs))
     }
 
     /// The shortest window reported: NVML's counter advances every 20–100 ms, so 2 s hold 20–100 updates.

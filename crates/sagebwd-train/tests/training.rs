@@ -177,32 +177,37 @@ fn steady_rate_is_the_median_after_the_first_three_steps() {
 #[test]
 fn energy_window_is_its_two_end_reads_less_the_work_between_steps() {
     let mut w = EnergyWindow::default();
-    w.step_done(Some((1, 0.0)));
+    w.step_done();
+    w.pause(Some((1, 0.0)), Some((1, 0.0)));
     assert_eq!(w.per_token(100), None, "steps before the window opens do not count");
     // Opens at 10 J, t = 1 s; three steps of 1 s at 700 W; an evaluation (50 J, 0.2 s) after the second.
     w.open(Some((10_000, 1.0)));
-    w.step_done(Some((710_000, 2.0)));
-    w.step_done(Some((1_410_000, 3.0)));
-    w.exclude(Some((1_410_000, 3.0)), Some((1_460_000, 3.2)));
-    w.step_done(Some((2_160_000, 4.2)));
-    // An evaluation after the last step is outside the window.
-    w.exclude(Some((2_160_000, 4.2)), Some((2_250_000, 4.5)));
+    w.step_done();
+    w.step_done();
+    w.pause(Some((1_410_000, 3.0)), Some((1_460_000, 3.2)));
+    w.step_done();
+    // The evaluation after the last step ends the window.
+    w.pause(Some((2_160_000, 4.2)), Some((2_250_000, 4.5)));
     let (per_token, watts) = w.per_token(100).unwrap();
     assert!((per_token - 2100.0 / 300.0).abs() < 1e-9 && (watts - 700.0).abs() < 1e-6, "{per_token} {watts}");
     let mut no_counter = EnergyWindow::default();
     no_counter.open(None);
-    no_counter.step_done(Some((1, 1.0)));
+    no_counter.step_done();
+    no_counter.pause(Some((1, 1.0)), Some((1, 1.0)));
     assert_eq!(no_counter.per_token(100), None);
     let mut failed = w;
-    failed.step_done(None);
+    failed.pause(None, Some((2_300_000, 4.6)));
     assert_eq!(failed.per_token(100), None, "a failed read inside the window");
     let mut short = EnergyWindow::default();
     short.open(Some((0, 0.0)));
-    short.step_done(Some((700, 1.0)));
+    short.step_done();
+    short.pause(Some((700, 1.0)), Some((700, 1.0)));
     assert_eq!(short.per_token(1), None, "one steady step is too few");
-    short.step_done(Some((1_050, 1.5)));
+    short.step_done();
+    short.pause(Some((1_050, 1.5)), Some((1_050, 1.5)));
     assert_eq!(short.per_token(1), None, "1.5 s of steps: too few counter updates");
-    short.step_done(Some((1_400, 2.0)));
+    short.step_done();
+    short.pause(Some((1_400, 2.0)), Some((1_400, 2.0)));
     let (per_token, watts) = short.per_token(1).unwrap();
     assert!((per_token - 1.4 / 3.0).abs() < 1e-12 && (watts - 0.7).abs() < 1e-12, "{per_token} {watts}");
 }
