@@ -3374,12 +3374,20 @@ typedef StagedSage128 StagedSagePersistKernel;  // sage_bwd_main_persist_sage
 typedef StagedSage StagedSageKernel;
 typedef StagedSage StagedSagePersistKernel;
 #endif
+// The body of the staged paths' entry points: launched with PDL after the preprocess (src/backward.rs), so no
+// global access before the wait; the fast path the host chose (`path`); shared memory for S's layout; then
+// S's loop on the persistent grid (PERSIST) or the plain one.
+template <class S, bool PERSIST>
+__device__ __forceinline__ void staged_entry(const BackwardParams& p, int path, unsigned char* smem) {
+    pdl_wait();
+    if (bwd_fast_path(p.flags) != path) __trap();
+    require_dynamic_smem((u32)S::Layout::bytes);
+    if constexpr (PERSIST) staged_backward_persist<S>(p, smem);
+    else staged_backward_main<S>(p, smem);
+}
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
-    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
-    if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
-    require_dynamic_smem((u32)StagedSagePersistKernel::Layout::bytes);
-    staged_backward_persist<StagedSagePersistKernel>(p, smem_raw);
+    staged_entry<StagedSagePersistKernel, true>(p, BWD_STAGED_SAGE, smem_raw);
 }
 // pipe14b: the sage path on the plain grid in its own kernel (sage_bwd_main_mma's grid and block order;
 // the host takes it for the sage path at d = 64 on sm_90a), so that sage_bwd_main_mma's registers and
@@ -3387,10 +3395,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage
 #if BWD_WGMMA && (HEAD_DIM == 64 || SB128_LOOP)
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
-    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
-    if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
-    require_dynamic_smem((u32)StagedSageKernel::Layout::bytes);
-    staged_backward_main<StagedSageKernel>(p, smem_raw);
+    staged_entry<StagedSageKernel, false>(p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
 // bwd18: sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage14Q; the default at d = 64,
@@ -3398,11 +3403,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(Bac
 #if BWD_WGMMA && HEAD_DIM == 64 && PIPE14_LOOP
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
-    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
-    const BackwardParams& p = pm.p;
-    if (bwd_fast_path(p.flags) != BWD_STAGED_SAGE) __trap();
-    require_dynamic_smem((u32)StagedSage14Q::Layout::bytes);
-    staged_backward_main<StagedSage14Q>(p, smem_raw);
+    staged_entry<StagedSage14Q, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16(BackwardParams p) {
@@ -3424,11 +3425,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
 #if FPA_EARLY_PATH && HEAD_DIM == 128
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16q(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
-    pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
-    const BackwardParams& p = pm.p;
-    if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();
-    require_dynamic_smem((u32)StagedBf16Bulk::Layout::bytes);
-    staged_backward_persist<StagedBf16Bulk>(p, smem_raw);
+    staged_entry<StagedBf16Bulk, true>(pm.p, BWD_STAGED_BF16, smem_raw);
 }
 #endif
 
