@@ -16,18 +16,22 @@ import statistics
 import sys
 
 
+def number(field):
+    """The field as a float, None for "[N/A]" or a truncated value."""
+    try:
+        return float(field)
+    except ValueError:
+        return None
+
+
 def samples(path):
     out = []
     for line in open(path):
         f = [x.strip() for x in line.split(",")]
-        try:
-            temp = float(f[4]) if len(f) > 4 else None
-        except ValueError:
-            temp = None
-        try:
-            out.append((f[0], float(f[1]), float(f[2]), float(f[3]), temp))
-        except (IndexError, ValueError):
+        values = [number(x) for x in f[1:5]]
+        if len(values) < 3 or None in values[:3]:
             continue  # header, a "[N/A]" field or a truncated last line
+        out.append((f[0], *values[:3], values[3] if len(values) > 3 else None))
     return out
 
 

@@ -113,21 +113,13 @@ impl Energy {
     }
 }
 
-impl std::ops::AddAssign for Energy {
-    fn add_assign(&mut self, o: Energy) {
-        self.joules += o.joules;
-        self.seconds += o.seconds;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn power_and_energy_per_unit_follow_from_the_interval() {
-        let mut e = Energy { joules: 690.0, seconds: 1.0 };
-        e += Energy { joules: 345.0, seconds: 0.5 };
+        let e = Energy { joules: 1035.0, seconds: 1.5 };
         assert_eq!(e.watts(), 690.0);
         assert_eq!(e.per(1035), Some(1.0));
         assert_eq!(e.per(0), None);
