@@ -201,9 +201,11 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
 /// every causal shape measured (d = 64 and 128, N = 1k–16k: +0.5–24 %; the snake order balances the
 /// heaviest-first tiles), and non-causal d = 64 up to N = 4k, d = 128 at N = 1k. Non-causal at
 /// N = 16k `fws3`'s grid (the pairs of one head side by side: K, V reused in L2) is 4–7 % ahead, and
-/// at d = 128 N = 4k the two are within 1 % (RESULTS-gpu.md, fpafwd3).
+/// at d = 128 N = 4k the two are within 1 % (RESULTS-gpu.md, fpafwd3). At d = 64 non-causal N 8k and 16k
+/// `fpp3s` is now the faster one (session 19's tune20, two rounds: −5.1 / −6.1 % and −6.2 / −4.9 % forward
+/// against `fws3`): the persistent kernel at every d = 64 shape.
 fn bf16_persistent_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
-    causal || n_q <= if head_dim == 64 { 4096 } else { 1024 }
+    causal || head_dim == 64 || n_q <= 1024
 }
 
 /// Where the head-grouped persistent kernel (`fpp3g`) is the default (fpaf14's call, H200, fwd ms
@@ -265,9 +267,9 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
     }
 }
 
-/// The default persistent INT8 forward: at d = 64 causal up to N = 4k `wsp3s-stagger` (no turns, the
-/// once-per-tile stagger); otherwise without the ping-pong turns (`wsp3s-nopp`) above N = 2k at
-/// d = 64 and from N = 8k on at d = 128; below that with them, at d = 64 as `wsp3s-x`. Measured
+/// The default persistent INT8 forward: at d = 64 `wsp3s-stagger` (no turns, the once-per-tile
+/// stagger) up to N = 4k causal and N = 2k non-causal, `wsp3s-nopp` (no turns) above; at d = 128
+/// `wsp3s-nopp` from N = 8k on and `wsp3s` (with the turns) below. `wsp3s-x` is opt-in only. Measured
 /// (H200; RESULTS-gpu.md "Lead, session 16" and "Lead, session 17"): against the pairs kernel `ws3`,
 /// which was the default at non-causal d = 64 N ≥ 2k and d = 128 N ≥ 8k, `wsp3s-nopp` is −14 to
 /// −18.5 % (d 64 non-causal N 2k–16k) and −6 to −17 % (d 128 N 8k, 16k, both masks), with `wsp3s`
@@ -282,15 +284,17 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
 /// warpgroup 0's first S is done) at d = 64 causal up to N 4k (fwd18's call, same binary, two
 /// alternated rounds, forward ms incl. quantization): training shape (H·D 768) −3.1 % at N 1k and
 /// −2.3 % at N 2k against `wsp3s-x`, −2.0 % at N 4k against `wsp3s-nopp`; causal N 4k at H·D 2048
-/// −2.0 %. Not taken: causal N 8k (−0.3 %), 16k (+0.9 %), non-causal N 4k (+0.3 %), 16k (+1.9 %);
-/// non-causal N ≤ 2k and causal N 1k/2k at H·D 2048 were not measured (the rule takes the latter).
+/// −2.0 %. Not taken: causal N 8k (−0.3 %), 16k (+0.9 %), non-causal N 4k (+0.3 %), 16k (+1.9 %).
+/// Session 19's tune20 (every variant at every sweep shape, two rounds, forward ms incl. quantization):
+/// `wsp3s-stagger` also at d = 64 non-causal N 1k and 2k (−2.5 / −1.9 % and −2.5 / −1.7 % against
+/// `wsp3s-x`; non-causal N 4k −0.5 / −0.1 %, left to `wsp3s-nopp`), and the d = 128 rule confirmed: every
+/// other variant level or slower there (`wsp3s-stagger` +1 to +2.5 % at N ≤ 4k).
 fn int8_persistent_default(head_dim: usize, n_q: usize, causal: bool) -> &'static std::ffi::CStr {
     match head_dim {
         128 if n_q >= 8192 => c"sage_forward_ws_p3s_nopp",
         128 => c"sage_forward_ws_p3s",
-        _ if causal && n_q <= 4096 => c"sage_forward_ws_p3s_stagger",
-        _ if n_q > 2048 => c"sage_forward_ws_p3s_nopp",
-        _ => c"sage_forward_ws_p3s_x",
+        _ if n_q <= if causal { 4096 } else { 2048 } => c"sage_forward_ws_p3s_stagger",
+        _ => c"sage_forward_ws_p3s_nopp",
     }
 }
 
@@ -554,4 +558,28 @@ fn pairs_grid(p: &ForwardParams) -> (u32, u32) {
 fn persistent_grid(gpu: &Gpu, p: &ForwardParams) -> (u32, u32) {
     let (pairs, heads) = pairs_grid(p);
     ((pairs * heads).min(gpu.dev.persistent_sms).max(1), 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forward_kernel_rules_follow_the_measurements() {
+        let int8 = |d, n, causal| int8_persistent_default(d, n, causal).to_str().unwrap();
+        // d = 64: the stagger up to 4k causal and 2k non-causal (tune20), no turns above.
+        assert_eq!(int8(64, 1024, false), "sage_forward_ws_p3s_stagger");
+        assert_eq!(int8(64, 2048, false), "sage_forward_ws_p3s_stagger");
+        assert_eq!(int8(64, 4096, true), "sage_forward_ws_p3s_stagger");
+        assert_eq!(int8(64, 4096, false), "sage_forward_ws_p3s_nopp");
+        assert_eq!(int8(64, 8192, true), "sage_forward_ws_p3s_nopp");
+        // d = 128: the turns below 8k, none from 8k on.
+        assert_eq!(int8(128, 4096, true), "sage_forward_ws_p3s");
+        assert_eq!(int8(128, 8192, false), "sage_forward_ws_p3s_nopp");
+        // fpa: persistent at every d = 64 shape (tune20) and where fpafwd3 measured it at d = 128.
+        for n in [1024, 4096, 16384] {
+            assert!(bf16_persistent_pays(64, n, false) && bf16_persistent_pays(128, n, true));
+        }
+        assert!(bf16_persistent_pays(128, 1024, false) && !bf16_persistent_pays(128, 16384, false));
+    }
 }
