@@ -104,6 +104,20 @@ impl Drop for SideStream {
 // A driver stream handle is usable from any thread of its context.
 unsafe impl Send for SideStream {}
 
+impl Drop for Gpu {
+    /// The side stream goes while its context lives: the fields drop after this, `dev` (which may
+    /// hold the last reference to the context) first, and destroying a stream of a released context
+    /// crashed the driver (a segfault at the exit of `sagebwd bench --lean-memory`, session 19).
+    fn drop(&mut self) {
+        if let Ok(side) = self.side.get_mut() {
+            if side.is_some() {
+                let _ = self.dev.ctx.bind_to_thread();
+                *side = None;
+            }
+        }
+    }
+}
+
 /// What [`Gpu::ptr`] takes: a device buffer, or an optional one.
 pub(crate) trait DeviceAddress {
     fn address(&self, stream: &Arc<cudarc::driver::CudaStream>) -> u64;
