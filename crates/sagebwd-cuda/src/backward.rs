@@ -383,7 +383,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let main_pdl = !ws && gpu.tensor_cores() && crate::quantize::pdl_main(gpu, crate::quantize::PdlMain::Backward);
     let bh = s.batch * s.heads_q;
     let plan = if staged == Some(StagedBackward::Sage) && direct {
-        GroupPlan::of(s, gpu.backward_group_policy()?)
+        GroupPlan::of(s, x.causal, gpu.backward_group_policy()?)
     } else {
         GroupPlan::one(bh)
     };
@@ -581,11 +581,13 @@ impl GroupPlan {
         GroupPlan { count: bh.div_ceil(rows), rows }
     }
 
-    /// The plan for shape `s` under `policy` (`SAGEBWD_BWD_GROUPS`).
-    pub fn of(s: &sagebwd::Shape, policy: GroupPolicy) -> GroupPlan {
+    /// The plan for shape `s` (with or without the causal mask) under `policy` (`SAGEBWD_BWD_GROUPS`).
+    pub fn of(s: &sagebwd::Shape, causal: bool, policy: GroupPolicy) -> GroupPlan {
         match policy {
             GroupPolicy::Count(n) => GroupPlan::split(s.batch * s.heads_q, n),
             GroupPolicy::Lean => choose_groups(s),
+            GroupPolicy::Auto if lean_is_free(s, causal) => choose_groups(s),
+            GroupPolicy::Auto => GroupPlan::one(s.batch * s.heads_q),
         }
     }
 
@@ -595,26 +597,40 @@ impl GroupPlan {
     }
 }
 
+/// Where the head-grouped backward ([`choose_groups`]) costs no time against one group, so that
+/// [`GroupPolicy::Auto`] takes it: without the causal mask from N = 8192 on. Measured (H200, the sweep
+/// shape B·N 16384, H·D 2048, fwd+bwd): non-causal N 8k / 16k −0.5 to +0.3 % at d 64 and 128 (session
+/// 19, call20b once and call20c twice, alternated); below, and with the mask, it costs (non-causal N 4k
+/// +0.5 / +1.4 %, causal N 16k +1.6 / +3.2 %, N 1k +11 to +23 %): the groups' tails are no longer hidden
+/// by long, evenly loaded main kernels.
+pub fn lean_is_free(s: &sagebwd::Shape, causal: bool) -> bool {
+    !causal && s.n_q >= 8192
+}
+
 /// How many head groups the staged sagebwd backward runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GroupPolicy {
-    /// This many (1: unsplit, the default: fastest; its peak is ~1.25× cuDNN's).
+    /// The default: [`choose_groups`] (peak memory within cuDNN's) where it is free ([`lean_is_free`]),
+    /// else one group (the fastest elsewhere; its peak is ~1.25× cuDNN's).
+    Auto,
+    /// This many (1: unsplit).
     Count(usize),
     /// [`choose_groups`]: peak memory within cuDNN's, at 0.5–16 % more fwd+bwd time (RESULTS.md, night).
     Lean,
 }
 
 impl GroupPolicy {
-    /// From `SAGEBWD_BWD_GROUPS`: unset, `1` or `off` → unsplit; `lean` → [`GroupPolicy::Lean`];
-    /// `n` → n groups. Anything else is an error, not a silent default.
+    /// From `SAGEBWD_BWD_GROUPS`: unset or `auto` → [`GroupPolicy::Auto`]; `1` or `off` → unsplit;
+    /// `lean` → [`GroupPolicy::Lean`]; `n` → n groups. Anything else is an error, not a silent default.
     pub fn parse(v: Option<&str>) -> Result<GroupPolicy> {
         match v.map(str::trim) {
-            None | Some("") | Some("off") => Ok(GroupPolicy::Count(1)),
+            None | Some("") | Some("auto") => Ok(GroupPolicy::Auto),
+            Some("off") => Ok(GroupPolicy::Count(1)),
             Some("lean") => Ok(GroupPolicy::Lean),
             Some(n) => match n.parse::<usize>() {
                 Ok(n) if n >= 1 => Ok(GroupPolicy::Count(n)),
                 _ => Err(Error::Backend(format!(
-                    "SAGEBWD_BWD_GROUPS={n}: expected `off`, `lean` (peak memory within cuDNN's) or a number of head groups ≥ 1"))),
+                    "SAGEBWD_BWD_GROUPS={n}: expected `auto` (the default), `off`, `lean` (peak memory within cuDNN's) or a number of head groups ≥ 1"))),
             },
         }
     }
@@ -672,8 +688,10 @@ mod tests {
 
     #[test]
     fn group_policy_defaults_to_unsplit_and_rejects_garbage() {
-        assert_eq!(GroupPolicy::parse(None).unwrap(), GroupPolicy::Count(1));
+        assert_eq!(GroupPolicy::parse(None).unwrap(), GroupPolicy::Auto);
+        assert_eq!(GroupPolicy::parse(Some("auto")).unwrap(), GroupPolicy::Auto);
         assert_eq!(GroupPolicy::parse(Some("off")).unwrap(), GroupPolicy::Count(1));
+        assert_eq!(GroupPolicy::parse(Some("1")).unwrap(), GroupPolicy::Count(1));
         assert_eq!(GroupPolicy::parse(Some("lean")).unwrap(), GroupPolicy::Lean);
         assert_eq!(GroupPolicy::parse(Some("3")).unwrap(), GroupPolicy::Count(3));
         for bad in ["0", "-2", "many", "2.5"] {
@@ -768,8 +786,21 @@ mod tests {
         // One head: nothing to split.
         assert_eq!(choose_groups(&mha(1, 1, 64, 64)), GroupPlan::one(1));
         assert!(choose_groups(&mha(1, 2, 64, 64)).count <= 2);
-        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), GroupPolicy::Count(1)), GroupPlan::one(40));
-        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), GroupPolicy::Count(3)), GroupPlan { count: 3, rows: 14 });
+        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), false, GroupPolicy::Count(1)), GroupPlan::one(40));
+        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), false, GroupPolicy::Count(3)), GroupPlan { count: 3, rows: 14 });
+    }
+
+    #[test]
+    fn auto_groups_only_where_measured_free() {
+        // The sweep shapes: lean (within cuDNN's peak) at non-causal N ≥ 8k, one group elsewhere.
+        for (n, b) in [(8192, 2), (16384, 1)] {
+            let s = mha(b, 16, n, 128);
+            assert_eq!(GroupPlan::of(&s, false, GroupPolicy::Auto), choose_groups(&s));
+            assert!(sage_peak_bytes(&s, GroupPlan::of(&s, false, GroupPolicy::Auto)) <= peak_budget_bytes(&s));
+            assert_eq!(GroupPlan::of(&s, true, GroupPolicy::Auto), GroupPlan::one(b * 16));
+        }
+        let s = mha(4, 32, 4096, 64);
+        assert_eq!(GroupPlan::of(&s, false, GroupPolicy::Auto), GroupPlan::one(128));
     }
 
     #[test]

@@ -457,8 +457,9 @@ impl Gpu {
         forward::forward(self, &k, x, cfg)
     }
 
-    /// How the staged sagebwd backward splits its heads ([`GroupPolicy::Lean`]: peak memory within
-    /// cuDNN's, at 0.5–16 % more time on the H200; `Count(1)`: one group, the fastest). Overrides
+    /// How the staged sagebwd backward splits its heads ([`GroupPolicy::Auto`], the default: within
+    /// cuDNN's peak memory where that costs no time, non-causal N ≥ 8k; [`GroupPolicy::Lean`]: within it
+    /// everywhere, at up to ~20 % more time at N 1k on the H200; `Count(1)`: one group). Overrides
     /// `SAGEBWD_BWD_GROUPS`, which applies while this was never called.
     pub fn set_backward_groups(&self, policy: GroupPolicy) {
         if let Ok(mut g) = self.backward_groups.lock() {
@@ -474,10 +475,10 @@ impl Gpu {
         }
     }
 
-    /// Preprocess, main and postprocess kernels. With `SAGEBWD_BWD_GROUPS=lean` (or a number) the
-    /// staged sagebwd path (without GQA) runs in head groups ([`backward::GroupPolicy`]) so that
-    /// its peak memory stays within cuDNN's, at some speed; then `DeviceGradients::do_quant` holds
-    /// s_dO but no dÔ. Unset: one group, the fastest.
+    /// Preprocess, main and postprocess kernels. The staged sagebwd path (without GQA) may run in head
+    /// groups ([`backward::GroupPolicy`], `SAGEBWD_BWD_GROUPS`) so that its peak memory stays within
+    /// cuDNN's: by default where that is free (non-causal N ≥ 8k), everywhere with `lean`; then
+    /// `DeviceGradients::do_quant` holds s_dO but no dÔ.
     pub fn backward(&self, x: &DeviceInputs, fwd: &DeviceForward, saved: &SavedForBackward,
                     d_o: &CudaSlice<u16>) -> Result<DeviceGradients> {
         check_supported(&x.shape, &saved.cfg)?;

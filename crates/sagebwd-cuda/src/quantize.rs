@@ -344,10 +344,11 @@ const K_MEAN_CHUNK: usize = 512;
 /// made by the quantizer from the same register tiles as Q̂, K̂ (`store_tile8`), they are the bytes
 /// the backward's transposes would write (the padding columns unwritten in both), so the backward
 /// takes them (and skips `transpose_qk_hat`): 2·B·N·H·d bytes kept from the forward to the backward
-/// instead of made there. Not with head groups (`lean`): they keep no full copy between the passes.
-/// `SAGEBWD_QKT_FWD=0` never, `=1` always (any group plan) on the staged sagebwd path.
-fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config) -> bool {
-    use crate::backward::{staged_backward, GroupPolicy, StagedBackward};
+/// instead of made there. Not with head groups (`lean`, or `auto` where it groups): they keep no full
+/// copy between the passes. `SAGEBWD_QKT_FWD=0` never, `=1` always (any group plan) on the staged
+/// sagebwd path.
+fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config, s: &sagebwd::Shape, causal: bool) -> bool {
+    use crate::backward::{staged_backward, GroupPlan, StagedBackward};
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     if !gpu.tensor_cores() || staged_backward(flags(cfg)) != Some(StagedBackward::Sage) {
         return false;
@@ -360,7 +361,8 @@ fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config) -> bool {
     match forced {
         Some(on) => on,
         // (an invalid SAGEBWD_BWD_GROUPS is the backward's error, not the forward's)
-        None => matches!(gpu.backward_group_policy(), Ok(GroupPolicy::Count(1))),
+        // (GQA: always one group, `backward`'s plan)
+        None => s.heads_q != s.heads_kv || gpu.backward_group_policy().is_ok_and(|p| GroupPlan::of(s, causal, p).count == 1),
     }
 }
 
@@ -392,7 +394,7 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let row_offset = gpu.alloc_poisoned_f32(bh_q * s.n_q)?;
     // Q̂ᵀ and K̂ᵀ: only backward products read them; written here when [`qk_hat_t_in_forward`] (the
     // staged sagebwd backward in one head group), else the backward transposes Q̂, K̂ (`transpose_qk_hat`).
-    let qk_t = qk_hat_t_in_forward(gpu, cfg);
+    let qk_t = qk_hat_t_in_forward(gpu, cfg, s, x.causal);
     let hat_t = |n: usize| -> Result<Option<CudaSlice<i8>>> { if qk_t { Ok(Some(gpu.alloc_poisoned_i8(n)?)) } else { Ok(None) } };
     let (q_hat_t, q_t) = (hat_t(q_t_len)?, bf16_t(q_t_len)?);
     let (k_hat_t, k_t) = (hat_t(kv_t_len)?, bf16_t(kv_t_len)?);
