@@ -2601,15 +2601,16 @@ WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  //
 // stage's early test, the quad maxima on the integers, elect.sync; at d = 128 it is wsp3s): −1.8 to −2.5 %
 // against wsp3s at d 64 N 1k and −0.8 % against wsp3s-nopp at the training shape N 2k (session 17's first
 // call); fwd17 measured its pieces slower than wsp3s-nopp at N 4k–8k (RESULTS-gpu.md, fwd17).
-#define WSP17(bits) (HEAD_DIM == 64 ? (bits) : 0)
 #define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
-WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17(WSP17_ALL))
+WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17_ALL)
+// wsp3s-nx: wsp3s-nopp plus fwd17's bits (session 19, for d = 128 at N ≥ 8k, where wsp3s-nopp is the default).
+WSP_ENTRY(sage_forward_ws_p3s_nx, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP17_ALL)
 // wsp3s-stagger: wsp3s-nopp with fwd18's once-per-tile stagger (wsp18_tile; at d = 128 it is wsp3s-nopp).
 // Measured (fwd18's call, forward incl. quantization, against the default then): −2.0 % at the training shape
 // N 4k and at causal N 4k H·D 2048, −3.1 / −2.3 % at the training shape N 1k / 2k (against wsp3s-x); level at
 // causal N 8k, +0.9 / +1.9 % at N 16k causal / full, +0.3 % at N 4k full (H·D 2048): the default at d 64 causal
 // up to N 4k (src/forward.rs).
-WSP_ENTRY(sage_forward_ws_p3s_stagger, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | (HEAD_DIM == 64 ? WSP18_STAGGER : 0))
+WSP_ENTRY(sage_forward_ws_p3s_stagger, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP18_STAGGER)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
