@@ -2597,15 +2597,18 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
 WSP_ENTRY(sage_forward_ws_p3s, true, WSP16_DEFAULT)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
 WSP_ENTRY(sage_forward_ws_p3s_0, true, 0)            // wsp3s-0: main's kernel before fwd16 (for A/B in one binary)
 WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  // wsp3s-nopp: no turns (d 64: N 1k +1.6 %, N 4k −2.6 %)
-// wsp3s-x: wsp3s plus fwd17's bits at d = 64 (row 1's exponentials after the quantizer inverses, the next
-// stage's early test, the quad maxima on the integers, elect.sync; at d = 128 it is wsp3s): −1.8 to −2.5 %
-// against wsp3s at d 64 N 1k and −0.8 % against wsp3s-nopp at the training shape N 2k (session 17's first
-// call); fwd17 measured its pieces slower than wsp3s-nopp at N 4k–8k (RESULTS-gpu.md, fwd17).
+// wsp3s-x: wsp3s plus fwd17's bits (row 1's exponentials after the quantizer inverses, so that ptxas puts the
+// quantization into the EX2 stream's idle slots; the next stage's early test; the quad maxima on the integers;
+// elect.sync): −1.8 to −2.5 % against wsp3s at d 64 N 1k and −0.8 % against wsp3s-nopp at the training shape
+// N 2k (session 17's first call); fwd17 measured its pieces slower than wsp3s-nopp at d 64 N 4k–8k. Compiled
+// at d = 128 too since session 19: −1.0 to −2.6 % against wsp3s / wsp3s-nopp at every d 128 sweep shape
+// (call20e), the d = 128 default.
 #define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
 WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17_ALL)
 // wsp3s-nx: wsp3s-nopp plus fwd17's bits (session 19, for d = 128 at N ≥ 8k, where wsp3s-nopp is the default).
 WSP_ENTRY(sage_forward_ws_p3s_nx, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP17_ALL)
-// wsp3s-stagger: wsp3s-nopp with fwd18's once-per-tile stagger (wsp18_tile; at d = 128 it is wsp3s-nopp).
+// wsp3s-stagger: wsp3s-nopp with fwd18's once-per-tile stagger (wsp18_tile; at d = 128 since session 19, where
+// it measured within ±1 % of the previous defaults, call20e).
 // Measured (fwd18's call, forward incl. quantization, against the default then): −2.0 % at the training shape
 // N 4k and at causal N 4k H·D 2048, −3.1 / −2.3 % at the training shape N 1k / 2k (against wsp3s-x); level at
 // causal N 8k, +0.9 / +1.9 % at N 16k causal / full, +0.3 % at N 4k full (H·D 2048): the default at d 64 causal

@@ -270,7 +270,7 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
 
 /// The default persistent INT8 forward: at d = 64 `wsp3s-stagger` (no turns, the once-per-tile
 /// stagger) up to N = 4k causal and N = 2k non-causal, `wsp3s-nopp` (no turns) above; at d = 128
-/// `wsp3s-nopp` from N = 8k on and `wsp3s` (with the turns) below. `wsp3s-x` is opt-in only. Measured
+/// `wsp3s-x` (the turns and fwd17's bits) at every N. Measured
 /// (H200; RESULTS-gpu.md "Lead, session 16" and "Lead, session 17"): against the pairs kernel `ws3`,
 /// which was the default at non-causal d = 64 N ≥ 2k and d = 128 N ≥ 8k, `wsp3s-nopp` is −14 to
 /// −18.5 % (d 64 non-causal N 2k–16k) and −6 to −17 % (d 128 N 8k, 16k, both masks), with `wsp3s`
@@ -288,12 +288,13 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
 /// −2.0 %. Not taken: causal N 8k (−0.3 %), 16k (+0.9 %), non-causal N 4k (+0.3 %), 16k (+1.9 %).
 /// Session 19's tune20 (every variant at every sweep shape, two rounds, forward ms incl. quantization):
 /// `wsp3s-stagger` also at d = 64 non-causal N 1k and 2k (−2.5 / −1.9 % and −2.5 / −1.7 % against
-/// `wsp3s-x`; non-causal N 4k −0.5 / −0.1 %, left to `wsp3s-nopp`), and the d = 128 rule confirmed: every
-/// other variant level or slower there (`wsp3s-stagger` +1 to +2.5 % at N ≤ 4k).
+/// `wsp3s-x`; non-causal N 4k −0.5 / −0.1 %, left to `wsp3s-nopp`). At d = 128, where fwd17's bits had
+/// never been compiled in (call20e, two rounds): `wsp3s-x` −1.0 to −2.6 % against the previous default
+/// (`wsp3s` below N 8k, `wsp3s-nopp` from 8k) at every sweep shape; `wsp3s-nx` (no turns + the bits) and
+/// the stagger within ±1 %.
 fn int8_persistent_default(head_dim: usize, n_q: usize, causal: bool) -> &'static std::ffi::CStr {
     match head_dim {
-        128 if n_q >= 8192 => c"sage_forward_ws_p3s_nopp",
-        128 => c"sage_forward_ws_p3s",
+        128 => c"sage_forward_ws_p3s_x",
         _ if n_q <= if causal { 4096 } else { 2048 } => c"sage_forward_ws_p3s_stagger",
         _ => c"sage_forward_ws_p3s_nopp",
     }
@@ -574,9 +575,11 @@ mod tests {
         assert_eq!(int8(64, 4096, true), "sage_forward_ws_p3s_stagger");
         assert_eq!(int8(64, 4096, false), "sage_forward_ws_p3s_nopp");
         assert_eq!(int8(64, 8192, true), "sage_forward_ws_p3s_nopp");
-        // d = 128: the turns below 8k, none from 8k on.
-        assert_eq!(int8(128, 4096, true), "sage_forward_ws_p3s");
-        assert_eq!(int8(128, 8192, false), "sage_forward_ws_p3s_nopp");
+        // d = 128: the turns and fwd17's bits at every N (call20e).
+        for n in [1024, 4096, 16384] {
+            assert_eq!(int8(128, n, true), "sage_forward_ws_p3s_x");
+            assert_eq!(int8(128, n, false), "sage_forward_ws_p3s_x");
+        }
         // fpa: persistent at every d = 64 shape (tune20) and where fpafwd3 measured it at d = 128.
         for n in [1024, 4096, 16384] {
             assert!(bf16_persistent_pays(64, n, false) && bf16_persistent_pays(128, n, true));
