@@ -262,6 +262,7 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
         Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
         Ok("wsp3s-x") => Some(c"sage_forward_ws_p3s_x"),
         Ok("wsp3s-nx") => Some(c"sage_forward_ws_p3s_nx"),
+        Ok("wsp3s-sx") => Some(c"sage_forward_ws_p3s_sx"),
         Ok("wsp3s-stagger") => Some(c"sage_forward_ws_p3s_stagger"),
         Ok("ws3") => None,
         _ => Some(int8_persistent_default(head_dim, n_q, causal)),
