@@ -2614,7 +2614,9 @@ WSP_ENTRY(sage_forward_ws_p3s_nx, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP1
 // causal N 8k, +0.9 / +1.9 % at N 16k causal / full, +0.3 % at N 4k full (H·D 2048): the default at d 64 causal
 // up to N 4k (src/forward.rs).
 WSP_ENTRY(sage_forward_ws_p3s_stagger, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP18_STAGGER)
-// wsp3s-sx: wsp3s-stagger plus fwd17's bits but the early test (which only ws_tile has): session 19, opt-in.
+// wsp3s-sx: wsp3s-stagger plus fwd17's bits but the early test (which only ws_tile has): −0.8 to −3.2 % forward
+// against session 19's d 64 rule (wsp3s-stagger / wsp3s-nopp) at every d 64 sweep and training shape (call20g),
+// the d = 64 default; +0.2 to +1.4 % against wsp3s-x at d 128.
 WSP_ENTRY(sage_forward_ws_p3s_sx, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP18_STAGGER | WSP17_ALL)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,

@@ -245,14 +245,14 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// `None`, one block per query-block pair and (batch·head) (`sage_forward_ws`, the pairs kernel);
 /// or the persistent kernel to launch on min(tiles, SMs) blocks (sfwd12, snake tile order):
 /// `wsp3s` (`sage_forward_ws_p3s`, ping-pong turns between the consumer warpgroups), `wsp3s-x`
-/// (`sage_forward_ws_p3s_x`, wsp3s with fwd17's changes at d = 64) or `wsp3s-nopp`
-/// (`sage_forward_ws_p3s_nopp`, no turns). The default is persistent at every shape
-/// (`int8_persistent_default`); `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`, `ws13`) asks for the pairs
-/// kernel, `wsp3s` / `wsp3s-x` / `wsp3s-nopp` / `wsp3s-stagger` (`wsp3s-nopp` with fwd18's
-/// once-per-tile stagger of the two consumer warpgroups at d = 64) / `wsp3s-0` (before fwd16) for one
-/// persistent variant.
+/// (`sage_forward_ws_p3s_x`, wsp3s with fwd17's changes), `wsp3s-nopp` (`sage_forward_ws_p3s_nopp`, no
+/// turns), `wsp3s-nx` (no turns, fwd17's changes), `wsp3s-stagger` (`wsp3s-nopp` with fwd18's
+/// once-per-tile stagger of the two consumer warpgroups), `wsp3s-sx` (the stagger and fwd17's changes)
+/// or `wsp3s-0` (before fwd16). The default is persistent at every shape (`int8_persistent_default`);
+/// `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`, `ws13`) asks for the pairs kernel, one of the names above for
+/// that persistent variant.
 /// Only with the ping-pong + early-amax flags (ws3).
-fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
+fn int8_persistent_kernel(head_dim: usize, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
     if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
         return None;
     }
@@ -265,13 +265,13 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
         Ok("wsp3s-sx") => Some(c"sage_forward_ws_p3s_sx"),
         Ok("wsp3s-stagger") => Some(c"sage_forward_ws_p3s_stagger"),
         Ok("ws3") => None,
-        _ => Some(int8_persistent_default(head_dim, n_q, causal)),
+        _ => Some(int8_persistent_default(head_dim)),
     }
 }
 
-/// The default persistent INT8 forward: at d = 64 `wsp3s-stagger` (no turns, the once-per-tile
-/// stagger) up to N = 4k causal and N = 2k non-causal, `wsp3s-nopp` (no turns) above; at d = 128
-/// `wsp3s-x` (the turns and fwd17's bits) at every N. Measured
+/// The default persistent INT8 forward, at every N: at d = 64 `wsp3s-sx` (no turns, the once-per-tile
+/// stagger, fwd17's bits), at d = 128 `wsp3s-x` (the turns and fwd17's bits): the sequence length and
+/// the mask no longer decide (session 19's measurements below). Measured
 /// (H200; RESULTS-gpu.md "Lead, session 16" and "Lead, session 17"): against the pairs kernel `ws3`,
 /// which was the default at non-causal d = 64 N ≥ 2k and d = 128 N ≥ 8k, `wsp3s-nopp` is −14 to
 /// −18.5 % (d 64 non-causal N 2k–16k) and −6 to −17 % (d 128 N 8k, 16k, both masks), with `wsp3s`
@@ -292,12 +292,13 @@ fn int8_persistent_kernel(head_dim: usize, n_q: usize, causal: bool, ws_flags: i
 /// `wsp3s-x`; non-causal N 4k −0.5 / −0.1 %, left to `wsp3s-nopp`). At d = 128, where fwd17's bits had
 /// never been compiled in (call20e, two rounds): `wsp3s-x` −1.0 to −2.6 % against the previous default
 /// (`wsp3s` below N 8k, `wsp3s-nopp` from 8k) at every sweep shape; `wsp3s-nx` (no turns + the bits) and
-/// the stagger within ±1 %.
-fn int8_persistent_default(head_dim: usize, n_q: usize, causal: bool) -> &'static std::ffi::CStr {
+/// the stagger within ±1 %. `wsp3s-sx` (call20g, two rounds, against session 19's rule then: `wsp3s-stagger`
+/// up to N 4k causal / 2k non-causal, `wsp3s-nopp` above): −0.8 to −3.0 % at every d = 64 sweep shape, −1.1 to
+/// −3.2 % at the training shape (N 1k–8k); at d = 128 +0.2 to +1.4 % against `wsp3s-x`.
+fn int8_persistent_default(head_dim: usize) -> &'static std::ffi::CStr {
     match head_dim {
         128 => c"sage_forward_ws_p3s_x",
-        _ if n_q <= if causal { 4096 } else { 2048 } => c"sage_forward_ws_p3s_stagger",
-        _ => c"sage_forward_ws_p3s_nopp",
+        _ => c"sage_forward_ws_p3s_sx",
     }
 }
 
@@ -371,7 +372,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags, s.head_dim) } else { 0 };
     p.flags |= wgmma & !F_WS;
     if wgmma & F_WS != 0 {
-        match int8_persistent_kernel(s.head_dim, s.n_q, x.causal, wgmma) {
+        match int8_persistent_kernel(s.head_dim, wgmma) {
             Some(kernel) => launch_wsp(gpu, k, kernel, &p, &quant, s.head_dim)?,
             None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
         }
@@ -569,18 +570,9 @@ mod tests {
 
     #[test]
     fn forward_kernel_rules_follow_the_measurements() {
-        let int8 = |d, n, causal| int8_persistent_default(d, n, causal).to_str().unwrap();
-        // d = 64: the stagger up to 4k causal and 2k non-causal (tune20), no turns above.
-        assert_eq!(int8(64, 1024, false), "sage_forward_ws_p3s_stagger");
-        assert_eq!(int8(64, 2048, false), "sage_forward_ws_p3s_stagger");
-        assert_eq!(int8(64, 4096, true), "sage_forward_ws_p3s_stagger");
-        assert_eq!(int8(64, 4096, false), "sage_forward_ws_p3s_nopp");
-        assert_eq!(int8(64, 8192, true), "sage_forward_ws_p3s_nopp");
-        // d = 128: the turns and fwd17's bits at every N (call20e).
-        for n in [1024, 4096, 16384] {
-            assert_eq!(int8(128, n, true), "sage_forward_ws_p3s_x");
-            assert_eq!(int8(128, n, false), "sage_forward_ws_p3s_x");
-        }
+        // Every N, both masks (call20e, call20g): d = 64 the stagger with fwd17's bits, d = 128 the turns with them.
+        assert_eq!(int8_persistent_default(64).to_str().unwrap(), "sage_forward_ws_p3s_sx");
+        assert_eq!(int8_persistent_default(128).to_str().unwrap(), "sage_forward_ws_p3s_x");
         // fpa: persistent at every d = 64 shape (tune20) and where fpafwd3 measured it at d = 128.
         for n in [1024, 4096, 16384] {
             assert!(bf16_persistent_pays(64, n, false) && bf16_persistent_pays(128, n, true));
