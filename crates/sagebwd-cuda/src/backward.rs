@@ -586,8 +586,10 @@ impl GroupPlan {
         match policy {
             GroupPolicy::Count(n) => GroupPlan::split(s.batch * s.heads_q, n),
             GroupPolicy::Lean => choose_groups(s),
-            GroupPolicy::Auto if lean_is_free(s, causal) => choose_groups(s),
-            GroupPolicy::Auto => GroupPlan::one(s.batch * s.heads_q),
+            GroupPolicy::Auto => match choose_groups(s) {
+                lean if lean_is_free(s, causal, lean) => lean,
+                _ => GroupPlan::one(s.batch * s.heads_q),
+            },
         }
     }
 
@@ -597,15 +599,21 @@ impl GroupPlan {
     }
 }
 
-/// Where the head-grouped backward ([`choose_groups`]) costs no time against one group, so that
-/// [`GroupPolicy::Auto`] takes it: without the causal mask from N = 8192 on. Measured (H200, the sweep
-/// shape B·N 16384, H·D 2048, fwd+bwd): non-causal N 8k / 16k −0.5 to +0.3 % at d 64 and 128 (session
-/// 19, call20b once and call20c twice, alternated); below, and with the mask, it costs (non-causal N 4k
-/// +0.5 / +1.4 %, causal N 16k +1.6 / +3.2 %, N 1k +11 to +23 %): the groups' tails are no longer hidden
-/// by long, evenly loaded main kernels.
-pub fn lean_is_free(s: &sagebwd::Shape, causal: bool) -> bool {
-    !causal && s.n_q >= 8192
+/// Where the head-grouped backward (`plan`, from [`choose_groups`]) costs no time against one group,
+/// so that [`GroupPolicy::Auto`] takes it: without the causal mask from N = 8192 on, while each group
+/// still gives the main kernel at least [`FREE_GROUP_BLOCKS`] blocks. Measured (H200, the sweep shape
+/// B·N 16384, H·D 2048, fwd+bwd; 256–512 blocks per group there): non-causal N 8k / 16k −0.5 to +0.3 % at
+/// d 64 and 128 (session 19, call20b once and call20c twice, alternated); below, and with the mask, it
+/// costs (non-causal N 4k +0.5 / +1.4 %, causal N 16k +1.6 / +3.2 %, N 1k +11 to +23 %): the groups' tails
+/// are no longer hidden by long, evenly loaded main kernels. Fewer blocks per group (a few heads) were not
+/// measured and keep one group.
+pub fn lean_is_free(s: &sagebwd::Shape, causal: bool, plan: GroupPlan) -> bool {
+    !causal && s.n_q >= 8192 && plan.rows * s.n_k.div_ceil(BLOCK_KV) >= FREE_GROUP_BLOCKS
 }
+
+/// The fewest main-kernel blocks (key blocks × rows) per head group for [`lean_is_free`]: the least
+/// measured (about two per SM of an H200).
+pub const FREE_GROUP_BLOCKS: usize = 256;
 
 /// How many head groups the staged sagebwd backward runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -615,7 +623,8 @@ pub enum GroupPolicy {
     Auto,
     /// This many (1: unsplit).
     Count(usize),
-    /// [`choose_groups`]: peak memory within cuDNN's, at 0.5–16 % more fwd+bwd time (RESULTS.md, night).
+    /// [`choose_groups`] at every shape: peak memory within cuDNN's, at +0.5 to +23 % fwd+bwd time where
+    /// [`lean_is_free`] does not hold (RESULTS.md, session 19).
     Lean,
 }
 
@@ -687,7 +696,7 @@ mod tests {
     use sagebwd::Config;
 
     #[test]
-    fn group_policy_defaults_to_unsplit_and_rejects_garbage() {
+    fn group_policy_defaults_to_auto_and_rejects_garbage() {
         assert_eq!(GroupPolicy::parse(None).unwrap(), GroupPolicy::Auto);
         assert_eq!(GroupPolicy::parse(Some("auto")).unwrap(), GroupPolicy::Auto);
         assert_eq!(GroupPolicy::parse(Some("off")).unwrap(), GroupPolicy::Count(1));
@@ -801,6 +810,10 @@ mod tests {
         }
         let s = mha(4, 32, 4096, 64);
         assert_eq!(GroupPlan::of(&s, false, GroupPolicy::Auto), GroupPlan::one(128));
+        // Two heads at 16k: groups of one head would give 128 blocks each, never measured: one group.
+        let s = mha(1, 2, 16384, 128);
+        assert_eq!(GroupPlan::of(&s, false, GroupPolicy::Auto), GroupPlan::one(2));
+        assert_eq!(GroupPlan::of(&s, false, GroupPolicy::Lean), choose_groups(&s));
     }
 
     #[test]
