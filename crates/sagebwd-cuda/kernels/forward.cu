@@ -2605,8 +2605,6 @@ WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  //
 // (call20e), the d = 128 default.
 #define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
 WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17_ALL)
-// wsp3s-nx: wsp3s-nopp plus fwd17's bits (session 19, for d = 128 at N ≥ 8k, where wsp3s-nopp is the default).
-WSP_ENTRY(sage_forward_ws_p3s_nx, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP17_ALL)
 // wsp3s-stagger: wsp3s-nopp with fwd18's once-per-tile stagger (wsp18_tile; at d = 128 since session 19, where
 // it measured within ±1 % of the previous defaults, call20e).
 // Measured (fwd18's call, forward incl. quantization, against the default then): −2.0 % at the training shape

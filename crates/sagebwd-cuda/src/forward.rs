@@ -246,9 +246,8 @@ fn wgmma_mode(head_dim: usize) -> Option<i32> {
 /// or the persistent kernel to launch on min(tiles, SMs) blocks (sfwd12, snake tile order):
 /// `wsp3s` (`sage_forward_ws_p3s`, ping-pong turns between the consumer warpgroups), `wsp3s-x`
 /// (`sage_forward_ws_p3s_x`, wsp3s with fwd17's changes), `wsp3s-nopp` (`sage_forward_ws_p3s_nopp`, no
-/// turns), `wsp3s-nx` (no turns, fwd17's changes), `wsp3s-stagger` (`wsp3s-nopp` with fwd18's
-/// once-per-tile stagger of the two consumer warpgroups), `wsp3s-sx` (the stagger and fwd17's changes)
-/// or `wsp3s-0` (before fwd16). The default is persistent at every shape (`int8_persistent_default`);
+/// turns), `wsp3s-stagger` (`wsp3s-nopp` with fwd18's once-per-tile stagger of the two consumer
+/// warpgroups), `wsp3s-sx` (the stagger and fwd17's changes) or `wsp3s-0` (before fwd16). The default is persistent at every shape (`int8_persistent_default`);
 /// `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`, `ws13`) asks for the pairs kernel, one of the names above for
 /// that persistent variant.
 /// Only with the ping-pong + early-amax flags (ws3).
@@ -261,7 +260,6 @@ fn int8_persistent_kernel(head_dim: usize, ws_flags: i32) -> Option<&'static std
         Ok("wsp3s-0") => Some(c"sage_forward_ws_p3s_0"),
         Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
         Ok("wsp3s-x") => Some(c"sage_forward_ws_p3s_x"),
-        Ok("wsp3s-nx") => Some(c"sage_forward_ws_p3s_nx"),
         Ok("wsp3s-sx") => Some(c"sage_forward_ws_p3s_sx"),
         Ok("wsp3s-stagger") => Some(c"sage_forward_ws_p3s_stagger"),
         Ok("ws3") => None,
@@ -291,8 +289,8 @@ fn int8_persistent_kernel(head_dim: usize, ws_flags: i32) -> Option<&'static std
 /// `wsp3s-stagger` also at d = 64 non-causal N 1k and 2k (−2.5 / −1.9 % and −2.5 / −1.7 % against
 /// `wsp3s-x`; non-causal N 4k −0.5 / −0.1 %, left to `wsp3s-nopp`). At d = 128, where fwd17's bits had
 /// never been compiled in (call20e, two rounds): `wsp3s-x` −1.0 to −2.6 % against the previous default
-/// (`wsp3s` below N 8k, `wsp3s-nopp` from 8k) at every sweep shape; `wsp3s-nx` (no turns + the bits) and
-/// the stagger within ±1 %. `wsp3s-sx` (call20g, two rounds, against session 19's rule then: `wsp3s-stagger`
+/// (`wsp3s` below N 8k, `wsp3s-nopp` from 8k) at every sweep shape; `wsp3s-nopp` + the bits (an entry of
+/// that call, removed since) and the stagger within ±1 %. `wsp3s-sx` (call20g, two rounds, against session 19's rule then: `wsp3s-stagger`
 /// up to N 4k causal / 2k non-causal, `wsp3s-nopp` above): −0.8 to −3.0 % at every d = 64 sweep shape, −1.1 to
 /// −3.2 % at the training shape (N 1k–8k); at d = 128 +0.2 to +1.4 % against `wsp3s-x`.
 fn int8_persistent_default(head_dim: usize) -> &'static std::ffi::CStr {
