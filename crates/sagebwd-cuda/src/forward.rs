@@ -331,7 +331,29 @@ pub(crate) fn forward_mma_smem_bytes(head_dim: usize, path: ForwardPath) -> u32 
     }) as u32
 }
 
+/// Every value `SAGEBWD_FORWARD_WGMMA` may take (the comparisons' knob, read by [`wgmma_mode`],
+/// [`bf16_ws_kernel`] and [`int8_persistent_kernel`]; each ignores the others' names).
+const FORWARD_VARIANTS: &[&str] = &[
+    "off", "pipe", "simple", "pipe2", "mma-default", "ws1", "ws3", "ws13", "wsp3s", "wsp3s-0", "wsp3s-x",
+    "wsp3s-nopp", "wsp3s-stagger", "wsp3s-sx", "fws3", "fws1", "fws0", "fws3s", "fpp3", "fpp3s", "fpp3g", "fpp1",
+];
+
+/// An error for a `SAGEBWD_FORWARD_WGMMA` that names no variant (a typo, or a variant since removed),
+/// which would otherwise run the default silently.
+fn check_forward_variant(v: Option<&str>) -> std::result::Result<(), String> {
+    match v {
+        Some(v) if !v.is_empty() && !FORWARD_VARIANTS.contains(&v) => Err(format!(
+            "SAGEBWD_FORWARD_WGMMA={v}: no such forward variant; expected one of {} (or unset: the default)",
+            FORWARD_VARIANTS.join(", "))),
+        _ => Ok(()),
+    }
+}
+
 pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<(DeviceForward, SavedForBackward)> {
+    static VARIANT: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+    VARIANT.get_or_init(|| check_forward_variant(std::env::var("SAGEBWD_FORWARD_WGMMA").ok().as_deref()))
+        .clone()
+        .map_err(sagebwd::Error::Backend)?;
     let quant = quantize_inputs(gpu, k, x, cfg)?;
     let s = &x.shape;
     let dims = Dims::of(s, x.causal);
@@ -565,6 +587,15 @@ fn persistent_grid(gpu: &Gpu, p: &ForwardParams) -> (u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_forward_variants_are_errors() {
+        for ok in [None, Some(""), Some("wsp3s-sx"), Some("fpp3g"), Some("off")] {
+            assert!(check_forward_variant(ok).is_ok(), "{ok:?}");
+        }
+        let err = check_forward_variant(Some("wsp3s-nx")).unwrap_err();
+        assert!(err.contains("wsp3s-nx") && err.contains("wsp3s-sx"), "{err}");
+    }
 
     #[test]
     fn forward_kernel_rules_follow_the_measurements() {
