@@ -586,10 +586,7 @@ impl GroupPlan {
         match policy {
             GroupPolicy::Count(n) => GroupPlan::split(s.batch * s.heads_q, n),
             GroupPolicy::Lean => choose_groups(s),
-            GroupPolicy::Auto => match choose_groups(s) {
-                lean if lean_is_free(s, causal, lean) => lean,
-                _ => GroupPlan::one(s.batch * s.heads_q),
-            },
+            GroupPolicy::Auto => free_groups(s, causal).unwrap_or(GroupPlan::one(s.batch * s.heads_q)),
         }
     }
 
@@ -599,32 +596,37 @@ impl GroupPlan {
     }
 }
 
-/// Where the head-grouped backward (`plan`, from [`choose_groups`]) costs no time against one group,
-/// so that [`GroupPolicy::Auto`] takes it: without the causal mask from N = 8192 on, while each group
-/// still gives the main kernel at least [`FREE_GROUP_BLOCKS`] blocks. Measured (H200, the sweep shape
+/// The head-grouped backward ([`choose_groups`]) where it costs no time against one group, so that
+/// [`GroupPolicy::Auto`] takes it: without the causal mask from N = 8192 on, while each group still
+/// gives the main kernel at least [`FREE_GROUP_BLOCKS`] blocks (None elsewhere; checked in that order,
+/// so the causal training path, which runs this per layer, never builds the plans). Measured (H200, the sweep shape
 /// B·N 16384, H·D 2048, fwd+bwd; 256–512 blocks per group there): non-causal N 8k / 16k −0.5 to +0.3 % at
 /// d 64 and 128 (session 19, call20b once and call20c twice, alternated); below, and with the mask, it
 /// costs (non-causal N 4k +0.5 / +1.4 %, causal N 16k +1.6 / +3.2 %, N 1k +11 to +23 %): the groups' tails
 /// are no longer hidden by long, evenly loaded main kernels. Fewer blocks per group (a few heads) were not
 /// measured and keep one group.
-pub fn lean_is_free(s: &sagebwd::Shape, causal: bool, plan: GroupPlan) -> bool {
-    !causal && s.n_q >= 8192 && plan.rows * s.n_k.div_ceil(BLOCK_KV) >= FREE_GROUP_BLOCKS
+pub fn free_groups(s: &sagebwd::Shape, causal: bool) -> Option<GroupPlan> {
+    if causal || s.n_q < 8192 {
+        return None;
+    }
+    let plan = choose_groups(s);
+    (plan.rows * s.n_k.div_ceil(BLOCK_KV) >= FREE_GROUP_BLOCKS).then_some(plan)
 }
 
-/// The fewest main-kernel blocks (key blocks × rows) per head group for [`lean_is_free`]: the least
+/// The fewest main-kernel blocks (key blocks × rows) per head group for [`free_groups`]: the least
 /// measured (about two per SM of an H200).
 pub const FREE_GROUP_BLOCKS: usize = 256;
 
 /// How many head groups the staged sagebwd backward runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GroupPolicy {
-    /// The default: [`choose_groups`] (peak memory within cuDNN's) where it is free ([`lean_is_free`]),
+    /// The default: [`choose_groups`] (peak memory within cuDNN's) where it is free ([`free_groups`]),
     /// else one group (the fastest elsewhere; its peak is ~1.25× cuDNN's).
     Auto,
     /// This many (1: unsplit).
     Count(usize),
     /// [`choose_groups`] at every shape: peak memory within cuDNN's, at +0.5 to +23 % fwd+bwd time where
-    /// [`lean_is_free`] does not hold (RESULTS.md, session 19).
+    /// [`free_groups`] does not hold (RESULTS.md, session 19).
     Lean,
 }
 

@@ -13,6 +13,7 @@ use crate::model::{Batch, Model, ParamLayout, Weights};
 use crate::optim::{AdamWConfig, Schedule};
 use crate::parallel::DataParallel;
 use crate::rng::Rng;
+use sagebwd_cuda::energy::Energy;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -359,12 +360,6 @@ pub fn steady_rate(step_secs: &[f64], tokens_per_step: usize) -> Option<f64> {
     Some(tokens_per_step as f64 / median.max(1e-12))
 }
 
-/// Board energy of a run's steady steps (all after this session's first 3, as [`steady_rate`]): the energy
-/// counter (mJ, with the time in s) read when the first of them starts, then before and after each
-/// evaluation or checkpoint. The figure covers the steps up to the last read before one, less the
-/// evaluations and checkpoints in between; it is a difference of two reads, so read errors do not add up:
-/// NVML's counter advances in updates every 20–100 ms, and summing per-step differences over ~40 ms
-/// steps read ~20 % high (session 18, the first form of this code). No read falls between two steps.
 /// A counter read: (mJ, seconds since the run's origin).
 type EnergyRead = (u64, f64);
 
@@ -376,6 +371,12 @@ struct WindowEnd {
     excluded: EnergyRead,
 }
 
+/// Board energy of a run's steady steps (all after this session's first 3, as [`steady_rate`]): the energy
+/// counter (mJ, with the time in s) read when the first of them starts, then before and after each
+/// evaluation or checkpoint. The figure covers the steps up to the last read before one, less the
+/// evaluations and checkpoints in between; it is a difference of two reads, so read errors do not add up:
+/// NVML's counter advances in updates every 20–100 ms, and summing per-step differences over ~40 ms
+/// steps read ~20 % high (session 18, the first form of this code). No read falls between two steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EnergyWindow {
     start: Option<EnergyRead>,
@@ -426,9 +427,14 @@ impl EnergyWindow {
         if self.broken || steps < 2 {
             return None;
         }
-        let joules = end.0.saturating_sub(start.0).saturating_sub(excluded.0) as f64 * 1e-3;
-        let secs = end.1 - start.1 - excluded.1;
-        (secs >= Self::MIN_SECS).then(|| (joules / (steps * tokens_per_step) as f64, joules / secs))
+        let e = Energy {
+            joules: end.0.saturating_sub(start.0).saturating_sub(excluded.0) as f64 * 1e-3,
+            seconds: end.1 - start.1 - excluded.1,
+        };
+        if e.seconds < Self::MIN_SECS {
+            return None;
+        }
+        Some((e.per(steps * tokens_per_step)?, e.watts()))
     }
 
     /// The shortest window reported: NVML's counter advances every 20–100 ms, so 2 s hold 20–100 updates.
