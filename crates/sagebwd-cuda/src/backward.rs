@@ -382,8 +382,8 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     // backward_main.cu), so they may be launched with PDL.
     let main_pdl = !ws && gpu.tensor_cores() && crate::quantize::pdl_main(gpu, crate::quantize::PdlMain::Backward);
     let bh = s.batch * s.heads_q;
-    let plan = if staged == Some(StagedBackward::Sage) && direct {
-        GroupPlan::of(s, x.causal, gpu.backward_group_policy()?)
+    let plan = if staged == Some(StagedBackward::Sage) {
+        sage_group_plan(gpu, s, x.causal)?
     } else {
         GroupPlan::one(bh)
     };
@@ -564,6 +564,16 @@ pub fn backward_bytes(s: &sagebwd::Shape) -> usize {
 pub struct GroupPlan {
     pub count: usize,
     pub rows: usize,
+}
+
+/// The head groups of the staged sagebwd backward for `s`: one with GQA (its dK, dV partials are summed
+/// per group of query heads by the postprocess), else the policy's plan ([`GroupPlan::of`]). The forward
+/// asks too, to know whether to keep Q̂ᵀ, K̂ᵀ for the backward (`quantize::qk_hat_t_in_forward`).
+pub(crate) fn sage_group_plan(gpu: &Gpu, s: &sagebwd::Shape, causal: bool) -> Result<GroupPlan> {
+    if s.heads_q != s.heads_kv {
+        return Ok(GroupPlan::one(s.batch * s.heads_q));
+    }
+    Ok(GroupPlan::of(s, causal, gpu.backward_group_policy()?))
 }
 
 /// The most groups the rule considers: each adds six launches (and a tail of the main kernel).

@@ -348,7 +348,7 @@ const K_MEAN_CHUNK: usize = 512;
 /// copy between the passes. `SAGEBWD_QKT_FWD=0` never, `=1` always (any group plan) on the staged
 /// sagebwd path.
 fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config, s: &sagebwd::Shape, causal: bool) -> bool {
-    use crate::backward::{staged_backward, GroupPlan, StagedBackward};
+    use crate::backward::{sage_group_plan, staged_backward, StagedBackward};
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     if !gpu.tensor_cores() || staged_backward(flags(cfg)) != Some(StagedBackward::Sage) {
         return false;
@@ -361,8 +361,7 @@ fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config, s: &sagebwd::Shape, causal: bool
     match forced {
         Some(on) => on,
         // (an invalid SAGEBWD_BWD_GROUPS is the backward's error, not the forward's)
-        // (GQA: always one group, `backward`'s plan)
-        None => s.heads_q != s.heads_kv || gpu.backward_group_policy().is_ok_and(|p| GroupPlan::of(s, causal, p).count == 1),
+        None => sage_group_plan(gpu, s, causal).is_ok_and(|p| p.count == 1),
     }
 }
 
