@@ -1724,7 +1724,61 @@ struct StagedSage128 : StagedSage {
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
         StagedSage::dq<SB128_I2FP>(p, smem, ds_tile, scale, bh, qb);
     }
+    static constexpr bool TMA_STAGE = false;
 };
+#if SB16_PIPE
+// ---- sb20: sb16's in-loop stage copies by TMA (d = 128, plain grid: sage_bwd_main_mma_sage_t) ----------------------
+// sb16's profile (RESULTS-gpu.md): after barrier (b) every thread rebuilt the swizzled destinations and guarded sources
+// of its 10 cp.async chunks (~110 instructions per thread per tile, 3 spilled values reloaded), on the stretch between
+// (b) and the first dV/dK chunk where the tensor pipe has only dQ(qb − 1) to run. Here thread 0 issues the same bytes
+// as 5 TMA boxes completing on one mbarrier, waited for where the cp.async wait was (before the next tile's (b)).
+// The four maps (src/backward.rs `sage128_stage_maps`) sit in front of BackwardParams in the kernel's one parameter:
+//   0: Q̂ [rows·n_q][d] INT8 as 5-D {d, e: 2, b: 4, c: 2, a}, strides {1, 4, 2, 16} rows, box {d, 2, 4, 2, 4}: query
+//      row 16a + 4b + 2c + e lands in tile row 16a + 8c + 2b + e, which is permuted_qrow's order; the 128-byte
+//      swizzle is WgKmajor's;
+//   1: dO [rows·n_q][d] BF16, the same view, box {64, 2, 4, 2, 4}: two boxes, WgKmajor's two atom columns;
+//   2, 3: dÔᵀ, Q̂ᵀ [rows][d][n_qpad] INT8 as 3-D {n_qpad, d, rows}, box {64, d, 1}, 64-byte swizzle.
+// The host takes it only when n_q % 64 == 0: the rows of consecutive heads are then whole 16-row groups and no query
+// block is ragged (the cp.async copies zero-fill rows past n_q; here no such row exists).
+struct __align__(64) StageMapsParam {
+    unsigned long long w[4][16];
+};
+struct BwdParamsStageMaps {
+    StageMapsParam maps;
+    BackwardParams p;
+};
+static_assert(sizeof(StageMapsParam) == 512 && sizeof(BwdParamsStageMaps) == 832, "BwdParamsStageMaps layout: src/backward.rs");
+struct StagedSage128T : StagedSage128 {
+    static constexpr bool TMA_STAGE = true;
+    static constexpr u32 A_BYTES = 3 * BF_QT, B_BYTES = 2 * BF_QT;  // Q̂ + dO, dÔᵀ + Q̂ᵀ
+
+    static __device__ __forceinline__ const unsigned long long* maps(const BackwardParams& p) {
+        return ((const StageMapsParam*)((const char*)&p - sizeof(StageMapsParam)))->w[0];
+    }
+    // Thread 0, once per CTA before a block barrier: the mbarrier (one arrival: the issuing thread's, with the bytes).
+    static __device__ __forceinline__ void init(const BackwardParams& p, u32 bar) {
+        mbar_init(bar, 1);
+        fence_mbar_init();
+#pragma unroll
+        for (int m = 0; m < 4; ++m) tma_prefetch_map(maps(p) + 16 * m);
+    }
+
+    // A of block qa (if `a`) into the stage at st_a, B of block qb into the stage at st_b, on mbarrier bar (one thread).
+    static __device__ __forceinline__ void stage_copies(const BackwardParams& p, u32 bar, u32 st_a, u32 st_b, int bh, int qa,
+                                                        int qb, bool a) {
+        const unsigned long long* m = maps(p);
+        mbar_arrive_expect_tx(bar, (a ? A_BYTES : 0) + B_BYTES);
+        if (a) {
+            const int grp = (bh * p.dims.n_q + qa * BLOCK_Q) / 16;  // rows·n_q < 2^31 (the host checks)
+            tma_load_5d(st_a, m, 0, 0, 0, 0, grp, bar);
+            tma_load_5d(st_a + d_o, m + 16, 0, 0, 0, 0, grp, bar);
+            tma_load_5d(st_a + d_o + BLOCK_Q * 128, m + 16, 64, 0, 0, 0, grp, bar);
+        }
+        tma_load_3d(st_b + dot, m + 32, qb * BLOCK_Q, 0, bh, bar);
+        tma_load_3d(st_b + qt, m + 48, qb * BLOCK_Q, 0, bh, bar);
+    }
+};
+#endif
 #endif
 
 // ---- bf16: #3 to #7 all BF16 ---------------------------------------------------------------------
@@ -2963,12 +3017,11 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14P>(const Backward
 //     dequantized.
 // Only Sᵀ crosses the back edge, waited for by wgmma_wait<0> (pipe14: a partial wait there serializes every
 // wgmma, C7514).
-template <>
-__device__ __forceinline__ float staged_query_loop<StagedSage128>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
-                                                                  const QueryStager<StagedSage128>&, int kb, int bh,
-                                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
-    typedef StagedSage128 S;
-    typedef S::Layout Lay;
+// S = StagedSage128 (the copies of blocks qb + 1, qb + 2 by cp.async) or StagedSage128T (sb20: by TMA, see its type).
+template <class S>
+__device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr, int kb, int bh,
+                                                 int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
+    typedef typename S::Layout Lay;
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
@@ -2986,6 +3039,12 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
     cp_async_commit();
     Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
     if (two && threadIdx.x < BLOCK_Q) rows_next = sage14_load_rows(p, bh, qb0 + 1, threadIdx.x);
+    u32 bar = 0;  // sb20: the mbarrier of the TMA copies issued in tile i (phase i), made visible by the barrier below
+    if constexpr (S::TMA_STAGE) {
+        __shared__ __align__(8) unsigned long long stage_bar;
+        bar = (u32)__cvta_generic_to_shared(&stage_bar);
+        if (threadIdx.x == 0) S::init(p, bar);
+    }
     sage14_first_wait(smem);
 
     int s_acc[8][4];
@@ -3024,7 +3083,9 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
         float amax_ds = sage10_tile_max<true>(ds);
         if (has_next && threadIdx.x < BLOCK_Q) sage14_store_rows_at(rows_of(par ^ 1), rows_next, threadIdx.x);
         sage14_bulk_wait_read();  // tile i − 1's bulk has read staging tile par, which this tile writes after (b)
-        cp_async_wait<0>();       // this thread's copies of A(qb + 1), B(qb)
+        cp_async_wait<0>();       // this thread's copies of A(qb + 1), B(qb) (sb20: of A(qb0 + 1) only)
+        if constexpr (S::TMA_STAGE)
+            if (i > 0) mbar_wait(bar, (i - 1) & 1);  // sb20: tile i − 1's boxes, A(qb + 1) and B(qb), landed
         fence_proxy_async();      // they, the dŜ stores of qb − 1 and the dQ staging stores → the async proxy
         block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
         GroupScale sc_p, sc_ds;
@@ -3035,9 +3096,13 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
         wgmma_fence();
         StagedSage::issue_dq(dq_acc, smem_lo, sage10_desc_lo(smem + Lay::ds0 + (par ^ 1) * Lay::ds_bytes));
         wgmma_commit();
-        if (has_next2) S::stage_query_a(p, stage(par), bh, qb + 2);
-        if (has_next) S::stage_query_b(p, stage(par ^ 1), bh, qb + 1);
-        cp_async_commit();
+        if constexpr (S::TMA_STAGE) {
+            if (threadIdx.x == 0 && has_next) S::stage_copies(p, bar, stage(par), stage(par ^ 1), bh, qb + 2, qb + 1, has_next2);
+        } else {
+            if (has_next2) S::stage_query_a(p, stage(par), bh, qb + 2);
+            if (has_next) S::stage_query_b(p, stage(par ^ 1), bh, qb + 1);
+            cp_async_commit();
+        }
         Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
         if (has_next2 && threadIdx.x < BLOCK_Q) rows_next2 = sage14_load_rows(p, bh, qb + 2, threadIdx.x);
         // dQ of block qb − 2, staged by tile i − 1 in staging tile par ^ 1, visible since (b).
@@ -3099,6 +3164,18 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128>(const Backward
     const int n = d.n_qblk - qb0;
     if (n >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
     return dq_scale;
+}
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage128>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                  const QueryStager<StagedSage128>&, int kb, int bh, int bh_kv,
+                                                                  int qb0, float (*dv)[4], float (*dk)[4]) {
+    return sb16_query_loop<StagedSage128>(p, smem, smem_ptr, kb, bh, bh_kv, qb0, dv, dk);
+}
+template <>
+__device__ __forceinline__ float staged_query_loop<StagedSage128T>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                   const QueryStager<StagedSage128T>&, int kb, int bh, int bh_kv,
+                                                                   int qb0, float (*dv)[4], float (*dk)[4]) {
+    return sb16_query_loop<StagedSage128T>(p, smem, smem_ptr, kb, bh, bh_kv, qb0, dv, dk);
 }
 #elif SB128_LOOP
 // sb128: the query loop of StagedSage128 (the generic loop's contract and order: barrier (a), block qb + 1
@@ -3220,6 +3297,12 @@ template <>
 __device__ __forceinline__ void staged_finish<StagedSage128>() {
     if (StagedSage128::BULK_DQ) sage14_bulk_wait();
 }
+#if SB16_PIPE
+template <>
+__device__ __forceinline__ void staged_finish<StagedSage128T>() {
+    sage14_bulk_wait();
+}
+#endif
 #endif
 
 template <class Path>
@@ -3404,6 +3487,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(Bac
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedSage14Q, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
+}
+#endif
+#if BWD_WGMMA && SB128_LOOP && SB16_PIPE
+// sb20: sb128's plain-grid kernel with sb16's in-loop stage copies by TMA (StagedSage128T; the host takes it at d = 128
+// when n_q % 64 == 0).
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_t(const __grid_constant__ BwdParamsStageMaps pm) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
+    staged_entry<StagedSage128T, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16(BackwardParams p) {

@@ -244,6 +244,13 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const void* map, int c0, in
         "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
+// The same for a 5-D tensor map (coordinates c0 innermost .. c4).
+__device__ __forceinline__ void tma_load_5d(u32 dst, const void* map, int c0, int c1, int c2, int c3, int c4, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(dst),
+        "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+        : "memory");
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // fpa backward (fpabwd)

@@ -165,6 +165,50 @@ fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize, col_blocks: u
     )
 }
 
+/// sb20: whether the d = 128 sage path's plain-grid kernel copies its query blocks inside the loop by TMA
+/// (`sage_bwd_main_mma_sage_t`, `StagedSage128T` in backward_main.cu) instead of every thread's cp.async chunks:
+/// where n_q is a multiple of B_q (the maps' 16-row view of Q̂ and dO folds the heads' rows together, and no block
+/// is ragged) and the rows fit the kernel's 32-bit row arithmetic. `SAGEBWD_SAGE128_TMA_STAGE=0` keeps sb16's
+/// `sage_bwd_main_mma_sage`.
+fn use_sage128_tma_stage(head_dim: usize, n_q: usize, rows: usize) -> bool {
+    head_dim == 128 && n_q % BLOCK_Q == 0 && rows * n_q < 1 << 31
+        && std::env::var("SAGEBWD_SAGE128_TMA_STAGE").map_or(true, |v| v != "0")
+}
+
+/// The kernel parameter of `sage_bwd_main_mma_sage_t` (`BwdParamsStageMaps`): the maps of
+/// [`sage128_stage_maps`], then the parameters.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct BackwardParamsStageMaps {
+    maps: [crate::tma::TensorMap; 4],
+    p: BackwardParams,
+}
+const _: () = assert!(std::mem::size_of::<BackwardParamsStageMaps>() == 832);
+
+/// The four query-block operands of the d = 128 sage tile as `StagedSage128T` copies them (backward_main.cu has the
+/// derivation): Q̂ and dO (`rows`·n_q rows of d = 128) as 5-D views {d, e: 2, b: 4, c: 2, a} of row 16a + 4b + 2c + e,
+/// so that a box lands in the tile's permuted row order (128-byte swizzle; dO in two boxes of 64 columns); dÔᵀ and
+/// Q̂ᵀ ([rows][d][n_qpad] bytes) as 3-D, box {64, d, 1}, 64-byte swizzle.
+fn sage128_stage_maps(p: &BackwardParams, rows: usize, n_q: usize, n_qpad: usize) -> Result<[crate::tma::TensorMap; 4]> {
+    use crate::tma::{encode_tiled, TmaElem, TmaSwizzle};
+    const D: u64 = 128;
+    let groups = (rows * n_q / 16) as u64;
+    let permuted = |elem, addr, row_bytes: u64, box0| {
+        encode_tiled(elem, addr, &[D, 2, 4, 2, groups], &[row_bytes, 4 * row_bytes, 2 * row_bytes, 16 * row_bytes],
+                     &[box0, 2, 4, 2, 4], TmaSwizzle::B128)
+    };
+    let transposed = |addr| {
+        let pad = n_qpad as u64;
+        encode_tiled(TmaElem::I8, addr, &[pad, D, rows as u64], &[pad, D * pad], &[BLOCK_Q as u32, D as u32, 1], TmaSwizzle::B64)
+    };
+    Ok([
+        permuted(TmaElem::I8, p.op.q_hat, D, 128)?,
+        permuted(TmaElem::U16, p.d_o, 2 * D, 64)?,
+        transposed(p.tr.do_hat_t)?,
+        transposed(p.tr.q_hat_t)?,
+    ])
+}
+
 /// Ring stages of the warp-specialized fpa kernel (`WS_STAGES` in backward_main.cu).
 const WS_STAGES: usize = 3;
 /// Threads of the warp-specialized fpa kernel: two consumer warpgroups and a producer warpgroup.
@@ -343,6 +387,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let sage_plain = !persist && staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a"
         && (s.head_dim == 64 || s.head_dim == 128);
     let sage_tma_dq = sage_plain && use_sage_tma_dq(s.head_dim);
+    let sage_tma_stage = sage_plain && use_sage128_tma_stage(s.head_dim, s.n_q, s.batch * s.heads_q);
     let smem = match staged {
         _ if ws => ws_backward_smem_bytes(s.head_dim),
         Some(path) if bulk_dq => staged_backward_smem_bytes(s.head_dim, path) + bf16_bulk_staging_bytes(s.head_dim),
@@ -365,6 +410,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             c"sage_bwd_main_persist_bf16"
         };
         (bwd_main_function(k, name, smem)?, THREADS)
+    } else if sage_tma_stage {
+        // sb20: the d = 128 sage plain-grid kernel with its in-loop query-block copies by TMA (the same shared memory).
+        (bwd_main_function(k, c"sage_bwd_main_mma_sage_t", smem)?, THREADS)
     } else if sage_tma_dq {
         // bwd18: the d = 64 sage plain-grid kernel with its dQ by TMA tensor reduces (the same shared memory).
         (bwd_main_function(k, c"sage_bwd_main_mma_sage_q", smem)?, THREADS)
@@ -504,7 +552,12 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         };
         let items = dims.n_kblk as usize * rows;
         let grid = if persist { (items.min(persist_ctas).max(1) as u32, 1, 1) } else { (dims.n_kblk as u32, rows as u32, 1) };
-        if bulk_dq || sage_tma_dq {
+        if sage_tma_stage {
+            let maps = sage128_stage_maps(&p, rows, n_q, crate::runtime::padded_q(n_q))?;
+            let mut pm = BackwardParamsStageMaps { maps, p };
+            let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsStageMaps).cast()];
+            launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
+        } else if bulk_dq || sage_tma_dq {
             // fpa: one group, the accumulator of every row; sage (bwd18): the group's accumulator, as p.dq_acc.
             let map = dq_acc_map(dq_acc, rows, n_q, d, if bulk_dq { 2 } else { 1 })?;
             let mut pm = BackwardParamsDqMap { map, p };

@@ -6,8 +6,9 @@ use crate::runtime::drv;
 use cudarc::driver::sys;
 use sagebwd::Result;
 
-/// Element type of the mapped device buffer (I8: V̂ᵀ of the INT8 forward; U16: the BF16 Q, K, V of
-/// the fpa forward; F32: the backward's FP32 dQ accumulator, added to by TMA reduces).
+/// Element type of the mapped device buffer (I8: V̂ᵀ of the INT8 forward, Q̂, dÔᵀ, Q̂ᵀ of the d = 128
+/// INT8 backward; U16: the BF16 Q, K, V of the fpa forward, dO of that backward; F32: the backward's FP32
+/// dQ accumulator, added to by TMA reduces).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum TmaElem {
     I8,

@@ -250,6 +250,9 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
         // which the shapes above (GQA, or N_q not a multiple of 64) never reach.
         (case(shape(2, 3, 3, 512, 512, 64), true, 2.0), presets()),
         (case(shape(1, 2, 2, 384, 640, 128), false, 3.0), presets()),
+        // d = 128, N_q a multiple of 64, causal, GQA, a ragged key block: the plain-grid sage kernel's TMA query
+        // copies (sb20, `sage_bwd_main_mma_sage_t`) over several heads, from the first query block to the last.
+        (case(shape(2, 4, 2, 448, 320, 128), true, 3.0), presets()),
     ];
     if !quick {
         v.push((case(shape(1, 2, 2, 4097, 4097, 128), true, 1.0), all_configs()));
