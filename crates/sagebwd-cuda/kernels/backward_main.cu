@@ -1183,6 +1183,25 @@ struct StagedSage {
     // P and dS by the group scales' inverses, and the dŜ bytes into the tile at ds_tile.
     static __device__ __forceinline__ void quantize_tile(float (*prob)[4], float (*ds)[4], float inv_p, float inv_ds,
                                                          unsigned char* ds_tile, u32 (*pa)[4], u32 (*da)[4]) {
+        quantize_words<true>(prob, ds, inv_p, inv_ds, ds_tile, pa, da);
+    }
+    // quantize_tile's two halves: sb16's loop (d = 128) issues dV's first chunks between them (sb20), so that those
+    // products run while dŜ is quantized and stored.
+    static __device__ __forceinline__ void quantize_p(float (*prob)[4], float inv_p, u32 (*pa)[4]) {
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = quant_quad(prob, 4 * s + 2 * half, h, inv_p, QuantBits());
+    }
+    static __device__ __forceinline__ void quantize_ds(float (*ds)[4], float inv_ds, unsigned char* ds_tile, u32 (*da)[4]) {
+        quantize_words<false>(nullptr, ds, 0.0f, inv_ds, ds_tile, nullptr, da);
+    }
+    // dŜ (and with P, P̂ interleaved with it, word by word: quantize_tile's order) as A fragments, the dŜ bytes stored.
+    template <bool P>
+    static __device__ __forceinline__ void quantize_words(float (*prob)[4], float (*ds)[4], float inv_p, float inv_ds,
+                                                          unsigned char* ds_tile, u32 (*pa)[4], u32 (*da)[4]) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if !SBWD12_DS_STSM
         const int g = lane >> 2, t = lane & 3;
@@ -1212,7 +1231,7 @@ struct StagedSage {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int n0 = 4 * s + 2 * half;
-                    pa[s][2 * half + h] = quant_quad(prob, n0, h, inv_p, QuantBits());
+                    if (P) pa[s][2 * half + h] = quant_quad(prob, n0, h, inv_p, QuantBits());
                     u32 qd[4] = {quant_bits(ds[n0][2 * h], inv_ds), quant_bits(ds[n0][2 * h + 1], inv_ds),
                                  quant_bits(ds[n0 + 1][2 * h], inv_ds), quant_bits(ds[n0 + 1][2 * h + 1], inv_ds)};
                     da[s][2 * half + h] = pack_lo_bytes(qd[0], qd[1], qd[2], qd[3]);
@@ -1629,12 +1648,14 @@ static_assert(!SB128_ROT || SB128_BULK, "SB128_ROT permutes the bulk dQ's stagin
 #ifndef SB16_PIPE
 #define SB16_PIPE 1
 #endif
-// Where the tile waits for dQ(qb − 1) and stages it: 0 before the first dV chunk is issued, 1 after the first,
-// 2 after the first two.
-#ifndef SB16_DQ_WAIT
-#define SB16_DQ_WAIT 2
-#endif
 static_assert(!SB16_PIPE || (SB128_BULK && SB128_RAW_ROWS && SB128_SCALES_AHEAD), "SB16_PIPE builds on sb128's loop");
+// sb20 (session 20): sb16's loop quantizes P̂, issues dV's first two chunks, and only then quantizes and stores dŜ, so
+// that those products run meanwhile (0: quantize_tile, then the chunks). Measured (H200, call21b, against the same
+// kernels without it): d 128 backward −0.3 to −1.4 % at every sweep shape; the same order in pipe14's loop (d = 64)
+// was +1.1 to +2.5 % slower at every d 64 shape, so it is not used there.
+#ifndef SB20_SPLIT
+#define SB20_SPLIT 1
+#endif
 struct StagedSage128 : StagedSage {
     static constexpr bool BULK_DQ = SB128_BULK;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, SB128_BULK ? BLOCK_Q * HEAD_DIM * 4 : 0> Layout128;
@@ -3109,32 +3130,25 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         if (i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
 
         u32 pa[2][4], da[2][4];
-        StagedSage::quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, pa, da);
-        const float scale_v = __fmul_rn(sc_p.scale, s_do), scale_k = __fmul_rn(sc_ds.scale, s_q);
         // wg_key_products' chunks (dV's 4, then dK's 4, two in flight), dQ(qb − 1) staged after the first two
         // are issued, Sᵀ(qb + 1) after the last.
         constexpr int C = HEAD_DIM / 32, N = 2 * C;
         int acc[2][4][4];
-#if SB16_DQ_WAIT == 0
-        // dQ(qb − 1) waited for before the chunks (fewer registers live while it is staged)
-        wgmma_wait<0>();
-        wgmma_fence_regs(dq_acc);
-        if (i > 0) S::stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
+#if SB20_SPLIT
+        // sb20: P̂ first, dV's first two chunks issued, then dŜ quantized and stored while they run.
+        StagedSage::quantize_p(prob, sc_p.inv, pa);
         StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
         StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
-#elif SB16_DQ_WAIT == 1
-        StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
-        wgmma_wait<1>();  // dQ of qb − 1 landed
-        wgmma_fence_regs(dq_acc);
-        if (i > 0) S::stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
-        StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
+        StagedSage::quantize_ds(ds, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, da);
 #else
+        StagedSage::quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, pa, da);
         StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
         StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
+#endif
+        const float scale_v = __fmul_rn(sc_p.scale, s_do), scale_k = __fmul_rn(sc_ds.scale, s_q);
         wgmma_wait<2>();  // dQ of qb − 1 landed
         wgmma_fence_regs(dq_acc);
         if (i > 0) S::stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);  // block-uniform
-#endif
 #pragma unroll
         for (int j = 0; j < N; ++j) {
             // in flight younger than chunk j: chunk j + 1 (j + 1 < N), Sᵀ(qb + 1) (j ≥ N − 2)
