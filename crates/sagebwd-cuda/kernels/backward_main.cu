@@ -1652,7 +1652,9 @@ static_assert(!SB16_PIPE || (SB128_BULK && SB128_RAW_ROWS && SB128_SCALES_AHEAD)
 // sb20 (session 20): sb16's loop quantizes P̂, issues dV's first two chunks, and only then quantizes and stores dŜ, so
 // that those products run meanwhile (0: quantize_tile, then the chunks). Measured (H200, call21b, against the same
 // kernels without it): d 128 backward −0.3 to −1.4 % at every sweep shape; the same order in pipe14's loop (d = 64)
-// was +1.1 to +2.5 % slower at every d 64 shape, so it is not used there.
+// was +1.1 to +2.5 % slower at every d 64 shape, so it is not used there. Moving also the work after (b) that no
+// product waits for (the next blocks' copies, the row loads, the bulk dQ of qb − 2) behind those chunks made ptxas spill
+// (4 STL, 5 LDL) and cost +4.7 to +8.1 % (call21c).
 #ifndef SB20_SPLIT
 #define SB20_SPLIT 1
 #endif
