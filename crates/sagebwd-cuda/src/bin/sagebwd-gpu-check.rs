@@ -253,6 +253,8 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
         // d = 128, N_q a multiple of 64, causal, GQA, a ragged key block: the plain-grid sage kernel's TMA query
         // copies (sb20, `sage_bwd_main_mma_sage_t`) over several heads, from the first query block to the last.
         (case(shape(2, 4, 2, 448, 320, 128), true, 3.0), presets()),
+        // The same at d = 64 without a mask (`sage_bwd_main_mma_sage_qt`: the TMA copies with bwd18's TMA dQ).
+        (case(shape(2, 4, 2, 320, 200, 64), false, 3.0), presets()),
     ];
     if !quick {
         v.push((case(shape(1, 2, 2, 4097, 4097, 128), true, 1.0), all_configs()));
