@@ -1658,6 +1658,18 @@ static_assert(!SB16_PIPE || (SB128_BULK && SB128_RAW_ROWS && SB128_SCALES_AHEAD)
 #ifndef SB20_SPLIT
 #define SB20_SPLIT 1
 #endif
+// Which thread issues the TMA copies (SB20_TMA_THREAD) and which 64 threads load and store the row constants
+// (SB20_ROW_BASE .. + 63) in sb16's loop: both duties on warpgroup 1 (warps 4 and 5). Measured (call21g, the d 128
+// sweep shapes, three rounds, against both on warpgroup 0, i.e. thread 0 and threads 0..63): −0.2 to −1.2 % at every
+// shape; split between the warpgroups (the copies on 1 and the rows on 0, or the reverse) +4.5 % and +3.6 %: the
+// warpgroup that carries an extra duty reaches the tile's barrier and its wgmma issues late, and one late warpgroup
+// costs less than two.
+#ifndef SB20_TMA_THREAD
+#define SB20_TMA_THREAD 128
+#endif
+#ifndef SB20_ROW_BASE
+#define SB20_ROW_BASE 128
+#endif
 struct StagedSage128 : StagedSage {
     static constexpr bool BULK_DQ = SB128_BULK;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, SB128_BULK ? BLOCK_Q * HEAD_DIM * 4 : 0> Layout128;
@@ -3054,6 +3066,8 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
     if (sage14_no_query_block(d, qb0)) return 0.0f;
     const int wg = sbwd13_wg(), t = threadIdx.x & 3;
     const int warp_u = threadIdx.x >> 5;  // plain, as sb128's loop (a shuffle made ptxas see the item loop divergent)
+    const int rl = (int)threadIdx.x - SB20_ROW_BASE;  // the row constants: threads SB20_ROW_BASE .. + 63, row rl
+    const bool row_thread = (unsigned)rl < BLOCK_Q;
     const u32 smem_lo = sage10_desc_lo(smem);
     const Sage14Scales sc(p, kb, bh, bh_kv);
     const float s_k = sc.s_k, *q_scale = sc.q_scale, *do_scale = sc.do_scale;
@@ -3064,12 +3078,12 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
     if (two) S::stage_query_a(p, stage(1), bh, qb0 + 1);
     cp_async_commit();
     Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
-    if (two && threadIdx.x < BLOCK_Q) rows_next = sage14_load_rows(p, bh, qb0 + 1, threadIdx.x);
+    if (two && row_thread) rows_next = sage14_load_rows(p, bh, qb0 + 1, rl);
     u32 bar = 0;  // sb20: the mbarrier of the TMA copies issued in tile i (phase i), made visible by the barrier below
     if constexpr (S::TMA_STAGE) {
         __shared__ __align__(8) unsigned long long stage_bar;
         bar = (u32)__cvta_generic_to_shared(&stage_bar);
-        if (threadIdx.x == 0) S::init(p, bar);
+        if (threadIdx.x == SB20_TMA_THREAD) S::init(p, bar);
     }
     sage14_first_wait(smem);
 
@@ -3107,7 +3121,7 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
             for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D[nt].y : D[nt].x));
         if (sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
         float amax_ds = sage10_tile_max<true>(ds);
-        if (has_next && threadIdx.x < BLOCK_Q) sage14_store_rows_at(rows_of(par ^ 1), rows_next, threadIdx.x);
+        if (has_next && row_thread) sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
         sage14_bulk_wait_read();  // tile i − 1's bulk has read staging tile par, which this tile writes after (b)
         cp_async_wait<0>();       // this thread's copies of A(qb + 1), B(qb) (sb20: of A(qb0 + 1) only)
         if constexpr (S::TMA_STAGE)
@@ -3123,14 +3137,14 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         StagedSage::issue_dq(dq_acc, smem_lo, sage10_desc_lo(smem + Lay::ds0 + (par ^ 1) * Lay::ds_bytes));
         wgmma_commit();
         if constexpr (S::TMA_STAGE) {
-            if (threadIdx.x == 0 && has_next) S::stage_copies(p, bar, stage(par), stage(par ^ 1), bh, qb + 2, qb + 1, has_next2);
+            if (threadIdx.x == SB20_TMA_THREAD && has_next) S::stage_copies(p, bar, stage(par), stage(par ^ 1), bh, qb + 2, qb + 1, has_next2);
         } else {
             if (has_next2) S::stage_query_a(p, stage(par), bh, qb + 2);
             if (has_next) S::stage_query_b(p, stage(par ^ 1), bh, qb + 1);
             cp_async_commit();
         }
         Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
-        if (has_next2 && threadIdx.x < BLOCK_Q) rows_next2 = sage14_load_rows(p, bh, qb + 2, threadIdx.x);
+        if (has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
         // dQ of block qb − 2, staged by tile i − 1 in staging tile par ^ 1, visible since (b).
         if (i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
 
