@@ -253,7 +253,8 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
         // d = 128, N_q a multiple of 64, causal, GQA, a ragged key block: the plain-grid sage kernel's TMA query
         // copies (sb20, `sage_bwd_main_mma_sage_t`) over several heads, from the first query block to the last.
         (case(shape(2, 4, 2, 448, 320, 128), true, 3.0), presets()),
-        // The same at d = 64 without a mask (`sage_bwd_main_mma_sage_qt`: the TMA copies with bwd18's TMA dQ).
+        // The same kind of shape at d = 64 without a mask: the d = 64 plain-grid kernel (bwd18's TMA dQ) with GQA, a
+        // ragged key block and N_q a multiple of 64.
         (case(shape(2, 4, 2, 320, 200, 64), false, 3.0), presets()),
     ];
     if !quick {
