@@ -1765,8 +1765,9 @@ struct StagedSage128 : StagedSage {
 // ---- sb20: sb16's in-loop stage copies by TMA (d = 128, plain grid: sage_bwd_main_mma_sage_t) ----------------------
 // sb16's profile (RESULTS-gpu.md): after barrier (b) every thread rebuilt the swizzled destinations and guarded sources
 // of its 10 cp.async chunks (~110 instructions per thread per tile, 3 spilled values reloaded), on the stretch between
-// (b) and the first dV/dK chunk where the tensor pipe has only dQ(qb − 1) to run. Here thread 0 issues the same bytes
-// as 5 TMA boxes completing on one mbarrier, waited for where the cp.async wait was (before the next tile's (b)).
+// (b) and the first dV/dK chunk where the tensor pipe has only dQ(qb − 1) to run. Here one thread (SB20_TMA_THREAD)
+// issues the same bytes as 5 TMA boxes completing on one mbarrier, waited for where the cp.async wait was (before the
+// next tile's (b)).
 // The four maps (src/backward.rs `sage128_stage_maps`) sit in front of BackwardParams in the kernel's one parameter:
 //   0: Q̂ [rows·n_q][d] INT8 as 5-D {d, e: 2, b: 4, c: 2, a}, strides {1, 4, 2, 16} rows, box {d, 2, 4, 2, 4}: query
 //      row 16a + 4b + 2c + e lands in tile row 16a + 8c + 2b + e, which is permuted_qrow's order; the 128-byte
@@ -1777,7 +1778,7 @@ struct StagedSage128 : StagedSage {
 // block is ragged (the cp.async copies zero-fill rows past n_q; here no such row exists).
 // At d = 64 the same copies on bwd18's TMA-dQ kernel measured +2.3 to +5.6 % (call21e, verified 182/182): there the
 // per-thread cp.async copies were already cheap (QueryStager's precomputed parts), the TMA form added 18 instructions
-// to the loop, and warp 0's issue delays its warpgroup on a shorter tile. Not used.
+// to the loop, and the issuing warp delays its warpgroup on a shorter tile. Not used.
 struct __align__(64) StageMapsParam {
     unsigned long long w[4][16];
 };
@@ -1793,7 +1794,8 @@ struct StagedSage128T : StagedSage128 {
     static __device__ __forceinline__ const unsigned long long* maps(const BackwardParams& p) {
         return ((const StageMapsParam*)((const char*)&p - sizeof(StageMapsParam)))->w[0];
     }
-    // Thread 0, once per CTA before a block barrier: the mbarrier (one arrival: the issuing thread's, with the bytes).
+    // The issuing thread (SB20_TMA_THREAD), once per CTA before a block barrier: the mbarrier (one arrival, its own,
+    // with the bytes).
     static __device__ __forceinline__ void init(const BackwardParams& p, u32 bar) {
         mbar_init(bar, 1);
         fence_mbar_init();
