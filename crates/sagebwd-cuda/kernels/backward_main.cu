@@ -716,19 +716,11 @@ struct StagedTile {
 // query row qrow_of(nt, n)), so the accumulator is the mma.sync path's, permuted rows included.
 #ifdef SAGE_WGMMA
 #define BWD_WGMMA 1
-// dQ = dŜ K̂ on wgmma too (1: A = the dŜ byte tile, B = K̂ᵀ, both in the 128-byte-swizzle layout) or
-// on mma.sync (0: K̂ᵀ and dŜ in their mma.sync layouts). Both verified on the H200. Waited for right
-// after issue, the mma.sync dQ was 1–3 % faster at d = 128 (the dŜ byte stores are 2-way
-// bank-conflicted in the wgmma layout) and the wgmma one 0.3–1.4 % faster at d = 64 (docs/RESULTS-gpu.md,
-// "Backward on wgmma"); issued early (SAGE_EARLY_DQ) the wgmma dQ is used at both head dims
-// ("Backward on wgmma (sm_90a), fpa path").
-#define BWD_WGMMA_DQ 1
-// With the wgmma dQ: 1 issues block qb − 1's dQ at the start of tile qb, before Sᵀ, and adds it while
-// Sᵀ and dPᵀ run (as the fpa path); 0 issues and waits for it after the tile.
-#ifndef SAGE_EARLY_DQ_ON
-#define SAGE_EARLY_DQ_ON 1
-#endif
-#define SAGE_EARLY_DQ (BWD_WGMMA_DQ && SAGE_EARLY_DQ_ON)
+// dQ = dŜ K̂ runs on wgmma too (A = the dŜ byte tile, B = K̂ᵀ, both in the 128-byte-swizzle layout), issued
+// for block qb − 1 at the start of tile qb, before Sᵀ, and added while Sᵀ and dPᵀ run (as the fpa path).
+// Waited for right after issue, an mma.sync dQ was 1–3 % faster at d = 128 and the wgmma one 0.3–1.4 % faster
+// at d = 64 (docs/RESULTS-gpu.md, "Backward on wgmma"); issued early, the wgmma one is faster at both
+// ("Backward on wgmma (sm_90a), fpa path"). The other forms are in the history before session 21.
 
 // Tile row holding query row `row` (inverse of qrow_of: row = 16a + 4b + 2c + e sits at 8(2a + c) + 2b + e).
 __device__ __forceinline__ int permuted_qrow(int row) {
@@ -766,8 +758,6 @@ __device__ __forceinline__ void wg_issue_bf16_keys_by_rows(float (&acc)[8][4], u
 }
 #else
 #define BWD_WGMMA 0
-#define BWD_WGMMA_DQ 0
-#define SAGE_EARLY_DQ 0
 #endif
 
 // ---- sage10: helpers of the staged sage tile (fewer CUDA-core instructions per tile) ---------------
@@ -939,15 +929,10 @@ struct QueryStager {
 // instead as 16-bit pairs {key g, key g + 8} by two stmatrix.trans, each 16-byte chunk of dŜ holds its
 // 16 keys in the order byte 2g + h = key g + 8h; K̂ᵀ (dQ's B, K = the keys) gets the same order in
 // every 16-byte chunk, once per CTA in its first tile. dQ's INT32 sums over the keys are exact, so
-// the order of their terms does not change a bit. Only with the early wgmma dQ; at d = 64 (sbwd12) and,
-// since sbwd13, at d = 128 (SBWD13_DS_STSM_D128, below).
-// sbwd13: d = 128 too (the dŜ tile is [64][128] bytes at both head dims; the K̂ᵀ half of a warpgroup is
-// d/2 rows of 128 bytes: 2 chunks per thread at d = 64, 4 at d = 128).
-#ifndef SBWD13_DS_STSM_D128
-#define SBWD13_DS_STSM_D128 1
-#endif
-#define SBWD12_DS_STSM (SAGE_EARLY_DQ && (HEAD_DIM == 64 || SBWD13_DS_STSM_D128))
-#if SBWD12_DS_STSM
+// the order of their terms does not change a bit. With the wgmma dQ (sm_90a), at d = 64 (sbwd12) and, since
+// sbwd13, at d = 128 (the dŜ tile is [64][128] bytes at both head dims; the K̂ᵀ half of a warpgroup is d/2 rows
+// of 128 bytes: 2 chunks per thread at d = 64, 4 at d = 128).
+#if BWD_WGMMA
 // Byte 2g + h of every 16-byte chunk of this warpgroup's half of the K̂ᵀ tile (rows wg·d/2.., the
 // rows its dQ wgmma reads) := byte g + 8h. In place, each thread its own two chunks; then the proxy
 // fence (the caller's next barrier makes it visible to the next dQ wgmma).
@@ -997,10 +982,7 @@ __device__ __forceinline__ int sbwd13_wg() {
 // same order (every product, every FP32 operation as before). Measured (pipe14's call,
 // docs/RESULTS-gpu.md): sagebwd backward −6.3 % at the training shape N 4096, −1.3 % at N 1024 (the
 // persistent grid), −6.5 to −7.2 % on the d = 64 sweep's plain-grid rows; verified 152/152.
-#ifndef PIPE14
-#define PIPE14 1
-#endif
-#if BWD_WGMMA && HEAD_DIM == 64 && SBWD12_DS_STSM && PIPE14
+#if BWD_WGMMA && HEAD_DIM == 64
 #define PIPE14_LOOP 1
 #define PIPE14_STAGES 3
 #else
@@ -1008,11 +990,8 @@ __device__ __forceinline__ int sbwd13_wg() {
 #define PIPE14_STAGES 2
 #endif
 // sb128: the INT8 path at d = 128 on sm_90a as its own type StagedSage128 (below StagedSage14T) with its own
-// query loop (dQ by bulk reduce-adds, raw row constants, scales a tile ahead); SB128=0 gives main bdfcd1a's code.
-#ifndef SB128
-#define SB128 1
-#endif
-#if BWD_WGMMA && HEAD_DIM == 128 && SBWD12_DS_STSM && SAGE_EARLY_DQ && SB128
+// query loop (dQ by bulk reduce-adds, raw row constants, scales a tile ahead).
+#if BWD_WGMMA && HEAD_DIM == 128
 #define SB128_LOOP 1
 #else
 #define SB128_LOOP 0
@@ -1027,9 +1006,9 @@ struct StagedSage {
     static constexpr int d_o = BF_QT, dot = 3 * BF_QT, qt = 4 * BF_QT;  // offsets in a stage
 
     static constexpr bool WGMMA = BWD_WGMMA;  // Sᵀ and dPᵀ by wgmma (K̂, V, Q̂, dO in its tile layout)
-    static constexpr bool WGMMA_DQ = BWD_WGMMA_DQ;
+    static constexpr bool WGMMA_DQ = BWD_WGMMA;
     // With the wgmma dQ, tile() issues block qb − 1's dQ before Sᵀ and adds it while Sᵀ, dPᵀ run.
-    static constexpr bool DQ_IN_TILE = SAGE_EARLY_DQ;
+    static constexpr bool DQ_IN_TILE = BWD_WGMMA;
     static constexpr bool STAGES_NEXT = false;
 
     // K̂ᵀ columns past n_k are read as they are and meet dŜ = 0.
@@ -1046,7 +1025,7 @@ struct StagedSage {
         stage_rows<BLOCK_KV, HEAD_DIM / 16>(smem, k_hat, HEAD_DIM, d.n_k - key0, SwzKeyI8());
         stage_key_rows_bf16(smem + v, p.v, d, bh_kv, kb);
 #endif
-#if BWD_WGMMA_DQ
+#if BWD_WGMMA
         stage_rows_at<HEAD_DIM, BLOCK_KV / 16>(smem + kt, k_hat_t, d.n_kpad, HEAD_DIM, WgKmajor<HEAD_DIM, BLOCK_KV, false>());
 #else
         stage_rows<HEAD_DIM, BLOCK_KV / 16>(smem + kt, k_hat_t, d.n_kpad, HEAD_DIM, SwzT128());
@@ -1093,7 +1072,6 @@ struct StagedSage {
         wgmma_commit();
     }
 
-#if PIPE14_LOOP || SB128_LOOP
     // pipe14 (d = 64) and sb16 (d = 128): wg_issue_scores_dp's two commit groups as two calls (Sᵀ goes out a
     // tile ahead, dPᵀ with its tile).
     static __device__ __forceinline__ void wg_issue_scores(int (&s)[8][4], u32 smem_lo, u32 st_lo, int wg) {
@@ -1112,7 +1090,6 @@ struct StagedSage {
                               sage10_kstep_desc<BLOCK_Q, BF_ROW>(st_lo, d_o, 0, ks), ks);
         wgmma_commit();
     }
-#endif
 
     // Issues acc = a (the warp's 16 keys × 64 rows: 2 k-steps of A fragments) · columns 32c..32c + 31
     // of the [d][64] tile at bt (K-major, rows contiguous), exact INT32, as one commit group.
@@ -1203,10 +1180,10 @@ struct StagedSage {
     static __device__ __forceinline__ void quantize_words(float (*prob)[4], float (*ds)[4], float inv_p, float inv_ds,
                                                           unsigned char* ds_tile, u32 (*pa)[4], u32 (*da)[4]) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#if !SBWD12_DS_STSM
+#if !BWD_WGMMA
         const int g = lane >> 2, t = lane & 3;
 #endif
-#if !SBWD12_DS_STSM
+#if !BWD_WGMMA
         // dŜ byte addresses of this lane for rows 4t + 2b + c (b = n-tile parity, c = column parity)
         // at key 16w + g; other n-tiles and keys g + 8 are compile-time offsets (16 rows keep the
         // swizzle term).
@@ -1216,12 +1193,7 @@ struct StagedSage {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int row = 4 * t + 2 * b + c;
-#if BWD_WGMMA_DQ
-                // dŜ is the A operand of dQ's wgmma: a K-major [64][128] tile, 128-byte swizzle.
-                ds_out[2 * b + c] = ds_tile + row * BLOCK_KV + ((warp ^ (row & 7)) << 4) + g;
-#else
                 ds_out[2 * b + c] = ds_tile + row * BLOCK_KV + (swz_ds(row, warp) << 4) + g;
-#endif
             }
 #endif
 #pragma unroll
@@ -1235,14 +1207,14 @@ struct StagedSage {
                     u32 qd[4] = {quant_bits(ds[n0][2 * h], inv_ds), quant_bits(ds[n0][2 * h + 1], inv_ds),
                                  quant_bits(ds[n0 + 1][2 * h], inv_ds), quant_bits(ds[n0 + 1][2 * h + 1], inv_ds)};
                     da[s][2 * half + h] = pack_lo_bytes(qd[0], qd[1], qd[2], qd[3]);
-#if !SBWD12_DS_STSM
+#if !BWD_WGMMA
                     // The same four bytes into dŜ[row][key]: key 16w + g + 8h, rows qrow_of(n, 2t + {0,1}).
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
                         ds_out[(i >> 1) * 2 + (i & 1)][16 * (n0 >> 1) * BLOCK_KV + 8 * h] = (unsigned char)qd[i];
 #endif
                 }
-#if SBWD12_DS_STSM
+#if BWD_WGMMA
         {
             // n-tile nt's register: {dŜ(row c = 0: key g, key g + 8), (row c = 1: the same)} from the two
             // A words of its n-tile pair (h = 0, 1: bytes (nt, c) at 2(nt mod 2) + c). Matrix i of a store is
@@ -1281,23 +1253,17 @@ struct StagedSage {
         float amax_p;
 #if BWD_WGMMA
         const u32 smem_lo = sage10_desc_lo(x.smem), st_lo = sage10_desc_lo(x.st);
-#if SAGE_EARLY_DQ
         // Issued on every tile (the same commit groups each time, or ptxas serializes); the first
         // tile's result (of a stale buffer) is not added.
         int dq_acc[HEAD_DIM / 16][4];
         wgmma_fence();
         issue_dq(dq_acc, smem_lo, sage10_desc_lo(x.prev_ds));
         wgmma_commit();
-#endif
         wg_issue_scores_dp(s_acc, ds, smem_lo, st_lo, sbwd13_wg());
-#if SAGE_EARLY_DQ
         wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
         if (x.has_prev) sage10_add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);  // block-uniform
-#if SBWD12_DS_STSM
         else sbwd12_interleave_kt(x.smem + kt);  // the CTA's first tile; block (b) below is the barrier
-#endif
-#endif
         wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
         wgmma_fence_regs(s_acc);
         tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
@@ -1328,7 +1294,7 @@ struct StagedSage {
         return __fmul_rn(sc_ds.scale, s_k);
     }
 
-#if BWD_WGMMA_DQ
+#if BWD_WGMMA
     // Issues acc = dŜ K̂ (#6, exact INT32): M = the 64 rows, N = warpgroup wg's half of d (K̂ᵀ rows
     // wg·d/2..), K = the 128 keys; A = the dŜ byte tile; smem_lo, ds_lo: descriptor low words of the
     // key block and of the dŜ tile.
@@ -1361,7 +1327,7 @@ struct StagedSage {
     // sage10_add_dq's (wgmma dQ only).
     template <bool I2FP = false>
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
-#if BWD_WGMMA_DQ
+#if BWD_WGMMA
         int acc[HEAD_DIM / 16][4];
         wgmma_fence();
         issue_dq(acc, sage10_desc_lo(smem), sage10_desc_lo(ds_tile));
@@ -1479,7 +1445,7 @@ __device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (
     }
 }
 
-// bulk15 (ROT; d = 64, and since session 14 d = 128 with SB128_ROT): sage14_stage_dq's values at
+// bulk15 (ROT; d = 64, and since session 14 d = 128): sage14_stage_dq's values at
 // sage14_stage_dq's addresses, the order of the stores permuted per row. Rows are 4d bytes (256 or 512),
 // so every row of a 16-row block starts at the same bank and
 // sage14_stage_dq's STS.64 (8 rows × 32 bytes, n-tile j of every row) takes 8 wavefronts, not 2. Here
@@ -1599,65 +1565,32 @@ struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT>> : QueryStage
 #if SB128_LOOP
 // ---- sb128: the INT8 path at d = 128 (sm_90a) as its own type, with its own query loop -----------------
 // StagedSage128 = StagedSage (two query-block stages, the same tile: dQ of block qb − 1 issued before Sᵀ, dPᵀ)
-// with, in staged_query_loop<StagedSage128> (below sage14's helpers) and its tile():
-// - SB128_BULK: the landed dQ of block qb − 1 (the values sage10_add_dq adds, fl(float(acc)·scale)) goes to a
-//   staging tile [64][d] FP32 (tile i mod 2 in tile i = qb − qb0) instead of 16 red.global.add.v2.f32 per
-//   thread; after barrier (a) of tile i + 1, warp w adds rows 8w..8w + 7 (4 KB) to the accumulator by one
-//   bulk reduce (pipe14b's sage14_bulk_dq). main's profile (prof15, d 128 N 4096 full): the instruction after
-//   the reductions waited for the LSU to read their source registers (long scoreboard, 7.0 % of the samples)
-//   and the reductions themselves for the LSU queue (LG throttle, 2.8 %).
-// - SB128_RAW_ROWS: the row constants of block qb + 1 loaded raw (lse2, offset, D) after (a) and subtracted when
-//   stored at the end of the tile (pipe14's (3)): warps 0–1 no longer wait for the global loads inside the tile
-//   (2.2 %), and the first Sᵀ wgmma no longer waits for them (warpgroup arrive, 2.6 %);
-// - SB128_SCALES_AHEAD: s_Q, s_dO of block qb + 1 loaded in tile qb and s_K once per item (the scale loads sat
-//   behind the stage's cp.async in the LSU queue: 3.8 %);
-// - SB128_I2FP: float(acc) of the dV, dK, dQ dequantizations as one I2FP (sage10_i2f's d = 64 form; exact,
-//   |acc| < 2^22) instead of i2f_exact's VIADD + FADD: 160 instructions fewer per thread per tile.
-// The same products and FP32 operations as StagedSage, in the same order (only the unordered FP32 additions
-// of dQ into the accumulator happen in another order, as pipe14b's bulk dQ). Shared memory: StagedSage's
-// layout plus two 32 KB staging tiles (231 488 B, 960 B under the H200's opt-in limit).
-// Measured (sb128's call, docs/RESULTS-gpu.md; verified 152/152): sagebwd backward at d = 128 −4.5 to −9.1 % at
-// N 1024 / 4096 (persistent grid), −13 % at N 16384 (plain grid); without SB128_I2FP or without SB128_BULK +4 % each
-// at N 4096.
-#ifndef SB128_BULK
-#define SB128_BULK 1
-#endif
-#ifndef SB128_I2FP
-#define SB128_I2FP 1
-#endif
-#ifndef SB128_SCALES_AHEAD
-#define SB128_SCALES_AHEAD 1
-#endif
-// SB128_ROT (session 14, lead): the dQ staging stores in bulk15's permuted order (sage14_stage_dq_rot: 2
-// shared wavefronts per STS.64 instead of 8); 0: sage14_stage_dq's order. Measured (H200, same binary):
-// backward −4.6 to −8.5 % at N 1k / 4k, −11.6 / −11.2 % at N 16k (RESULTS-gpu.md, lead session 14).
-#ifndef SB128_ROT
-#define SB128_ROT 1
-#endif
-static_assert(!SB128_ROT || SB128_BULK, "SB128_ROT permutes the bulk dQ's staging stores");
-#ifndef SB128_RAW_ROWS
-#define SB128_RAW_ROWS 1
-#endif
-// sb16 (session 15): SB16_PIPE = staged_query_loop<StagedSage128> pipelined across query blocks (pipe14's loop at
-// d = 64, in two stages): Sᵀ of block qb + 1 issued at the end of tile qb, one block barrier per tile (the amax
-// barrier (b)), and each stage split by lifetime: its Sᵀ/dPᵀ operands (Q̂, dO: part A, free once every warp has
-// waited for dPᵀ, i.e. at (b)) and its dV/dK operands (dÔᵀ, Q̂ᵀ: part B, free at the next (b)). After (b) of
-// tile qb, A of block qb + 2 goes to the A part of stage qb mod 2 and B of block qb + 1 to the B part of stage
-// (qb + 1) mod 2, so block j's operands still sit in stage j mod 2 and the two stages (80 KB) suffice where
-// pipe14 needed three. A second amax scratch (+64 B). Same products and FP32 operations in the same order.
-#ifndef SB16_PIPE
-#define SB16_PIPE 1
-#endif
-static_assert(!SB16_PIPE || (SB128_BULK && SB128_RAW_ROWS && SB128_SCALES_AHEAD), "SB16_PIPE builds on sb128's loop");
-// sb20 (session 20): sb16's loop quantizes P̂, issues dV's first two chunks, and only then quantizes and stores dŜ, so
-// that those products run meanwhile (0: quantize_tile, then the chunks). Measured (H200, call21b, against the same
-// kernels without it): d 128 backward −0.3 to −1.4 % at every sweep shape; the same order in pipe14's loop (d = 64)
-// was +1.1 to +2.5 % slower at every d 64 shape, so it is not used there. Moving also the work after (b) that no
-// product waits for (the next blocks' copies, the row loads, the bulk dQ of qb − 2) behind those chunks made ptxas spill
-// (4 STL, 5 LDL) and cost +4.7 to +8.1 % (call21c).
-#ifndef SB20_SPLIT
-#define SB20_SPLIT 1
-#endif
+// with its own query loop (sb16_query_loop, below sage14's helpers). Each item was measured against the form before it
+// (docs/RESULTS-gpu.md, sessions 14–20); the other forms are in the history before session 21.
+// - Bulk dQ (sb128): the landed dQ of block qb − 1 (the values sage10_add_dq adds, fl(float(acc)·scale)) goes to a
+//   staging tile [64][d] FP32 instead of 16 red.global.add.v2.f32 per thread, and warp w adds rows 8w..8w + 7 (4 KB)
+//   to the accumulator by one bulk reduce (pipe14b's sage14_bulk_dq), in bulk15's permuted order (sage14_stage_dq_rot:
+//   2 shared wavefronts per STS.64 instead of 8). The per-thread reductions had waited for the LSU (prof15: long
+//   scoreboard 7.0 %, LG throttle 2.8 %); without the bulk form +4 % at N 4096, without the order +4.6 to +11.6 %.
+// - Raw row constants: those of block qb + 1 loaded raw (lse2, offset, D) early and subtracted when stored at the
+//   end of the tile (pipe14's (3)), so that no warp waits for global loads inside the tile.
+// - Scales ahead: s_Q, s_dO of block qb + 1 loaded in tile qb and s_K once per item (the scale loads had sat behind
+//   the stage's copies in the LSU queue: 3.8 %).
+// - One I2FP per float(acc) in the dV, dK, dQ dequantizations (exact, |acc| < 2^22) instead of i2f_exact's VIADD +
+//   FADD: 160 instructions fewer per thread per tile (+4 % at N 4096 without it).
+// - Pipelined (sb16): Sᵀ of block qb + 1 issued at the end of tile qb, one block barrier per tile (the amax barrier
+//   (b)), and each stage split by lifetime: its Sᵀ/dPᵀ operands (Q̂, dO: part A, free once every warp has waited for
+//   dPᵀ, i.e. at (b)) and its dV/dK operands (dÔᵀ, Q̂ᵀ: part B, free at the next (b)). After (b) of tile qb, A of
+//   block qb + 2 goes to the A part of stage qb mod 2 and B of block qb + 1 to the B part of stage (qb + 1) mod 2, so
+//   block j's operands still sit in stage j mod 2 and the two stages (80 KB) suffice where pipe14 needed three.
+// - P̂, then dV's first two chunks issued, then dŜ quantized and stored while they run (sb20): d 128 backward −0.3 to
+//   −1.4 % at every sweep shape (call21b). The same order at d = 64 was +1.1 to +2.5 % slower, so pipe14's loop keeps
+//   quantize_tile. Moving also the work after (b) that no product waits for (the next blocks' copies, the row loads,
+//   the bulk dQ of qb − 2) behind those chunks made ptxas spill (4 STL, 5 LDL) and cost +4.7 to +8.1 % (call21c).
+// The same products and FP32 operations as StagedSage, in the same order (only the unordered FP32 additions of dQ
+// into the accumulator happen in another order, as pipe14b's bulk dQ). Shared memory: StagedSage's layout, a second
+// amax scratch and two 32 KB staging tiles. Measured (sb128's call; verified 152/152): backward at d = 128 −4.5 to
+// −9.1 % at N 1024 / 4096, −13 % at N 16384; sb16 and sb20 on top of it.
 // Which thread issues the TMA copies (SB20_TMA_THREAD) and which 64 threads load and store the row constants
 // (SB20_ROW_BASE .. + 63) in sb16's loop: both duties on warpgroup 1 (warps 4 and 5). Measured (call21g, the d 128
 // sweep shapes, three rounds, against both on warpgroup 0, i.e. thread 0 and threads 0..63): −0.2 to −1.2 % at every
@@ -1671,17 +1604,13 @@ static_assert(!SB16_PIPE || (SB128_BULK && SB128_RAW_ROWS && SB128_SCALES_AHEAD)
 #define SB20_ROW_BASE 128
 #endif
 struct StagedSage128 : StagedSage {
-    static constexpr bool BULK_DQ = SB128_BULK;
-    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, SB128_BULK ? BLOCK_Q * HEAD_DIM * 4 : 0> Layout128;
-#if SB16_PIPE
-    // sb128's layout with a second amax scratch before the dQ staging tiles (one barrier per tile).
+    static constexpr bool BULK_DQ = true;
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, BLOCK_Q * HEAD_DIM * 4> Layout128;
+    // With a second amax scratch before the dQ staging tiles (one barrier per tile).
     struct Layout : Layout128 {
         static constexpr int dqst0 = Layout128::red + 2 * Layout128::red_bytes;
         static constexpr int bytes = dqst0 + 2 * Layout128::dqst_bytes + ALIGN_SLACK;
     };
-#else
-    typedef Layout128 Layout;
-#endif
 
     // StagedSage::stage_query_block in two parts, copied at different times by sb16's loop: A = Q̂, dO (Sᵀ's and
     // dPᵀ's B operands), B = dÔᵀ, Q̂ᵀ (the key products'). (Not shared with stage_query_block: written as two
@@ -1703,65 +1632,17 @@ struct StagedSage128 : StagedSage {
                                               WgKmajor<HEAD_DIM, BLOCK_Q, false>());
     }
 
-    // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (SB128_I2FP: one I2FP per value).
+    // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (one I2FP per value).
     static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
-#if SB128_ROT
-        sage14_stage_dq_rot<SB128_I2FP, false>((u32)__cvta_generic_to_shared(tile), acc, scale);
-#else
-        sage14_stage_dq<SB128_I2FP>(tile, acc, scale);
-#endif
+        sage14_stage_dq_rot<true, false>((u32)__cvta_generic_to_shared(tile), acc, scale);
     }
 
-    // sage10_add_dq, SB128_I2FP as above (SB128_BULK = 0, and the item's last dQ tile in dq()).
-    static __device__ __forceinline__ void add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
-        sage10_add_dq<SB128_I2FP>(p, acc, scale, bh, qb);
-    }
-
-    // StagedSage::tile (the wgmma form) with the block's scales given (s_k, s_q, s_do) and the landed dQ of
-    // block qb − 1 staged at dq_st (SB128_BULK) or added (else). Returns the dQ tile's scale fl(s_dŜ·s_K).
-    static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, unsigned char* dq_st,
-                                                 float s_k, float s_q, float s_do, float (*dv)[4], float (*dk)[4]) {
-        const Dims& d = p.dims;
-        const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
-
-        int s_acc[8][4];
-        float ds[8][4];
-        float prob[8][4];
-        const u32 smem_lo = sage10_desc_lo(x.smem), st_lo = sage10_desc_lo(x.st);
-        // Issued on every tile (the same commit groups each time); the first tile's result is not used.
-        int dq_acc[HEAD_DIM / 16][4];
-        wgmma_fence();
-        issue_dq(dq_acc, smem_lo, sage10_desc_lo(x.prev_ds));
-        wgmma_commit();
-        wg_issue_scores_dp(s_acc, ds, smem_lo, st_lo, sbwd13_wg());
-        wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
-        wgmma_fence_regs(dq_acc);
-        if (x.has_prev) {  // block-uniform
-            if (SB128_BULK) stage_dq(dq_st, dq_acc, x.prev_dq_scale);
-            else add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);
-        } else {
-            sbwd12_interleave_kt(x.smem + kt);  // the item's first tile; block (b) below is the barrier
-        }
-        wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
-        wgmma_fence_regs(s_acc);
-        tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
-        float amax_p = sage10_tile_max<false>(prob);  // while dPᵀ runs; redone below if the tile is masked
-        wgmma_wait<0>();
-        wgmma_fence_regs(ds);
-        GroupScale sc_p, sc_ds;
-        u32 pa[2][4], da[2][4];
-        quantize_p_ds(d, x, prob, ds, amax_p, sc_p, sc_ds, pa, da);
-        wg_key_products<SB128_I2FP>(st_lo, pa, da, __fmul_rn(sc_p.scale, s_do), __fmul_rn(sc_ds.scale, s_q), dv, dk);
-        return __fmul_rn(sc_ds.scale, s_k);
-    }
-
-    // StagedSage::dq (the item's last dQ tile, after the loop), SB128_I2FP as above (wgmma dQ: sm_90a).
+    // StagedSage::dq (the item's last dQ tile, after the loop) with one I2FP per value.
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
-        StagedSage::dq<SB128_I2FP>(p, smem, ds_tile, scale, bh, qb);
+        StagedSage::dq<true>(p, smem, ds_tile, scale, bh, qb);
     }
     static constexpr bool TMA_STAGE = false;
 };
-#if SB16_PIPE
 // ---- sb20: sb16's in-loop stage copies by TMA (d = 128, plain grid: sage_bwd_main_mma_sage_t) ----------------------
 // sb16's profile (RESULTS-gpu.md): after barrier (b) every thread rebuilt the swizzled destinations and guarded sources
 // of its 10 cp.async chunks (~110 instructions per thread per tile, 3 spilled values reloaded), on the stretch between
@@ -1818,7 +1699,6 @@ struct StagedSage128T : StagedSage128 {
         tma_load_3d(st_b + qt, m + 48, qb * BLOCK_Q, 0, bh, bar);
     }
 };
-#endif
 #endif
 
 // ---- bf16: #3 to #7 all BF16 ---------------------------------------------------------------------
@@ -2048,28 +1928,15 @@ struct StagedBf16 {
 #if BWD_WGMMA
         const int wg = threadIdx.x >> 7;
         wgmma_fence();  // the accumulators were last written by the previous tile's code
-#if FPA_DQ
         // Issued on every tile so that the commit groups are the same each time (ptxas serializes
         // the pipeline otherwise); the first tile's result (of a stale buffer) is not added.
         float dq_acc[HEAD_DIM / 16][4];
-#if FPA_DESC_WORDS
         issue_dq_words(dq_acc, x.smem, x.prev_ds);
-#else
-        issue_dq(dq_acc, x.smem, x.prev_ds);
-#endif
         wgmma_commit();
-#endif
-#if FPA_DESC_WORDS
         issue_keys_by_rows(s, x.smem, x.st, wg);
         wgmma_commit();
         issue_keys_by_rows(ds, x.smem + v, x.st + d_o, wg);
-#else
-        wg_issue_bf16_keys_by_rows(s, x.smem, x.st, wg);
         wgmma_commit();
-        wg_issue_bf16_keys_by_rows(ds, x.smem + v, x.st + d_o, wg);
-#endif
-        wgmma_commit();
-#if FPA_DQ
         wgmma_wait<2>();  // dV, dK and dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
         if (STAGES_NEXT) {
@@ -2077,17 +1944,12 @@ struct StagedBf16 {
             cp_async_commit();
         }
         if (x.has_prev) add_dq_pred(p, dq_acc, x.bh, x.qb - 1);  // block-uniform
-#endif
         wgmma_wait<1>();  // Sᵀ done (and the previous tile's dV, dK); dPᵀ may still run
         wgmma_fence_regs(s);
         tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
         wgmma_wait<0>();
         wgmma_fence_regs(ds);
-#if FPA_PREFIX_MASK
         ds_masked(p.dims, x.rows, x.qb, x.kb, prob, ds);
-#else
-        tile_ds_regs<false>(p.dims, x.rows, x.qb, x.kb, prob, ds);
-#endif
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int key_row = warp * 16 + (mi & 1) * 8 + r;
@@ -2217,11 +2079,7 @@ struct StagedBf16 {
 #if FPA_DQ
         float acc[HEAD_DIM / 16][4];
         wgmma_fence();
-#if FPA_DESC_WORDS
         issue_dq_words(acc, smem, dst_tile);
-#else
-        issue_dq(acc, smem, dst_tile);
-#endif
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_regs(acc);
@@ -2240,11 +2098,7 @@ struct StagedBf16 {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
         const int c0 = (warp >> 2) * (HEAD_DIM / 16);  // first 16-byte chunk of the warp's columns
-#if BWD_WGMMA
-        frags_by_tile_t<BLOCK_KV / 16, HEAD_DIM / 32, 128>(acc, da, smem + (c0 / 8) * (BLOCK_KV * 128), c0 % 8);
-#else
         frags_by_tile_t<BLOCK_KV / 16, HEAD_DIM / 32>(acc, da, smem, c0);
-#endif
 #pragma unroll
         for (int np = 0; np < HEAD_DIM / 32; ++np) red_add_dq16(p.dims, dq_lo + 16 * np, r_lo, acc + 2 * np);
 #endif
@@ -3036,7 +2890,7 @@ __device__ __forceinline__ float staged_query_loop<StagedSage14P>(const Backward
 }
 #endif
 
-#if SB128_LOOP && SB16_PIPE
+#if SB128_LOOP
 // sb16: the query loop of StagedSage128 pipelined across query blocks (see the sb16 note above StagedSage128).
 // The generic loop's contract: entered with the key block and block qb0 staged (one commit group) and qb0's
 // row constants stored; leaves every dQ but the last added (staged and bulk-reduced), the last block's dŜ
@@ -3155,17 +3009,11 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         // are issued, Sᵀ(qb + 1) after the last.
         constexpr int C = HEAD_DIM / 32, N = 2 * C;
         int acc[2][4][4];
-#if SB20_SPLIT
         // sb20: P̂ first, dV's first two chunks issued, then dŜ quantized and stored while they run.
         StagedSage::quantize_p(prob, sc_p.inv, pa);
         StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
         StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
         StagedSage::quantize_ds(ds, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, da);
-#else
-        StagedSage::quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, pa, da);
-        StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
-        StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
-#endif
         const float scale_v = __fmul_rn(sc_p.scale, s_do), scale_k = __fmul_rn(sc_ds.scale, s_q);
         wgmma_wait<2>();  // dQ of qb − 1 landed
         wgmma_fence_regs(dq_acc);
@@ -3179,7 +3027,7 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
                 wgmma_wait<1>();
             }
             wgmma_fence_regs(acc[j & 1]);
-            StagedSage::dequant_chunk<SB128_I2FP>(acc[j & 1], (j < C ? dv : dk) + 4 * (j % C), j < C ? scale_v : scale_k);
+            StagedSage::dequant_chunk<true>(acc[j & 1], (j < C ? dv : dk) + 4 * (j % C), j < C ? scale_v : scale_k);
             const int k = j + 2;
             if (k < N) StagedSage::wg_issue_chunk(acc[j & 1], k < C ? pa : da, st_lo, k < C ? StagedSage::dot : StagedSage::qt, k % C);
             if (j == N - 3) S::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(par ^ 1)), wg);  // block qb + 1
@@ -3211,88 +3059,6 @@ __device__ __forceinline__ float staged_query_loop<StagedSage128T>(const Backwar
                                                                    const QueryStager<StagedSage128T>&, int kb, int bh, int bh_kv,
                                                                    int qb0, float (*dv)[4], float (*dk)[4]) {
     return sb16_query_loop<StagedSage128T>(p, smem, smem_ptr, kb, bh, bh_kv, qb0, dv, dk);
-}
-#elif SB128_LOOP
-// sb128: the query loop of StagedSage128 (the generic loop's contract and order: barrier (a), block qb + 1
-// staged, the tile; see the sb128 note above StagedSage128). Per tile i = qb − qb0: every thread waits for
-// its bulk reduce of tile i − 1 to have read staging tile i mod 2 (the one tile i writes), then (a) (which
-// makes tile i − 1's dQ staging stores visible to the bulk copies: the proxy fence before it); warp w adds
-// its rows of the dQ tile staged by tile i − 1 (block qb − 2) by one bulk reduce; block qb + 1 staged, its
-// raw row constants and scales loaded; the tile; the row constants of qb + 1 stored. After the loop's final
-// barrier the dQ tile staged by the last tile (block n_qblk − 2) goes out the same way; the last block's
-// dQ stays with the driver (StagedSage128::dq), the CTA waits for its bulk reduces before it exits
-// (staged_finish).
-template <>
-__device__ __forceinline__ float staged_query_loop<StagedSage128>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
-                                                                  const QueryStager<StagedSage128>& stage_next, int kb, int bh,
-                                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
-    typedef StagedSage128::Layout Lay;
-    constexpr bool BULK = StagedSage128::BULK_DQ;
-    const Dims& d = p.dims;
-    const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
-    const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
-    // The warp for the bulk reduces, as a plain value: broadcast by a shuffle here (pipe14b's form), it made
-    // ptxas treat the persistent kernel's item loop as divergent (BRA.DIV at the item broadcast), and the
-    // query loop's counters, stage addresses and wgmma descriptors went to vector registers (+40 R2UR per
-    // tile). The elected lane's operands go to uniform registers by R2UR either way.
-    const int warp_u = threadIdx.x >> 5;
-#if SB128_SCALES_AHEAD
-    const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
-    const float* q_scale = p.op.q_scale + bh * d.n_qblk;
-    const float* do_scale = p.do_scale + bh * d.n_qblk;
-    float s_q = 0.0f, s_do = 0.0f;
-    if (qb0 < d.n_qblk) {
-        s_q = q_scale[qb0];
-        s_do = do_scale[qb0];
-    }
-#endif
-    float dq_scale = 0.0f;  // of the pending dQ tile
-    for (int qb = qb0; qb < d.n_qblk; ++qb) {
-        const int i = qb - qb0, buf = i & 1;
-        const bool has_next = qb + 1 < d.n_qblk;
-        if (BULK) sage14_bulk_wait_read();  // staging tile buf free (the bulk of tile i − 1 read it)
-        cp_async_wait<0>();    // this thread's copies of block qb are done
-        fence_proxy_async();   // cp.async writes, dŜ and dQ staging stores → the async proxy's reads
-        __syncthreads();       // (a)
-        if (has_next) stage_next(p, stage(buf ^ 1), bh, qb + 1);
-        cp_async_commit();
-#if SB128_RAW_ROWS
-        Sage14Rows next_rows = {pos_inf(), 0.0f, 0.0f};
-        if (has_next && threadIdx.x < BLOCK_Q) next_rows = sage14_load_rows(p, bh, qb + 1, threadIdx.x);
-#else
-        RowConsts next_rc = {pos_inf(), 0.0f};
-        if (has_next && threadIdx.x < BLOCK_Q) next_rc = load_row_consts(p, bh, qb + 1, threadIdx.x);
-#endif
-#if SB128_SCALES_AHEAD
-        const int qn = has_next ? qb + 1 : qb;
-        const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
-#else
-        const float s_k = p.op.k_scale[bh_kv * d.n_kblk + kb];
-        const float s_q = p.op.q_scale[bh * d.n_qblk + qb], s_do = p.do_scale[bh * d.n_qblk + qb];
-#endif
-        // dQ of block qb − 2, staged by tile i − 1 in staging tile (i − 1) mod 2, visible since (a).
-        if (BULK && i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (buf ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
-
-        StagedTile x = staged_tile<Lay>(smem, smem_ptr, buf, bh, bh_kv, kb, qb, qb > qb0, dq_scale, has_next);
-        const float tile_dq_scale =
-            StagedSage128::tile(p, x, smem_ptr + Lay::dqst0 + buf * Lay::dqst_bytes, s_k, s_q, s_do, dv, dk);
-#if SB128_RAW_ROWS
-        if (has_next && threadIdx.x < BLOCK_Q) sage14_store_rows_at(rows_of(buf ^ 1), next_rows, threadIdx.x);
-#else
-        if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
-#endif
-        dq_scale = tile_dq_scale;
-#if SB128_SCALES_AHEAD
-        s_q = s_q_next;
-        s_do = s_do_next;
-#endif
-    }
-    cp_async_wait<0>();
-    fence_proxy_async();  // the dŜ stores → dQ's wgmma reads; the dQ staging stores → the bulk copies
-    __syncthreads();      // dS of the last block complete
-    const int n = d.n_qblk - qb0;
-    if (BULK && n >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
-    return dq_scale;
 }
 #endif
 
@@ -3332,12 +3098,10 @@ template <>
 __device__ __forceinline__ void staged_finish<StagedSage128>() {
     if (StagedSage128::BULK_DQ) sage14_bulk_wait();
 }
-#if SB16_PIPE
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage128T>() {
     sage14_bulk_wait();
 }
-#endif
 #endif
 
 template <class Path>
@@ -3524,7 +3288,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(c
     staged_entry<StagedSage14Q, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
-#if BWD_WGMMA && SB128_LOOP && SB16_PIPE
+#if BWD_WGMMA && SB128_LOOP
 // sb20: sb128's plain-grid kernel with sb16's in-loop stage copies by TMA (StagedSage128T; the host takes it at d = 128
 // when n_q % 64 == 0).
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_t(const __grid_constant__ BwdParamsStageMaps pm) {
