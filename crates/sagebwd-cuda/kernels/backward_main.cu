@@ -1455,11 +1455,6 @@ __device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (
 // layout start, dqst0 and dqst_bytes multiples of 128, checked where the tile is chosen), the lane's
 // offset has bits 5 .. 4 + log2(NT) clear, so the address of store j is (base + 32k) ^ 32j. The values
 // are picked by two select stages (swap n-tiles j, j ^ 1 where k & 1, then j, j ^ 2 where k & 2).
-// SAGE14_ROT_SEL 1 (a variant for the device call, not the default): the second stage only (k & 2),
-// 4 wavefronts per store, half the selects.
-#ifndef SAGE14_ROT_SEL
-#define SAGE14_ROT_SEL 2
-#endif
 __device__ __forceinline__ void sage14_sts_f2(u32 addr, float2 v) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
 }
@@ -1471,7 +1466,7 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
     static_assert(NT == 4 || NT == 8, "the permutation assumes 4 or 8 n-tiles per warp");
     const auto cvt = [](int a) { return I2FP ? (float)a : sage10_i2f(a); };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int k = SAGE14_ROT_SEL == 2 ? (lane >> 2) & 3 : (lane >> 2) & 2;
+    const int k = (lane >> 2) & 3;
     const u32 off = ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW + (warp >> 2) * (HEAD_DIM * 2) + 8 * (lane & 3) + 32 * k;
     const u32 lo = ALIGNED ? tile + off : off;
     float2 v[2][NT], t[2][NT];
@@ -1530,15 +1525,12 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 #ifndef SAGE14_PERSIST_OPTS
 #define SAGE14_PERSIST_OPTS true, true, true, false, false
 #endif
-// - ATOMIC_AMAX (bwd17, BWD17_AMAX; the plain grid's kernel, KIND 0, only): the tile amax of P and dS by one
+// - ATOMIC_AMAX (bwd17; the plain grid's kernels, KIND 0 and 2, only): the tile amax of P and dS by one
 //   red.shared.max.u32 per value per warp into a 2-float slot, then one 8-byte load after the barrier (bwd17_block_max2),
 //   instead of 8 partials per value stored, read back as 4 LDS.128 and combined by 14 FMNMX after it. Measured (bwd17's
 //   call, docs/RESULTS-gpu.md): sagebwd backward −1.0 % at the training shape N 4096; verified (170/170, plain grid --quick).
 //   (bwd17's ROWS4, the row constants interleaved for 8 LDS.128 instead of 16 LDS.64, measured +1.7 % alone and +0.3 %
 //   on top of this: removed, kept on branch bwd17.)
-#ifndef BWD17_AMAX
-#define BWD17_AMAX 1
-#endif
 // - TMA_DQ (bwd18; KIND 2 = StagedSage14Q, kernel sage_bwd_main_mma_sage_q, the default at d = 64 since session 17's
 //   final call: backward −4.1 % at the training shape N 4k and 8k; SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs restores
 //   KIND 0's bulk reduces): StagedSage14's tile with fpab15's dQ staging at d = 64: each warp
@@ -1549,7 +1541,7 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct StagedSage14T : StagedSage {
     static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT, SPLIT_MASK = SPLIT;
-    static constexpr bool ATOMIC_AMAX = KIND != 1 && BWD17_AMAX;
+    static constexpr bool ATOMIC_AMAX = KIND != 1;
     static constexpr bool TMA_DQ = KIND == 2 && BULK;
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
 };
@@ -1728,41 +1720,30 @@ __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[
 // them K-major, dV and dK read the same Q / dO tiles MN-major (the 16-bit transpose flag), with
 // bf16(P)ᵀ / bf16(dS)ᵀ as register A operands. Every warpgroup reads each operand tile once per
 // product, where mma.sync made each of the 8 warps read Q, dO (and K for dQ) by ldmatrix.
-// FPA_WGMMA_DQ 1: dQ = bf16(dS) K on wgmma too (A = bf16(dS)ᵀ, B = K, both MN-major), issued at the
-// start of the next tile before Sᵀ, so its reductions run while Sᵀ and dPᵀ are on the tensor cores;
-// 0: on mma.sync after the tile, as before.
-#ifndef FPA_WGMMA_DQ
-#define FPA_WGMMA_DQ 1
-#endif
-#define FPA_DQ (BWD_WGMMA && FPA_WGMMA_DQ)
-// With FPA_DQ: 1 stages block qb + 1 inside tile qb, after block qb − 1's dV, dK have landed, so those
+// dQ = bf16(dS) K runs on wgmma too (A = bf16(dS)ᵀ, B = K, both MN-major), issued at the start of the next
+// tile before Sᵀ, so its reductions run while Sᵀ and dPᵀ are on the tensor cores (the mma.sync dQ after the tile
+// is in the history before session 21).
+// FPA_STAGES_NEXT: block qb + 1 is staged inside tile qb, after block qb − 1's dV, dK have landed, so those
 // products run across the end of the iteration and the barrier; 0 drains them before the barrier.
 // d = 64 only: at d = 128 the 128 dV/dK registers in flight with Sᵀ, dPᵀ, dQ make ptxas serialize
 // the wgmma pipeline (C7512, insufficient registers).
 #ifndef FPA_STAGES_NEXT
 #define FPA_STAGES_NEXT (HEAD_DIM == 64)
 #endif
-// fpabwd10 (sm_90a tile only; 0 restores the previous code): FPA_PREFIX_MASK masks a diagonal tile by
-// two compares per entry against per-key row limits (ds_masked), FPA_STSM_DS stores bf16(dS)ᵀ by
-// stmatrix (4 instructions per thread instead of 16), FPA_PRED_RED predicates the dQ reductions
-// instead of branching around each (add_dq_pred), FPA_DESC_WORDS builds the tile's wgmma descriptors
-// once per operand tile and advances them per k-step by one add (DescWords). All four at d = 64: −3 to
-// −5 % backward time at every d = 64 shape (fpabwd10). d = 128 (255 registers, 0 spill with any subset):
-// the mask and the descriptors measured −1.9 to −2.6 % at every row of the fpa sweep; adding stmatrix
-// and the predicated reductions (which ptxas still branches around at d = 128) lost most of that
-// (0.0 to −1.8 %) in the same call, so those two are d = 64 only (RESULTS-gpu.md, fpa11).
+// fpabwd10 (sm_90a tile only): a diagonal tile masked by two compares per entry against per-key row limits
+// (ds_masked), the tile's wgmma descriptors built once per operand tile and advanced per k-step by one add
+// (DescWords); at d = 64 also FPA_STSM_DS (bf16(dS)ᵀ stored by stmatrix: 4 instructions per thread instead of 16)
+// and FPA_PRED_RED (the dQ reductions predicated instead of branched around, add_dq_pred). All four at d = 64:
+// −3 to −5 % backward time at every d = 64 shape (fpabwd10). d = 128 (255 registers, 0 spill with any subset):
+// the mask and the descriptors measured −1.9 to −2.6 % at every row of the fpa sweep; adding stmatrix and the
+// predicated reductions (which ptxas still branches around at d = 128) lost most of that (0.0 to −1.8 %) in the
+// same call, so those two are d = 64 only (RESULTS-gpu.md, fpa11).
 #define FPA_FEWER_INSTR_DEFAULT (HEAD_DIM == 64)
-#ifndef FPA_PREFIX_MASK
-#define FPA_PREFIX_MASK 1
-#endif
 #ifndef FPA_STSM_DS
 #define FPA_STSM_DS FPA_FEWER_INSTR_DEFAULT
 #endif
 #ifndef FPA_PRED_RED
 #define FPA_PRED_RED FPA_FEWER_INSTR_DEFAULT
-#endif
-#ifndef FPA_DESC_WORDS
-#define FPA_DESC_WORDS 1
 #endif
 #if BWD_WGMMA
 __device__ __forceinline__ void wgmma_bf16_ss_tt(float (&d)[8][4], u64 a_desc, u64 b_desc, int acc) {
@@ -1784,11 +1765,11 @@ struct StagedBf16 {
     // Key block: K, V (2·BF_KT bytes each); stage: Q, dO (2·BF_QT each); bf16(dS)ᵀ [128][64].
     typedef StagedLayout<4 * BF_KT, 4 * BF_QT, 2 * BLOCK_Q * BLOCK_KV> Layout;
     static constexpr bool WGMMA = BWD_WGMMA;
-    static constexpr bool WGMMA_DQ = FPA_DQ;
-    static constexpr bool DQ_IN_TILE = FPA_DQ;  // tile() runs block qb − 1's dQ itself
+    static constexpr bool WGMMA_DQ = BWD_WGMMA;
+    static constexpr bool DQ_IN_TILE = BWD_WGMMA;  // tile() runs block qb − 1's dQ itself
     // tile() stages block qb + 1 once block qb − 1's dV, dK (which read that stage) have landed, so
     // those products overlap the end of the iteration and the barrier instead of being waited for there.
-    static constexpr bool STAGES_NEXT = FPA_DQ && FPA_STAGES_NEXT;
+    static constexpr bool STAGES_NEXT = BWD_WGMMA && FPA_STAGES_NEXT;
     static constexpr int v = 2 * BF_KT;   // offset in the key block
     static constexpr int d_o = 2 * BF_QT; // offset in a stage
     static constexpr int DST_ROW = 2 * BLOCK_Q;  // bytes of one bf16(dS)ᵀ row (a key's 64 rows)
@@ -1814,7 +1795,7 @@ struct StagedBf16 {
         stage_rows_at<BLOCK_Q, HEAD_DIM / 8>(st + d_o, p.d_o + off, BF_ROW, p.dims.n_q - row0, QueryOff());
     }
 
-#if FPA_DQ
+#if BWD_WGMMA
     // Issues acc = the dQ tile (the 64 rows × warpgroup wg's d/2 columns) = bf16(dS) K over the 128 keys:
     // A = bf16(dS)ᵀ at dst_tile (one 128-byte row of 64 query rows per key), B = K columns wg·d/2..
     // (at d = 64 half of a 64-column atom: from byte 64 of its rows for wg = 1); k-step = 16 keys.
@@ -1851,7 +1832,7 @@ struct StagedBf16 {
     }
 #endif
 
-#if FPA_DQ && FPA_DESC_WORDS
+#if BWD_WGMMA
     // issue_dq with the descriptors advanced by DescWords (the same products).
     static __device__ __forceinline__ void issue_dq_words(float (&acc)[HEAD_DIM / 16][4], u32 smem, u32 dst_tile) {
         const int col0 = (threadIdx.x >> 7) * (HEAD_DIM / 2);
@@ -1862,7 +1843,7 @@ struct StagedBf16 {
         for (int ks = 0; ks < BLOCK_KV / 16; ++ks) wgmma_bf16_ss_tt(acc, a.at(ks * 16 * DST_ROW), b.at(ks * 16 * 128), ks);
     }
 #endif
-#if BWD_WGMMA && FPA_DESC_WORDS
+#if BWD_WGMMA
     // wg_issue_bf16_keys_by_rows (A = key rows 64wg.. of a [128][d] tile, B = a [64][d] tile, both
     // WgKmajor: k-step ks at atom column ks / 4, byte 32·(ks mod 4)) with DescWords.
     static __device__ __forceinline__ void issue_keys_by_rows(float (&acc)[8][4], u32 a_tile, u32 b_tile, int wg) {
@@ -1978,7 +1959,7 @@ struct StagedBf16 {
 #endif
     }
 
-#if BWD_WGMMA && FPA_DESC_WORDS
+#if BWD_WGMMA
     // key_products with DescWords (the same products).
     static __device__ __forceinline__ void key_products_words(u32 st, const u32 (*pa)[4], const u32 (*da)[4],
                                                               float (*dv)[4], float (*dk)[4]) {
@@ -2050,7 +2031,7 @@ struct StagedBf16 {
 
         u32 pa[BLOCK_Q / 16][4], da[BLOCK_Q / 16][4];
         pack_a_frags(pa, prob, da, ds);
-#if BWD_WGMMA && FPA_DESC_WORDS
+#if BWD_WGMMA
         key_products_words(x.st, pa, da, dv, dk);
 #else
         key_products(x.st, pa, da, dv, dk);
@@ -2076,7 +2057,7 @@ struct StagedBf16 {
     // dst_tile) read transposed (lane (mi, r): key 16ks + 8·(mi div 2) + r, row chunk 2(w mod 4) +
     // mi mod 2), B from the K tile read transposed (WgKmajor: 64-column atom columns of 128-byte rows).
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 dst_tile, float, int bh, int qb) {
-#if FPA_DQ
+#if BWD_WGMMA
         float acc[HEAD_DIM / 16][4];
         wgmma_fence();
         issue_dq_words(acc, smem, dst_tile);
@@ -2116,17 +2097,14 @@ struct StagedBf16 {
 // SASS); FPA_EARLY_DV=0 gives that kernel StagedBf16 again.
 // Staging block qb + 1 inside this tile and loading the next row constants late measured slower
 // (+1.7 to +9 %; RESULTS-gpu.md, fpab14) and were removed.
-// fpab15 variant U (the default since session 14's final call): FPAB15_UNIFORM_WG=1 gives
+// fpab15 variant U (the default since session 14's final call) gives
 // sage_bwd_main_persist_bf16q's tile the warpgroup index as sbwd13_wg() (warp-uniform to ptxas), for its Sᵀ, dPᵀ
-// A descriptors and its dQ B descriptor. With threadIdx.x >> 7 (FPAB15_UNIFORM_WG=0, as fpab15 measured) ptxas
+// A descriptors and its dQ B descriptor. With threadIdx.x >> 7 (as fpab15 measured) ptxas
 // builds those descriptors in vector registers, hoists six of them out of the query loop and, at 255 registers,
 // spills them (40 B of stack): each tile reloads them right before the Sᵀ / dPᵀ issue, 11.6 % of the ncu stall
 // samples (fpab15's profile). With U: 250 registers, no stack, query loop 905 → 872 static instructions (no
 // LDL/STL, R2UR 51 → 4, one SHFL per tile). Measured (same binary, cubin-swapped, H200): fpa d 128 backward
 // −6.1 / −8.7 % at N 1k full / causal, −6.3 / −4.9 % at N 4k (RESULTS-gpu.md, lead session 14).
-#ifndef FPAB15_UNIFORM_WG
-#define FPAB15_UNIFORM_WG 1
-#endif
 #ifndef FPA_EARLY_DV
 #define FPA_EARLY_DV (HEAD_DIM == 128)
 #endif
@@ -2145,7 +2123,7 @@ static_assert(sizeof(DqMapParam) == 128 && alignof(BackwardParams) <= 128 && siz
 __device__ __forceinline__ const void* dq_map_of(const BackwardParams& p) {
     return (const void*)((const char*)&p - sizeof(DqMapParam));
 }
-#if BWD_WGMMA && FPA_DQ && FPA_EARLY_DV && !FPA_STAGES_NEXT && FPA_DESC_WORDS && FPA_PREFIX_MASK && !FPA_STSM_DS
+#if BWD_WGMMA && FPA_EARLY_DV && !FPA_STAGES_NEXT && !FPA_STSM_DS
 #define FPA_EARLY_PATH 1
 // ---- fpab15: dQ of the d = 128 fpa tile by TMA reduce-adds (sage_bwd_main_persist_bf16q) ------------
 // The landed dQ tile (warp w: rows 16(w mod 4).., columns (w div 4)·64.., 16 × 64 FP32) goes to the
@@ -2233,7 +2211,7 @@ template <bool BULK>
 struct StagedBf16EarlyT : StagedBf16 {
     typedef typename Bf16EarlyLayout<BULK>::type Layout;
     static constexpr bool BULK_DQ = BULK;
-    // issue_dq_words with the warpgroup given (FPAB15_UNIFORM_WG: warp-uniform to ptxas, as sbwd13_wg()).
+    // issue_dq_words with the warpgroup given (warp-uniform to ptxas, as sbwd13_wg()).
     static __device__ __forceinline__ void issue_dq_wg(float (&acc)[HEAD_DIM / 16][4], u32 smem, u32 dst_tile, int wg) {
         const int col0 = wg * (HEAD_DIM / 2);
         const u32 b0 = smem + (col0 / 64) * (BLOCK_KV * 128) + (col0 % 64) * 2;
@@ -2271,11 +2249,11 @@ struct StagedBf16EarlyT : StagedBf16 {
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
         const int lane = threadIdx.x & 31;
-        const int wg = (BULK && FPAB15_UNIFORM_WG) ? sbwd13_wg() : (int)(threadIdx.x >> 7);
+        const int wg = BULK ? sbwd13_wg() : (int)(threadIdx.x >> 7);
         float s[8][4], ds[8][4], prob[8][4];
         wgmma_fence();  // the accumulators were last written by the previous tile's code
         float dq_acc[HEAD_DIM / 16][4];
-        if (BULK && FPAB15_UNIFORM_WG) issue_dq_wg(dq_acc, x.smem, x.prev_ds, wg); else issue_dq_words(dq_acc, x.smem, x.prev_ds);
+        if (BULK) issue_dq_wg(dq_acc, x.smem, x.prev_ds, wg); else issue_dq_words(dq_acc, x.smem, x.prev_ds);
         wgmma_commit();
         issue_keys_by_rows(s, x.smem, x.st, wg);
         wgmma_commit();
@@ -2584,7 +2562,7 @@ struct Sage14Ds<true> {
     __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
 };
 
-// bwd16 (BWD16_SCALES, with SPLIT; the default since session 15's final call): the tile's group scales
+// bwd16 (with SPLIT; the default since session 15's final call): the tile's group scales
 // computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
 // on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (common.cuh's inv127_rn, checked
 // on the device against __fdiv_rn(127, amax) on every non-negative FP32). The same bits as
@@ -2592,10 +2570,7 @@ struct Sage14Ds<true> {
 // fl(amax/127) becomes NaN instead of +inf; every dequantized product of that tile is NaN either way, since
 // all its quantized values are 0). Instead of the IEEE division (FCHK, its slow-path branch) and 4 shuffles
 // after barrier (b): +17 instructions per tile. Measured with the split (final call, same binary): −3.7 % at
-// the training shape N 4096, ±0 at N 1024 (the persistent grid there has no split, so no SCALES either).
-#ifndef BWD16_SCALES
-#define BWD16_SCALES 1
-#endif
+// the training shape N 4096, ±0 at N 1024 (the persistent grid there has no split, so not these scales either).
 __device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
     g.scale = div127_rn(amax);  // 0 for amax = 0
     g.inv = inv127_rn(amax);  // common.cuh
@@ -2667,7 +2642,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
                                                    const QueryStager<Path>& stage_next, int kb, int bh,
                                                    int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
     typedef typename Path::Layout Lay;
-    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD, SPLIT = Path::SPLIT_MASK, SCALES = SPLIT && BWD16_SCALES;
+    constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD, SPLIT = Path::SPLIT_MASK;
     constexpr bool TQ = Path::TMA_DQ;  // bwd18
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
@@ -2761,7 +2736,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
             block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
         }
         GroupScale sc_p, sc_ds;
-        if (SCALES) {
+        if (SPLIT) {  // bwd16's scales
             bwd16_group_scales(amax_p, sc_p);
             bwd16_group_scales(amax_ds, sc_ds);
         } else {
@@ -3382,7 +3357,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma(Backward
 // So the two warpgroups meet only where the data flows (dQ of block qb reads both halves of
 // bf16(dS)ᵀ), through split arrive / wait, and one may run up to a tile ahead of the other.
 // d = 128 keeps the staged kernel for now (its tile needs 255 registers; the consumers get 240).
-#if BWD_WGMMA && FPA_DQ && HEAD_DIM == 64
+#if BWD_WGMMA && HEAD_DIM == 64
 #define WS_STAGES 3
 // Registers: launched at 168 per thread (384 threads); setmaxnreg.inc draws only on what
 // setmaxnreg.dec put into the CTA's pool, so the producer warpgroup's 128·(168 − 24) must cover the
