@@ -209,27 +209,6 @@ fn sage128_stage_maps(p: &BackwardParams, rows: usize, n_q: usize, n_qpad: usize
     ])
 }
 
-/// Ring stages of the warp-specialized fpa kernel (`WS_STAGES` in backward_main.cu).
-const WS_STAGES: usize = 3;
-/// Threads of the warp-specialized fpa kernel: two consumer warpgroups and a producer warpgroup.
-const WS_THREADS: u32 = THREADS + 128;
-
-/// Dynamic shared memory of `sage_bwd_main_ws` (`WsLayout::bytes`): BF16 K, V; WS_STAGES stages of
-/// BF16 Q, dO; two bf16(dS)ᵀ tiles; WS_STAGES blocks of 64 L and D values; 2·WS_STAGES + 4
-/// mbarriers; the 1024 bytes of alignment slack.
-pub fn ws_backward_smem_bytes(head_dim: usize) -> usize {
-    let (key_block, stage, ds_tile, rows) = (4 * BLOCK_KV * head_dim, 4 * BLOCK_Q * head_dim, 2 * BLOCK_Q * BLOCK_KV, 2 * BLOCK_Q * 4);
-    key_block + WS_STAGES * (stage + rows) + 2 * ds_tile + (2 * WS_STAGES + 4) * 8 + 1024
-}
-
-/// Whether the fpa backward takes the warp-specialized kernel (sm_90a, d = 64; it exists only in
-/// that build): opt-in, `SAGEBWD_BWD_WS=1`. Verified 140/140 on the H200 but 17–28 % slower than the
-/// staged kernel at the training shape (docs/RESULTS-gpu.md, `bwdws`), so not the default.
-fn use_ws_kernel(gpu: &Gpu, staged: Option<StagedBackward>, head_dim: usize) -> bool {
-    staged == Some(StagedBackward::Bf16) && gpu.dev.arch == "sm_90a" && head_dim == 64
-        && std::env::var("SAGEBWD_BWD_WS").is_ok_and(|v| v == "1")
-}
-
 /// Whether a staged backward runs on the persistent grid (`sage_bwd_main_persist_{sage,bf16}`,
 /// backward_main.cu, fpab12): `SAGEBWD_BWD_PERSIST=1` on, `0` off (the plain grid of
 /// `sage_bwd_main_mma`, one CTA per key block and head); unset: the measured default
@@ -380,8 +359,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     // otherwise per-query-head FP32 partials are summed over each group by the postprocess.
     let direct = staged.is_some() && s.heads_q == s.heads_kv;
 
-    let ws = use_ws_kernel(gpu, staged, s.head_dim);
-    let persist = !ws && gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
+    let persist = gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
     let bulk_dq = persist && staged.is_some_and(|path| use_bf16_bulk_dq(gpu, path, s.head_dim));
     // pipe14b, bulk15, sb128: the sage path's own plain-grid kernel on sm_90a at d = 64 and 128.
     let sage_plain = !persist && staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a"
@@ -389,7 +367,6 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let sage_tma_dq = sage_plain && use_sage_tma_dq(s.head_dim);
     let sage_tma_stage = sage_plain && use_sage128_tma_stage(s.head_dim, s.n_q, s.batch * s.heads_q);
     let smem = match staged {
-        _ if ws => ws_backward_smem_bytes(s.head_dim),
         Some(path) if bulk_dq => staged_backward_smem_bytes(s.head_dim, path) + bf16_bulk_staging_bytes(s.head_dim),
         Some(path) if persist || sage_plain => staged_backward_smem_bytes(s.head_dim, path) + sage_staging_bytes(s.head_dim, path),
         Some(path) => staged_backward_smem_bytes(s.head_dim, path),
@@ -399,9 +376,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     if smem > optin {
         return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
     }
-    let (main_fn, main_threads) = if ws {
-        (bwd_main_function(k, c"sage_bwd_main_ws", smem)?, WS_THREADS)
-    } else if persist {
+    let (main_fn, main_threads) = if persist {
         let name = if staged == Some(StagedBackward::Sage) {
             c"sage_bwd_main_persist_sage"
         } else if bulk_dq {
@@ -426,9 +401,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         (func.cu_function(), THREADS)
     };
 
-    // The tensor-core main kernels (not the ws one) wait for their predecessor first (pdl_wait in
+    // The tensor-core main kernels wait for their predecessor first (pdl_wait in
     // backward_main.cu), so they may be launched with PDL.
-    let main_pdl = !ws && gpu.tensor_cores() && crate::quantize::pdl_main(gpu, crate::quantize::PdlMain::Backward);
+    let main_pdl = gpu.tensor_cores() && crate::quantize::pdl_main(gpu, crate::quantize::PdlMain::Backward);
     let bh = s.batch * s.heads_q;
     let plan = if staged == Some(StagedBackward::Sage) {
         sage_group_plan(gpu, s, x.causal)?
@@ -919,7 +894,5 @@ mod tests {
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
         // fpab15: Bf16BulkLayout at d = 128: 165 888 (the staged layout's end rounded up to 1024) + 32 768 + 1 024.
         assert_eq!(staged_backward_smem_bytes(128, StagedBackward::Bf16) + bf16_bulk_staging_bytes(128), 199_680);
-        // sage_bwd_main_ws's WsLayout::bytes at d = 64: K, V; 3 stages of Q, dO; 2 dS tiles; rows, mbarriers, slack.
-        assert_eq!(ws_backward_smem_bytes(64), 32_768 + 49_152 + 32_768 + 1_536 + 80 + 1_024);
     }
 }
