@@ -828,79 +828,30 @@ __device__ void forward_mma_fast(const ForwardParams& p, unsigned char* smem) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The wgmma INT8 path (sm_90a; #1 and #2 INT8 without Q-smoothing): the staged INT8 path's
-// arithmetic on Hopper's warpgroup tensor-core instruction. A block of 2 warpgroups (256 threads)
-// owns 2 query blocks (128 rows); warpgroup w takes query block 2·blockIdx.x + w, its warp i rows
-// 16i..16i+15 of it, so each thread holds exactly the fragments of the mma.sync path: the S
-// accumulator of wgmma m64n128k32 is the 16 n-tiles × 4 values t[nt][e] of a warp, and its A operand
+// The wgmma INT8 helpers (sm_90a; #1 and #2 INT8 without Q-smoothing) of the warp-specialized kernels below:
+// the staged INT8 path's arithmetic on Hopper's warpgroup tensor-core instruction. Warpgroup w takes one query
+// block of 64 rows, its warp i rows 16i..16i+15, so each thread holds exactly the fragments of the mma.sync path:
+// the S accumulator of wgmma m64n128k32 is the 16 n-tiles × 4 values t[nt][e] of a warp, and its A operand
 // (from registers) is the m16n8k32 A layout. Hence:
 // - S = Q̂ K̂ᵀ: A = the warpgroup's Q̂ tile [64 rows][d] and B = the K̂ tile [128 keys][d], both in
-//   shared memory, K-major (d contiguous), through descriptors (Q̂ staged once: 16 registers fewer
-//   than Q̂ fragments held in registers, which the pipelined schedule needs to stay spill-free). The K̂ rows are stored in the permuted key order
+//   shared memory, K-major (d contiguous), through descriptors. The K̂ rows are stored in the permuted key order
 //   kmap (row 8nt + n holds key kmap(nt, n)), so the accumulator comes out permuted exactly as in the
 //   staged path and P̂ packs into A fragments with no shuffle (softmax_p_hat).
 // - O += P̂ V̂: A = P̂ (registers), B = the V̂ᵀ tile [d][128 keys], K-major (keys contiguous).
 // Tiles are 1024-byte aligned in the hardware's swizzled layout (128-byte rows: 128-byte swizzle;
-// the 64-byte K̂ rows at d = 64: 64-byte swizzle), filled by cp.async, double-buffered.
-//
-// Schedule per key block kb (PIPE): softmax(kb) → issue P̂V(kb) → barrier (K(kb + 1) visible) → issue
-// S(kb + 1) → wait P̂V(kb), O update (CUDA cores, while S(kb + 1) runs) → wait S(kb + 1) → barrier
-// (buffers of kb free) → cp.async of block kb + 2. Without PIPE: S, wait, softmax, P̂V, wait, O.
+// the 64-byte K̂ rows at d = 64: 64-byte swizzle).
+// (The first wgmma forward, one or two warpgroups per block without a producer, `SAGEBWD_FORWARD_WGMMA=pipe`,
+// `pipe2`, `simple`, is in the history before session 21: the warp-specialized kernels replaced it in fwd3.)
 
 #define WG_THREADS 128                     // one warpgroup
-#define WG_MAX_THREADS 256                 // a block of 2 warpgroups (F_WGMMA_2WG)
 #define WG_TILE (BLOCK_KV * HEAD_DIM)       // bytes of one K̂ or V̂ᵀ tile (a multiple of 1024)
 #define WG_Q_TILE (BLOCK_Q * HEAD_DIM)      // bytes of one warpgroup's Q̂ tile
-// K̂ ×2, V̂ᵀ ×2, one Q̂ tile per warpgroup, 1024-byte alignment slack.
-#define WGMMA_SMEM_BYTES(wgs) (4 * WG_TILE + (wgs) * WG_Q_TILE + 1024)
-#define F_WGMMA (1 << 16)                  // set by the host: launched as the wgmma path
-#define F_WGMMA_SIMPLE (1 << 17)           // ... its unpipelined schedule (for comparison)
-#define F_WGMMA_2WG (1 << 18)              // ... 2 warpgroups (128 query rows) per block, sharing K̂, V̂ᵀ
 
 #ifdef SAGE_WGMMA
 // Row of the permuted K̂ tile that holds key `key` (inverse of kmap: key = 16a + 4b + 2c + e is
 // column n = 2b + e of n-tile nt = 2a + c, i.e. row 8nt + n).
 __device__ __forceinline__ int permuted_row(int key) {
     return (key & ~15) | (((key >> 1) & 1) << 3) | (((key >> 2) & 3) << 1) | (key & 1);
-}
-
-// Issues (all WGS·128 threads) the copies of key block kb: K̂ rows permuted into the K̂ tile at `kt`,
-// V̂ᵀ rows into the tile at `vt`, both swizzled. K̂ rows past n_k are zero-filled; V̂ᵀ rows are n_kpad
-// long (keys past n_k read as garbage meet P̂ = 0).
-template <int WGS>
-__device__ __forceinline__ void wg_load(const ForwardParams& p, u32 kt, u32 vt, int bh_kv, int kb) {
-    const Dims& d = p.dims;
-    const int key0 = kb * BLOCK_KV;
-    const i8* kg = p.op.k_hat + ((long)bh_kv * d.n_k + key0) * HEAD_DIM;
-#pragma unroll
-    for (int i = threadIdx.x; i < BLOCK_KV * FK_CH; i += WGS * WG_THREADS) {
-        const int key = i / FK_CH, c = i % FK_CH;
-        const bool valid = key0 + key < d.n_k;
-        const u32 off = permuted_row(key) * HEAD_DIM + c * 16;
-        cp_async16(kt + swizzled_offset(off, HEAD_DIM), valid ? kg + key * HEAD_DIM + c * 16 : p.op.k_hat, valid);
-    }
-    const i8* vg = p.tr.v_hat_t + (long)bh_kv * HEAD_DIM * d.n_kpad + key0;
-#pragma unroll
-    for (int i = threadIdx.x; i < HEAD_DIM * (BLOCK_KV / 16); i += WGS * WG_THREADS) {
-        const int dd = i / (BLOCK_KV / 16), c = i % (BLOCK_KV / 16);
-        cp_async16(vt + swizzled_offset(dd * BLOCK_KV + c * 16, BLOCK_KV), vg + (long)dd * d.n_kpad + c * 16, true);
-    }
-}
-
-// Copies (all WGS·128 threads) the Q̂ rows of the WGS query blocks of this thread block into the
-// Q̂ tiles at qt (swizzled like K̂, natural row order; rows past n_q zero-filled).
-template <int WGS>
-__device__ __forceinline__ void wg_load_q(const ForwardParams& p, u32 qt, int bh) {
-    const Dims& d = p.dims;
-    const int r0 = WGS * blockIdx.x * BLOCK_Q;
-    const i8* qg = p.op.q_hat + ((long)bh * d.n_q + r0) * HEAD_DIM;
-#pragma unroll
-    for (int i = threadIdx.x; i < WGS * BLOCK_Q * FK_CH; i += WGS * WG_THREADS) {
-        const int row = i / FK_CH, c = i % FK_CH;
-        const bool valid = r0 + row < d.n_q;
-        cp_async16(qt + swizzled_offset(row * HEAD_DIM + c * 16, HEAD_DIM), valid ? qg + row * HEAD_DIM + c * 16 : p.op.q_hat,
-                   valid);
-    }
 }
 
 // Issues S = Q̂ K̂ᵀ (the warpgroup's 64 rows × 128 permuted keys) into acc, one commit group.
@@ -937,138 +888,35 @@ __device__ __forceinline__ void wg_scores(const Dims& d, float (*t)[4], const in
     mask_permuted(d, t, row0, key0, sc);
 }
 
-// O = fma(float(acc), fl(s_P·s_V), fl(O·α)) from the finished P̂V accumulators of block kb.
-__device__ __forceinline__ void wg_o_update(const ForwardParams& p, float (*o)[4], const int (&acc)[HEAD_DIM / 2],
-                                            const RowState& st, int bh_kv, int kb) {
-    const float s_v = p.v_scale[bh_kv * p.dims.n_kblk + kb];
-    const float dq0 = __fmul_rn(st.p_scale[0], s_v), dq1 = __fmul_rn(st.p_scale[1], s_v);  // fl(s_P·s_V)
-    // When no row of the warp changed its max, α = 1 and fl(O·1) = O exactly: skip the multiply
-    // (most key blocks after the first few).
-    if (__all_sync(0xffffffffu, st.alpha[0] == 1.0f && st.alpha[1] == 1.0f)) {
-#pragma unroll
-        for (int nd = 0; nd < O_TILES; ++nd)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                o[nd][e] = __fmaf_rn(i2f_exact(acc[4 * nd + e]), e < 2 ? dq0 : dq1, o[nd][e]);
-        return;
-    }
-#pragma unroll
-    for (int nd = 0; nd < O_TILES; ++nd) o_update(o[nd], &acc[4 * nd], st, dq0, dq1);
-}
-
-template <bool PIPE, int WGS>
-__device__ void forward_wgmma(const ForwardParams& p, unsigned char* smem) {
-    const Dims& d = p.dims;
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3;
-    const int qb = WGS * blockIdx.x + wg, bh = blockIdx.y, bh_kv = kv_head_of(d, bh);
-    const int row0 = qb * BLOCK_Q + warp * 16;
-    const u32 kt = (smem_addr(smem) + 1023u) & ~1023u, vt = kt + 2 * WG_TILE;  // buffer b at + b·WG_TILE
-    const u32 qt_all = vt + 2 * WG_TILE, qt = qt_all + wg * WG_Q_TILE;
-    // Both warpgroups walk the key blocks of the later query block (key_block_end is monotone in
-    // qb), so that every wgmma sits on a block-uniform path (ptxas serializes wgmma in divergent
-    // code). A key block past a warpgroup's own end is fully masked, and a fully masked block leaves
-    // m, l and O bit-identical (p = 0, α = 1, P̂ = 0; or α = 0 on a row still at m = −∞, l = O = 0);
-    // a warpgroup past the last query block (odd n_qblk) computes masked rows and stores nothing.
-    const bool has_rows = qb < d.n_qblk;
-    const int cta_end = key_block_end(d, min(WGS * (int)blockIdx.x + WGS - 1, d.n_qblk - 1));
-
-    wg_load_q<WGS>(p, qt_all, bh);
-    if (cta_end > 0) wg_load<WGS>(p, kt, vt, bh_kv, 0);
-    cp_async_commit();
-    if (PIPE && cta_end > 1) wg_load<WGS>(p, kt + WG_TILE, vt + WG_TILE, bh_kv, 1);
-    cp_async_commit();
-
-    const float sq = has_rows ? __fmul_rn(p.op.q_scale[bh * d.n_qblk + qb], p.c_lambda) : 0.0f;
-    RowState st;
-    float o[O_TILES][4];
-    start_rows(st, o);
-    int sacc[64], pacc[HEAD_DIM / 2];
-
-    if (PIPE) {
-        cp_async_wait<1>();  // block 0
-        fence_proxy_async();
-        __syncthreads();
-        if (cta_end > 0) {
-            wg_issue_scores(sacc, qt, kt);
-            wgmma_wait<0>();
-        }
-    }
-    for (int kb = 0; kb < cta_end; ++kb) {
-        const int buf = kb & 1, key0 = kb * BLOCK_KV;
-        if (!PIPE) {
-            if (kb + 1 < cta_end) wg_load<WGS>(p, kt + (buf ^ 1) * WG_TILE, vt + (buf ^ 1) * WG_TILE, bh_kv, kb + 1);
-            cp_async_commit();
-            cp_async_wait<1>();  // this thread's copies of block kb
-            fence_proxy_async();
-            __syncthreads();     // everyone's
-            wg_issue_scores(sacc, qt, kt + buf * WG_TILE);
-            wgmma_wait<0>();
-        }
-        u32 pa[BLOCK_KV / 32][4];
-        {
-            float t[S_TILES][4];
-            float sc = __fmul_rn(sq, p.op.k_scale[bh_kv * d.n_kblk + kb]);
-            wg_scores(d, t, sacc, sc, row0, key0);
-            softmax_p_hat(t, st, pa, sc);
-            wg_issue_pv(pacc, pa, vt + buf * WG_TILE);
-        }
-        if (PIPE) {
-            const bool next = kb + 1 < cta_end;
-            if (next) {
-                cp_async_wait<0>();  // this thread's copies of block kb + 1
-                fence_proxy_async();
-            }
-            __syncthreads();  // everyone's
-            if (next) {
-                wg_issue_scores(sacc, qt, kt + (buf ^ 1) * WG_TILE);
-                wgmma_wait<1>();  // P̂V(kb) done; S(kb + 1) may still run
-            } else {
-                wgmma_wait<0>();
-            }
-            wg_o_update(p, o, pacc, st, bh_kv, kb);
-            wgmma_wait<0>();
-            __syncthreads();  // buffers of kb no longer read by either warpgroup
-            if (kb + 2 < cta_end) wg_load<WGS>(p, kt + buf * WG_TILE, vt + buf * WG_TILE, bh_kv, kb + 2);
-            cp_async_commit();
-        } else {
-            wgmma_wait<0>();
-            wg_o_update(p, o, pacc, st, bh_kv, kb);
-            __syncthreads();  // buffer `buf` is rewritten next iteration
-        }
-    }
-    cp_async_wait<0>();
-    if (has_rows) mma_store(p, st, o, bh, row0);
-}
 #endif  // SAGE_WGMMA
 
 // ---------------------------------------------------------------------------------------------
-// Warp-specialized wgmma INT8 path (sm_90a; fwd3), kernel `sage_forward_ws`: the wgmma path's
-// arithmetic (same helpers, same bits) with the copies moved out of the consumers' issue slots.
-// A block of 3 warpgroups (384 threads) owns 2 query blocks (128 rows):
+// Warp-specialized wgmma INT8 forward (sm_90a; fwd3): the helpers above with the copies moved out of the
+// consumers' issue slots. Built first as a kernel of one block per query-block pair (`sage_forward_ws`, removed in
+// session 21: the persistent kernels below have been the default at every shape since session 16); its ring, loads
+// and consumer tile serve them and the BF16 kernels. A block of 3 warpgroups (384 threads) owns 2 query blocks
+// (128 rows) at a time:
 // - warpgroup 0, the producer (setmaxnreg 24): K̂ tiles by cp.async in the permuted key order
 //   (a TMA box cannot express that order for a key count that is not a multiple of 16 without
 //   reading past the end of K̂; cp.async zero-fills keys ≥ n_k), V̂ᵀ tiles by TMA (one thread, a
 //   2-D tensor map over [B·H_kv·d rows][n_kpad keys], 128-byte swizzle = the wgmma layout), Q̂ of
-//   both query blocks once, into a ring of WS_STAGES stages. Stage s is "full" (mbarrier, 128
+//   both query blocks, into a ring of stages. Stage s is "full" (mbarrier, 128
 //   producer arrivals + the TMA's byte count) once this thread's cp.async group has landed and
 //   been fenced for the async proxy, "empty" (8 arrivals: each consumer warp) once both consumer
 //   warpgroups' wgmmas have read it. The producer completes stage kb after issuing stage kb + 1,
 //   so two stages are in flight; the consumers are never blocked by a barrier of the whole block.
-// - warpgroups 1, 2, the consumers (setmaxnreg 240): query block 2·blockIdx.x + w, the `pipe`
-//   schedule of forward_wgmma. With PINGPONG (FA3), named barriers make the two warpgroups issue
+// - warpgroups 1, 2, the consumers (setmaxnreg 240): query block w of the pair; S(kb + 1) issued before the
+//   O update of block kb, so that it runs meanwhile. With PINGPONG (FA3), named barriers make the two warpgroups issue
 //   their wgmmas in turn, so one warpgroup's softmax runs while the other's products run.
 // - EARLY_AMAX: the P̂ group amax as exp2(fma(a_max, sc, −m_new)) (§4) before the exponentials, so
 //   the two IEEE divisions of its scale run beside them instead of after a max over 64 values and
 //   two shuffles; the quantizer needs no clamp to 127 (exp2_ftz is monotone on [−∞, 1], tested
 //   exhaustively: no p exceeds that amax).
-// - In every variant the K̂/V̂ᵀ scales of the next block are loaded a block ahead, and the P̂V
+// - The K̂/V̂ᵀ scales of the next block are loaded a block ahead, and the P̂V
 //   accumulators convert to FP32 by one I2FP.
 
 #define WS_THREADS 384
-#define WS_STAGES 4
 #define WS_BARS 2                   // named barriers 1, 2: the consumers' ping-pong
-#define F_WS_PINGPONG (1 << 20)
-#define F_WS_EARLY_AMAX (1 << 21)
 // A CUtensorMap (128 bytes, 64-byte aligned) as the kernel receives it: src/tma.rs encodes it.
 struct __align__(64) TmaMapParam {
     unsigned long long words[16];
@@ -1116,7 +964,6 @@ struct WsRing {
         }
     }
 };
-using WsSmem = WsRing<2 * WG_Q_TILE, WG_TILE, WS_STAGES>;
 
 // K̂ rows of key block kb, permuted and swizzled into the stage at kt (128 producer threads, tid).
 __device__ __forceinline__ void ws_load_k(const ForwardParams& p, u32 kt, int bh_kv, int kb, int tid) {
@@ -1146,10 +993,6 @@ __device__ __forceinline__ void ws_load_q_rows(const ForwardParams& p, u32 qt, i
     }
 }
 // Q̂ rows of the NQ query blocks of this thread block.
-template <int NQ>
-__device__ __forceinline__ void ws_load_q(const ForwardParams& p, u32 qt, int bh, int tid) {
-    ws_load_q_rows<NQ>(p, qt, bh, NQ * blockIdx.x * BLOCK_Q, tid);
-}
 
 // This thread's cp.async group of a stage has landed: fence it for the wgmma (async proxy) and arrive.
 __device__ __forceinline__ void ws_complete_stage(u32 full_bar) {
@@ -1157,29 +1000,6 @@ __device__ __forceinline__ void ws_complete_stage(u32 full_bar) {
     mbar_arrive(full_bar);
 }
 
-// NQ query blocks per thread block (Q̂ loaded with the first stage), any ring of WS_STAGES stages.
-template <int NQ, class Ring>
-__device__ void ws_producer(const void* vmap, const ForwardParams& p, const Ring& sm, int bh, int bh_kv, int cta_end) {
-    const int tid = threadIdx.x;  // 0..127
-    // Stage kb is completed after stage kb + 1 was issued (two stages in flight).
-    sm.produce(cta_end, [&](int kb, int s) {
-        if (tid == 0) {
-            mbar_arrive_expect_tx(sm.full_bar(s), WG_TILE);
-            tma_load_2d(sm.v_stage(s), vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full_bar(s));
-        }
-        if (kb == 0) ws_load_q<NQ>(p, sm.q, bh, tid);
-        ws_load_k(p, sm.k_stage(s), bh_kv, kb, tid);
-        cp_async_commit();
-        if (kb > 0) {
-            cp_async_wait<1>();  // stage kb − 1 (kb may still be in flight)
-            ws_complete_stage(sm.full_bar((kb - 1) % WS_STAGES));
-        }
-    });
-    if (cta_end > 0) {
-        cp_async_wait<0>();
-        ws_complete_stage(sm.full_bar((cta_end - 1) % WS_STAGES));
-    }
-}
 
 
 // P̂ with the group amax known before the exponentials (EARLY_AMAX above); otherwise softmax_p_hat.
@@ -1246,7 +1066,7 @@ __device__ __forceinline__ void o_rescale_add(float (*o)[4], const RowState& st,
         for (int e = 0; e < 4; ++e) o[nd][e] = add(nd, e, __fmul_rn(o[nd][e], st.alpha[e >> 1]));
 }
 
-// O = fma(float(acc), fl(s_P·s_V), fl(O·α)) (wg_o_update's arithmetic, §2.3) with s_V given (loaded a
+// O = fma(float(acc), fl(s_P·s_V), fl(O·α)) (§2.3) from the finished P̂V accumulators, with s_V given (loaded a
 // block ahead) and float(acc) by a plain conversion: |acc| ≤ 127²·128 < 2²⁴ is exact, and on sm_90
 // it is one I2FP (the two-instruction trick of i2f_exact avoided sm_80's slow I2F).
 __device__ __forceinline__ void ws_o_update(float (*o)[4], const int (&acc)[HEAD_DIM / 2], const RowState& st, float s_v) {
@@ -1410,13 +1230,7 @@ __device__ void ws_consume(const ForwardParams& p, const Ring& sm, Mix& mx, int 
     if (qb < d.n_qblk) mma_store(p, st, o, bh, row0);
 }
 
-template <bool PINGPONG, bool EARLY_AMAX>
-__device__ void ws_consumer(const ForwardParams& p, const WsSmem& sm, int w, int bh, int bh_kv, int cta_end) {
-    WsInt8<EARLY_AMAX> mx(p, sm.q, w, bh, bh_kv, 2 * blockIdx.x + w, cta_end);
-    ws_consume<PINGPONG, true>(p, sm, mx, w, bh, cta_end);
-}
-
-// The common start of both warp-specialized kernels: checks the launch, initializes the ring's
+// The start of the pairs kernels (one block per query-block pair: the BF16 `fws3`): checks the launch, initializes the ring's
 // mbarriers, and returns the end of the key blocks the block's two query blocks walk (those of the
 // later one: a block past the earlier one's end is fully masked for it and changes nothing).
 template <class Ring>
@@ -1428,32 +1242,6 @@ __device__ __forceinline__ int ws_start(const Ring& sm, const Dims& d, u32 full_
     return key_block_end(d, min(2 * (int)blockIdx.x + 1, d.n_qblk - 1));
 }
 #endif  // SAGE_WGMMA
-
-// The warp-specialized path's entry (flag F_WGMMA set; F_WS_* select the variant). Launched by
-// src/forward.rs with 384 threads, WsSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
-extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
-    sage_forward_ws(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {
-    extern __shared__ __align__(128) unsigned char ws_smem[];
-#ifdef SAGE_WGMMA
-    const Dims& d = p.dims;
-    const int bh = blockIdx.y, bh_kv = kv_head_of(d, bh), wg = threadIdx.x >> 7;
-    const WsSmem sm(ws_smem);
-    const int cta_end = ws_start(sm, d, WG_THREADS + 1);  // full: 128 producer arrivals + the TMA's
-    if (wg == 0) {
-        setmaxnreg_dec<24>();
-        ws_producer<2>(&vmap, p, sm, bh, bh_kv, cta_end);
-    } else {
-        setmaxnreg_inc<240>();
-        // The variants measured (RESULTS-gpu.md, fwd3); other flag mixes take the nearest.
-        const bool pp = p.flags & F_WS_PINGPONG, early = p.flags & F_WS_EARLY_AMAX;
-        if (pp) ws_consumer<true, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
-        else if (early) ws_consumer<false, true>(p, sm, wg - 1, bh, bh_kv, cta_end);
-        else ws_consumer<false, false>(p, sm, wg - 1, bh, bh_kv, cta_end);
-    }
-#else
-    __trap();  // not compiled for sm_90a
-#endif
-}
 
 // ---------------------------------------------------------------------------------------------
 // The staged BF16 path (#1 and #2 both BF16: the fpa preset, and the isolations of the backward
@@ -1601,7 +1389,7 @@ __device__ void forward_mma_bf16(const ForwardParams& p, unsigned char* smem) {
 // Warp-specialized BF16 path (sm_90a; fpafwd), kernel `sage_forward_ws_bf16`: the staged BF16 path's
 // arithmetic (t = fl(cλ·S), staged_softmax, bf16(p), O = fl(fl(O·α) + PV_block), l of the
 // unrounded p; only FP32 summation orders inside S and PV_block differ) on the warp-specialized
-// structure of sage_forward_ws (WsRing, ws_start, ws_consume: the same ring, roles and ping-pong):
+// structure of the INT8 one (WsRing, ws_start, ws_consume: the same ring, roles and ping-pong):
 // - warpgroup 0, the producer: one thread issues every load by TMA (3-D tensor maps over Q, K, V
 //   [B·H][N][d] BF16, box 64 columns × 128 rows, 128-byte swizzle; rows past N zero-filled):
 //   Q of both query blocks once, K and V of each key block into a ring of FW_STAGES stages;
@@ -1651,7 +1439,6 @@ __device__ __forceinline__ void fp_issue_scores(float (&sacc)[S_TILES][4], u32 q
 }
 
 // The BF16 products of a consumer warpgroup (Mix of ws_consume).
-template <bool SPLIT_PV>
 struct WsBf16 {
     float sacc[S_TILES][4];  // S, then t, then p
     float pacc[O_TILES][4];  // PV_block
@@ -1681,12 +1468,7 @@ struct WsBf16 {
         for (int ks = 0; ks < BLOCK_KV / 16; ++ks) {
             const u64 vd = mnmajor_desc(vt + ks * 16 * 128, FW_PANEL);
 #if HEAD_DIM == 128
-            if (SPLIT_PV) {
-                wgmma_bf16_rs_n64_tb(pacc, pa[ks], vd, ks);
-                wgmma_bf16_rs_n64_tb(pacc + 8, pa[ks], vd + (FW_PANEL >> 4), ks);
-            } else {
-                wgmma_bf16_rs_n128_tb(pacc, pa[ks], vd, ks);
-            }
+            wgmma_bf16_rs_n128_tb(pacc, pa[ks], vd, ks);
 #else
             wgmma_bf16_rs_n64_tb(pacc, pa[ks], vd, ks);
 #endif
@@ -1699,48 +1481,39 @@ struct WsBf16 {
     }
 };
 
-template <bool PINGPONG, bool OVERLAP, bool SPLIT_PV>
+// ws3's schedule: ping-pong, S(kb + 1) during the O update of kb (fws1 without the ping-pong, fws0 with S(kb + 1)
+// after the O update and fws3s with P·V as two n64 products measured slower: RESULTS-gpu.md, fpafwd; removed in
+// session 21).
 __device__ void ws_consumer_bf16(const ForwardParams& p, const WsBf16Ring& sm, int w, int bh, int cta_end) {
-    WsBf16<SPLIT_PV> mx(p, sm.q, w);
-    ws_consume<PINGPONG, OVERLAP>(p, sm, mx, w, bh, cta_end);
+    WsBf16 mx(p, sm.q, w);
+    ws_consume<true, true>(p, sm, mx, w, bh, cta_end);
 }
 #endif  // SAGE_WGMMA
 
-// The warp-specialized BF16 path (#1 and #2 BF16 on sm_90a), one kernel per variant (a single
-// kernel that branched to all four variants spilled 236 bytes; each alone spills none). Launched
+// The warp-specialized BF16 path (#1 and #2 BF16 on sm_90a) on a grid of query-block pairs (`fws3`). Launched
 // by src/forward.rs with 384 threads, WsBf16Ring::kSmemBytes of dynamic shared memory and the
 // tensor maps of Q, K, V.
-template <bool PINGPONG, bool OVERLAP, bool SPLIT_PV>
-__device__ __forceinline__ void ws_bf16_main(const void* qmap, const void* kmap, const void* vmap, const ForwardParams& p,
-                                             unsigned char* smem) {
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+    sage_forward_ws_bf16(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,
+                         const __grid_constant__ TmaMapParam vmap, ForwardParams p) {
+    extern __shared__ __align__(128) unsigned char ws_smem[];
 #ifdef SAGE_WGMMA
     const Dims& d = p.dims;
     const int bh = blockIdx.y, bh_kv = kv_head_of(d, bh), wg = threadIdx.x >> 7;
-    const WsBf16Ring sm(smem);
+    const WsBf16Ring sm(ws_smem);
     const int cta_end = ws_start(sm, d, 1);  // full: the producer's one arrival + the TMA bytes
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        ws_producer_bf16(qmap, kmap, vmap, sm, bh, bh_kv, cta_end);
+        ws_producer_bf16(&qmap, &kmap, &vmap, sm, bh, bh_kv, cta_end);
     } else {
         setmaxnreg_inc<240>();
-        ws_consumer_bf16<PINGPONG, OVERLAP, SPLIT_PV>(p, sm, wg - 1, bh, cta_end);
+        ws_consumer_bf16(p, sm, wg - 1, bh, cta_end);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define WS_BF16_ENTRY(name, PINGPONG, OVERLAP, SPLIT_PV)                                                          \
-    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
-        name(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,                  \
-             const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
-        extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        ws_bf16_main<PINGPONG, OVERLAP, SPLIT_PV>(&qmap, &kmap, &vmap, p, ws_smem);                               \
-    }
-WS_BF16_ENTRY(sage_forward_ws_bf16, true, true, false)          // fws3 (default): ws3's schedule
-WS_BF16_ENTRY(sage_forward_ws_bf16_fws1, false, true, false)    // no ping-pong
-WS_BF16_ENTRY(sage_forward_ws_bf16_fws0, true, false, false)    // S(kb + 1) after the O update
-WS_BF16_ENTRY(sage_forward_ws_bf16_fws3s, true, true, true)     // P·V as two n64 products (d = 128)
 
 // ---------------------------------------------------------------------------------------------
 // Persistent BF16 forward (fpafwd2), kernels `sage_forward_ws_bf16_p*`: the arithmetic of
@@ -2145,8 +1918,6 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         fp_main<PINGPONG, SNAKE, GROUPED>(&qmap, &kmap, &vmap, p, ws_smem);                                       \
     }
-FP_ENTRY(sage_forward_ws_bf16_p3, true, false, false)   // fpp3: persistent, in-warpgroup overlap, ping-pong
-FP_ENTRY(sage_forward_ws_bf16_p1, false, false, false)  // fpp1: the same without ping-pong
 FP_ENTRY(sage_forward_ws_bf16_p3s, true, true, false)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
 FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with head-grouped tiles (fpaf14)
 
@@ -2590,52 +2361,33 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         wsp_main<SNAKE, V>(&vmap, p, ws_smem);                                                                    \
     }
-// fwd16: the integer row max and the one-limit boundary mask, at d = 64 (fwd16's call: training shape −10.4 / −7.8 %
-// at N 1k / 4k) and d = 128 (session 15's final call, same binary: −0.8 / −6.5 % at N 1k full / causal, −1.3 / −4.3 %
-// at N 4k; quick verify 132/132 before it became the default).
+// The two entries, each the default at one head dim (src/forward.rs `int8_persistent_default`), each a measured step
+// over the one before (RESULTS-gpu.md; the earlier entries `wsp3s`, `wsp3s-0`, `wsp3s-nopp`, `wsp3s-stagger` are in
+// the history before session 21):
+// - fwd16 (both): the integer row max and the one-limit boundary mask (training shape −10.4 / −7.8 % at N 1k / 4k;
+//   d = 128 −0.8 / −6.5 % at N 1k full / causal, −1.3 / −4.3 % at N 4k).
+// - fwd17's bits (both): row 1's exponentials after the quantizer inverses, so that ptxas puts the quantization into
+//   the EX2 stream's idle slots; the next stage's early test (with the turns only); the quad maxima on the integers;
+//   elect.sync. −1.8 to −2.5 % against the kernel without them at d 64 N 1k; at d 128 −1.0 to −2.6 % at every sweep
+//   shape (call20e).
+// wsp3s-x (the d = 128 default): with the ping-pong turns of the consumer warpgroups (FA3).
+// wsp3s-sx (the d = 64 default): no turns, fwd18's once-per-tile stagger (wsp18_tile) instead: −0.8 to −3.2 % forward
+// against the previous d 64 rules at every d 64 sweep and training shape (call20g); +0.2 to +1.4 % against wsp3s-x
+// at d 128.
 #define WSP16_DEFAULT (WSP16_IMAX | WSP16_MASK_LIMIT)
-WSP_ENTRY(sage_forward_ws_p3s, true, WSP16_DEFAULT)  // wsp3s: ws3 persistent, snake tile order (P̂ scales branch-free, fwd14)
-WSP_ENTRY(sage_forward_ws_p3s_0, true, 0)            // wsp3s-0: main's kernel before fwd16 (for A/B in one binary)
-WSP_ENTRY(sage_forward_ws_p3s_nopp, true, WSP16_DEFAULT | WSP16_NO_PINGPONG)  // wsp3s-nopp: no turns (d 64: N 1k +1.6 %, N 4k −2.6 %)
-// wsp3s-x: wsp3s plus fwd17's bits (row 1's exponentials after the quantizer inverses, so that ptxas puts the
-// quantization into the EX2 stream's idle slots; the next stage's early test; the quad maxima on the integers;
-// elect.sync): −1.8 to −2.5 % against wsp3s at d 64 N 1k and −0.8 % against wsp3s-nopp at the training shape
-// N 2k (session 17's first call); fwd17 measured its pieces slower than wsp3s-nopp at d 64 N 4k–8k. Compiled
-// at d = 128 too since session 19: −1.0 to −2.6 % against wsp3s / wsp3s-nopp at every d 128 sweep shape
-// (call20e), the d = 128 default.
 #define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
 WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17_ALL)
-// wsp3s-stagger: wsp3s-nopp with fwd18's once-per-tile stagger (wsp18_tile; at d = 128 since session 19, where
-// it measured within ±1 % of the previous defaults, call20e).
-// Measured (fwd18's call, forward incl. quantization, against the default then): −2.0 % at the training shape
-// N 4k and at causal N 4k H·D 2048, −3.1 / −2.3 % at the training shape N 1k / 2k (against wsp3s-x); level at
-// causal N 8k, +0.9 / +1.9 % at N 16k causal / full, +0.3 % at N 4k full (H·D 2048): the default at d 64 causal
-// up to N 4k (src/forward.rs).
-WSP_ENTRY(sage_forward_ws_p3s_stagger, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP18_STAGGER)
-// wsp3s-sx: wsp3s-stagger plus fwd17's bits but the early test (which only ws_tile has): −0.8 to −3.2 % forward
-// against session 19's d 64 rule (wsp3s-stagger / wsp3s-nopp) at every d 64 sweep and training shape (call20g),
-// the d = 64 default; +0.2 to +1.4 % against wsp3s-x at d 128.
 WSP_ENTRY(sage_forward_ws_p3s_sx, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP18_STAGGER | WSP17_ALL)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
 // launch with less traps rather than corrupt memory.
-// The wgmma path (flag F_WGMMA, set by the host on sm_90a only) runs 128 or 256 threads; the others 128.
-extern "C" __global__ void __launch_bounds__(WG_MAX_THREADS) sage_forward_mma(ForwardParams p) {
+// 128 threads (the launch bounds of 256 are those of the two-warpgroup wgmma path it also ran until session 21:
+// kept so that the SASS of its paths stays the one verified).
+extern "C" __global__ void __launch_bounds__(256) sage_forward_mma(ForwardParams p) {
     extern __shared__ __align__(128) unsigned char fwd_smem[];
     const int fwd_products = p.flags & (F_QK | F_PV);
-    if (p.flags & F_WGMMA) {
-#ifdef SAGE_WGMMA
-        const int wgs = p.flags & F_WGMMA_2WG ? 2 : 1;
-        require_dynamic_smem((u32)WGMMA_SMEM_BYTES(wgs));
-        if (blockDim.x != wgs * WG_THREADS) __trap();
-        if (wgs == 2) forward_wgmma<true, 2>(p, fwd_smem);
-        else if (p.flags & F_WGMMA_SIMPLE) forward_wgmma<false, 1>(p, fwd_smem);
-        else forward_wgmma<true, 1>(p, fwd_smem);
-#else
-        __trap();  // not compiled for sm_90a
-#endif
-    } else if (fwd_products == (F_QK | F_PV)) {
+    if (fwd_products == (F_QK | F_PV)) {
         require_dynamic_smem((u32)FAST_SMEM_BYTES);
         if (p.flags & F_SMOOTH_Q) forward_mma_fast<true>(p, fwd_smem);
         else forward_mma_fast<false>(p, fwd_smem);

@@ -135,18 +135,6 @@ pub(crate) fn forward_path(flags: i32) -> ForwardPath {
     }
 }
 
-/// Flag bits of `sage_forward_mma` private to the forward (`F_WGMMA*` in forward.cu), above the
-/// precision flags and switches of common.cuh.
-const F_WGMMA: i32 = 1 << 16;
-const F_WGMMA_SIMPLE: i32 = 1 << 17;
-const F_WGMMA_2WG: i32 = 1 << 18;
-
-/// Flag bits of the warp-specialized kernel `sage_forward_ws` (forward.cu): `F_WS` (host only)
-/// selects that kernel; the others its variant.
-const F_WS: i32 = 1 << 22;
-const F_WS_PINGPONG: i32 = 1 << 20;
-const F_WS_EARLY_AMAX: i32 = 1 << 21;
-
 /// How a kernel of the warp-specialized BF16 forward walks the work: `Pairs`, one block per
 /// query-block pair and (batch·head) (`sage_forward_ws_bf16`, `_fws*`); `Persistent`, min(tiles,
 /// SMs) blocks that each walk tiles (`sage_forward_ws_bf16_p*`, fpafwd2), heaviest first over the
@@ -161,17 +149,15 @@ enum Bf16WsGrid {
 type Bf16WsKernel = (&'static std::ffi::CStr, Bf16WsGrid);
 
 /// The kernel of the warp-specialized BF16 forward (`fpa`, both forward products BF16) that
-/// `SAGEBWD_FORWARD_WGMMA` asks for, or None for the mma.sync staged path (`off`): `fpp3`
-/// (`sage_forward_ws_bf16_p3`) persistent, P·V accumulated onto the rescaled O with softmax(kb + 1)
-/// overlapping P·V(kb) in each warpgroup, ping-pong, heaviest tiles first; `fpp1` `fpp3` without
-/// the ping-pong; `fpp3s` `fpp3` with the tiles dealt to the blocks in a snake (rounds alternate
-/// direction: the static balance of a causal grid, fpafwd3); `fpp3g` `fpp3s` with the tiles in groups of
-/// heads (the pairs of a head side by side: K, V read from DRAM about once, fpaf14; default at d = 128,
-/// `bf16_grouped_pays`); `fws3` (fpafwd's kernel) the INT8 kernel's `ws3`
-/// schedule (S(kb + 1) runs during the O update; ping-pong), `fws1` without the ping-pong, `fws0`
-/// ping-pong with S(kb + 1) issued after the O update, `fws3s` `fws3` with P·V as two n64 products
-/// at d = 128. Other values (the INT8 kernel's variants) give the default, by shape: the fastest
-/// measured (RESULTS-gpu.md, fpafwd3).
+/// `SAGEBWD_FORWARD_WGMMA` asks for, or None for the mma.sync staged path (`off`): `fpp3s`
+/// (`sage_forward_ws_bf16_p3s`) persistent, P·V accumulated onto the rescaled O with softmax(kb + 1)
+/// overlapping P·V(kb) in each warpgroup, ping-pong, the tiles dealt to the blocks in a snake (rounds
+/// alternate direction: the static balance of a causal grid, fpafwd3); `fpp3g` `fpp3s` with the tiles in
+/// groups of heads (the pairs of a head side by side: K, V read from DRAM about once, fpaf14; default at
+/// d = 128, `bf16_grouped_pays`); `fws3` (fpafwd's kernel, a block per query-block pair) the INT8 kernels'
+/// schedule (S(kb + 1) runs during the O update; ping-pong). Other values (the INT8 kernels' names) give
+/// the default, by shape: the fastest measured (RESULTS-gpu.md, fpafwd3; the variants measured slower,
+/// `fws1`, `fws0`, `fws3s`, `fpp3`, `fpp1`, are in the history before session 21).
 fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKernel> {
     use Bf16WsGrid::{Pairs, Persistent};
     let fpp3s = (c"sage_forward_ws_bf16_p3s", Persistent);
@@ -180,13 +166,8 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool) -> Option<Bf16WsKer
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("off") => None,
         Ok("fws3") => Some(fws3),
-        Ok("fws1") => Some((c"sage_forward_ws_bf16_fws1", Pairs)),
-        Ok("fws0") => Some((c"sage_forward_ws_bf16_fws0", Pairs)),
-        Ok("fws3s") => Some((c"sage_forward_ws_bf16_fws3s", Pairs)),
-        Ok("fpp3") => Some((c"sage_forward_ws_bf16_p3", Persistent)),
         Ok("fpp3s") => Some(fpp3s),
         Ok("fpp3g") => Some(fpp3g),
-        Ok("fpp1") => Some((c"sage_forward_ws_bf16_p1", Persistent)),
         _ => Some(if bf16_grouped_pays(head_dim, n_q, causal) {
             fpp3g
         } else if bf16_persistent_pays(head_dim, n_q, causal) {
@@ -219,50 +200,19 @@ fn bf16_grouped_pays(head_dim: usize, n_q: usize, causal: bool) -> bool {
     head_dim == 128 && n_q <= if causal { 2048 } else { 4096 }
 }
 
-/// The wgmma variant `SAGEBWD_FORWARD_WGMMA` asks for (for comparisons). The warp-specialized
-/// kernel (a producer warpgroup, two consumer warpgroups): `ws1` plain, `ws13` with the P̂ amax
-/// before the exponentials, `ws3` = `ws13` + the ping-pong schedule.
-/// Default: `ws3`, the fastest at both head dims (verified in fwd3's third call). The variants of `sage_forward_mma`:
-/// `mma-default` (main's default before fwd3), `pipe2` (two warpgroups of 64 query rows per block
-/// sharing the K̂/V̂ᵀ tiles), `pipe` (one), both overlapping the next block's Q̂K̂ᵀ with this block's
-/// O update; `simple`: no overlap; `off`: mma.sync path.
-fn wgmma_mode(head_dim: usize) -> Option<i32> {
-    let ws = F_WGMMA | F_WS;
+/// The persistent INT8 forward (sm_90a; a producer warpgroup, two consumer warpgroups, min(tiles, SMs) blocks in
+/// the snake tile order, sfwd12) that `SAGEBWD_FORWARD_WGMMA` asks for: `wsp3s-x` (`sage_forward_ws_p3s_x`,
+/// ping-pong turns between the consumer warpgroups and fwd17's changes) or `wsp3s-sx` (`sage_forward_ws_p3s_sx`,
+/// fwd18's once-per-tile stagger instead of the turns); `off` gives None, the mma.sync path of sm_80
+/// (`sage_forward_mma`); anything else the default (`int8_persistent_default`). The earlier wgmma kernels
+/// (`pipe`, `pipe2`, `simple`, the pairs kernel `ws1` / `ws3` / `ws13`, the persistent `wsp3s`, `wsp3s-0`,
+/// `wsp3s-nopp`, `wsp3s-stagger`), each measured slower at every shape than these defaults, are in the history
+/// before session 21.
+fn int8_persistent_kernel(head_dim: usize) -> Option<&'static std::ffi::CStr> {
     match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
         Ok("off") => None,
-        Ok("pipe") => Some(F_WGMMA),
-        Ok("simple") => Some(F_WGMMA | F_WGMMA_SIMPLE),
-        Ok("pipe2") => Some(F_WGMMA | F_WGMMA_2WG),
-        Ok("mma-default") => Some(if head_dim == 128 { F_WGMMA | F_WGMMA_2WG } else { F_WGMMA }),
-        Ok("ws1") => Some(ws),
-        Ok("ws3") => Some(ws | F_WS_PINGPONG | F_WS_EARLY_AMAX),
-        Ok("ws13") => Some(ws | F_WS_EARLY_AMAX),
-        _ => Some(ws | F_WS_PINGPONG | F_WS_EARLY_AMAX),
-    }
-}
-
-/// How the INT8 warp-specialized forward (`sage_forward_ws*`, ws3's schedule) walks the work:
-/// `None`, one block per query-block pair and (batch·head) (`sage_forward_ws`, the pairs kernel);
-/// or the persistent kernel to launch on min(tiles, SMs) blocks (sfwd12, snake tile order):
-/// `wsp3s` (`sage_forward_ws_p3s`, ping-pong turns between the consumer warpgroups), `wsp3s-x`
-/// (`sage_forward_ws_p3s_x`, wsp3s with fwd17's changes), `wsp3s-nopp` (`sage_forward_ws_p3s_nopp`, no
-/// turns), `wsp3s-stagger` (`wsp3s-nopp` with fwd18's once-per-tile stagger of the two consumer
-/// warpgroups), `wsp3s-sx` (the stagger and fwd17's changes) or `wsp3s-0` (before fwd16). The default is persistent at every shape (`int8_persistent_default`);
-/// `SAGEBWD_FORWARD_WGMMA=ws3` (or `ws1`, `ws13`) asks for the pairs kernel, one of the names above for
-/// that persistent variant.
-/// Only with the ping-pong + early-amax flags (ws3).
-fn int8_persistent_kernel(head_dim: usize, ws_flags: i32) -> Option<&'static std::ffi::CStr> {
-    if ws_flags & (F_WS_PINGPONG | F_WS_EARLY_AMAX) != F_WS_PINGPONG | F_WS_EARLY_AMAX {
-        return None;
-    }
-    match std::env::var("SAGEBWD_FORWARD_WGMMA").as_deref() {
-        Ok("wsp3s") => Some(c"sage_forward_ws_p3s"),
-        Ok("wsp3s-0") => Some(c"sage_forward_ws_p3s_0"),
-        Ok("wsp3s-nopp") => Some(c"sage_forward_ws_p3s_nopp"),
         Ok("wsp3s-x") => Some(c"sage_forward_ws_p3s_x"),
         Ok("wsp3s-sx") => Some(c"sage_forward_ws_p3s_sx"),
-        Ok("wsp3s-stagger") => Some(c"sage_forward_ws_p3s_stagger"),
-        Ok("ws3") => None,
         _ => Some(int8_persistent_default(head_dim)),
     }
 }
@@ -300,23 +250,10 @@ fn int8_persistent_default(head_dim: usize) -> &'static std::ffi::CStr {
     }
 }
 
-/// The wgmma flag bits when the forward takes the sm_90a wgmma path: staged INT8 products without
-/// Q-smoothing (that variant keeps the mma.sync path), on a device compiled for sm_90a.
-fn wgmma_flags(gpu: &Gpu, flags: i32, head_dim: usize) -> i32 {
-    let eligible = gpu.dev.arch == "sm_90a" && forward_path(flags) == ForwardPath::StagedInt8 && flags & crate::F_SMOOTH_Q == 0;
-    if eligible { wgmma_mode(head_dim).unwrap_or(0) } else { 0 }
-}
-
-/// Warpgroups (of 64 query rows) per block of the wgmma path.
-fn wgmma_groups(flags: i32) -> u32 {
-    if flags & F_WGMMA_2WG != 0 { 2 } else { 1 }
-}
-
-/// Dynamic shared memory of the wgmma path (`WGMMA_SMEM_BYTES`): two K̂ and two V̂ᵀ tiles of 128 × d
-/// bytes, one Q̂ tile of 64 × d per warpgroup, plus 1 KiB to align them to the 1024 bytes the
-/// swizzled descriptors need.
-fn wgmma_smem_bytes(head_dim: usize, groups: u32) -> u32 {
-    (4 * 128 * head_dim + groups as usize * 64 * head_dim + 1024) as u32
+/// Whether the forward takes a warp-specialized INT8 kernel: staged INT8 products without Q-smoothing (that variant
+/// keeps the mma.sync path), on a device compiled for sm_90a.
+fn int8_ws_eligible(gpu: &Gpu, flags: i32) -> bool {
+    gpu.dev.arch == "sm_90a" && forward_path(flags) == ForwardPath::StagedInt8 && flags & crate::F_SMOOTH_Q == 0
 }
 
 /// Dynamic shared memory of `sage_forward_mma` on each path (`FAST_SMEM_BYTES`, `BF16_SMEM_BYTES`,
@@ -331,12 +268,9 @@ pub(crate) fn forward_mma_smem_bytes(head_dim: usize, path: ForwardPath) -> u32 
     }) as u32
 }
 
-/// Every value `SAGEBWD_FORWARD_WGMMA` may take (the comparisons' knob, read by [`wgmma_mode`],
-/// [`bf16_ws_kernel`] and [`int8_persistent_kernel`]; each ignores the others' names).
-const FORWARD_VARIANTS: &[&str] = &[
-    "off", "pipe", "simple", "pipe2", "mma-default", "ws1", "ws3", "ws13", "wsp3s", "wsp3s-0", "wsp3s-x",
-    "wsp3s-nopp", "wsp3s-stagger", "wsp3s-sx", "fws3", "fws1", "fws0", "fws3s", "fpp3", "fpp3s", "fpp3g", "fpp1",
-];
+/// Every value `SAGEBWD_FORWARD_WGMMA` may take (the comparisons' knob, read by [`bf16_ws_kernel`] and
+/// [`int8_persistent_kernel`]; each ignores the other's names).
+const FORWARD_VARIANTS: &[&str] = &["off", "wsp3s-x", "wsp3s-sx", "fws3", "fpp3s", "fpp3g"];
 
 /// An error for a `SAGEBWD_FORWARD_WGMMA` that names no variant (a typo, or a variant since removed),
 /// which would otherwise run the default silently.
@@ -364,7 +298,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
         lse: gpu.alloc_poisoned_f32(rows)?,
     };
     let (_, c_lambda) = scales(s.head_dim);
-    let mut p = ForwardParams {
+    let p = ForwardParams {
         op: ScoreOperands::of(gpu, x, &quant),
         tr: Transposed::of(gpu, &quant, None),
         v_hat: gpu.ptr(&quant.v_hat),
@@ -382,29 +316,20 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     // path the flags select (the staged paths double-buffer tiles: more than the 48 KiB of a
     // static allocation);
     // scalar: 256 threads over the 64 × 128 tile, static shared memory.
-    // wgmma (sm_90a): one warpgroup (64 query rows) per block, or two (F_WGMMA_2WG).
     if gpu.tensor_cores() && gpu.dev.arch == "sm_90a" && forward_path(p.flags) == ForwardPath::StagedBf16 {
         if let Some((kernel, grid)) = bf16_ws_kernel(s.head_dim, s.n_q, x.causal) {
             launch_ws_bf16(gpu, k, kernel, grid, &p, s.head_dim)?;
             return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
         }
     }
-    let wgmma = if gpu.tensor_cores() { wgmma_flags(gpu, p.flags, s.head_dim) } else { 0 };
-    p.flags |= wgmma & !F_WS;
-    if wgmma & F_WS != 0 {
-        match int8_persistent_kernel(s.head_dim, wgmma) {
-            Some(kernel) => launch_wsp(gpu, k, kernel, &p, &quant, s.head_dim)?,
-            None => launch_ws(gpu, k, &p, &quant, s.head_dim)?,
+    if gpu.tensor_cores() && int8_ws_eligible(gpu, p.flags) {
+        if let Some(kernel) = int8_persistent_kernel(s.head_dim) {
+            launch_wsp(gpu, k, kernel, &p, &quant, s.head_dim)?;
+            return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
         }
-        return Ok((out, SavedForBackward { quant, cfg: cfg.clone() }));
     }
-    let groups = wgmma_groups(wgmma);
     let (func, threads, smem) = if gpu.tensor_cores() {
-        let (threads, smem) = if wgmma != 0 {
-            (128 * groups, wgmma_smem_bytes(s.head_dim, groups))
-        } else {
-            (128, forward_mma_smem_bytes(s.head_dim, forward_path(p.flags)))
-        };
+        let smem = forward_mma_smem_bytes(s.head_dim, forward_path(p.flags));
         drv(
             "set forward shared memory",
             k.forward_mma.set_attribute(
@@ -412,23 +337,17 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
                 smem as i32,
             ),
         )?;
-        (&k.forward_mma, threads, smem)
+        (&k.forward_mma, 128, smem)
     } else {
         (&k.forward, THREADS, 0)
     };
     let launch = LaunchConfig {
-        grid_dim: ((dims.n_qblk as u32).div_ceil(groups), (s.batch * s.heads_q) as u32, 1),
+        grid_dim: (dims.n_qblk as u32, (s.batch * s.heads_q) as u32, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: smem,
     };
     drv("launch forward", unsafe { gpu.dev.stream.launch_builder(func).arg(&p).launch(launch) })?;
     Ok((out, SavedForBackward { quant, cfg: cfg.clone() }))
-}
-
-/// Dynamic shared memory of `sage_forward_ws` (`WsSmem::kSmemBytes`): Q̂ of two query blocks,
-/// rings of 4 K̂ and V̂ᵀ tiles, 4 full and 4 empty mbarriers, 1 KiB of alignment slack.
-fn ws_smem_bytes(head_dim: usize) -> u32 {
-    (2 * 64 * head_dim + 2 * 4 * 128 * head_dim + 16 * 4 + 1024) as u32
 }
 
 /// Dynamic shared memory of `sage_forward_ws_bf16` (`WsBf16Ring::kSmemBytes`): BF16 Q of two query
@@ -437,15 +356,6 @@ fn ws_smem_bytes(head_dim: usize) -> u32 {
 fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
     let stages = if head_dim == 128 { 2 } else { 4 };
     (128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 16 * stages + 1024) as u32
-}
-
-/// Launches the warp-specialized forward (`sage_forward_ws`, in the same module as
-/// `sage_forward_mma`): 384 threads per block of 128 query rows, the V̂ᵀ tensor map as its first
-/// parameter. V̂ᵀ is `[B·H_kv·d rows][n_kpad keys]` i8; the map's box is one key block × d rows,
-/// 128-byte swizzled (the layout the P̂V wgmma descriptor reads).
-fn launch_ws(gpu: &Gpu, k: &Kernels, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
-    let vmap = int8_v_map(gpu, p, quant, head_dim)?;
-    launch_ws_kernel(gpu, k, c"sage_forward_ws", &mut [vmap], p, WsShape { smem: ws_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS, pdl: false })
 }
 
 /// Dynamic shared memory of the persistent INT8 kernels (`WspSmem::kSmemBytes`): two slots of Q̂ of
@@ -457,7 +367,7 @@ fn wsp_smem_bytes(head_dim: usize) -> u32 {
 }
 
 /// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
-/// the V̂ᵀ tensor map as its first parameter (as `sage_forward_ws`).
+/// the V̂ᵀ tensor map as its first parameter.
 fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
     // Programmatic dependent launch after sage_quantize_qkv (which triggers at its start): the blocks
@@ -595,6 +505,10 @@ mod tests {
         }
         let err = check_forward_variant(Some("wsp3s-nx")).unwrap_err();
         assert!(err.contains("wsp3s-nx") && err.contains("wsp3s-sx"), "{err}");
+        // Variants removed in session 21 name no kernel any more: an error, not a silent default.
+        for gone in ["wsp3s-nopp", "ws3", "pipe2", "fws1", "fpp1"] {
+            assert!(check_forward_variant(Some(gone)).is_err(), "{gone}");
+        }
     }
 
     #[test]
