@@ -18,8 +18,9 @@
 # Options: --quick; --presets fpa,sagebwd[,int8-all] (default fpa,sagebwd with --quick, all three
 # without); --no-sdpa; --ours "ARGS" and --sdpa "ARGS" append arguments to either bench
 # (e.g. --ours "--head-dim 128 --causal off").
-# Writes under $OUT (default /tmp/sagebwd-bench): log.txt, ours-<preset>.json, sdpa.json,
-# compare.md, compare.png (at most 7 files); prints compare.md last. Exit code: non-zero if a step failed.
+# Writes under $OUT (default /tmp/sagebwd-bench): log.txt, ours-<preset>.json, sdpa.json, smi.csv (SM clock and
+# board power every 20 ms while the benches run: compare.md's clock table), compare.md, compare.png (at most 8
+# files); prints compare.md last. Exit code: non-zero if a step failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -51,7 +52,7 @@ while [ $# -gt 0 ]; do
     --presets) presets=$2; shift ;;
     --ours) ours_extra=$2; shift ;;
     --sdpa) sdpa_extra=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -73,7 +74,7 @@ mkdir -p "$OUT"
 LOG=$OUT/log.txt
 : > "$LOG"
 # Results of an earlier run in the same folder must not join this comparison.
-rm -f "$OUT"/ours-*.json "$OUT/sdpa.json" "$OUT/compare.md" "$OUT/compare.png"
+rm -f "$OUT"/ours-*.json "$OUT/sdpa.json" "$OUT/smi.csv" "$OUT/compare.md" "$OUT/compare.png"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SAGEBWD_CACHE_DIR=${SAGEBWD_CACHE_DIR:-$PWD/dev/bench-cache}
 BIN=${BIN:-dev/bin/sagebwd}
@@ -111,6 +112,12 @@ if [ ! -x "$BIN" ]; then
   exit 1
 fi
 
+# The SM clock and board power while the benches run (compare.py matches them to each point's timed span).
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 20 \
+  > "$OUT/smi.csv" 2>/dev/null &
+smi_pid=$!
+trap 'rm -f "$TMP_STEP"; kill $smi_pid 2>/dev/null' EXIT
+
 # SDPA first: the baseline on a cool GPU is the conservative choice for our ratios.
 if [ $sdpa = 1 ]; then
   # shellcheck disable=SC2086
@@ -121,10 +128,12 @@ for p in ${presets//,/ }; do
   step "ours-$p" "$BIN" bench --preset "$p" $ours_args $ours_extra --json "$OUT/ours-$p.json"
 done
 
+kill $smi_pid 2>/dev/null
 results=()
 for f in "$OUT/sdpa.json" "$OUT"/ours-*.json; do [ -s "$f" ] && results+=("$f"); done
 if [ ${#results[@]} -gt 0 ]; then
-  step compare python3 scripts/gpu/compare.py "${results[@]}" --md "$OUT/compare.md" --png "$OUT/compare.png"
+  step compare python3 scripts/gpu/compare.py "${results[@]}" --md "$OUT/compare.md" --png "$OUT/compare.png" \
+    --smi "$OUT/smi.csv"
 else
   failed+=("compare (no results)")
 fi

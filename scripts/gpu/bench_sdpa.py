@@ -148,7 +148,9 @@ def run_point(a, backend, sets, d, n, b, h, causal):
         for i in range(a.warmup):
             fwd_bwd(sets[i % len(sets)], causal)
         mem = peak_memory(sets[0], causal)
+        t_start = time.time()
         timed = time_point(sets, causal, a.reps, min(a.min_reps, a.reps), a.max_time * 1e3)
+        t_end = time.time()
     fwd = [t[0] for t in timed]
     bwd = [t[1] for t in timed]
     both = [f + g for f, g in timed]
@@ -161,6 +163,8 @@ def run_point(a, backend, sets, d, n, b, h, causal):
         "reps": len(timed),
         "peak_mem_bytes": mem,
         "fwd_ms_all": fwd, "bwd_ms_all": bwd,
+        # Wall-clock span of the timed repetitions (Unix s), for the SM-clock log of scripts/gpu/bench.sh.
+        "timed_unix_s": [t_start, t_end],
     }
 
 

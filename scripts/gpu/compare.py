@@ -12,14 +12,19 @@ and `scripts/gpu/bench_sdpa.py --json` (implementations `cudnn`, `flash`), match
 - ratios against cuDNN (every implementation, fwd / bwd / fwd+bwd) and against FlashAttention-2
   (fwd+bwd), then their geometric means: the lines that matter, last.
 The plot has one panel per (D, causal) and one row per pass (fwd, bwd, fwd+bwd), throughput vs N.
+With --smi (an nvidia-smi log taken during the benches, as scripts/gpu/bench.sh takes it), a table of the SM
+clock and board power during each point's timed repetitions: the H200 caps board power at 700 W and lowers its
+clock when a kernel reaches it, by an amount that differs between implementations (RESULTS.md, session 21).
 
-Usage: python3 scripts/gpu/compare.py RESULT.json... [--md compare.md] [--png compare.png]
+Usage: python3 scripts/gpu/compare.py RESULT.json... [--md compare.md] [--png compare.png] [--smi smi.csv]
 The Markdown is printed on stdout as well. The plot is skipped (with a note) without matplotlib.
 """
 import argparse
 import json
 import math
+import statistics
 import sys
+import time
 
 BASE, FA2 = "cudnn", "flash"
 PASSES = [("fwd", "fwd"), ("bwd", "bwd"), ("fwdbwd", "fwd+bwd")]
@@ -182,7 +187,45 @@ def summary(data, order, points):
     return "\n".join(lines) + "\n"
 
 
-def markdown(data, order, sources):
+def read_smi(path):
+    """[(Unix s, SM MHz, board W)] of `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,...
+    --format=csv,noheader,nounits -lms N`. Its timestamps are local time: read on the machine that took them."""
+    out = []
+    for line in open(path):
+        f = [x.strip() for x in line.split(",")]
+        try:
+            stamp, frac = f[0].split(".")
+            t = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
+            out.append((t, float(f[1]), float(f[2])))
+        except (ValueError, IndexError):  # a header, "[N/A]" or a line cut short
+            continue
+    return out
+
+
+def clock_table(data, order, points, smi):
+    """Median SM clock and board power over the samples inside each point's timed repetitions."""
+    rows, per_impl = [], {i: [] for i in order}
+    for p in points:
+        cells = []
+        for i in order:
+            r = data[i].get(p)
+            span = r.get("timed_unix_s") if ok(r) else None
+            w = [s for s in smi if span and span[0] <= s[0] <= span[1]]
+            if w:
+                mhz = statistics.median(s[1] for s in w)
+                per_impl[i].append(mhz)
+                cells.append(f"{mhz:.0f} / {statistics.median(s[2] for s in w):.0f} ({len(w)})")
+            else:
+                cells.append("—")
+        rows.append(row_head(p) + "| " + " | ".join(cells) + " |")
+    medians = ", ".join(f"{i} {statistics.median(v):.0f} MHz" for i, v in per_impl.items() if v)
+    return md_table("SM clock (MHz) / board power (W) during each point's timed repetitions (samples)",
+                    "Medians of the nvidia-smi samples inside each point's timed span. The H200 caps board power at "
+                    "700 W: a kernel that reaches it runs at a lower clock, so a throughput ratio compares both the "
+                    f"kernels and their clocks. Median over the points: {medians or 'no samples'}.", order, rows)
+
+
+def markdown(data, order, sources, smi=None):
     points = points_of(data)
     parts = ["## sagebwd vs PyTorch SDPA (BF16): cuDNN and FlashAttention-2", "",
              *[f"- {s}" for s in sources], "",
@@ -190,6 +233,7 @@ def markdown(data, order, sources):
              memory_table(data, order, points),
              quant_table(data, order, points),
              ratio_table(data, order, points),
+             clock_table(data, order, points, smi) if smi else None,
              summary(data, order, points)]
     return "\n".join(p for p in parts if p is not None)
 
@@ -247,11 +291,18 @@ def main(argv=None):
     p.add_argument("results", nargs="+", help="JSON files of sagebwd bench / bench_sdpa.py")
     p.add_argument("--md", help="write the Markdown tables here")
     p.add_argument("--png", help="write the plot here")
+    p.add_argument("--smi", help="nvidia-smi log (timestamp, clocks.sm, power.draw, ...) taken during the benches")
     a = p.parse_args(argv)
     data, order, sources = load(a.results)
     if not data:
         sys.exit("error: no results in " + ", ".join(a.results))
-    text = markdown(data, order, sources)
+    smi = None
+    if a.smi:
+        try:
+            smi = read_smi(a.smi)
+        except OSError as e:
+            print(f"note: no clock table: {e}", file=sys.stderr)
+    text = markdown(data, order, sources, smi)
     if a.md:
         with open(a.md, "w") as f:
             f.write(text)

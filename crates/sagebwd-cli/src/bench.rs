@@ -350,6 +350,10 @@ struct Record {
     energy: Option<EnergyRecord>,
     fwd_ms_all: Vec<f64>,
     bwd_ms_all: Vec<f64>,
+    /// Wall-clock span (Unix seconds) of the timed repetitions, so that an SM-clock and power log taken beside
+    /// the bench (scripts/gpu/bench.sh) can be matched to each point: the H200 reaches its 700 W cap at some
+    /// shapes and lowers its clock (RESULTS.md, session 21).
+    timed_unix_s: [f64; 2],
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -384,7 +388,9 @@ fn run_point(b: &Bench, sets: &[DeviceInputs], p: &Point) -> Result<Record> {
     sync(gpu)?;
     let mem = peak_memory(gpu, b.pool.as_ref(), &sets[0], cfg)?;
     let tick = |i| b.bar.set_message(format!("{label}: rep {i}/{}", reps.max));
+    let t_start = unix_seconds();
     let timed = time_stages(sets, reps, tick, |x| fwd_bwd(gpu, x, cfg))?;
+    let timed_unix_s = [t_start, unix_seconds()];
     b.bar.set_message(format!("{label}: quantization alone"));
     // Memory-bound and short: a quarter of the time budget is plenty.
     let quant_reps = Reps { max: reps.max, min: reps.min.min(3), max_ms: reps.max_ms / 4.0 };
@@ -426,7 +432,13 @@ fn run_point(b: &Bench, sets: &[DeviceInputs], p: &Point) -> Result<Record> {
         energy,
         fwd_ms_all: fwd,
         bwd_ms_all: bwd,
+        timed_unix_s,
     })
+}
+
+/// Seconds since the Unix epoch (0 if the system clock is before it).
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -730,6 +742,7 @@ mod tests {
             fwd_flops: 1e12, fwd_ms: 1.0, bwd_ms: 2.0, fwdbwd_ms: 3.0, fwd_tops: 1000.0, bwd_tops: 1250.0,
             fwdbwd_tops: 1166.7, reps: 20, quant_ms: 0.1, quant_do_ms: 0.05, peak_mem_bytes: 3 << 30,
             peak_mem_reserved_bytes: 3 << 30, energy: None, fwd_ms_all: vec![1.0], bwd_ms_all: vec![2.0],
+            timed_unix_s: [1.0, 2.0],
         }
     }
 
@@ -782,7 +795,7 @@ mod tests {
         }
         let r = &v["results"][0];
         for key in ["impl", "head_dim", "n", "causal", "fwd_tops", "bwd_tops", "fwdbwd_tops", "fwd_ms", "bwd_ms",
-                    "fwdbwd_ms", "quant_ms", "quant_do_ms", "peak_mem_bytes"] {
+                    "fwdbwd_ms", "quant_ms", "quant_do_ms", "peak_mem_bytes", "timed_unix_s"] {
             assert!(r.get(key).is_some(), "{key}");
         }
         assert_eq!(r["impl"], "ours-sagebwd");
