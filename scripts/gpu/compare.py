@@ -222,7 +222,9 @@ def clock_table(data, order, points, smi):
     return md_table("SM clock (MHz) / board power (W) during each point's timed repetitions (samples)",
                     "Medians of the nvidia-smi samples inside each point's timed span. The H200 caps board power at "
                     "700 W: a kernel that reaches it runs at a lower clock, so a throughput ratio compares both the "
-                    f"kernels and their clocks. Median over the points: {medians or 'no samples'}.", order, rows)
+                    "kernels and their clocks. The clock is sampled; the power is the driver's average over about a "
+                    "second, so a short point shows some of what ran before it. "
+                    f"Median over the points: {medians or 'no samples'}.", order, rows)
 
 
 def markdown(data, order, sources, smi=None):
