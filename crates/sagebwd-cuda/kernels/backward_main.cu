@@ -2511,6 +2511,26 @@ __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile
     sage14_bulk_commit();
 }
 
+// sb21 (session 21; sb16's loop, d = 128): the staged dQ tile of block qb added by one bulk reduce of its rows < n_q
+// (32 KB at d = 128, contiguous in the staging tile and in the accumulator), issued by warp SB21_BULK_WARP alone
+// instead of by every warp for its 8 rows (-1: sage14_bulk_dq's way). One commit group per call for that warp's
+// threads; only they wait for its read before the next barrier (b). Measured (call22d, the d 128 sweep shapes, three
+// rounds, against -1): warp 5 −0.9 to −3.2 % backward at every shape (geometric mean −2.1 %), warp 4 (which also
+// issues the stage copies, SB20_TMA_THREAD) −1.5 %; predicted 0 to −0.6 %: the 8 warps' waits for their bulk reads,
+// which the copy engine serves one after another, cost more than their ~15 issue instructions.
+#ifndef SB21_BULK_WARP
+#define SB21_BULK_WARP 5
+#endif
+__device__ __forceinline__ void sb21_bulk_dq(const BackwardParams& p, u32 tile, int bh, int qb, int warp_u) {
+    if (SB21_BULK_WARP < 0) {
+        sage14_bulk_dq(p, tile, bh, qb, warp_u);
+    } else if (warp_u == SB21_BULK_WARP) {
+        const int q0 = qb * BLOCK_Q, rows = min(BLOCK_Q, p.dims.n_q - q0);  // ≥ 1: qb is a block of the sequence
+        sage14_bulk_red_add(true, p.dq_acc + ((long)bh * p.dims.n_q + q0) * HEAD_DIM, tile, (u32)rows * SAGE14_DQ_ROW);
+        sage14_bulk_commit();
+    }
+}
+
 // The pipelined loops' (pipe14 at d = 64, sb16 at d = 128) row constants of the thread's 16 rows (raw, from the
 // staged row-constant block: L at `rows`, D at rows + BLOCK_Q) and P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs).
 __device__ __forceinline__ void sage14_row_pairs(float2 (&x)[8], const float* rows, int t) {
@@ -2637,6 +2657,25 @@ __device__ __forceinline__ void bwd18_tma_reduce_dq(const BackwardParams& p, u32
                  : "memory");
     sage14_bulk_commit();
 }
+// sb21 (session 21, an opt-in variant for the device call): all 8 warp boxes of dQ block qb added by warp SB21_TQ_WARP
+// alone (8 tensor reduces from one lane, one commit group) instead of each warp its own box.
+#ifndef SB21_TQ_WARP
+#define SB21_TQ_WARP -1  // each warp its box (bwd18_tma_reduce_dq)
+#endif
+__device__ __forceinline__ void sb21_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
+    if (SB21_TQ_WARP < 0) {
+        bwd18_tma_reduce_dq(p, boxes, bh, qb, warp_u);
+    } else if (warp_u == SB21_TQ_WARP) {
+#pragma unroll
+        for (int w = 0; w < THREADS / 32; ++w)
+            asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
+                         "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                         "}\n" ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(w >> 2), "r"(qb * BLOCK_Q + 16 * (w & 3)),
+                         "r"(bh), "r"(boxes + w * BWD18_WARP_BOX)
+                         : "memory");
+        sage14_bulk_commit();
+    }
+}
 template <class Path>
 __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
                                                    const QueryStager<Path>& stage_next, int kb, int bh,
@@ -2756,7 +2795,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         // BULK: dQ of block qb − 2, staged in tile i − 1 (tile par ^ 1), visible since (b).
         if (BULK && i >= 2) {
             if (TQ) {
-                bwd18_tma_reduce_dq(p, tq_boxes + (par ^ 1) * BWD18_BOXES, bh, qb - 2, warp_u);
+                sb21_tma_reduce_dq(p, tq_boxes + (par ^ 1) * BWD18_BOXES, bh, qb - 2, warp_u);
             } else {
                 sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
             }
@@ -2838,7 +2877,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     const int n = d.n_qblk - qb0;
     if (BULK && n >= 2) {
         if (TQ) {
-            bwd18_tma_reduce_dq(p, tq_boxes + ((n - 1) & 1) * BWD18_BOXES, bh, d.n_qblk - 2, warp_u);
+            sb21_tma_reduce_dq(p, tq_boxes + ((n - 1) & 1) * BWD18_BOXES, bh, d.n_qblk - 2, warp_u);
         } else {
             sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
         }
@@ -2977,7 +3016,7 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
         if (has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
         // dQ of block qb − 2, staged by tile i − 1 in staging tile par ^ 1, visible since (b).
-        if (i >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
+        if (i >= 2) sb21_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
 
         u32 pa[2][4], da[2][4];
         // wg_key_products' chunks (dV's 4, then dK's 4, two in flight), dQ(qb − 1) staged after the first two
@@ -3020,7 +3059,7 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
     // dQ of block n_qblk − 2, staged by the last tile (i = n − 1 ≥ 1). Waited for (read) before the next item's
     // first (b), completed before the CTA exits (staged_finish).
     const int n = d.n_qblk - qb0;
-    if (n >= 2) sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
+    if (n >= 2) sb21_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
     return dq_scale;
 }
 template <>
