@@ -2657,21 +2657,24 @@ __device__ __forceinline__ void bwd18_tma_reduce_dq(const BackwardParams& p, u32
                  : "memory");
     sage14_bulk_commit();
 }
-// sb21 (session 21, an opt-in variant for the device call): all 8 warp boxes of dQ block qb added by warp SB21_TQ_WARP
-// alone (8 tensor reduces from one lane, one commit group) instead of each warp its own box.
-#ifndef SB21_TQ_WARP
-#define SB21_TQ_WARP -1  // each warp its box (bwd18_tma_reduce_dq)
+// sb21 at d = 64 (session 21): the dQ block's 8 warp boxes added as two tensor reduces of 64 rows × 32 columns (the 4 boxes
+// of a column half lie one after another, rows in order, in the same 128-byte swizzle), both from one lane of warp
+// SB21_TQ64_WARP, instead of one box per warp (SB21_TQ64 = 0: bwd18_tma_reduce_dq). The host's map then has 64-row boxes
+// (src/backward.rs, `dq_acc_map`). Measured before it (call22e): the 8 boxes from one lane were +2.2 to +2.6 % slower.
+#ifndef SB21_TQ64
+#define SB21_TQ64 1
 #endif
+#define SB21_TQ64_WARP 5
 __device__ __forceinline__ void sb21_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
-    if (SB21_TQ_WARP < 0) {
+    if (!SB21_TQ64) {
         bwd18_tma_reduce_dq(p, boxes, bh, qb, warp_u);
-    } else if (warp_u == SB21_TQ_WARP) {
+    } else if (warp_u == SB21_TQ64_WARP) {
 #pragma unroll
-        for (int w = 0; w < THREADS / 32; ++w)
+        for (int c = 0; c < 2; ++c)
             asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
                          "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
-                         "}\n" ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(w >> 2), "r"(qb * BLOCK_Q + 16 * (w & 3)),
-                         "r"(bh), "r"(boxes + w * BWD18_WARP_BOX)
+                         "}\n" ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(c), "r"(qb * BLOCK_Q), "r"(bh),
+                         "r"(boxes + 4 * c * BWD18_WARP_BOX)
                          : "memory");
         sage14_bulk_commit();
     }
