@@ -1536,7 +1536,7 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 //   KIND 0's bulk reduces): StagedSage14's tile with fpab15's dQ staging at d = 64: each warp
 //   stores its own landed dQ fragment (16 rows × 32 FP32) into its 2 KB box in the 128-byte swizzle (conflict-free
 //   without bulk15's 32 selects), and after the next tile's barrier (b), where the base issues its row bulk reduces,
-//   one lane adds the box by one TMA tensor reduce (bwd18_tma_stage_dq, bwd18_tma_reduce_dq). Boxes double-buffered
+//   the tile's boxes go out as tensor reduces (bwd18_tma_stage_dq, sb21_tma_reduce_dq). Boxes double-buffered
 //   like the staging tiles; the bulk wait_read before (b) and the proxy fence before it cover them as before.
 template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
 struct StagedSage14T : StagedSage {
@@ -2512,19 +2512,17 @@ __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile
 }
 
 // sb21 (session 21; sb16's loop, d = 128): the staged dQ tile of block qb added by one bulk reduce of its rows < n_q
-// (32 KB at d = 128, contiguous in the staging tile and in the accumulator), issued by warp SB21_BULK_WARP alone
-// instead of by every warp for its 8 rows (-1: sage14_bulk_dq's way). One commit group per call for that warp's
-// threads; only they wait for its read before the next barrier (b). Measured (call22d, the d 128 sweep shapes, three
-// rounds, against -1): warp 5 −0.9 to −3.2 % backward at every shape (geometric mean −2.1 %), warp 4 (which also
-// issues the stage copies, SB20_TMA_THREAD) −1.5 %; predicted 0 to −0.6 %: the 8 warps' waits for their bulk reads,
-// which the copy engine serves one after another, cost more than their ~15 issue instructions.
+// (32 KB at d = 128, contiguous in the staging tile and in the accumulator), issued by warp SB21_BULK_WARP alone instead
+// of by every warp for its 8 rows (sage14_bulk_dq, which the d = 64 kernels without TMA reduces keep). One commit group
+// per call for that warp's threads; only they wait for its read before the next barrier (b). Measured (call22d, the
+// d 128 sweep shapes, three rounds, against sage14_bulk_dq): warp 5 −0.9 to −3.2 % backward at every shape (geometric
+// mean −2.1 %), warp 4 (which also issues the stage copies, SB20_TMA_THREAD) −1.5 %; predicted 0 to −0.6 %: the copy
+// engine serves the 8 bulks one after another and each warp waited for its own, which cost more than their issue.
 #ifndef SB21_BULK_WARP
 #define SB21_BULK_WARP 5
 #endif
 __device__ __forceinline__ void sb21_bulk_dq(const BackwardParams& p, u32 tile, int bh, int qb, int warp_u) {
-    if (SB21_BULK_WARP < 0) {
-        sage14_bulk_dq(p, tile, bh, qb, warp_u);
-    } else if (warp_u == SB21_BULK_WARP) {
+    if (warp_u == SB21_BULK_WARP) {
         const int q0 = qb * BLOCK_Q, rows = min(BLOCK_Q, p.dims.n_q - q0);  // ≥ 1: qb is a block of the sequence
         sage14_bulk_red_add(true, p.dq_acc + ((long)bh * p.dims.n_q + q0) * HEAD_DIM, tile, (u32)rows * SAGE14_DQ_ROW);
         sage14_bulk_commit();
@@ -2647,37 +2645,23 @@ __device__ __forceinline__ void bwd18_tma_stage_dq(u32 boxes, const int (*acc)[4
     bwd18_sts_pair<64>(b0, v[2][0], v[2][1], v[2][2], v[2][3]);
     bwd18_sts_pair<96>(b0, v[3][0], v[3][1], v[3][2], v[3][3]);
 }
-// Warp w's box of dQ block qb (staged a tile earlier, its stores fenced and visible since (b)) added to the accumulator
-// by one lane (elect.sync; the warp converged, warp_u uniform), as one commit group: sage14_bulk_dq's place and contract.
-__device__ __forceinline__ void bwd18_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
-    asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
-                 "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
-                 "}\n" ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(warp_u >> 2), "r"(qb * BLOCK_Q + 16 * (warp_u & 3)),
-                 "r"(bh), "r"(boxes + warp_u * BWD18_WARP_BOX)
-                 : "memory");
-    sage14_bulk_commit();
-}
-// sb21 at d = 64 (session 21): the dQ block's 8 warp boxes added as two tensor reduces of 64 rows × 32 columns (the 4 boxes
-// of a column half lie one after another, rows in order, in the same 128-byte swizzle), both from one lane of warp
-// SB21_TQ64_WARP, instead of one box per warp (SB21_TQ64 = 0: bwd18_tma_reduce_dq). The host's map then has 64-row boxes
-// (src/backward.rs, `dq_acc_map`). Measured before it (call22e): the 8 boxes from one lane were +2.2 to +2.6 % slower.
-#ifndef SB21_TQ64
-#define SB21_TQ64 1
-#endif
+// bwd18's dQ block, staged a tile earlier in 8 warp boxes (stores fenced and visible since (b)), added to the accumulator
+// as two tensor reduces of 64 rows × 32 columns (sb21: the 4 boxes of a column half lie one after another, rows in
+// order, in the same 128-byte swizzle, so the host's map has 64-row boxes; src/backward.rs `dq_acc_map`), both from one
+// lane of warp SB21_TQ64_WARP, as one commit group: sage14_bulk_dq's place and contract. Measured (call22f, against one
+// box per warp from its own lane, bwd18's form): −0.3 to −0.9 % backward at every d 64 shape but N 1k causal (+0.07 %),
+// geometric mean −0.58 %; training shape −0.38 %. The 8 boxes from one lane were +2.2 to +2.6 % slower (call22e).
 #define SB21_TQ64_WARP 5
 __device__ __forceinline__ void sb21_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
-    if (!SB21_TQ64) {
-        bwd18_tma_reduce_dq(p, boxes, bh, qb, warp_u);
-    } else if (warp_u == SB21_TQ64_WARP) {
+    if (warp_u != SB21_TQ64_WARP) return;
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
-            asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
-                         "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
-                         "}\n" ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(c), "r"(qb * BLOCK_Q), "r"(bh),
-                         "r"(boxes + 4 * c * BWD18_WARP_BOX)
-                         : "memory");
-        sage14_bulk_commit();
-    }
+    for (int c = 0; c < 2; ++c)
+        asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
+                     "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                     "}\n" ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(c), "r"(qb * BLOCK_Q), "r"(bh),
+                     "r"(boxes + 4 * c * BWD18_WARP_BOX)
+                     : "memory");
+    sage14_bulk_commit();
 }
 template <class Path>
 __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
