@@ -2651,6 +2651,9 @@ __device__ __forceinline__ void bwd18_tma_stage_dq(u32 boxes, const int (*acc)[4
 // lane of warp SB21_TQ64_WARP, as one commit group: sage14_bulk_dq's place and contract. Measured (call22f, against one
 // box per warp from its own lane, bwd18's form): −0.3 to −0.9 % backward at every d 64 shape but N 1k causal (+0.07 %),
 // geometric mean −0.58 %; training shape −0.38 %. The 8 boxes from one lane were +2.2 to +2.6 % slower (call22e).
+// Which warp issues them (call22h, against warp 5 here): warp 1 (warpgroup 0, whose threads 0..63 carry the row
+// constants) level, −0.10 %; the row constants moved to threads 128..191 instead (both duties on warpgroup 1, as sb20
+// at d = 128) +1.1 % (training shape +1.0 %): at d = 64 the duties' placement does not follow d = 128's.
 #define SB21_TQ64_WARP 5
 __device__ __forceinline__ void sb21_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
     if (warp_u != SB21_TQ64_WARP) return;
