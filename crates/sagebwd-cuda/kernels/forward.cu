@@ -1918,12 +1918,12 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         fp_main<PINGPONG, SNAKE, GROUPED>(&qmap, &kmap, &vmap, p, ws_smem);                                       \
     }
-FP_ENTRY(sage_forward_ws_bf16_p3s, true, true, false)   // fpp3s: fpp3 with the snake tile order (fpafwd3)
+FP_ENTRY(sage_forward_ws_bf16_p3s, true, true, false)   // fpp3s: ping-pong, the snake tile order (fpafwd3)
 FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with head-grouped tiles (fpaf14)
 
 // ---------------------------------------------------------------------------------------------
-// Persistent INT8 forward (sfwd12), kernels `sage_forward_ws_p*`: sage_forward_ws (ws3: ping-pong,
-// early amax, S(kb + 1) overlapping the O update; WsInt8 and ws_tile unchanged, so the same bits)
+// Persistent INT8 forward (sfwd12), kernels `sage_forward_ws_p*`: the warp-specialized INT8 tile (ws3's schedule:
+// ping-pong, early amax, S(kb + 1) overlapping the O update; WsInt8 and ws_tile, the pairs kernel's, so the same bits)
 // on the persistent grid of the BF16 kernel (FpTile, fp_tile, fp_block_tile): min(tiles, SMs)
 // blocks walk the tiles (query-block pair, batch·head) heaviest first (SNAKE: rounds alternate
 // direction). The producer warpgroup streams Q̂ of the next tile into one of two Q slots and K̂, V̂ᵀ

@@ -136,7 +136,7 @@ pub(crate) fn forward_path(flags: i32) -> ForwardPath {
 }
 
 /// How a kernel of the warp-specialized BF16 forward walks the work: `Pairs`, one block per
-/// query-block pair and (batch·head) (`sage_forward_ws_bf16`, `_fws*`); `Persistent`, min(tiles,
+/// query-block pair and (batch·head) (`sage_forward_ws_bf16`); `Persistent`, min(tiles,
 /// SMs) blocks that each walk tiles (`sage_forward_ws_bf16_p*`, fpafwd2), heaviest first over the
 /// grid (query-block pairs in decreasing order, batch·heads inside).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
