@@ -18,4 +18,7 @@ export SAGEBWD_REQUIRE_NVRTC=1
 # The README's main command must resolve to the `sagebwd` binary from the repository root.
 cargo run --release --quiet -- train --help > /dev/null
 
+# The benchmark comparison's parsing (no GPU, standard library only).
+python3 scripts/gpu/test_compare.py
+
 cargo test --workspace --release "$@"
