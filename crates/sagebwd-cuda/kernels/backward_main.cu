@@ -1006,9 +1006,6 @@ struct StagedSage {
     static constexpr int d_o = BF_QT, dot = 3 * BF_QT, qt = 4 * BF_QT;  // offsets in a stage
 
     static constexpr bool WGMMA = BWD_WGMMA;  // Sᵀ and dPᵀ by wgmma (K̂, V, Q̂, dO in its tile layout)
-    static constexpr bool WGMMA_DQ = BWD_WGMMA;
-    // With the wgmma dQ, tile() issues block qb − 1's dQ before Sᵀ and adds it while Sᵀ, dPᵀ run.
-    static constexpr bool DQ_IN_TILE = BWD_WGMMA;
     static constexpr bool STAGES_NEXT = false;
 
     // K̂ᵀ columns past n_k are read as they are and meet dŜ = 0.
@@ -1765,8 +1762,6 @@ struct StagedBf16 {
     // Key block: K, V (2·BF_KT bytes each); stage: Q, dO (2·BF_QT each); bf16(dS)ᵀ [128][64].
     typedef StagedLayout<4 * BF_KT, 4 * BF_QT, 2 * BLOCK_Q * BLOCK_KV> Layout;
     static constexpr bool WGMMA = BWD_WGMMA;
-    static constexpr bool WGMMA_DQ = BWD_WGMMA;
-    static constexpr bool DQ_IN_TILE = BWD_WGMMA;  // tile() runs block qb − 1's dQ itself
     // tile() stages block qb + 1 once block qb − 1's dV, dK (which read that stage) have landed, so
     // those products overlap the end of the iteration and the barrier instead of being waited for there.
     static constexpr bool STAGES_NEXT = BWD_WGMMA && FPA_STAGES_NEXT;
@@ -2141,7 +2136,7 @@ __device__ __forceinline__ const void* dq_map_of(const BackwardParams& p) {
 #define FPAB15_WARP_STAGE 4096  // bytes of one warp's staging box (16 rows × 64 FP32)
 // Every earlier bulk reduce of this thread has read its shared source; then the warp's area is free.
 __device__ __forceinline__ void fpab15_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    bulk_wait_read();
     __syncwarp();
 }
 // acc[0..1] at shared a = base ^ X (row g), acc[2..3] at a + 2048 (row g + 8).
@@ -2176,15 +2171,9 @@ __device__ __forceinline__ void fpab15_reduce_dq(const BackwardParams& p, u32 ar
     fence_proxy_async();
     __syncwarp();
     const int warp = threadIdx.x >> 5;
-    const u32 src = area + warp * FPAB15_WARP_STAGE;
-    asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
-                 "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
-                 "@e cp.async.bulk.commit_group;\n}\n"
-                 ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(2 * (warp >> 2)), "r"(qb * BLOCK_Q + 16 * (warp & 3)),
-                 "r"(bh), "r"(src)
-                 : "memory");
+    tma_reduce_add_4d_elect(dq_map_of(p), 0, 2 * (warp >> 2), qb * BLOCK_Q + 16 * (warp & 3), bh, area + warp * FPAB15_WARP_STAGE);
+    bulk_commit();
 }
-__device__ __forceinline__ void fpab15_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fpab15_bulk_dq(const BackwardParams& p, u32 area, const float (*acc)[4], int bh, int qb) {
     fpab15_wait_read();  // the previous reduce (a tile ago) has read the box
     fpab15_stage_dq(area, acc);
@@ -2423,13 +2412,14 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         StagedTile x = staged_tile<Lay>(smem, smem_ptr, buf, bh, bh_kv, kb, qb, qb > qb0, dq_scale, has_next);
         const float tile_dq_scale = Path::tile(p, x, dv, dk);
         if (has_next && threadIdx.x < BLOCK_Q) store_row_consts(rows_of(buf ^ 1), next_rc);
-        if (qb > qb0 && !Path::DQ_IN_TILE) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
+        // With the wgmma dQ (sm_90a) tile() issues block qb − 1's dQ itself, before Sᵀ, and adds it while Sᵀ, dPᵀ run.
+        if (qb > qb0 && !BWD_WGMMA) Path::dq(p, smem, x.prev_ds, dq_scale, bh, qb - 1);
         if (!Path::STAGES_NEXT) Path::drain(dv, dk);  // before the next (a): block qb + 2 is staged into this block's stage
         dq_scale = tile_dq_scale;
     }
     cp_async_wait<0>();
 #if BWD_WGMMA
-    if (Path::WGMMA_DQ) fence_proxy_async();  // the dS stores → dQ's wgmma reads
+    fence_proxy_async();  // the dS stores → dQ's wgmma reads
 #endif
     __syncthreads();  // dS of the last block complete
     return dq_scale;
@@ -2495,11 +2485,6 @@ __device__ __forceinline__ void sage14_bulk_red_add(bool pred, float* dst, u32 s
                  "@e cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%1], [%2], %3;\n}\n"
                  ::"r"((int)pred), "l"(dst), "r"(src), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void sage14_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Every earlier bulk reduce of this thread has read its shared source.
-__device__ __forceinline__ void sage14_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// ... and completed (its global writes done): before the CTA exits.
-__device__ __forceinline__ void sage14_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // The staged dQ tile of block qb added to the accumulator: rows 8w..8w + 7 (those < n_q, 2 KB contiguous)
 // by warp w (warp_u = w, warp-uniform to ptxas) in one bulk reduce. One commit group per call per thread.
 __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile, int bh, int qb, int warp_u) {
@@ -2508,7 +2493,7 @@ __device__ __forceinline__ void sage14_bulk_dq(const BackwardParams& p, u32 tile
     const u32 src = tile + 8 * warp_u * SAGE14_DQ_ROW;
     const int rows = min(8, p.dims.n_q - q0);  // warp-uniform
     sage14_bulk_red_add(rows > 0, dst, src, (u32)max(rows, 0) * (HEAD_DIM * 4));
-    sage14_bulk_commit();
+    bulk_commit();
 }
 
 // sb21 (session 21; sb16's loop, d = 128): the staged dQ tile of block qb added by one bulk reduce of its rows < n_q
@@ -2525,7 +2510,7 @@ __device__ __forceinline__ void sb21_bulk_dq(const BackwardParams& p, u32 tile, 
     if (warp_u == SB21_BULK_WARP) {
         const int q0 = qb * BLOCK_Q, rows = min(BLOCK_Q, p.dims.n_q - q0);  // ≥ 1: qb is a block of the sequence
         sage14_bulk_red_add(true, p.dq_acc + ((long)bh * p.dims.n_q + q0) * HEAD_DIM, tile, (u32)rows * SAGE14_DQ_ROW);
-        sage14_bulk_commit();
+        bulk_commit();
     }
 }
 
@@ -2658,13 +2643,8 @@ __device__ __forceinline__ void bwd18_tma_stage_dq(u32 boxes, const int (*acc)[4
 __device__ __forceinline__ void sb21_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
     if (warp_u != SB21_TQ64_WARP) return;
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
-        asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
-                     "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
-                     "}\n" ::"l"((unsigned long long)dq_map_of(p)), "r"(0), "r"(c), "r"(qb * BLOCK_Q), "r"(bh),
-                     "r"(boxes + 4 * c * BWD18_WARP_BOX)
-                     : "memory");
-    sage14_bulk_commit();
+    for (int c = 0; c < 2; ++c) tma_reduce_add_4d_elect(dq_map_of(p), 0, c, qb * BLOCK_Q, bh, boxes + 4 * c * BWD18_WARP_BOX);
+    bulk_commit();
 }
 template <class Path>
 __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
@@ -2756,7 +2736,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         if (MASKED && sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
         float amax_ds = sage10_tile_max<true>(ds);
         if (has_next && row_thread) sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
-        if (BULK) sage14_bulk_wait_read();  // staging tile par (its bulk of tile i − 1) free after (b)
+        if (BULK) bulk_wait_read();  // staging tile par (its bulk of tile i − 1) free after (b)
         cp_async_wait<0>();   // this thread's copies of block qb + 1
         fence_proxy_async();  // they and the dŜ stores of block qb − 1 → wgmma's reads
         if (Path::ATOMIC_AMAX) {
@@ -2982,7 +2962,7 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         if (sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
         float amax_ds = sage10_tile_max<true>(ds);
         if (has_next && row_thread) sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
-        sage14_bulk_wait_read();  // tile i − 1's bulk has read staging tile par, which this tile writes after (b)
+        bulk_wait_read();  // tile i − 1's bulk has read staging tile par, which this tile writes after (b)
         cp_async_wait<0>();       // this thread's copies of A(qb + 1), B(qb) (sb20: of A(qb0 + 1) only)
         if constexpr (S::TMA_STAGE)
             if (i > 0) mbar_wait(bar, (i - 1) & 1);  // sb20: tile i − 1's boxes, A(qb + 1) and B(qb), landed
@@ -3080,31 +3060,31 @@ __device__ __forceinline__ void staged_finish() {}
 #if FPA_EARLY_PATH
 template <>
 __device__ __forceinline__ void staged_finish<StagedBf16Bulk>() {
-    fpab15_bulk_wait();  // the dQ reduce-adds complete before the CTA exits
+    bulk_wait();  // the dQ reduce-adds complete before the CTA exits
 }
 #endif
 #if PIPE14_LOOP
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage14>() {
-    if (StagedSage14::BULK_DQ) sage14_bulk_wait();
+    if (StagedSage14::BULK_DQ) bulk_wait();
 }
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage14P>() {
-    if (StagedSage14P::BULK_DQ) sage14_bulk_wait();
+    if (StagedSage14P::BULK_DQ) bulk_wait();
 }
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage14Q>() {
-    if (StagedSage14Q::BULK_DQ) sage14_bulk_wait();  // bwd18: its dQ tensor reduces complete before the CTA exits
+    if (StagedSage14Q::BULK_DQ) bulk_wait();  // bwd18: its dQ tensor reduces complete before the CTA exits
 }
 #endif
 #if SB128_LOOP
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage128>() {
-    if (StagedSage128::BULK_DQ) sage14_bulk_wait();
+    if (StagedSage128::BULK_DQ) bulk_wait();
 }
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage128T>() {
-    sage14_bulk_wait();
+    bulk_wait();
 }
 #endif
 

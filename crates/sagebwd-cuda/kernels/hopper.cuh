@@ -251,6 +251,20 @@ __device__ __forceinline__ void tma_load_5d(u32 dst, const void* map, int c0, in
         "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
         : "memory");
 }
+// Bulk async-groups (cp.async.bulk / cp.reduce.async.bulk) of this thread: close the open group; wait until every
+// earlier group has read its shared source (the source may be rewritten); wait until they have completed (their
+// global writes done: before the CTA exits).
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// FP32 add of the shared box at src into a 4-D tensor map at {c0, c1, c2, c3}, issued by one lane of the (converged)
+// warp that elect.sync picks, in the bulk async-group of that thread (the caller commits).
+__device__ __forceinline__ void tma_reduce_add_4d_elect(const void* map, int c0, int c1, int c2, int c3, u32 src) {
+    asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
+                 "@e cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 "}\n" ::"l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+                 : "memory");
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // fpa backward (fpabwd)
