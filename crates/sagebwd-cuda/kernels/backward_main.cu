@@ -1007,6 +1007,7 @@ struct StagedSage {
 
     static constexpr bool WGMMA = BWD_WGMMA;  // Sᵀ and dPᵀ by wgmma (K̂, V, Q̂, dO in its tile layout)
     static constexpr bool STAGES_NEXT = false;
+    static constexpr bool BULK_DQ = false;  // dQ by bulk or tensor reduces from a staging area (derived paths)
 
     // K̂ᵀ columns past n_k are read as they are and meet dŜ = 0.
     static __device__ __forceinline__ void stage_key_block(const BackwardParams& p, u32 smem, int bh_kv, int kb) {
@@ -1765,6 +1766,7 @@ struct StagedBf16 {
     // tile() stages block qb + 1 once block qb − 1's dV, dK (which read that stage) have landed, so
     // those products overlap the end of the iteration and the barrier instead of being waited for there.
     static constexpr bool STAGES_NEXT = BWD_WGMMA && FPA_STAGES_NEXT;
+    static constexpr bool BULK_DQ = false;  // StagedBf16Bulk: dQ by tensor reduces (fpab15)
     static constexpr int v = 2 * BF_KT;   // offset in the key block
     static constexpr int d_o = 2 * BF_QT; // offset in a stage
     static constexpr int DST_ROW = 2 * BLOCK_Q;  // bytes of one bf16(dS)ᵀ row (a key's 64 rows)
@@ -2122,23 +2124,21 @@ __device__ __forceinline__ const void* dq_map_of(const BackwardParams& p) {
 #define FPA_EARLY_PATH 1
 // ---- fpab15: dQ of the d = 128 fpa tile by TMA reduce-adds (sage_bwd_main_persist_bf16q) ------------
 // The landed dQ tile (warp w: rows 16(w mod 4).., columns (w div 4)·64.., 16 × 64 FP32) goes to the
-// warp's own 4 KB of a staging area instead of 16 red.global.add.v2.f32 per thread, and one lane adds
-// it to the FP32 accumulator by one cp.reduce.async.bulk.tensor (4-D map of dq_acc: 32 columns, d/32
-// column boxes, n_q rows, B·H_q; box 32 × 2 × 16 × 1, 128-byte swizzle; rows past n_q are clipped by
-// the map). The warp's box is what the warp wrote, so a __syncwarp (after each thread's proxy fence)
-// is the only synchronization; before its next stores the issuing lane waits until the reduce has
-// read the area (wait_group.read). Swizzled staging: the 32-byte group of n-tile j in row g is
-// (j mod 4) ^ (g mod 4), so each STS.64 takes 2 shared wavefronts (8 unswizzled: rows of 256 bytes).
+// warp's own 4 KB of a staging area instead of 16 red.global.add.v2.f32 per thread; the four boxes of a
+// warpgroup (one column half, rows 0..63 in order) are one 16 KB box of the accumulator's 4-D tensor map
+// (32 columns, d/32 column boxes, n_q rows, B·H_q; box 32 × 2 × 64 × 1, 128-byte swizzle; rows past n_q
+// are clipped by the map), added by one cp.reduce.async.bulk.tensor from one lane of the warpgroup's first
+// warp once its four warps have staged (a named barrier per warpgroup) (fpab22: two reduces of 16 KB per
+// tile instead of fpab15's eight of 4 KB, one per warp; sb21's lesson). The issuing lane waits until its
+// reduce has read the area before the next tile's barrier (a) (staged_query_loop), after which any warp may
+// stage again. Swizzled staging: the 32-byte group of n-tile j in row g is (j mod 4) ^ (g mod 4), so each
+// STS.64 takes 2 shared wavefronts (8 unswizzled: rows of 256 bytes).
 // The same FP32 values are added (the accumulator's additions were unordered atomics before too);
 // the TMA add is .rn with subnormals flushed, as REDG.E.ADD.F32x2.FTZ.RN.
 // The tensor map travels in front of BackwardParams in the kernel's one __grid_constant__ parameter
 // (BwdParamsDqMap, dq_map_of).
 #define FPAB15_WARP_STAGE 4096  // bytes of one warp's staging box (16 rows × 64 FP32)
-// Every earlier bulk reduce of this thread has read its shared source; then the warp's area is free.
-__device__ __forceinline__ void fpab15_wait_read() {
-    bulk_wait_read();
-    __syncwarp();
-}
+#define FPAB22_BAR0 1           // named barriers 1 (warpgroup 0) and 2 (warpgroup 1): the half staged
 // acc[0..1] at shared a = base ^ X (row g), acc[2..3] at a + 2048 (row g + 8).
 template <int X>
 __device__ __forceinline__ void fpab15_sts_pair(u32 base, const float (&acc)[4]) {
@@ -2165,19 +2165,21 @@ __device__ __forceinline__ void fpab15_stage_dq(u32 area, const float (*acc)[4])
     fpab15_sts_pair<64>(b1, acc[6]);
     fpab15_sts_pair<96>(b1, acc[7]);
 }
-// The warp's staged box of dQ block qb added to the accumulator by one lane (elect.sync; the warp is
-// converged), as one commit group. Each thread fences its stores to the async proxy first.
-__device__ __forceinline__ void fpab15_reduce_dq(const BackwardParams& p, u32 area, int bh, int qb) {
+// Warpgroup wg's staged column half of dQ block qb added to the accumulator by one lane of its first warp
+// (elect.sync; the warp is converged), as one commit group, once the warpgroup's four warps have fenced
+// their stores to the async proxy and met at the half's named barrier. wg: warp-uniform (sbwd13_wg).
+__device__ __forceinline__ void fpab15_reduce_dq(const BackwardParams& p, u32 area, int bh, int qb, int wg) {
     fence_proxy_async();
-    __syncwarp();
-    const int warp = threadIdx.x >> 5;
-    tma_reduce_add_4d_elect(dq_map_of(p), 0, 2 * (warp >> 2), qb * BLOCK_Q + 16 * (warp & 3), bh, area + warp * FPAB15_WARP_STAGE);
-    bulk_commit();
+    named_sync(FPAB22_BAR0 + wg, 128);  // the warpgroup's 128 threads
+    if (((threadIdx.x >> 5) & 3) == 0) {
+        tma_reduce_add_4d_elect(dq_map_of(p), 0, 2 * wg, qb * BLOCK_Q, bh, area + 4 * wg * FPAB15_WARP_STAGE);
+        bulk_commit();
+    }
 }
-__device__ __forceinline__ void fpab15_bulk_dq(const BackwardParams& p, u32 area, const float (*acc)[4], int bh, int qb) {
-    fpab15_wait_read();  // the previous reduce (a tile ago) has read the box
+// The staging area is free here: the lane that issued the previous reduce waited for its read before (a).
+__device__ __forceinline__ void fpab15_bulk_dq(const BackwardParams& p, u32 area, const float (*acc)[4], int bh, int qb, int wg) {
     fpab15_stage_dq(area, acc);
-    fpab15_reduce_dq(p, area, bh, qb);
+    fpab15_reduce_dq(p, area, bh, qb, wg);
 }
 // StagedBf16's layout plus the staging area (8 warps × 4 KB), 1024-aligned for the swizzle.
 struct Bf16BulkLayout : StagedBf16::Layout {
@@ -2210,9 +2212,10 @@ struct StagedBf16EarlyT : StagedBf16 {
         for (int ks = 0; ks < BLOCK_KV / 16; ++ks) wgmma_bf16_ss_tt(acc, a.at(ks * 16 * DST_ROW), b.at(ks * 16 * 128), ks);
     }
     // A landed dQ tile of block qb into the accumulator.
-    static __device__ __forceinline__ void add_tile_dq(const BackwardParams& p, u32 smem, const float (*acc)[4], int bh, int qb) {
+    static __device__ __forceinline__ void add_tile_dq(const BackwardParams& p, u32 smem, const float (*acc)[4], int bh, int qb,
+                                                       int wg) {
         if (BULK) {
-            fpab15_bulk_dq(p, smem + Bf16BulkLayout::dqst0, acc, bh, qb);
+            fpab15_bulk_dq(p, smem + Bf16BulkLayout::dqst0, acc, bh, qb, wg);
         } else {
             add_dq_pred(p, acc, bh, qb);
         }
@@ -2226,7 +2229,7 @@ struct StagedBf16EarlyT : StagedBf16 {
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_fence_regs(acc);
-            add_tile_dq(p, smem, acc, bh, qb);
+            add_tile_dq(p, smem, acc, bh, qb, sbwd13_wg());
         } else {
             StagedBf16::dq(p, smem, dst_tile, s, bh, qb);
         }
@@ -2250,7 +2253,7 @@ struct StagedBf16EarlyT : StagedBf16 {
         wgmma_commit();
         wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
-        if (x.has_prev) add_tile_dq(p, x.smem, dq_acc, x.bh, x.qb - 1);  // block-uniform
+        if (x.has_prev) add_tile_dq(p, x.smem, dq_acc, x.bh, x.qb - 1, wg);  // block-uniform
         wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
         wgmma_fence_regs(s);
         tile_p_regs<false>(x.rows, s, p.c_lambda, prob);
@@ -2402,6 +2405,7 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         cp_async_wait<0>();  // this thread's copies of block qb are done
 #if BWD_WGMMA
         if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
+        if constexpr (Path::BULK_DQ) bulk_wait_read();  // fpab22: the dQ staging area free after (a)
 #endif
         __syncthreads();     // (a)
         if (has_next && !Path::STAGES_NEXT) stage_next(p, stage(buf ^ 1), bh, qb + 1);
@@ -2420,6 +2424,7 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
     cp_async_wait<0>();
 #if BWD_WGMMA
     fence_proxy_async();  // the dS stores → dQ's wgmma reads
+    if constexpr (Path::BULK_DQ) bulk_wait_read();  // fpab22: the dQ staging area free for the item's last dQ
 #endif
     __syncthreads();  // dS of the last block complete
     return dq_scale;

@@ -150,9 +150,10 @@ struct BackwardParamsDqMap {
 const _: () = assert!(std::mem::size_of::<BackwardParamsDqMap>() == 448);
 
 /// The FP32 dQ accumulator `[rows][n_q][d]` as a 4-D map for the warps' TMA reduce-adds: 32 columns, d/32
-/// column blocks, n_q rows, `rows` heads; boxes of 32 × `col_blocks` × `box_rows` × 1, 128-byte swizzled: a warp's 16
-/// rows × 64 columns for fpab15's d = 128 fpa kernel (2, 16); a query block's 64 rows × 32 columns, four warps' boxes,
-/// for the d = 64 sage kernel (1, 64: sb21; bwd18 had one warp's 16 rows). Rows past n_q are outside the map (not
+/// column blocks, n_q rows, `rows` heads; boxes of 32 × `col_blocks` × `box_rows` × 1, 128-byte swizzled: a query
+/// block's 64 rows × 64 columns, a warpgroup's four warp boxes, for the d = 128 fpa kernel (2, 64: fpab22; fpab15 had one
+/// warp's 16 rows); a query block's 64 rows × 32 columns, four warps' boxes, for the d = 64 sage kernel (1, 64: sb21;
+/// bwd18 had one warp's 16 rows). Rows past n_q are outside the map (not
 /// written).
 fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize, col_blocks: u32, box_rows: u32) -> Result<crate::tma::TensorMap> {
     let row_bytes = (head_dim * 4) as u64;
@@ -534,9 +535,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsStageMaps).cast()];
             launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
         } else if bulk_dq || sage_tma_dq {
-            // fpa: one group, the accumulator of every row, 16-row boxes of both column halves; sage (bwd18, sb21): the
-            // group's accumulator, as p.dq_acc, 64-row boxes of one column half.
-            let map = if bulk_dq { dq_acc_map(dq_acc, rows, n_q, d, 2, 16)? } else { dq_acc_map(dq_acc, rows, n_q, d, 1, 64)? };
+            // fpa: one group, the accumulator of every row, 64-row boxes of a column half (fpab22); sage (bwd18, sb21):
+            // the group's accumulator, as p.dq_acc, 64-row boxes of a 32-column block.
+            let map = if bulk_dq { dq_acc_map(dq_acc, rows, n_q, d, 2, 64)? } else { dq_acc_map(dq_acc, rows, n_q, d, 1, 64)? };
             let mut pm = BackwardParamsDqMap { map, p };
             let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsDqMap).cast()];
             launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
