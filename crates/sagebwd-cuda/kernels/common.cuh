@@ -41,6 +41,8 @@ typedef unsigned long long u64;
 #define F_SMOOTH_K 256
 #define F_SMOOTH_Q 512
 #define F_DQ_CORR 1024
+// Launch switch of the persistent INT8 forward (not a method flag): K̂ and Q̂ copied by TMA (fwd22, wsp_producer_tma).
+#define F_TMA_KQ 2048
 
 // Programmatic dependent launch (PDL, sm_90+; src/quantize.rs `launch_pdl`; the glue kernels and the
 // main attention kernels). A kernel launched with programmatic stream serialization may start while

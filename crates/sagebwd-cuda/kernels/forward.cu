@@ -1935,6 +1935,14 @@ FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with hea
 // (j), so the producer never waits on a slot for a tile whose last stage it has not completed yet.
 // The per-block scales (q_scale of the query block, k/v scales of key block 0) are loaded per tile
 // by WsInt8's constructor.
+
+// The tensor maps of the persistent INT8 kernel, its first parameters: V̂ᵀ (int8_v_map), and for fwd22's copies
+// (F_TMA_KQ) K̂ as the 5-D view whose box lands in the permuted row order of the K̂ tile (permuted_row; src/tma.rs
+// `permuted_rows_map`) and Q̂ as 2-D rows (src/forward.rs `int8_kq_maps`).
+struct WspMaps {
+    const void *v, *k, *q;
+};
+
 #define WSP_STAGES (HEAD_DIM == 128 ? 4 : 8)  // 4 × 32 KB or 8 × 16 KB of K̂ and V̂ᵀ
 #define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
 // fwd16's variant bits of the persistent kernel (wsp_consumer, WspInt8; described there).
@@ -1990,11 +1998,12 @@ struct WspSmem {
     __device__ __forceinline__ void wait_q_empty(int i) const {
         if (i >= 2) mbar_wait(q_empty_bar(i), ((i >> 1) - 1) & 1);  // i = j
     }
-    // One thread: "full" completes on the 128 producer arrivals + the TMA's (with its bytes), the
-    // "empty" ones on one arrival per consumer warp (8).
-    __device__ __forceinline__ void init() const {
+    // One thread: "full" completes on the 128 producer arrivals + the TMA's (with its bytes), with fwd22's copies
+    // (`tma_kq`) on the one arrival of the thread that issues them (with the bytes); the "empty" ones on one arrival
+    // per consumer warp (8).
+    __device__ __forceinline__ void init(bool tma_kq) const {
         for (int s = 0; s < WSP_STAGES; ++s) {
-            mbar_init(full_bar(s), WG_THREADS + 1);
+            mbar_init(full_bar(s), tma_kq ? 1 : WG_THREADS + 1);
             mbar_init(empty_bar(s), 8);
         }
         for (int s = 0; s < 2; ++s) mbar_init(q_empty + 8 * s, 8);
@@ -2002,12 +2011,45 @@ struct WspSmem {
     }
 };
 
-// The producer warpgroup (ws_producer's loads, over all the block's tiles): stage `it` is completed
-// after stage it + 1 was issued (two in flight), across tile boundaries too.
+// fwd22 (F_TMA_KQ, where n_k is a multiple of 16): every copy of the producer by TMA from its one thread (tid 0): per
+// key block K̂ and V̂ᵀ, per tile with key blocks Q̂ of both query blocks with its first block, on the stage's "full"
+// barrier (one arrival with the bytes). The K̂ view folds the heads' 16-key groups together, so a head's last block
+// may read the next head's first keys instead of zeros (the tensor's end reads zeros) and Q̂'s rows past n_q the next
+// head's rows: such keys are masked (tile_needs_mask) and such rows are never stored. Instead of ws_load_k's ~40
+// address instructions per 16-byte cp.async: the copies took ~18 % of the kernel's issued instructions (call c1).
 template <bool SNAKE>
-__device__ void wsp_producer(const void* vmap, const ForwardParams& p, const WspSmem& sm) {
+__device__ void wsp_producer_tma(const WspMaps& m, const ForwardParams& p, const WspSmem& sm) {
+    const Dims& d = p.dims;
+    const int n_tiles = fp_tile_count(d);
+    int it = 0, j = 0;
+    for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
+        const FpTile x = fp_tile(d, t);
+        if (x.end == 0) continue;
+        const int bh_kv = kv_head_of(d, x.bh), g0 = bh_kv * (d.n_k / 16);  // the head's first 16-key group
+        sm.wait_q_empty(j);
+        for (int kb = 0; kb < x.end; ++kb, ++it) {
+            const int s = it % WSP_STAGES;
+            const u32 full = sm.full_bar(s);
+            sm.wait_empty(it);
+            mbar_arrive_expect_tx(full, 2 * WG_TILE + (kb == 0 ? WSP_Q_BYTES : 0));
+            if (kb == 0) tma_load_2d(sm.q_slot(j), m.q, 0, x.bh * d.n_q + 2 * x.pair * BLOCK_Q, full);
+            tma_load_5d(sm.k_stage(s), m.k, 0, 0, 0, 0, g0 + kb * (BLOCK_KV / 16), full);
+            tma_load_2d(sm.v_stage(s), m.v, kb * BLOCK_KV, bh_kv * HEAD_DIM, full);
+        }
+        ++j;
+    }
+}
+
+// The producer warpgroup (ws_producer's loads, over all the block's tiles): stage `it` is completed
+// after stage it + 1 was issued (two in flight), across tile boundaries too. With F_TMA_KQ: wsp_producer_tma.
+template <bool SNAKE>
+__device__ void wsp_producer(const WspMaps& m, const ForwardParams& p, const WspSmem& sm) {
     const Dims& d = p.dims;
     const int tid = threadIdx.x, n_tiles = fp_tile_count(d);  // tid 0..127
+    if (p.flags & F_TMA_KQ) {
+        if (tid == 0) wsp_producer_tma<SNAKE>(m, p, sm);
+        return;
+    }
     int it = 0, j = 0;
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
@@ -2019,7 +2061,7 @@ __device__ void wsp_producer(const void* vmap, const ForwardParams& p, const Wsp
             sm.wait_empty(it);
             if (tid == 0) {
                 mbar_arrive_expect_tx(sm.full_bar(s), WG_TILE);
-                tma_load_2d(sm.v_stage(s), vmap, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full_bar(s));
+                tma_load_2d(sm.v_stage(s), m.v, kb * BLOCK_KV, bh_kv * HEAD_DIM, sm.full_bar(s));
             }
             if (kb == 0) ws_load_q_rows<2>(p, sm.q_slot(j), x.bh, 2 * x.pair * BLOCK_Q, tid);
             ws_load_k(p, sm.k_stage(s), bh_kv, kb, tid);
@@ -2331,12 +2373,12 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
 // The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // WspSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
 template <bool SNAKE, int V>
-__device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& p, unsigned char* smem) {
+__device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParams& p, unsigned char* smem) {
 #ifdef SAGE_WGMMA
     require_dynamic_smem((u32)WspSmem::kSmemBytes);
     if (blockDim.x != WS_THREADS) __trap();
     const WspSmem sm(smem);
-    if (threadIdx.x == 0) sm.init();
+    if (threadIdx.x == 0) sm.init((p.flags & F_TMA_KQ) != 0);
     __syncthreads();
     // Launched with PDL after the Q/K/V quantization (src/forward.rs): nothing of global memory is
     // read or written above, and every thread waits here for the quantization's grid (which itself
@@ -2345,7 +2387,7 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         setmaxnreg_dec<24>();
-        wsp_producer<SNAKE>(vmap, p, sm);
+        wsp_producer<SNAKE>(maps, p, sm);
     } else {
         setmaxnreg_inc<240>();
         wsp_consumer<SNAKE, V>(p, sm, wg - 1);
@@ -2357,9 +2399,10 @@ __device__ __forceinline__ void wsp_main(const void* vmap, const ForwardParams& 
 
 #define WSP_ENTRY(name, SNAKE, V)                                                                                 \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
-        name(const __grid_constant__ TmaMapParam vmap, ForwardParams p) {                                         \
+        name(const __grid_constant__ TmaMapParam vmap, const __grid_constant__ TmaMapParam kmap,                  \
+             const __grid_constant__ TmaMapParam qmap, ForwardParams p) {                                         \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        wsp_main<SNAKE, V>(&vmap, p, ws_smem);                                                                    \
+        wsp_main<SNAKE, V>(WspMaps{&vmap, &kmap, &qmap}, p, ws_smem);                                             \
     }
 // The two entries, each the default at one head dim (src/forward.rs `int8_persistent_default`), each a measured step
 // over the one before (RESULTS-gpu.md; the earlier entries `wsp3s`, `wsp3s-0`, `wsp3s-nopp`, `wsp3s-stagger` are in

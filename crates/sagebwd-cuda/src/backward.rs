@@ -192,13 +192,10 @@ const _: () = assert!(std::mem::size_of::<BackwardParamsStageMaps>() == 832);
 /// so that a box lands in the tile's permuted row order (128-byte swizzle; dO in two boxes of 64 columns); dÔᵀ and
 /// Q̂ᵀ ([rows][d][n_qpad] bytes) as 3-D, box {64, d, 1}, 64-byte swizzle.
 fn sage128_stage_maps(p: &BackwardParams, rows: usize, n_q: usize, n_qpad: usize) -> Result<[crate::tma::TensorMap; 4]> {
-    use crate::tma::{encode_tiled, TmaElem, TmaSwizzle};
+    use crate::tma::{encode_tiled, permuted_rows_map, TmaElem, TmaSwizzle};
     const D: u64 = 128;
     let groups = (rows * n_q / 16) as u64;
-    let permuted = |elem, addr, row_bytes: u64, box0| {
-        encode_tiled(elem, addr, &[D, 2, 4, 2, groups], &[row_bytes, 4 * row_bytes, 2 * row_bytes, 16 * row_bytes],
-                     &[box0, 2, 4, 2, 4], TmaSwizzle::B128)
-    };
+    let permuted = |elem, addr, row_bytes: u64, box0| permuted_rows_map(elem, addr, D, row_bytes, groups, box0, 4, TmaSwizzle::B128);
     let transposed = |addr| {
         let pad = n_qpad as u64;
         encode_tiled(TmaElem::I8, addr, &[pad, D, rows as u64], &[pad, D * pad], &[BLOCK_Q as u32, D as u32, 1], TmaSwizzle::B64)

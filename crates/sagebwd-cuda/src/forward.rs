@@ -367,14 +367,52 @@ fn wsp_smem_bytes(head_dim: usize) -> u32 {
 }
 
 /// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
-/// the V̂ᵀ tensor map as its first parameter.
+/// the tensor maps of V̂ᵀ, K̂ and Q̂ as its first parameters (`WspMaps`); K̂ and Q̂ are copied by TMA where
+/// [`use_tma_kq`] says so (`F_TMA_KQ`; otherwise their maps are V̂ᵀ's, unused).
 fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
+    let mut p = *p;
+    let mut maps = [vmap; 3];
+    if use_tma_kq(&p.dims) {
+        [maps[1], maps[2]] = int8_kq_maps(&p, head_dim)?;
+        p.flags |= crate::F_TMA_KQ;
+    }
     // Programmatic dependent launch after sage_quantize_qkv (which triggers at its start): the blocks
     // start on the SMs its last wave frees and wait (pdl_wait in wsp_main) for it to complete.
     let pdl = crate::quantize::pdl_main(gpu, crate::quantize::PdlMain::Forward);
-    let shape = WsShape { smem: wsp_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS, pdl };
-    launch_ws_kernel(gpu, k, kernel, &mut [vmap], p, shape)
+    let shape = WsShape { smem: wsp_smem_bytes(head_dim), grid: persistent_grid(gpu, &p), threads: WS_THREADS, pdl };
+    launch_ws_kernel(gpu, k, kernel, &mut maps, &p, shape)
+}
+
+/// fwd22: whether the persistent INT8 forward copies K̂ and Q̂ by TMA from one producer thread (`wsp_producer_tma`)
+/// instead of every producer thread's 16-byte cp.async chunks (~40 address instructions each; ~18 % of the kernel's
+/// issued instructions at d 128, session 22's profile): where n_k is a non-zero multiple of 16 (K̂'s permuted view
+/// folds the heads' 16-key groups together) and the rows fit the kernel's 32-bit row arithmetic.
+/// `SAGEBWD_FWD_TMA_KQ=0` keeps the cp.async copies.
+fn use_tma_kq(d: &Dims) -> bool {
+    let rows = |heads: i32, n: i32| heads as i64 * d.batch as i64 * n as i64;
+    d.n_k % 16 == 0
+        && d.n_k > 0
+        && d.n_q > 0
+        && rows(d.heads_q, d.n_q) + 2 * 64 < 1 << 31
+        && rows(d.heads_kv, d.n_k) < 1 << 31
+        && std::env::var("SAGEBWD_FWD_TMA_KQ").map_or(true, |v| v != "0")
+}
+
+/// fwd22's maps (`wsp_producer_tma`): K̂ (`[B·H_kv·n_k][d]` i8) as the permuted 5-D view whose box is one key block
+/// of 128 keys, Q̂ (`[B·H_q·n_q][d]` i8) as rows, boxes of two query blocks (128 rows); the swizzle of the tiles'
+/// wgmma descriptors (128-byte rows at d = 128, 64-byte at d = 64).
+fn int8_kq_maps(p: &ForwardParams, head_dim: usize) -> Result<[crate::tma::TensorMap; 2]> {
+    use crate::tma::{encode_tiled, permuted_rows_map, TmaElem, TmaSwizzle};
+    let d = &p.dims;
+    let row = head_dim as u64;
+    let swizzle = if head_dim == 128 { TmaSwizzle::B128 } else { TmaSwizzle::B64 };
+    let key_groups = (d.batch * d.heads_kv) as u64 * d.n_k as u64 / 16;
+    let q_rows = (d.batch * d.heads_q) as u64 * d.n_q as u64;
+    Ok([
+        permuted_rows_map(TmaElem::I8, p.op.k_hat, row, row, key_groups, head_dim as u32, 8, swizzle)?,
+        encode_tiled(TmaElem::I8, p.op.q_hat, &[row, q_rows], &[row], &[head_dim as u32, 128], swizzle)?,
+    ])
 }
 
 /// The V̂ᵀ tensor map of the INT8 warp-specialized kernels: `[B·H_kv·d rows][n_kpad keys]` i8, boxes

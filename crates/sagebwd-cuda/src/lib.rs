@@ -37,6 +37,8 @@ use std::sync::{Arc, Mutex};
 pub(crate) const F_SMOOTH_K: i32 = 256;
 pub(crate) const F_SMOOTH_Q: i32 = 512;
 pub(crate) const F_DQ_CORR: i32 = 1024;
+/// Launch switch of the persistent INT8 forward: K̂ and Q̂ copied by TMA (`F_TMA_KQ`, forward.cu `wsp_producer_tma`).
+pub(crate) const F_TMA_KQ: i32 = 2048;
 
 /// Kernel flags of a configuration: bit p = product p is INT8, then the switches.
 pub(crate) fn flags(cfg: &Config) -> i32 {

@@ -77,3 +77,28 @@ pub(crate) fn encode_tiled(
     let map = unsafe { map.assume_init() };
     Ok(TensorMap(map.opaque))
 }
+
+/// `groups`·16 rows of `row_elems` elements (`row_bytes` apart, contiguous rows) as the 5-D view {row_elems, e: 2,
+/// b: 4, c: 2, a} of row 16a + 4b + 2c + e, boxes of {`box0`, 2, 4, 2, `box_groups`}: the box lands in shared memory in
+/// the permuted row order of the INT8 kernels' tiles (row 16a + 8c + 2b + e holds row 16a + 4b + 2c + e: forward.cu
+/// `permuted_row`), under `swizzle`. A box starting at group a0 reads rows 16·a0..; the rows of a tensor of several heads
+/// are folded together, so a box may run into the next head's rows (zeros past the last row).
+pub(crate) fn permuted_rows_map(
+    elem: TmaElem,
+    addr: u64,
+    row_elems: u64,
+    row_bytes: u64,
+    groups: u64,
+    box0: u32,
+    box_groups: u32,
+    swizzle: TmaSwizzle,
+) -> Result<TensorMap> {
+    encode_tiled(
+        elem,
+        addr,
+        &[row_elems, 2, 4, 2, groups],
+        &[row_bytes, 4 * row_bytes, 2 * row_bytes, 16 * row_bytes],
+        &[box0, 2, 4, 2, box_groups],
+        swizzle,
+    )
+}
