@@ -195,14 +195,14 @@ fn sage128_stage_maps(p: &BackwardParams, rows: usize, n_q: usize, n_qpad: usize
     use crate::tma::{encode_tiled, permuted_rows_map, TmaElem, TmaSwizzle};
     const D: u64 = 128;
     let groups = (rows * n_q / 16) as u64;
-    let permuted = |elem, addr, row_bytes: u64, box0| permuted_rows_map(elem, addr, D, row_bytes, groups, box0, 4, TmaSwizzle::B128);
+    let permuted = |elem, addr, box0| permuted_rows_map(elem, addr, D, groups, box0, 4, TmaSwizzle::B128);
     let transposed = |addr| {
         let pad = n_qpad as u64;
         encode_tiled(TmaElem::I8, addr, &[pad, D, rows as u64], &[pad, D * pad], &[BLOCK_Q as u32, D as u32, 1], TmaSwizzle::B64)
     };
     Ok([
-        permuted(TmaElem::I8, p.op.q_hat, D, 128)?,
-        permuted(TmaElem::U16, p.d_o, 2 * D, 64)?,
+        permuted(TmaElem::I8, p.op.q_hat, 128)?,
+        permuted(TmaElem::U16, p.d_o, 64)?,
         transposed(p.tr.do_hat_t)?,
         transposed(p.tr.q_hat_t)?,
     ])

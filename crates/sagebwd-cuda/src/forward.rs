@@ -410,7 +410,7 @@ fn int8_kq_maps(p: &ForwardParams, head_dim: usize) -> Result<[crate::tma::Tenso
     let key_groups = (d.batch * d.heads_kv) as u64 * d.n_k as u64 / 16;
     let q_rows = (d.batch * d.heads_q) as u64 * d.n_q as u64;
     Ok([
-        permuted_rows_map(TmaElem::I8, p.op.k_hat, row, row, key_groups, head_dim as u32, 8, swizzle)?,
+        permuted_rows_map(TmaElem::I8, p.op.k_hat, row, key_groups, head_dim as u32, 8, swizzle)?,
         encode_tiled(TmaElem::I8, p.op.q_hat, &[row, q_rows], &[row], &[head_dim as u32, 128], swizzle)?,
     ])
 }

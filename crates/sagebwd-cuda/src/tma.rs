@@ -16,6 +16,16 @@ pub(crate) enum TmaElem {
     F32,
 }
 
+impl TmaElem {
+    fn bytes(self) -> u64 {
+        match self {
+            TmaElem::I8 => 1,
+            TmaElem::U16 => 2,
+            TmaElem::F32 => 4,
+        }
+    }
+}
+
 /// Shared-memory swizzle the TMA writes (the same XOR pattern as the wgmma descriptors' modes;
 /// the box's innermost extent must be at most the swizzle span).
 #[derive(Clone, Copy, Debug)]
@@ -78,7 +88,7 @@ pub(crate) fn encode_tiled(
     Ok(TensorMap(map.opaque))
 }
 
-/// `groups`·16 rows of `row_elems` elements (`row_bytes` apart, contiguous rows) as the 5-D view {row_elems, e: 2,
+/// `groups`·16 contiguous rows of `row_elems` elements as the 5-D view {row_elems, e: 2,
 /// b: 4, c: 2, a} of row 16a + 4b + 2c + e, boxes of {`box0`, 2, 4, 2, `box_groups`}: the box lands in shared memory in
 /// the permuted row order of the INT8 kernels' tiles (row 16a + 8c + 2b + e holds row 16a + 4b + 2c + e: forward.cu
 /// `permuted_row`), under `swizzle`. A box starting at group a0 reads rows 16·a0..; the rows of a tensor of several heads
@@ -87,12 +97,12 @@ pub(crate) fn permuted_rows_map(
     elem: TmaElem,
     addr: u64,
     row_elems: u64,
-    row_bytes: u64,
     groups: u64,
     box0: u32,
     box_groups: u32,
     swizzle: TmaSwizzle,
 ) -> Result<TensorMap> {
+    let row_bytes = row_elems * elem.bytes();
     encode_tiled(
         elem,
         addr,
