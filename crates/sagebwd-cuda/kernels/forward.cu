@@ -1936,15 +1936,16 @@ FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with hea
 // The per-block scales (q_scale of the query block, k/v scales of key block 0) are loaded per tile
 // by WsInt8's constructor.
 
-// The tensor maps of the persistent INT8 kernel, its first parameters: V̂ᵀ (int8_v_map), and for fwd22's copies
+// The tensor maps of the persistent INT8 kernel, its first parameters: V̂ᵀ (int8_v_map), for fwd22's copies
 // (F_TMA_KQ) K̂ as the 5-D view whose box lands in the permuted row order of the K̂ tile (permuted_row; src/tma.rs
-// `permuted_rows_map`) and Q̂ as 2-D rows (src/forward.rs `int8_kq_maps`).
+// `permuted_rows_map`) and Q̂ as 2-D rows (src/forward.rs `int8_kq_maps`), and O for fwd22s's stores (`o_map`).
 struct WspMaps {
-    const void *v, *k, *q;
+    const void *v, *k, *q, *o;
 };
 
 #define WSP_STAGES (HEAD_DIM == 128 ? 4 : 8)  // 4 × 32 KB or 8 × 16 KB of K̂ and V̂ᵀ
 #define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
+#define WSP_OST_WARP (16 * HEAD_DIM * 2)      // a consumer warp's O staging: 16 rows × d BF16 (fwd22s)
 // fwd16's variant bits of the persistent kernel (wsp_consumer, WspInt8; described there).
 #define WSP16_IMAX 1
 #define WSP16_MASK_LIMIT 2
@@ -1964,13 +1965,15 @@ struct WspMaps {
 // stages' ones.
 struct WspSmem {
     static constexpr int kStages = WSP_STAGES;
-    static constexpr int kSmemBytes = 2 * WSP_Q_BYTES + 2 * WSP_STAGES * WG_TILE + 8 * (2 * WSP_STAGES + 2) + 1024;
-    u32 q, k, v, full, empty, q_empty;
+    static constexpr int kSmemBytes =
+        2 * WSP_Q_BYTES + 2 * WSP_STAGES * WG_TILE + 8 * WSP_OST_WARP + 8 * (2 * WSP_STAGES + 2) + 1024;
+    u32 q, k, v, ost, full, empty, q_empty;
     __device__ __forceinline__ WspSmem(unsigned char* smem) {
         q = (smem_addr(smem) + 1023u) & ~1023u;
         k = q + 2 * WSP_Q_BYTES;
         v = k + WSP_STAGES * WG_TILE;
-        full = v + WSP_STAGES * WG_TILE;
+        ost = v + WSP_STAGES * WG_TILE;  // the 8 consumer warps' O staging (wsp_store)
+        full = ost + 8 * WSP_OST_WARP;
         empty = full + 8 * WSP_STAGES;
         q_empty = empty + 8 * WSP_STAGES;
     }
@@ -2096,9 +2099,37 @@ __device__ void wsp_producer(const WspMaps& m, const ForwardParams& p, const Wsp
 // shared-memory accesses) it was −1.4 % at N 1k and ±0 at N 4k against this. epi15: the pairs are
 // packed by cvt.rn.bf16x2.f32 (o_pack_pairs, in o_store_pairs); deferring this epilogue past the next
 // tile's first S (`wsp3se`) and fp_store as o_store_pairs (`fpp3su`) were slower (RESULTS-gpu.md, epi15).
-__device__ void wsp_store(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh, int row0,
-                          const float (&ro)[2]) {
-    o_store_pairs(p, st, o, bh, row0, [&](int h, long) { return ro[h]; });  // b_r loaded earlier
+// fwd22s: the warp's BF16 pairs (o_pack_pairs, the same bits) go to its staging box in shared memory (16 rows × d,
+// in boxes of 64 columns = 128 bytes per row, 128-byte swizzle: the 16-byte chunk c of row r at c ^ (r mod 8), so
+// that each 4-byte store of the warp hits 32 distinct banks), then one lane stores each box by a TMA tensor store
+// (src/forward.rs `o_map`: rows past n_q are outside the map, not written). The lane that issued the previous tile's
+// stores waits for their read of the box first (every lane waits: whichever lane elect.sync picked has them).
+// Instead of o_store_pairs' 32 (d = 64: 16) 4-byte global stores per thread, whose LSU queue ("lg throttle") held the
+// consumer ~7 % of its samples at d 128 N 1k (session 22's profile).
+__device__ __forceinline__ void wsp_stage_pair(u32 box, int row, int nt, u32 v) {
+    const int c = nt % 8, t = threadIdx.x & 3;
+    asm volatile("{\n.reg .b32 a;\nxor.b32 a, %1, %2;\nshl.b32 a, a, 4;\nadd.u32 a, a, %0;\nst.shared.b32 [a], %3;\n}\n"
+                 ::"r"(box + (nt / 8) * 2048 + row * 128 + 4 * t), "r"(c), "r"(row & 7), "r"(v) : "memory");
+}
+__device__ void wsp_store(const ForwardParams& p, const void* omap, u32 ost, const RowState& st, const float (*o)[4], int bh,
+                          int row0, const float (&ro)[2]) {
+    const float r_l[2] = {__frcp_rn(st.l[0]), __frcp_rn(st.l[1])};  // fl(1/l) once per row
+    u32 pk[O_TILES][2];  // rows g (h = 0), g + 8 (h = 1): BF16 of columns 8nt + 2t (low half), + 1
+    o_pack_pairs(st, o, r_l, pk);
+    const u32 box = ost + ((threadIdx.x >> 5) - 4) * WSP_OST_WARP;  // consumer warps 0..7 (threads 128..383)
+    bulk_wait_read();
+    __syncwarp();
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int nt = 0; nt < O_TILES; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wsp_stage_pair(box, g + 8 * h, nt, pk[nt][h]);
+    fence_proxy_async();
+    __syncwarp();
+#pragma unroll
+    for (int half = 0; half < HEAD_DIM / 64; ++half) tma_store_3d_elect(omap, 64 * half, row0, bh, box + half * 2048);
+    bulk_commit();
+    store_lse_rows(p, st, bh, row0, [&](int h, long) { return ro[h]; });  // b_r loaded earlier
 }
 
 // row_offset (b_r) of the thread's two rows where wsp_store's lse needs them (quad leaders, rows < n_q,
@@ -2319,7 +2350,7 @@ __device__ __forceinline__ void wsp18_tile(const Dims& d, const WspSmem& sm, Wsp
 // so it has turns iff any tile has. WSP18_STAGGER (no turns): wsp18_tile with the stagger's handshake
 // (above) instead, whose first arrival and last wait follow the same rule.
 template <bool SNAKE, int V>
-__device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
+__device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const WspSmem& sm, int w) {
     constexpr bool PP = !(V & WSP16_NO_PINGPONG), STAGGER = (V & WSP18_STAGGER) != 0;
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
@@ -2358,20 +2389,23 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspSmem& sm, int w) {
             if ((threadIdx.x & 31) == 0) mbar_arrive(sm.q_empty_bar(j));  // every S of the tile is done
             ++j;
         }
-        if (qb < d.n_qblk) {
+        // (Voted: warp-uniform, as qb is, but ptxas cannot know it (w comes from threadIdx.x); wsp_store's warp-wide
+        // steps under a test it took as divergent gave the consumer collective fallback paths, key loop included.)
+        if (__any_sync(0xffffffffu, qb < d.n_qblk)) {
             if (!WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
-            wsp_store(p, st, o, x.bh, row0, ro);
+            wsp_store(p, maps.o, sm.ost, st, o, x.bh, row0, ro);
         }
     }
     if (turns && w == 0) {
         if constexpr (STAGGER) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
         else take_turn(0);
     }
+    bulk_wait();  // the O stores (wsp_store) have read their staging and written O before the CTA exits
 }
 #endif  // SAGE_WGMMA
 
 // The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
-// WspSmem::kSmemBytes of dynamic shared memory and the V̂ᵀ tensor map.
+// WspSmem::kSmemBytes of dynamic shared memory and the tensor maps (WspMaps).
 template <bool SNAKE, int V>
 __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParams& p, unsigned char* smem) {
 #ifdef SAGE_WGMMA
@@ -2390,7 +2424,7 @@ __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParam
         wsp_producer<SNAKE>(maps, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        wsp_consumer<SNAKE, V>(p, sm, wg - 1);
+        wsp_consumer<SNAKE, V>(p, maps, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
@@ -2400,9 +2434,9 @@ __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParam
 #define WSP_ENTRY(name, SNAKE, V)                                                                                 \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam vmap, const __grid_constant__ TmaMapParam kmap,                  \
-             const __grid_constant__ TmaMapParam qmap, ForwardParams p) {                                         \
+             const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam omap, ForwardParams p) {  \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        wsp_main<SNAKE, V>(WspMaps{&vmap, &kmap, &qmap}, p, ws_smem);                                             \
+        wsp_main<SNAKE, V>(WspMaps{&vmap, &kmap, &qmap, &omap}, p, ws_smem);                                      \
     }
 // The two entries, each the default at one head dim (src/forward.rs `int8_persistent_default`), each a measured step
 // over the one before (RESULTS-gpu.md; the earlier entries `wsp3s`, `wsp3s-0`, `wsp3s-nopp`, `wsp3s-stagger` are in

@@ -265,6 +265,15 @@ __device__ __forceinline__ void tma_reduce_add_4d_elect(const void* map, int c0,
                  "}\n" ::"l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
                  : "memory");
 }
+// The shared box at src stored to a 3-D tensor map at {c0, c1, c2} (coordinates past the map's extents are not
+// written), issued by one lane of the (converged) warp that elect.sync picks, in the bulk async-group of that thread
+// (the caller commits).
+__device__ __forceinline__ void tma_store_3d_elect(const void* map, int c0, int c1, int c2, u32 src) {
+    asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\n"
+                 "@e cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                 "}\n" ::"l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(src)
+                 : "memory");
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // fpa backward (fpabwd)

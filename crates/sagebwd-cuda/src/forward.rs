@@ -360,19 +360,20 @@ fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
 
 /// Dynamic shared memory of the persistent INT8 kernels (`WspSmem::kSmemBytes`): two slots of Q̂ of
 /// two query blocks, rings of `WSP_STAGES` (4 at d = 128, 8 at d = 64) K̂ and V̂ᵀ tiles of 128 × d
-/// bytes, the full / empty mbarriers of the stages and the two Q-empty ones, 1 KiB of alignment slack.
+/// bytes, the 8 consumer warps' O staging (16 rows × d BF16 each, fwd22s), the full / empty mbarriers of
+/// the stages and the two Q-empty ones, 1 KiB of alignment slack.
 fn wsp_smem_bytes(head_dim: usize) -> u32 {
     let stages = if head_dim == 128 { 4 } else { 8 };
-    (2 * 2 * 64 * head_dim + 2 * stages * 128 * head_dim + 8 * (2 * stages + 2) + 1024) as u32
+    (2 * 2 * 64 * head_dim + 2 * stages * 128 * head_dim + 8 * 16 * head_dim * 2 + 8 * (2 * stages + 2) + 1024) as u32
 }
 
 /// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
-/// the tensor maps of V̂ᵀ, K̂ and Q̂ as its first parameters (`WspMaps`); K̂ and Q̂ are copied by TMA where
+/// the tensor maps of V̂ᵀ, K̂, Q̂ and O as its first parameters (`WspMaps`); K̂ and Q̂ are copied by TMA where
 /// [`use_tma_kq`] says so (`F_TMA_KQ`; otherwise their maps are V̂ᵀ's, unused).
 fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
     let mut p = *p;
-    let mut maps = [vmap; 3];
+    let mut maps = [vmap, vmap, vmap, o_map(&p, head_dim)?];
     if use_tma_kq(&p.dims) {
         [maps[1], maps[2]] = int8_kq_maps(&p, head_dim)?;
         p.flags |= crate::F_TMA_KQ;
@@ -397,6 +398,21 @@ fn use_tma_kq(d: &Dims) -> bool {
         && rows(d.heads_q, d.n_q) + 2 * 64 < 1 << 31
         && rows(d.heads_kv, d.n_k) < 1 << 31
         && std::env::var("SAGEBWD_FWD_TMA_KQ").map_or(true, |v| v != "0")
+}
+
+/// O (`[B·H_q][n_q][d]` BF16) for fwd22s's tensor stores (forward.cu `wsp_store`): boxes of 64 columns × 16 rows (a
+/// consumer warp's rows, one or two boxes), 128-byte swizzled; rows past n_q are outside the map (not written).
+fn o_map(p: &ForwardParams, head_dim: usize) -> Result<crate::tma::TensorMap> {
+    let d = &p.dims;
+    let row_bytes = head_dim as u64 * 2;
+    crate::tma::encode_tiled(
+        crate::tma::TmaElem::U16,
+        p.o,
+        &[head_dim as u64, d.n_q as u64, (d.batch * d.heads_q) as u64],
+        &[row_bytes, row_bytes * d.n_q as u64],
+        &[64, 16, 1],
+        crate::tma::TmaSwizzle::B128,
+    )
 }
 
 /// fwd22's maps (`wsp_producer_tma`): K̂ (`[B·H_kv·n_k][d]` i8) as the permuted 5-D view whose box is one key block
