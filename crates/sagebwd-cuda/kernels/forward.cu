@@ -1945,7 +1945,11 @@ struct WspMaps {
 
 #define WSP_STAGES (HEAD_DIM == 128 ? 4 : 8)  // 4 × 32 KB or 8 × 16 KB of K̂ and V̂ᵀ
 #define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
-#define WSP_OST_WARP (16 * HEAD_DIM * 2)      // a consumer warp's O staging: 16 rows × d BF16 (fwd22s)
+// fwd22s (d = 128): O stored by TMA from a staging box per consumer warp (wsp_store). Measured (session 22, call c3):
+// d 128 forward −0.1 to −8.4 % (geo. mean −3.3 %, most at N 1k); d 64 +4.2 % (+7.9 % at N 8k: ptxas re-allocated the
+// d 64 consumer around it), so d 64 keeps the 4-byte pair stores and its SASS.
+#define WSP_TMA_O (HEAD_DIM == 128)
+#define WSP_OST_WARP (WSP_TMA_O ? 16 * HEAD_DIM * 2 : 0)  // a consumer warp's O staging: 16 rows × d BF16
 // fwd16's variant bits of the persistent kernel (wsp_consumer, WspInt8; described there).
 #define WSP16_IMAX 1
 #define WSP16_MASK_LIMIT 2
@@ -2099,12 +2103,13 @@ __device__ void wsp_producer(const WspMaps& m, const ForwardParams& p, const Wsp
 // shared-memory accesses) it was −1.4 % at N 1k and ±0 at N 4k against this. epi15: the pairs are
 // packed by cvt.rn.bf16x2.f32 (o_pack_pairs, in o_store_pairs); deferring this epilogue past the next
 // tile's first S (`wsp3se`) and fp_store as o_store_pairs (`fpp3su`) were slower (RESULTS-gpu.md, epi15).
-// fwd22s: the warp's BF16 pairs (o_pack_pairs, the same bits) go to its staging box in shared memory (16 rows × d,
+// fwd22s (WSP_TMA_O, d = 128; d = 64 keeps o_store_pairs): the warp's BF16 pairs (o_pack_pairs, the same bits) go to
+// its staging box in shared memory (16 rows × d,
 // in boxes of 64 columns = 128 bytes per row, 128-byte swizzle: the 16-byte chunk c of row r at c ^ (r mod 8), so
 // that each 4-byte store of the warp hits 32 distinct banks), then one lane stores each box by a TMA tensor store
 // (src/forward.rs `o_map`: rows past n_q are outside the map, not written). The lane that issued the previous tile's
 // stores waits for their read of the box first (every lane waits: whichever lane elect.sync picked has them).
-// Instead of o_store_pairs' 32 (d = 64: 16) 4-byte global stores per thread, whose LSU queue ("lg throttle") held the
+// Instead of o_store_pairs' 32 4-byte global stores per thread, whose LSU queue ("lg throttle") held the
 // consumer ~7 % of its samples at d 128 N 1k (session 22's profile).
 __device__ __forceinline__ void wsp_stage_pair(u32 box, int row, int nt, u32 v) {
     const int c = nt % 8, t = threadIdx.x & 3;
@@ -2113,6 +2118,10 @@ __device__ __forceinline__ void wsp_stage_pair(u32 box, int row, int nt, u32 v) 
 }
 __device__ void wsp_store(const ForwardParams& p, const void* omap, u32 ost, const RowState& st, const float (*o)[4], int bh,
                           int row0, const float (&ro)[2]) {
+    if constexpr (!WSP_TMA_O) {
+        o_store_pairs(p, st, o, bh, row0, [&](int h, long) { return ro[h]; });  // b_r loaded earlier
+        return;
+    }
     const float r_l[2] = {__frcp_rn(st.l[0]), __frcp_rn(st.l[1])};  // fl(1/l) once per row
     u32 pk[O_TILES][2];  // rows g (h = 0), g + 8 (h = 1): BF16 of columns 8nt + 2t (low half), + 1
     o_pack_pairs(st, o, r_l, pk);
@@ -2391,7 +2400,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const 
         }
         // (Voted: warp-uniform, as qb is, but ptxas cannot know it (w comes from threadIdx.x); wsp_store's warp-wide
         // steps under a test it took as divergent gave the consumer collective fallback paths, key loop included.)
-        if (__any_sync(0xffffffffu, qb < d.n_qblk)) {
+        if (WSP_TMA_O ? __any_sync(0xffffffffu, qb < d.n_qblk) : qb < d.n_qblk) {
             if (!WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
             wsp_store(p, maps.o, sm.ost, st, o, x.bh, row0, ro);
         }
@@ -2400,7 +2409,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const 
         if constexpr (STAGGER) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
         else take_turn(0);
     }
-    bulk_wait();  // the O stores (wsp_store) have read their staging and written O before the CTA exits
+    if (WSP_TMA_O) bulk_wait();  // the O stores (wsp_store) have read their staging and written O before the CTA exits
 }
 #endif  // SAGE_WGMMA
 

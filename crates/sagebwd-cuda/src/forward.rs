@@ -360,11 +360,12 @@ fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
 
 /// Dynamic shared memory of the persistent INT8 kernels (`WspSmem::kSmemBytes`): two slots of Q̂ of
 /// two query blocks, rings of `WSP_STAGES` (4 at d = 128, 8 at d = 64) K̂ and V̂ᵀ tiles of 128 × d
-/// bytes, the 8 consumer warps' O staging (16 rows × d BF16 each, fwd22s), the full / empty mbarriers of
-/// the stages and the two Q-empty ones, 1 KiB of alignment slack.
+/// bytes, at d = 128 the 8 consumer warps' O staging (16 rows × d BF16 each, fwd22s), the full / empty mbarriers
+/// of the stages and the two Q-empty ones, 1 KiB of alignment slack.
 fn wsp_smem_bytes(head_dim: usize) -> u32 {
     let stages = if head_dim == 128 { 4 } else { 8 };
-    (2 * 2 * 64 * head_dim + 2 * stages * 128 * head_dim + 8 * 16 * head_dim * 2 + 8 * (2 * stages + 2) + 1024) as u32
+    let o_staging = if head_dim == 128 { 8 * 16 * head_dim * 2 } else { 0 };
+    (2 * 2 * 64 * head_dim + 2 * stages * 128 * head_dim + o_staging + 8 * (2 * stages + 2) + 1024) as u32
 }
 
 /// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
@@ -400,8 +401,9 @@ fn use_tma_kq(d: &Dims) -> bool {
         && std::env::var("SAGEBWD_FWD_TMA_KQ").map_or(true, |v| v != "0")
 }
 
-/// O (`[B·H_q][n_q][d]` BF16) for fwd22s's tensor stores (forward.cu `wsp_store`): boxes of 64 columns × 16 rows (a
-/// consumer warp's rows, one or two boxes), 128-byte swizzled; rows past n_q are outside the map (not written).
+/// O (`[B·H_q][n_q][d]` BF16) for fwd22s's tensor stores at d = 128 (forward.cu `wsp_store`; unused at d = 64):
+/// boxes of 64 columns × 16 rows (half a consumer warp's tile), 128-byte swizzled; rows past n_q are outside the map
+/// (not written).
 fn o_map(p: &ForwardParams, head_dim: usize) -> Result<crate::tma::TensorMap> {
     let d = &p.dims;
     let row_bytes = head_dim as u64 * 2;
