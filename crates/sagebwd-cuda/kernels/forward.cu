@@ -2456,10 +2456,10 @@ __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParam
 //   the EX2 stream's idle slots; the next stage's early test (with the turns only); the quad maxima on the integers;
 //   elect.sync. −1.8 to −2.5 % against the kernel without them at d 64 N 1k; at d 128 −1.0 to −2.6 % at every sweep
 //   shape (call20e).
-// wsp3s-x (the d = 128 default): with the ping-pong turns of the consumer warpgroups (FA3).
-// wsp3s-sx (the d = 64 default): no turns, fwd18's once-per-tile stagger (wsp18_tile) instead: −0.8 to −3.2 % forward
-// against the previous d 64 rules at every d 64 sweep and training shape (call20g); +0.2 to +1.4 % against wsp3s-x
-// at d 128.
+// wsp3s-x (the d = 128 default until session 22, opt-in since): with the ping-pong turns of the consumer warpgroups (FA3).
+// wsp3s-sx (the default): no turns, fwd18's once-per-tile stagger (wsp18_tile) instead: −0.8 to −3.2 % forward
+// against the previous d 64 rules at every d 64 sweep and training shape (call20g); at d 128 +0.2 to +1.4 % against
+// wsp3s-x then, −1.7 to −4.8 % (geo. mean −3.3 %) once fwd22 had taken the producer's copies off the schedulers (c5).
 #define WSP16_DEFAULT (WSP16_IMAX | WSP16_MASK_LIMIT)
 #define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
 WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17_ALL)

@@ -217,9 +217,9 @@ fn int8_persistent_kernel(head_dim: usize) -> Option<&'static std::ffi::CStr> {
     }
 }
 
-/// The default persistent INT8 forward, at every N: at d = 64 `wsp3s-sx` (no turns, the once-per-tile
-/// stagger, fwd17's bits), at d = 128 `wsp3s-x` (the turns and fwd17's bits): the sequence length and
-/// the mask no longer decide (session 19's measurements below). Measured
+/// The default persistent INT8 forward, at every N and both head dims since session 22: `wsp3s-sx` (no turns,
+/// the once-per-tile stagger, fwd17's bits); until then d = 128 took `wsp3s-x` (the turns and fwd17's bits): the
+/// sequence length and the mask do not decide (session 19's measurements below). Measured
 /// (H200; RESULTS-gpu.md "Lead, session 16" and "Lead, session 17"): against the pairs kernel `ws3`,
 /// which was the default at non-causal d = 64 N ≥ 2k and d = 128 N ≥ 8k, `wsp3s-nopp` is −14 to
 /// −18.5 % (d 64 non-causal N 2k–16k) and −6 to −17 % (d 128 N 8k, 16k, both masks), with `wsp3s`
@@ -243,11 +243,12 @@ fn int8_persistent_kernel(head_dim: usize) -> Option<&'static std::ffi::CStr> {
 /// that call, removed since) and the stagger within ±1 %. `wsp3s-sx` (call20g, two rounds, against session 19's rule then: `wsp3s-stagger`
 /// up to N 4k causal / 2k non-causal, `wsp3s-nopp` above): −0.8 to −3.0 % at every d = 64 sweep shape, −1.1 to
 /// −3.2 % at the training shape (N 1k–8k); at d = 128 +0.2 to +1.4 % against `wsp3s-x`.
-fn int8_persistent_default(head_dim: usize) -> &'static std::ffi::CStr {
-    match head_dim {
-        128 => c"sage_forward_ws_p3s_x",
-        _ => c"sage_forward_ws_p3s_sx",
-    }
+/// Session 22, after fwd22 took the producer's cp.async copies off the schedulers (call c5, `8ae8c96`, three rounds,
+/// forced by `SAGEBWD_FORWARD_WGMMA`): at d = 128 `wsp3s-sx` **−1.7 to −4.8 % at every sweep shape, geometric mean
+/// −3.29 %** against `wsp3s-x` (the turns' barriers had grown to ~16 % of the consumers' samples); at d = 64 `wsp3s-x`
+/// +6.6 % (training shape +5.9 %) against `wsp3s-sx`. So `wsp3s-sx` at both head dimensions.
+fn int8_persistent_default(_head_dim: usize) -> &'static std::ffi::CStr {
+    c"sage_forward_ws_p3s_sx"
 }
 
 /// Whether the forward takes a warp-specialized INT8 kernel: staged INT8 products without Q-smoothing (that variant
@@ -569,9 +570,9 @@ mod tests {
 
     #[test]
     fn forward_kernel_rules_follow_the_measurements() {
-        // Every N, both masks (call20e, call20g): d = 64 the stagger with fwd17's bits, d = 128 the turns with them.
+        // Every N, both masks, both head dims (call20g; session 22's c5 at d = 128): the stagger with fwd17's bits.
         assert_eq!(int8_persistent_default(64).to_str().unwrap(), "sage_forward_ws_p3s_sx");
-        assert_eq!(int8_persistent_default(128).to_str().unwrap(), "sage_forward_ws_p3s_x");
+        assert_eq!(int8_persistent_default(128).to_str().unwrap(), "sage_forward_ws_p3s_sx");
         // fpa: persistent at every d = 64 shape (tune20) and where fpafwd3 measured it at d = 128.
         for n in [1024, 4096, 16384] {
             assert!(bf16_persistent_pays(64, n, false) && bf16_persistent_pays(128, n, true));
