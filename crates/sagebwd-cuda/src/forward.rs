@@ -393,13 +393,11 @@ fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams
 /// folds the heads' 16-key groups together) and the rows fit the kernel's 32-bit row arithmetic.
 /// `SAGEBWD_FWD_TMA_KQ=0` keeps the cp.async copies.
 fn use_tma_kq(d: &Dims) -> bool {
+    tma_kq_fits(d) && std::env::var("SAGEBWD_FWD_TMA_KQ").map_or(true, |v| v != "0")
+}
+fn tma_kq_fits(d: &Dims) -> bool {
     let rows = |heads: i32, n: i32| heads as i64 * d.batch as i64 * n as i64;
-    d.n_k % 16 == 0
-        && d.n_k > 0
-        && d.n_q > 0
-        && rows(d.heads_q, d.n_q) + 2 * 64 < 1 << 31
-        && rows(d.heads_kv, d.n_k) < 1 << 31
-        && std::env::var("SAGEBWD_FWD_TMA_KQ").map_or(true, |v| v != "0")
+    d.n_k % 16 == 0 && d.n_k > 0 && d.n_q > 0 && rows(d.heads_q, d.n_q) + 2 * 64 < 1 << 31 && rows(d.heads_kv, d.n_k) < 1 << 31
 }
 
 /// O (`[B·H_q][n_q][d]` BF16) for fwd22s's tensor stores at d = 128 (forward.cu `wsp_store`; unused at d = 64):
@@ -566,6 +564,22 @@ mod tests {
         for gone in ["wsp3s-nopp", "ws3", "pipe2", "fws1", "fpp1"] {
             assert!(check_forward_variant(Some(gone)).is_err(), "{gone}");
         }
+    }
+
+    #[test]
+    fn tma_copies_only_where_the_folded_key_view_holds() {
+        let dims = |n_q, n_k| {
+            let s = sagebwd::Shape { batch: 2, heads_q: 4, heads_kv: 2, n_q, n_k, head_dim: 128 };
+            Dims::of(&s, false)
+        };
+        for (n_q, n_k) in [(1024, 1024), (1, 16), (4097, 4096), (100, 48)] {
+            assert!(tma_kq_fits(&dims(n_q, n_k)), "{n_q} {n_k}");
+        }
+        // A head's keys must be whole 16-key groups of the folded view; rows must fit the kernel's 32-bit arithmetic.
+        for (n_q, n_k) in [(1024, 1023), (64, 4097), (16, 8)] {
+            assert!(!tma_kq_fits(&dims(n_q, n_k)), "{n_q} {n_k}");
+        }
+        assert!(!tma_kq_fits(&dims(1 << 28, 1024)));
     }
 
     #[test]
