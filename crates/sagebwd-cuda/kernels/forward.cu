@@ -2018,7 +2018,7 @@ struct WspSmem {
     }
 };
 
-// fwd22 (F_TMA_KQ, where n_k is a multiple of 16): every copy of the producer by TMA from its one thread (tid 0): per
+// fwd22 (F_TMA_KQ, where n_k is a non-zero multiple of 16): every copy of the producer by TMA from its one thread (tid 0): per
 // key block K̂ and V̂ᵀ, per tile with key blocks Q̂ of both query blocks with its first block, on the stage's "full"
 // barrier (one arrival with the bytes). The K̂ view folds the heads' 16-key groups together, so a head's last block
 // may read the next head's first keys instead of zeros (the tensor's end reads zeros) and Q̂'s rows past n_q the next
@@ -2103,11 +2103,10 @@ __device__ void wsp_producer(const WspMaps& m, const ForwardParams& p, const Wsp
 // shared-memory accesses) it was −1.4 % at N 1k and ±0 at N 4k against this. epi15: the pairs are
 // packed by cvt.rn.bf16x2.f32 (o_pack_pairs, in o_store_pairs); deferring this epilogue past the next
 // tile's first S (`wsp3se`) and fp_store as o_store_pairs (`fpp3su`) were slower (RESULTS-gpu.md, epi15).
-// fwd22s (WSP_TMA_O, d = 128; d = 64 keeps o_store_pairs): the warp's BF16 pairs (o_pack_pairs, the same bits) go to
-// its staging box in shared memory (16 rows × d,
-// in boxes of 64 columns = 128 bytes per row, 128-byte swizzle: the 16-byte chunk c of row r at c ^ (r mod 8), so
-// that each 4-byte store of the warp hits 32 distinct banks), then one lane stores each box by a TMA tensor store
-// (src/forward.rs `o_map`: rows past n_q are outside the map, not written). The lane that issued the previous tile's
+// fwd22s (WSP_TMA_O, d = 128; d = 64 keeps o_store_pairs): the warp's BF16 pairs (o_pack_pairs, the same bits) go
+// to its staging box in shared memory (16 rows × d in boxes of 64 columns = 128 bytes per row, 128-byte swizzle: the
+// 16-byte chunk c of row r at c ^ (r mod 8), so that each 4-byte store of the warp hits 32 distinct banks), then one
+// lane stores each box by a TMA tensor store (src/forward.rs `o_map`: rows past n_q are outside the map, not written). The lane that issued the previous tile's
 // stores waits for their read of the box first (every lane waits: whichever lane elect.sync picked has them).
 // Instead of o_store_pairs' 32 4-byte global stores per thread, whose LSU queue ("lg throttle") held the
 // consumer ~7 % of its samples at d 128 N 1k (session 22's profile).
@@ -2447,8 +2446,8 @@ __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParam
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         wsp_main<SNAKE, V>(WspMaps{&vmap, &kmap, &qmap, &omap}, p, ws_smem);                                      \
     }
-// The two entries, each the default at one head dim (src/forward.rs `int8_persistent_default`), each a measured step
-// over the one before (RESULTS-gpu.md; the earlier entries `wsp3s`, `wsp3s-0`, `wsp3s-nopp`, `wsp3s-stagger` are in
+// The two entries (src/forward.rs `int8_persistent_default`: `wsp3s-sx` at both head dims since session 22), each a
+// measured step over the one before (RESULTS-gpu.md; the earlier entries `wsp3s`, `wsp3s-0`, `wsp3s-nopp`, `wsp3s-stagger` are in
 // the history before session 21):
 // - fwd16 (both): the integer row max and the one-limit boundary mask (training shape −10.4 / −7.8 % at N 1k / 4k;
 //   d = 128 −0.8 / −6.5 % at N 1k full / causal, −1.3 / −4.3 % at N 4k).
