@@ -365,17 +365,18 @@ fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
 /// of the stages and the two Q-empty ones, 1 KiB of alignment slack.
 fn wsp_smem_bytes(head_dim: usize) -> u32 {
     let stages = if head_dim == 128 { 4 } else { 8 };
-    let o_staging = if head_dim == 128 { 8 * 16 * head_dim * 2 } else { 0 };
+    let o_staging = if wsp_tma_o(head_dim) { 8 * 16 * head_dim * 2 } else { 0 };
     (2 * 2 * 64 * head_dim + 2 * stages * 128 * head_dim + o_staging + 8 * (2 * stages + 2) + 1024) as u32
 }
 
 /// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
 /// the tensor maps of V̂ᵀ, K̂, Q̂ and O as its first parameters (`WspMaps`); K̂ and Q̂ are copied by TMA where
-/// [`use_tma_kq`] says so (`F_TMA_KQ`; otherwise their maps are V̂ᵀ's, unused).
+/// [`use_tma_kq`] says so (`F_TMA_KQ`), O where [`wsp_tma_o`] does (otherwise their maps are V̂ᵀ's, unused).
 fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
     let mut p = *p;
-    let mut maps = [vmap, vmap, vmap, o_map(&p, head_dim)?];
+    let omap = if wsp_tma_o(head_dim) { o_map(&p, head_dim)? } else { vmap };  // unused at d = 64
+    let mut maps = [vmap, vmap, vmap, omap];
     if use_tma_kq(&p.dims) {
         [maps[1], maps[2]] = int8_kq_maps(&p, head_dim)?;
         p.flags |= crate::F_TMA_KQ;
@@ -398,6 +399,11 @@ fn use_tma_kq(d: &Dims) -> bool {
 fn tma_kq_fits(d: &Dims) -> bool {
     let rows = |heads: i32, n: i32| heads as i64 * d.batch as i64 * n as i64;
     d.n_k % 16 == 0 && d.n_k > 0 && d.n_q > 0 && rows(d.heads_q, d.n_q) + 2 * 64 < 1 << 31 && rows(d.heads_kv, d.n_k) < 1 << 31
+}
+
+/// Whether the persistent INT8 kernel stores O by TMA from its staging boxes (forward.cu `WSP_TMA_O`, fwd22s): d = 128.
+fn wsp_tma_o(head_dim: usize) -> bool {
+    head_dim == 128
 }
 
 /// O (`[B·H_q][n_q][d]` BF16) for fwd22s's tensor stores at d = 128 (forward.cu `wsp_store`; unused at d = 64):
