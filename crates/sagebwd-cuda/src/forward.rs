@@ -392,9 +392,10 @@ fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams
 /// instead of every producer thread's 16-byte cp.async chunks (~40 address instructions each; ~18 % of the kernel's
 /// issued instructions at d 128, session 22's profile): where n_k is a non-zero multiple of 16 (K̂'s permuted view
 /// folds the heads' 16-key groups together) and the rows fit the kernel's 32-bit row arithmetic.
-/// `SAGEBWD_FWD_TMA_KQ=0` keeps the cp.async copies.
+/// `SAGEBWD_FWD_TMA_KQ=0` keeps the cp.async copies (read once per process, like the other knobs, not per launch).
 fn use_tma_kq(d: &Dims) -> bool {
-    tma_kq_fits(d) && std::env::var("SAGEBWD_FWD_TMA_KQ").map_or(true, |v| v != "0")
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    tma_kq_fits(d) && !*OFF.get_or_init(|| std::env::var("SAGEBWD_FWD_TMA_KQ").is_ok_and(|v| v == "0"))
 }
 fn tma_kq_fits(d: &Dims) -> bool {
     let rows = |heads: i32, n: i32| heads as i64 * d.batch as i64 * n as i64;
@@ -410,16 +411,11 @@ fn wsp_tma_o(head_dim: usize) -> bool {
 /// boxes of 64 columns × 16 rows (half a consumer warp's tile), 128-byte swizzled; rows past n_q are outside the map
 /// (not written).
 fn o_map(p: &ForwardParams, head_dim: usize) -> Result<crate::tma::TensorMap> {
+    use crate::tma::{encode_tiled, TmaElem, TmaSwizzle};
     let d = &p.dims;
     let row_bytes = head_dim as u64 * 2;
-    crate::tma::encode_tiled(
-        crate::tma::TmaElem::U16,
-        p.o,
-        &[head_dim as u64, d.n_q as u64, (d.batch * d.heads_q) as u64],
-        &[row_bytes, row_bytes * d.n_q as u64],
-        &[64, 16, 1],
-        crate::tma::TmaSwizzle::B128,
-    )
+    let dims = [head_dim as u64, d.n_q as u64, (d.batch * d.heads_q) as u64];
+    encode_tiled(TmaElem::U16, p.o, &dims, &[row_bytes, row_bytes * d.n_q as u64], &[64, 16, 1], TmaSwizzle::B128)
 }
 
 /// fwd22's maps (`wsp_producer_tma`): K̂ (`[B·H_kv·n_k][d]` i8) as the permuted 5-D view whose box is one key block
