@@ -79,6 +79,15 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return y;
 }
 
+// The online softmax's running max (ALGORITHM.md §4, "lazy rescaling"): it moves to a block's row max only
+// when that exceeds it by more than RESCALE_SLACK (base-2 units), so that almost every block after the
+// first leaves m, and so α = 1 (the O rescale skipped), unchanged; p = exp2(t − m) ≤ 2^8 (times the
+// rounding of fl(m + 8)). fl(−∞ + 8) = −∞: the first visible block always moves it; a NaN row max never does.
+#define RESCALE_SLACK 8.0f
+__device__ __forceinline__ float next_running_max(float m_old, float row_max) {
+    return row_max > __fadd_rn(m_old, RESCALE_SLACK) ? row_max : m_old;
+}
+
 // ---------------------------------------------------------------------------------------------
 // BF16 <-> FP32 by bit manipulation (round to nearest, ties to even; NaN stays NaN).
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }

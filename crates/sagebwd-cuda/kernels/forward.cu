@@ -66,7 +66,7 @@ __device__ void forward_softmax_row(const ForwardParams& p, ForwardShared& s, in
     float mx = neg_inf();
     for (int j = 0; j < BLOCK_KV; ++j) mx = fmaxf(mx, row[j]);
     const float m_old = s.m[rl];
-    const float m_new = fmaxf(m_old, __fmul_rn(mx, sc));
+    const float m_new = next_running_max(m_old, __fmul_rn(mx, sc));
     const float m_use = m_new == neg_inf() ? 0.0f : m_new;
     float sum = 0.0f, amax = 0.0f;
     for (int j = 0; j < BLOCK_KV; ++j) {
@@ -304,7 +304,7 @@ __device__ void mma_softmax(const ForwardParams& p, float (*t)[4], RowState& st,
 #pragma unroll
         for (int nt = 0; nt < S_TILES; ++nt) mx = fmaxf(mx, fmaxf(t[nt][2 * h], t[nt][2 * h + 1]));
         mx = group_max(mx);
-        const float m_new = fmaxf(st.m[h], __fmul_rn(mx, sc));
+        const float m_new = next_running_max(st.m[h], __fmul_rn(mx, sc));
         const float m_use = m_new == neg_inf() ? 0.0f : m_new;
         float sum = 0.0f, amax = 0.0f;
 #pragma unroll
@@ -537,7 +537,7 @@ template <bool FUSED>
 __device__ __forceinline__ void row_max_commit(RowState& st, const float* mx, float* m_use, float sc) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(st.m[h], FUSED ? __fmul_rn(mx[h], sc) : mx[h]);
+        const float m_new = next_running_max(st.m[h], FUSED ? __fmul_rn(mx[h], sc) : mx[h]);
         m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
         st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
         st.m[h] = m_new;
@@ -910,7 +910,7 @@ __device__ __forceinline__ void wg_scores(const Dims& d, float (*t)[4], const in
 //   their wgmmas in turn, so one warpgroup's softmax runs while the other's products run.
 // - EARLY_AMAX: the P̂ group amax as exp2(fma(a_max, sc, −m_new)) (§4) before the exponentials, so
 //   the two IEEE divisions of its scale run beside them instead of after a max over 64 values and
-//   two shuffles; the quantizer needs no clamp to 127 (exp2_ftz is monotone on [−∞, 1], tested
+//   two shuffles; the quantizer needs no clamp to 127 (exp2_ftz is monotone on [−∞, 16], tested
 //   exhaustively: no p exceeds that amax).
 // - The K̂/V̂ᵀ scales of the next block are loaded a block ahead, and the P̂V
 //   accumulators convert to FP32 by one I2FP.
@@ -1003,9 +1003,9 @@ __device__ __forceinline__ void ws_complete_stage(u32 full_bar) {
 
 
 // P̂ with the group amax known before the exponentials (EARLY_AMAX above); otherwise softmax_p_hat.
-// The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 1] (the fused
-// argument exceeds 0 by at most ½ ulp of the row max; sagebwd-gpu-check's exhaustive ex2
-// self-test), so every p of the row is ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
+// The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 16] (the fused
+// argument exceeds 0 by at most the lazy max's slack of 8 and two roundings; sagebwd-gpu-check's
+// exhaustive ex2 self-test), so every p of the row is ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
 // BRANCHLESS (fwd14, the persistent kernel): the group scales by div127_rn and inv127_rn (common.cuh; no
 // branch), the same bits as group_scale.
 // softmax_p_hat_early_mx: the same with the thread's row maxima mx (before the quad reduction) given

@@ -15,23 +15,24 @@ extern "C" __global__ void sage_mma_selftest(const i8* a8, const i8* b8, int* c8
     }
 }
 
-// Checks, for every FP32 argument x in [−∞, 1], the properties of exp2_ftz (common.cuh) that the
+// Checks, for every FP32 argument x in [−∞, 16], the properties of exp2_ftz (common.cuh) that the
 // INT8 forward relies on to know P̂'s group amax before the exponentials (ALGORITHM.md §4): monotone
 // (x ≤ y ⇒ exp2_ftz(x) ≤ exp2_ftz(y)), so max_j exp2(fma(a_j, sc, −m)) = exp2(fma(a_max, sc, −m)) and
 // no p exceeds the amax (then fl(p · fl(127/amax)) < 127.5 and the quantizer needs no clamp). The
-// fused argument fma(a, sc, −m) is at most the rounding error of m = fl(a_max·sc), ½ ulp of the
-// row's largest score, hence ≤ 1 for every score below 2^24 in magnitude: the walk covers (0, 1]
-// too. And exp2_ftz(0) = 1 with every value on [−∞, 0] ≤ 1. Bit patterns 0x80000000 (−0) to
-// 0xff800000 (−∞) order the negative arguments from largest to smallest, 0x00000000 (+0) to
-// 0x3f800000 (1) the positive ones from smallest to largest; each thread walks one chunk of one.
-// counts[0]: adjacent pairs out of order, counts[1]: values above 1 on [−∞, 0], counts[2]:
-// exp2_ftz(0) ≠ 1.
+// fused argument fma(a, sc, −m) is at most the row's largest score less the running max m, which the
+// lazy rule (next_running_max) keeps within RESCALE_SLACK = 8 of it up to the rounding of fl(m + 8)
+// and of fl(a_max·sc): ≤ 8 + ½ ulp(m) + ½ ulp of the largest score, hence ≤ 10 for every score below
+// 2^24 in magnitude: the walk covers (0, 16] too. And exp2_ftz(0) = 1 with every value on [−∞, 0] ≤ 1.
+// Bit patterns 0x80000000 (−0) to 0xff800000 (−∞) order the negative arguments from largest to
+// smallest, 0x00000000 (+0) to 0x41800000 (16) the positive ones from smallest to largest; each thread
+// walks one chunk of one. counts[0]: adjacent pairs out of order, counts[1]: values above 1 on
+// [−∞, 0], counts[2]: exp2_ftz(0) ≠ 1.
 #define EX2_CHUNK 4096u
 extern "C" __global__ void sage_ex2_monotone(unsigned long long* counts) {
     const u32 n_neg = (0xff800000u - 0x80000000u) / EX2_CHUNK;  // exact: 0x7f800000 = 0x7f800·4096
     const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
     const bool neg = i < n_neg;
-    const u32 first = neg ? 0x80000000u : 0u, last = neg ? 0xff800000u : 0x3f800000u;
+    const u32 first = neg ? 0x80000000u : 0u, last = neg ? 0xff800000u : 0x41800000u;  // −∞, 16
     const u32 begin = first + (neg ? i : i - n_neg) * EX2_CHUNK;
     if (begin >= last) return;
     const u32 end = begin + EX2_CHUNK < last ? begin + EX2_CHUNK : last;

@@ -353,7 +353,7 @@ pub struct Kernels {
     pub bwd_main: CudaFunction,
     pub bwd_main_mma: CudaFunction,
     pub mma_selftest: CudaFunction,
-    /// `exp2_ftz` monotone on [−∞, 1] and ≤ 1 on [−∞, 0] (`Gpu::ex2_selftest`).
+    /// `exp2_ftz` monotone on [−∞, 16] and ≤ 1 on [−∞, 0] (`Gpu::ex2_selftest`).
     pub ex2_monotone: CudaFunction,
     /// `pack_bf16x2_nan` = `f32_to_bf16` on all 2³² patterns (`Gpu::bf16_pack_selftest`, epi15).
     pub bf16_pack_check: CudaFunction,

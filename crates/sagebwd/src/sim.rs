@@ -190,6 +190,18 @@ fn prepare(inp: &Inputs, cfg: &Config) -> Prepared {
     Prepared { k_s, quant: qz }
 }
 
+/// The forward's lazy rescaling (ALGORITHM.md §4), in base-2 units: the running max moves to a key
+/// block's row max only when that exceeds it by more than this, so `p = exp2(t − m) ≤ 2⁸` (up to the
+/// rounding of `fl(m + 8)`) and most blocks leave `m`, and so `O`, unrescaled (`α = 1`).
+pub const RESCALE_SLACK: f32 = 8.0;
+
+/// The running max after a key block whose row max is `row_max` (ALGORITHM.md §4): `fl(−∞ + 8) = −∞`,
+/// so the first block with a visible key always moves it; a NaN row max never does.
+#[inline]
+pub fn next_running_max(m_old: f32, row_max: f32) -> f32 {
+    if row_max > m_old + RESCALE_SLACK { row_max } else { m_old }
+}
+
 #[inline]
 fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
     a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
@@ -389,7 +401,8 @@ impl<'a> HeadCtx<'a> {
                     }
                     // The row max of t = fl(a·sc); then p = exp2(fma(a, sc, −m_new)), one rounding, for
                     // INT8 #1 (§4); BF16 #1: p = exp2(fl(t − m_new)).
-                    let m_new = a.iter().fold(m, |acc, &(x, sc)| acc.max(x * sc));
+                    let row_max = a.iter().fold(f32::NEG_INFINITY, |acc, &(x, sc)| acc.max(x * sc));
+                    let m_new = next_running_max(m, row_max);
                     let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
                     let alpha = (m - m_use).exp2();
                     t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| {
