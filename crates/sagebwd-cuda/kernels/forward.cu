@@ -66,7 +66,7 @@ __device__ void forward_softmax_row(const ForwardParams& p, ForwardShared& s, in
     float mx = neg_inf();
     for (int j = 0; j < BLOCK_KV; ++j) mx = fmaxf(mx, row[j]);
     const float m_old = s.m[rl];
-    const float m_new = next_running_max(m_old, __fmul_rn(mx, sc));
+    const float m_new = running_max(p.flags & F_QK, m_old, __fmul_rn(mx, sc));
     const float m_use = m_new == neg_inf() ? 0.0f : m_new;
     float sum = 0.0f, amax = 0.0f;
     for (int j = 0; j < BLOCK_KV; ++j) {
@@ -304,7 +304,7 @@ __device__ void mma_softmax(const ForwardParams& p, float (*t)[4], RowState& st,
 #pragma unroll
         for (int nt = 0; nt < S_TILES; ++nt) mx = fmaxf(mx, fmaxf(t[nt][2 * h], t[nt][2 * h + 1]));
         mx = group_max(mx);
-        const float m_new = next_running_max(st.m[h], __fmul_rn(mx, sc));
+        const float m_new = running_max(p.flags & F_QK, st.m[h], __fmul_rn(mx, sc));
         const float m_use = m_new == neg_inf() ? 0.0f : m_new;
         float sum = 0.0f, amax = 0.0f;
 #pragma unroll
@@ -537,7 +537,7 @@ template <bool FUSED>
 __device__ __forceinline__ void row_max_commit(RowState& st, const float* mx, float* m_use, float sc) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float m_new = next_running_max(st.m[h], FUSED ? __fmul_rn(mx[h], sc) : mx[h]);
+        const float m_new = running_max(FUSED, st.m[h], FUSED ? __fmul_rn(mx[h], sc) : mx[h]);
         m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
         st.alpha[h] = exp2_ftz(__fsub_rn(st.m[h], m_use[h]));
         st.m[h] = m_new;

@@ -20,7 +20,7 @@ extern "C" __global__ void sage_mma_selftest(const i8* a8, const i8* b8, int* c8
 // (x ≤ y ⇒ exp2_ftz(x) ≤ exp2_ftz(y)), so max_j exp2(fma(a_j, sc, −m)) = exp2(fma(a_max, sc, −m)) and
 // no p exceeds the amax (then fl(p · fl(127/amax)) < 127.5 and the quantizer needs no clamp). The
 // fused argument fma(a, sc, −m) is at most the row's largest score less the running max m, which the
-// lazy rule (next_running_max) keeps within RESCALE_SLACK = 8 of it up to the rounding of fl(m + 8)
+// lazy rule (running_max) keeps within RESCALE_SLACK = 8 of it up to the rounding of fl(m + 8)
 // and of fl(a_max·sc): ≤ 8 + ½ ulp(m) + ½ ulp of the largest score, hence ≤ 10 for every score below
 // 2^24 in magnitude: the walk covers (0, 16] too. And exp2_ftz(0) = 1 with every value on [−∞, 0] ≤ 1.
 // Bit patterns 0x80000000 (−0) to 0xff800000 (−∞) order the negative arguments from largest to

@@ -190,12 +190,13 @@ fn prepare(inp: &Inputs, cfg: &Config) -> Prepared {
     Prepared { k_s, quant: qz }
 }
 
-/// The forward's lazy rescaling (ALGORITHM.md §4), in base-2 units: the running max moves to a key
-/// block's row max only when that exceeds it by more than this, so `p = exp2(t − m) ≤ 2⁸` (up to the
-/// rounding of `fl(m + 8)`) and most blocks leave `m`, and so `O`, unrescaled (`α = 1`).
+/// The INT8 forward's lazy rescaling (ALGORITHM.md §4), in base-2 units: the running max moves to a
+/// key block's row max only when that exceeds it by more than this, so `p = exp2(t − m) ≤ 2⁸` (up to
+/// the rounding of `fl(m + 8)`) and most blocks leave `m`, and so `O`, unrescaled (`α = 1`). With
+/// BF16 #1 the running max is the eager `max(m, row max)`.
 pub const RESCALE_SLACK: f32 = 8.0;
 
-/// The running max after a key block whose row max is `row_max` (ALGORITHM.md §4): `fl(−∞ + 8) = −∞`,
+/// The INT8 forward's running max after a key block whose row max is `row_max` (ALGORITHM.md §4): `fl(−∞ + 8) = −∞`,
 /// so the first block with a visible key always moves it; a NaN row max never does.
 #[inline]
 pub fn next_running_max(m_old: f32, row_max: f32) -> f32 {
@@ -402,7 +403,7 @@ impl<'a> HeadCtx<'a> {
                     // The row max of t = fl(a·sc); then p = exp2(fma(a, sc, −m_new)), one rounding, for
                     // INT8 #1 (§4); BF16 #1: p = exp2(fl(t − m_new)).
                     let row_max = a.iter().fold(f32::NEG_INFINITY, |acc, &(x, sc)| acc.max(x * sc));
-                    let m_new = next_running_max(m, row_max);
+                    let m_new = if fused { next_running_max(m, row_max) } else { m.max(row_max) };
                     let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
                     let alpha = (m - m_use).exp2();
                     t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| {
