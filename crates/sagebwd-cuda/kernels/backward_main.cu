@@ -774,8 +774,24 @@ __device__ __forceinline__ float sage10_i2f(int a) { return HEAD_DIM == 64 ? (fl
 // Max of a warp tile's 32 values (|values| with ABS), as 4 independent chains and a 2-level tree:
 // fmax is exact and order-free, so the result is the sequential loop's; the chains cut the latency
 // (one serial FMNMX chain of 32 before).
+// pamax24 (sm_90a, P's amax, ABS = false): P is finite and ≥ +0 (the inputs are checked, §9; masked
+// entries are +0), and non-negative floats order as their bit patterns, so the integer max of the bits
+// (with 0, as the chains' start) is the fmax, bit for bit: 11 + 4 + 2 three-way integer maxima
+// (VIMNMX3, Hopper's DPX) instead of 32 + 3 FMNMX.
 template <bool ABS>
 __device__ __forceinline__ float sage10_tile_max(const float (*v)[4]) {
+#if defined(SAGE_WGMMA)
+    if constexpr (!ABS) {
+        auto x = [&](int i) { return __float_as_int(v[i >> 2][i & 3]); };
+        int a[11];
+#pragma unroll
+        for (int k = 0; k < 10; ++k) a[k] = __vimax3_s32(x(3 * k), x(3 * k + 1), x(3 * k + 2));
+        a[10] = __vimax3_s32(x(30), x(31), 0);
+        const int b0 = __vimax3_s32(a[0], a[1], a[2]), b1 = __vimax3_s32(a[3], a[4], a[5]);
+        const int b2 = __vimax3_s32(a[6], a[7], a[8]), b3 = __vimax3_s32(a[9], a[10], b0);
+        return __int_as_float(__vimax3_s32(b1, b2, b3));
+    }
+#endif
     float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
