@@ -831,6 +831,20 @@ __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
     b = fmaxf(fmaxf(fmaxf(b0.x, b0.y), fmaxf(b0.z, b0.w)), fmaxf(fmaxf(b1.x, b1.y), fmaxf(b1.z, b1.w)));
 }
 
+// bwd16 (with SPLIT; the default since session 15's final call): the tile's group scales
+// computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
+// on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (common.cuh's inv127_rn, checked
+// on the device against __fdiv_rn(127, amax) on every non-negative FP32). The same bits as
+// sage10_group_scales' (0 and 0 for amax = 0) for every finite amax (amax = +inf, only from an infinite dS:
+// fl(amax/127) becomes NaN instead of +inf; every dequantized product of that tile is NaN either way, since
+// all its quantized values are 0). Instead of the IEEE division (FCHK, its slow-path branch) and 4 shuffles
+// after barrier (b): +17 instructions per tile. Measured with the split (final call, same binary): −3.7 % at
+// the training shape N 4096, ±0 at N 1024 (the persistent grid there has no split, so not these scales either).
+__device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
+    g.scale = div127_rn(amax);  // 0 for amax = 0
+    g.inv = inv127_rn(amax);  // common.cuh
+}
+
 // group_scale(amax_p) and group_scale(amax_ds) with one division per lane instead of four per
 // thread: lane k (mod 4) computes quotient k (0: amax_p/127, 1: 127/amax_p, 2: amax_ds/127,
 // 3: 127/amax_ds; 0 for an all-zero group, as group_scale) and lanes 0..3 broadcast theirs. The
@@ -2586,19 +2600,6 @@ struct Sage14Ds<true> {
     __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
 };
 
-// bwd16 (with SPLIT; the default since session 15's final call): the tile's group scales
-// computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
-// on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (common.cuh's inv127_rn, checked
-// on the device against __fdiv_rn(127, amax) on every non-negative FP32). The same bits as
-// sage10_group_scales' (0 and 0 for amax = 0) for every finite amax (amax = +inf, only from an infinite dS:
-// fl(amax/127) becomes NaN instead of +inf; every dequantized product of that tile is NaN either way, since
-// all its quantized values are 0). Instead of the IEEE division (FCHK, its slow-path branch) and 4 shuffles
-// after barrier (b): +17 instructions per tile. Measured with the split (final call, same binary): −3.7 % at
-// the training shape N 4096, ±0 at N 1024 (the persistent grid there has no split, so not these scales either).
-__device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
-    g.scale = div127_rn(amax);  // 0 for amax = 0
-    g.inv = inv127_rn(amax);  // common.cuh
-}
 // bwd17 (ATOMIC_AMAX): block_max2 of the pipelined d = 64 loop with the block step in shared atomics. Tile i's slot
 // (2 floats, slot i mod 4 at byte 8(i mod 4) of the loop's 128-byte amax scratch, 32-byte aligned) is +0 when its first
 // red arrives: the slots start at +0 (zeroed before the loop's first barrier) and tile i's thread 0 zeroes slot
@@ -2990,7 +2991,9 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         fence_proxy_async();      // they, the dŜ stores of qb − 1 and the dQ staging stores → the async proxy
         block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
         GroupScale sc_p, sc_ds;
-        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+        // scales24: bwd16's branch-free scales (the d = 64 loop's) instead of sage10's division and shuffles.
+        bwd16_group_scales(amax_p, sc_p);
+        bwd16_group_scales(amax_ds, sc_ds);
 
         // dQ of block qb − 1 (every tile: the same commit groups each time; the first tile's is stale).
         int dq_acc[HEAD_DIM / 16][4];
