@@ -831,6 +831,29 @@ __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
     b = fmaxf(fmaxf(fmaxf(b0.x, b0.y), fmaxf(b0.z, b0.w)), fmaxf(fmaxf(b1.x, b1.y), fmaxf(b1.z, b1.w)));
 }
 
+// bwd17 (ATOMIC_AMAX): block_max2 of the pipelined d = 64 loop (and, amax24, of sb16's d = 128 loop) with the block step in shared atomics. Tile i's slot
+// (2 floats, slot i mod 4 at byte 8(i mod 4) of the loop's 128-byte amax scratch, 32-byte aligned) is +0 when its first
+// red arrives: the slots start at +0 (zeroed before the loop's first barrier) and tile i's thread 0 zeroes slot
+// i + 2 mod 4 (its address: tile i's slot's XOR 16) after barrier (b) of tile i, when every read of it (tile i − 2,
+// before (b) of tile i − 1) is done and before any red into it (tile i + 2, after (b) of tile i + 1). a and b are
+// per-thread maxima from +0 (sage10_tile_max: never NaN, never below +0), so the u32 max of their bits is their fmax,
+// bit for bit, as redux's warp step is already: the same values as block_max2's. Every lane issues the two reds, lane 0
+// to the slot and lanes 1..31 to sink words 32..92 bytes past it (within the scratch, never read; lane_off = lane 0: 0,
+// else 32 + 4·(lane mod 16)): one ATOMS each, no branch (a lane-0 or elect.sync predicate became a branch around each
+// ATOMS, and ptxas re-aggregated a lane-0 atomic over the active lanes by another redux). Leaves a and b as
+// block_max2 does.
+__device__ __forceinline__ void bwd17_block_max2(float& a, float& b, u32 slot, u32 lane_off) {
+    a = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(a)));
+    b = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(b)));
+    asm volatile("red.shared.max.u32 [%0], %1;\nred.shared.max.u32 [%0+4], %2;\n"
+                 ::"r"(slot + lane_off), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)) : "memory");
+    __syncthreads();
+    float2 m;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(m.x), "=f"(m.y) : "r"(slot) : "memory");
+    a = m.x;
+    b = m.y;
+    if (threadIdx.x == 0) asm volatile("st.shared.v2.f32 [%0], {%1, %1};\n" ::"r"(slot ^ 16u), "f"(0.0f) : "memory");
+}
 // bwd16 (with SPLIT; the default since session 15's final call): the tile's group scales
 // computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
 // on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (common.cuh's inv127_rn, checked
@@ -2600,29 +2623,6 @@ struct Sage14Ds<true> {
     __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
 };
 
-// bwd17 (ATOMIC_AMAX): block_max2 of the pipelined d = 64 loop with the block step in shared atomics. Tile i's slot
-// (2 floats, slot i mod 4 at byte 8(i mod 4) of the loop's 128-byte amax scratch, 32-byte aligned) is +0 when its first
-// red arrives: the slots start at +0 (zeroed before the loop's first barrier) and tile i's thread 0 zeroes slot
-// i + 2 mod 4 (its address: tile i's slot's XOR 16) after barrier (b) of tile i, when every read of it (tile i − 2,
-// before (b) of tile i − 1) is done and before any red into it (tile i + 2, after (b) of tile i + 1). a and b are
-// per-thread maxima from +0 (sage10_tile_max: never NaN, never below +0), so the u32 max of their bits is their fmax,
-// bit for bit, as redux's warp step is already: the same values as block_max2's. Every lane issues the two reds, lane 0
-// to the slot and lanes 1..31 to sink words 32..92 bytes past it (within the scratch, never read; lane_off = lane 0: 0,
-// else 32 + 4·(lane mod 16)): one ATOMS each, no branch (a lane-0 or elect.sync predicate became a branch around each
-// ATOMS, and ptxas re-aggregated a lane-0 atomic over the active lanes by another redux). Leaves a and b as
-// block_max2 does.
-__device__ __forceinline__ void bwd17_block_max2(float& a, float& b, u32 slot, u32 lane_off) {
-    a = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(a)));
-    b = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(b)));
-    asm volatile("red.shared.max.u32 [%0], %1;\nred.shared.max.u32 [%0+4], %2;\n"
-                 ::"r"(slot + lane_off), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)) : "memory");
-    __syncthreads();
-    float2 m;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(m.x), "=f"(m.y) : "r"(slot) : "memory");
-    a = m.x;
-    b = m.y;
-    if (threadIdx.x == 0) asm volatile("st.shared.v2.f32 [%0], {%1, %1};\n" ::"r"(slot ^ 16u), "f"(0.0f) : "memory");
-}
 // bwd18 TMA_DQ: the kernel's parameter is BwdParamsDqMap, the dQ accumulator's tensor map (4-D: 32 columns, d/32
 // column blocks, n_q rows, B·H_q; box 32 × 1 × 16 × 1, 128-byte swizzle; rows past n_q clipped; src/backward.rs)
 // followed by BackwardParams (dq_map_of).
@@ -2947,6 +2947,12 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         bar = (u32)__cvta_generic_to_shared(&stage_bar);
         if (threadIdx.x == SB20_TMA_THREAD) S::init(p, bar);
     }
+    // amax24: the tile amax's block step by shared atomics (bwd17_block_max2, as the d = 64 loop's ATOMIC_AMAX). Its
+    // four slots are zeroed here, before the barrier in sage14_first_wait, at every entry (the persistent grid enters
+    // once per item; the previous item's last slot reads were before its closing barrier).
+    static_assert(Lay::dqst0 - Lay::red >= 128 && Lay::red % 32 == 0, "bwd17_block_max2 needs a 128-byte, 32-byte aligned scratch");
+    const u32 amax_lane_off = (threadIdx.x & 31) == 0 ? 0u : 32u + 4u * (threadIdx.x & 15);
+    if (threadIdx.x < 8) ((float*)(smem_ptr + Lay::red))[threadIdx.x] = 0.0f;
     sage14_first_wait(smem);
 
     int s_acc[8][4];
@@ -2989,7 +2995,7 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         if constexpr (S::TMA_STAGE)
             if (i > 0) mbar_wait(bar, (i - 1) & 1);  // sb20: tile i − 1's boxes, A(qb + 1) and B(qb), landed
         fence_proxy_async();      // they, the dŜ stores of qb − 1 and the dQ staging stores → the async proxy
-        block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
+        bwd17_block_max2(amax_p, amax_ds, smem + Lay::red + 8 * (i & 3), amax_lane_off);  // (b)
         GroupScale sc_p, sc_ds;
         // scales24: bwd16's branch-free scales (the d = 64 loop's) instead of sage10's division and shuffles.
         bwd16_group_scales(amax_p, sc_p);
