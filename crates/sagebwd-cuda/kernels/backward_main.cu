@@ -863,6 +863,7 @@ __device__ __forceinline__ void bwd17_block_max2(float& a, float& b, u32 slot, u
 // all its quantized values are 0). Instead of the IEEE division (FCHK, its slow-path branch) and 4 shuffles
 // after barrier (b): +17 instructions per tile. Measured with the split (final call, same binary): −3.7 % at
 // the training shape N 4096, ±0 at N 1024 (the persistent grid there has no split, so not these scales either).
+// scales24: sb16's d = 128 loop takes them too (−1.1 % backward there).
 __device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
     g.scale = div127_rn(amax);  // 0 for amax = 0
     g.inv = inv127_rn(amax);  // common.cuh

@@ -175,7 +175,7 @@ impl Gpu {
     /// Evaluates the kernels' `exp2_ftz` (ex2.approx.ftz) at every FP32 argument in [−∞, 16] and checks
     /// that it is monotone there, at most 1 on [−∞, 0], and 1 at 0: the INT8 forward takes P̂'s group
     /// amax as exp2(fma(a_max, sc, −m)) before the exponentials (ALGORITHM.md §4), whose argument may
-    /// exceed 0 by the rounding error of m; it is the max of the p's only if so. A few milliseconds.
+    /// exceed 0 by the lazy running max's slack of 8 and two roundings; it is the max of the p's only if so. A few milliseconds.
     pub fn ex2_selftest(&self) -> Result<()> {
         let k = self.kernels(HEAD_DIMS[0])?;
         let st = &self.dev.stream;
