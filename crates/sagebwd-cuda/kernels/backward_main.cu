@@ -99,9 +99,12 @@ __device__ TileScales tile_p_ds(const BackwardParams& p, BackwardShared& s, int 
         float prob = 0.0f, ds = 0.0f;
         if (visible(p.dims, r, j)) {
             const long q_row = (long)bh * p.dims.n_q + r, k_row = (long)bh_kv * p.dims.n_k + j;
-            const float t = score(p.op, int8_qk, q_row, k_row, bh * p.dims.n_qblk + qb,
-                                  bh_kv * p.dims.n_kblk + kb, p.c_lambda, smooth_q, s.beta[jl]);
-            prob = exp2_ftz(__fsub_rn(t, s.lse2[rl]));  // exp2(t − L)
+            // t = fl(a·sc) (§4); P = exp2(fma(a, sc, −L)) for INT8 #3 (bfma24, §5), fma(t, 1, −L) = fl(t − L) otherwise.
+            const float a = score_factor(p.op, int8_qk, q_row, k_row, bh * p.dims.n_qblk + qb,
+                                         bh_kv * p.dims.n_kblk + kb, p.c_lambda, smooth_q, s.beta[jl]);
+            const float sc = score_scale(p.op, int8_qk, bh * p.dims.n_qblk + qb, bh_kv * p.dims.n_kblk + kb,
+                                         p.c_lambda, smooth_q);
+            prob = exp2_ftz(__fmaf_rn(a, sc, -s.lse2[rl]));
             const float dp = int8_dp
                 ? dequant(dot_i8(p.do_hat + q_row * HEAD_DIM, p.v_hat + k_row * HEAD_DIM), s_do, s_v)
                 : dot_bf16(p.d_o + q_row * HEAD_DIM, p.v + k_row * HEAD_DIM);
@@ -273,12 +276,14 @@ __device__ TileScales mma_tile_p_ds(const BackwardParams& p, BackwardShared& s, 
 #pragma unroll 1
     for (int nt = 0; nt < 8; ++nt) {
         float t[4], dp[4];
+        float sc = 1.0f;  // t = fl(t·sc) below: the factor a and its scale for INT8 #3 (bfma24, §5), else t itself and 1
         if (int8_qk) {
             int acc[4] = {0, 0, 0, 0};
             tile_s8(acc, ReadI8(), vq8, 0, ReadI8(), vk8, nt * 8, HEAD_DIM);
+            if (!smooth_q) sc = s_qk;
             for (int e = 0; e < 4; ++e) {
-                t[e] = __fmul_rn((float)acc[e], s_qk);
-                if (smooth_q) t[e] = __fadd_rn(t[e], __fmul_rn(p.c_lambda, s.beta[k_loc0 + nt * 8 + c_col(e)]));
+                t[e] = (float)acc[e];
+                if (smooth_q) t[e] = __fadd_rn(__fmul_rn(t[e], s_qk), __fmul_rn(p.c_lambda, s.beta[k_loc0 + nt * 8 + c_col(e)]));
             }
         } else {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -298,7 +303,7 @@ __device__ TileScales mma_tile_p_ds(const BackwardParams& p, BackwardShared& s, 
             const int rl = r_loc0 + c_row(e), jl = k_loc0 + nt * 8 + c_col(e);
             float prob = 0.0f, ds = 0.0f;
             if (visible(d, qb * BLOCK_Q + rl, key0 + jl)) {
-                prob = exp2_ftz(__fsub_rn(t[e], s.lse2[rl]));
+                prob = exp2_ftz(__fmaf_rn(t[e], sc, -s.lse2[rl]));  // fma(t, 1, −L) = fl(t − L)
                 ds = __fmul_rn(prob, __fsub_rn(dp[e], s.delta[rl]));
             }
             s.p[rl][jl] = prob;
@@ -628,7 +633,10 @@ __device__ __forceinline__ void keys_by_rows(Acc (*acc)[4], u32 a_lane, int a_x,
     }
 }
 
-// P = exp2(fl(fl(S·scale) − L)) of the warp's transposed tile (s: the Sᵀ accumulators, scale =
+template <class T> struct IsInt { static constexpr bool value = false; };
+template <> struct IsInt<int> { static constexpr bool value = true; };
+
+// P = exp2(fma(S, scale, −L)) (INT8, bfma24) or exp2(fl(fl(S·scale) − L)) (BF16) of the warp's transposed tile (s: the Sᵀ accumulators, scale =
 // fl(fl(s_Q·cλ)·s_K) for INT8, cλ for BF16), not yet masked.
 template <bool PERMUTED, class Acc>
 __device__ __forceinline__ void tile_p_regs(const float* rows, const Acc (*s)[4], float scale, float (*prob)[4]) {
@@ -638,7 +646,9 @@ __device__ __forceinline__ void tile_p_regs(const float* rows, const Acc (*s)[4]
         const float2 L = *(const float2*)(rows + tile_row<PERMUTED>(nt, 2 * t));  // rows rl, rl + 1 (even)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s[nt][e], scale), (e & 1) ? L.y : L.x));  // exp2(t − L)
+            prob[nt][e] = IsInt<Acc>::value  // INT8 #3: exp2(fma(a, sc, −L)) (bfma24, §5); BF16: exp2(fl(t − L))
+                ? exp2_ftz(__fmaf_rn((float)s[nt][e], scale, -((e & 1) ? L.y : L.x)))
+                : exp2_ftz(__fsub_rn(__fmul_rn((float)s[nt][e], scale), (e & 1) ? L.y : L.x));
     }
 }
 
@@ -2574,7 +2584,7 @@ __device__ __forceinline__ void sb21_bulk_dq(const BackwardParams& p, u32 tile, 
 }
 
 // The pipelined loops' (pipe14 at d = 64, sb16 at d = 128) row constants of the thread's 16 rows (raw, from the
-// staged row-constant block: L at `rows`, D at rows + BLOCK_Q) and P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs).
+// staged row-constant block: L at `rows`, D at rows + BLOCK_Q) and P = exp2(fma(float(S), s, −L)) (bfma24) (tile_p_regs).
 __device__ __forceinline__ void sage14_row_pairs(float2 (&x)[8], const float* rows, int t) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) x[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));
@@ -2584,7 +2594,7 @@ __device__ __forceinline__ void sage14_prob(float (&prob)[8][4], const int (&s_a
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            prob[nt][e] = exp2_ftz(__fsub_rn(__fmul_rn((float)s_acc[nt][e], s_qk), (e & 1) ? L[nt].y : L[nt].x));
+            prob[nt][e] = exp2_ftz(__fmaf_rn((float)s_acc[nt][e], s_qk, -((e & 1) ? L[nt].y : L[nt].x)));  // bfma24, §5
 }
 // The pipelined loops' start (pipe14 at d = 64, sb16 at d = 128): an item without query blocks drains its copies
 // and returns; otherwise, after the first copies are issued, wait for the key block and block qb0 (the newest copy
@@ -2731,7 +2741,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         const int qn = has_next ? qb + 1 : qb;
         const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
 
-        // P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
+        // P = exp2(fma(float(S), s, −L)) (bfma24) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
         float2 L[8], D[8];
         sage14_row_pairs(L, rows, t);
         float ds_in[8][4];  // dPᵀ, then dS in place (without F)
@@ -2969,7 +2979,7 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
         const u32 st_lo = sage10_desc_lo(stage(par));
 
-        // P = exp2(fl(fl(float(S)·s) − L)) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
+        // P = exp2(fma(float(S), s, −L)) (bfma24) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
         float2 L[8];
         sage14_row_pairs(L, rows, t);
         wgmma_wait<0>();  // Sᵀ of qb

@@ -528,7 +528,9 @@ impl<'a> HeadCtx<'a> {
                         continue;
                     }
                     let j = j0 + jj;
-                    *pi = (self.score(qk, r, j) - lse2_used[i]).exp2();
+                    // INT8 #3: p = exp2(fma(a, sc, −L)), one rounding (§5, as the forward's #1); BF16: fl(t − L).
+                    let (a, sc) = self.score_parts(qk, r, j);
+                    *pi = if qk == Precision::Int8 { a.mul_add(sc, -lse2_used[i]) } else { a * sc - lse2_used[i] }.exp2();
                     let dp = match dp_prec {
                         Precision::Bf16 => dot_f32(self.row(self.d_o, r), self.row(self.v, j)),
                         Precision::Int8 => dequant(
