@@ -350,8 +350,8 @@ impl<'a> HeadCtx<'a> {
     /// product, as its two factors `(a, sc)`: INT8 `a = float(acc)` (exact) of the smoothed operands
     /// (off by `−b_r` from the true score), `sc = fl(fl(s_Q·cλ)·s_K)`; BF16 `a` = the FP32 sum of Q·K,
     /// `sc = cλ`. With Q-smoothing (INT8) `a = t` itself (β added) and `sc = 1`, so that
-    /// `fma(a, sc, −m) = fl(t − m)`: the unfused form the specification keeps there. The INT8 forward
-    /// fuses (`fma(a, sc, −m)`, §4); every other use takes `t` ([`Self::score`]).
+    /// `fma(a, sc, −m) = fl(t − m)`: the unfused form the specification keeps there. INT8 #1 and #3
+    /// fuse (`fma(a, sc, −m)` in the forward, §4; `fma(a, sc, −L)` in the backward, §5); BF16 rounds `t = fl(a·sc)` first.
     #[inline]
     fn score_parts(&self, prec: Precision, r: usize, j: usize) -> (f32, f32) {
         let (qb, kb) = (r / self.cfg.block_q, j / self.cfg.block_kv);
@@ -367,13 +367,6 @@ impl<'a> HeadCtx<'a> {
             }
             Precision::Bf16 => (dot_f32(self.row(self.q, r), self.row(self.k, j)), self.c_log2e),
         }
-    }
-
-    /// The score `t[r, j] = fl(a · sc)` itself.
-    #[inline]
-    fn score(&self, prec: Precision, r: usize, j: usize) -> f32 {
-        let (a, sc) = self.score_parts(prec, r, j);
-        a * sc
     }
 
     /// ALGORITHM.md §4, one query row at a time (rows are independent).
