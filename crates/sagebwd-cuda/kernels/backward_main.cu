@@ -87,7 +87,7 @@ __device__ void load_row_state(const BackwardParams& p, BackwardShared& s, int b
     __syncthreads();
 }
 
-// P = exp2(t − lse2), dP (#5), dS = fl(P·fl(dP − D)) for the tile; returns the per-tile scales.
+// P = exp2(t − lse2) (INT8 #3 fused, §5), dP (#5), dS = fl(P·fl(dP − D)) for the tile; returns the per-tile scales.
 __device__ TileScales tile_p_ds(const BackwardParams& p, BackwardShared& s, int bh, int bh_kv, int qb, int kb) {
     const bool int8_qk = p.flags & F_QK_BWD, int8_dp = p.flags & F_DP, smooth_q = p.flags & F_SMOOTH_Q;
     const float s_do = p.do_scale[bh * p.dims.n_qblk + qb];
@@ -633,8 +633,12 @@ __device__ __forceinline__ void keys_by_rows(Acc (*acc)[4], u32 a_lane, int a_x,
     }
 }
 
-template <class T> struct IsInt { static constexpr bool value = false; };
-template <> struct IsInt<int> { static constexpr bool value = true; };
+// P of one score (§5) from the S accumulator and the row's L: INT8 #3 (an int accumulator) exp2(fma(a, scale, −L)),
+// one rounding (bfma24); BF16 #3 exp2(fl(fl(S·scale) − L)).
+__device__ __forceinline__ float p_of_score(int acc, float scale, float L) { return exp2_ftz(__fmaf_rn((float)acc, scale, -L)); }
+__device__ __forceinline__ float p_of_score(float acc, float scale, float L) {
+    return exp2_ftz(__fsub_rn(__fmul_rn(acc, scale), L));
+}
 
 // P = exp2(fma(S, scale, −L)) (INT8, bfma24) or exp2(fl(fl(S·scale) − L)) (BF16) of the warp's transposed tile (s: the Sᵀ accumulators, scale =
 // fl(fl(s_Q·cλ)·s_K) for INT8, cλ for BF16), not yet masked.
@@ -646,9 +650,7 @@ __device__ __forceinline__ void tile_p_regs(const float* rows, const Acc (*s)[4]
         const float2 L = *(const float2*)(rows + tile_row<PERMUTED>(nt, 2 * t));  // rows rl, rl + 1 (even)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            prob[nt][e] = IsInt<Acc>::value  // INT8 #3: exp2(fma(a, sc, −L)) (bfma24, §5); BF16: exp2(fl(t − L))
-                ? exp2_ftz(__fmaf_rn((float)s[nt][e], scale, -((e & 1) ? L.y : L.x)))
-                : exp2_ftz(__fsub_rn(__fmul_rn((float)s[nt][e], scale), (e & 1) ? L.y : L.x));
+            prob[nt][e] = p_of_score(s[nt][e], scale, (e & 1) ? L.y : L.x);
     }
 }
 
@@ -2594,7 +2596,7 @@ __device__ __forceinline__ void sage14_prob(float (&prob)[8][4], const int (&s_a
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            prob[nt][e] = exp2_ftz(__fmaf_rn((float)s_acc[nt][e], s_qk, -((e & 1) ? L[nt].y : L[nt].x)));  // bfma24, §5
+            prob[nt][e] = p_of_score(s_acc[nt][e], s_qk, (e & 1) ? L[nt].y : L[nt].x);
 }
 // The pipelined loops' start (pipe14 at d = 64, sb16 at d = 128): an item without query blocks drains its copies
 // and returns; otherwise, after the first copies are issued, wait for the key block and block qb0 (the newest copy
