@@ -716,7 +716,8 @@ mod tests {
         let err = sweep(&args(&["-n", "3000"])).unwrap_err().to_string();
         assert!(err.contains("not a multiple of N = 3000"), "{err}");
         let err = sweep(&args(&["-d", "96"])).unwrap_err().to_string();
-        assert!(err.contains("head dim 96"), "{err}");        assert!(args(&["--lean-memory"]).lean_memory && !args(&[]).lean_memory);
+        assert!(err.contains("head dim 96"), "{err}");
+        assert!(args(&["--lean-memory"]).lean_memory && !args(&[]).lean_memory);
     }
 
     #[test]
