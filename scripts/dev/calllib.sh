@@ -1,0 +1,41 @@
+# Helpers for one device call's script (source it: `. scripts/dev/calllib.sh`), so that each session's call script holds
+# only what it runs. The call scripts of sessions 23–25 in docs/data/ each repeated these lines.
+#   R        the output folder ($OUT on the device, else /tmp/call); summary.txt in it is printed last by `finish`
+#   lap MSG RC             appends "MSG rc=RC (seconds since the last lap)" to the summary
+#   pack                   tars everything under $R into $R/all.tgz (the device returns few files; call it after each step)
+#   ab_rounds ROUNDS "BUILDS" "DIMS" [PRESET]   sagebwd bench of each build in dev/BUILD, rounds alternated, JSON into $R/json
+#   prof NAME BUILD REGEX BENCH-ARGS...         ncu (sections + SASS source) of the first kernel matching REGEX
+#   finish                 packs and prints the summary
+set -uo pipefail
+R=${OUT:-/tmp/call}; mkdir -p "$R/json" "$R/log" "$R/prof"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+S=$R/summary.txt; _t0=$SECONDS
+lap() { echo "$1 rc=$2 ($((SECONDS - _t0)) s)" >> "$S"; _t0=$SECONDS; }
+pack() { tar czf "$R/all.tgz" -C "$R" --exclude all.tgz . 2>/dev/null; }
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv >> "$S" 2>/dev/null
+ab_rounds() {
+  local rounds=$1 builds=$2 dims=$3 preset=${4:-sagebwd}
+  local tag=${preset:0:1}  # s128_BUILD-r1.json for sagebwd at d 128, f64_… for fpa (scripts/dev/ab.py reads these)
+  for r in $(seq 1 "$rounds"); do
+    for v in $builds; do
+      for d in $dims; do
+        SAGEBWD_CACHE_DIR=$PWD/dev/$v/cache timeout 60 dev/$v/sagebwd bench --reps 10 --min-reps 3 --warmup 2 --max-time 1 \
+          --input-sets 2 --preset "$preset" -d "$d" --json "$R/json/$tag${d}_$v-r$r.json" > "$R/log/$tag${d}_$v-r$r.txt" 2>&1 \
+          || echo "FAIL $v $preset d$d round $r" >> "$S"
+      done
+    done
+  done
+}
+prof() {
+  local name=$1 build=$2 rx=$3; shift 3
+  local ncu; ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  SAGEBWD_CACHE_DIR=$PWD/dev/$build/cache timeout 60 "$ncu" --clock-control none --section SpeedOfLight --section WarpStateStats \
+    --section SourceCounters --section SchedulerStats --section InstructionStats --section Occupancy --section LaunchStats \
+    -k "regex:$rx" --launch-count 1 -f -o "$R/prof/$name" \
+    "dev/$build/sagebwd" bench --reps 1 --min-reps 1 --warmup 0 --max-time 0 --input-sets 1 "$@" > "$R/prof/$name.log" 2>&1
+  lap "ncu $name" $?
+  "$ncu" -i "$R/prof/$name.ncu-rep" --page details --csv > "$R/prof/$name-details.csv" 2> "$R/prof/$name-details.err"
+  "$ncu" -i "$R/prof/$name.ncu-rep" --page source --csv --print-source sass 2> "$R/prof/$name-source.err" | gzip > "$R/prof/$name-source.csv.gz"
+  rm -f "$R/prof/$name.ncu-rep"
+}
+finish() { pack; cat "$S"; }
