@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds a device bundle in dev/NAME (git-ignored) to `carry` to the GPU: the stripped release `sagebwd` and
 # `sagebwd-gpu-check` binaries and their sm_90a kernel cache (both head dims), so the device call spends no
-# time in NVRTC. Needs the NVRTC wheels that scripts/test.sh installs into .cache/nvrtc. ~16 MB, ~1.5 min.
+# time in NVRTC. Needs the NVRTC wheels that scripts/test.sh installs into .cache/nvrtc. ~16 MB; ~1.5 min after a
+# release build, ~4.5 min from a cold target/ on this 2-core machine.
 # Usage: bash scripts/dev/mkbuild.sh NAME
 set -euo pipefail
 cd "$(dirname "$0")/../.."
