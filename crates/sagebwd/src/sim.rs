@@ -290,6 +290,14 @@ struct QBlock {
     inter: Option<Intermediates>,
 }
 
+/// `exp2(a·sc − shift)` of one score's two factors (`HeadCtx::score_parts`): fused `exp2(fma(a, sc, −shift))`, one
+/// rounding (INT8 #1 in the forward, §4; INT8 #3 in the backward, §5), else `exp2(fl(fl(a·sc) − shift))`. The kernels'
+/// counterpart in the backward is backward_main.cu `p_of_score`.
+#[inline]
+fn exp2_of_score(a: f32, sc: f32, shift: f32, fused: bool) -> f32 {
+    if fused { a.mul_add(sc, -shift) } else { a * sc - shift }.exp2()
+}
+
 impl<'a> HeadCtx<'a> {
     fn new(inp: &'a Inputs, cfg: &'a Config, prep: &'a Prepared, bh: usize, r16: fn(f32) -> f32) -> HeadCtx<'a> {
         let s = inp.shape;
@@ -400,7 +408,7 @@ impl<'a> HeadCtx<'a> {
                     let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
                     let alpha = (m - m_use).exp2();
                     t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| {
-                        *p = if fused { x.mul_add(sc, -m_use) } else { x * sc - m_use }.exp2() // t holds p
+                        *p = exp2_of_score(x, sc, m_use, fused) // t holds p
                     });
                     l = l * alpha + t.iter().sum::<f32>();
                     let kb = j0 / bkv;
@@ -523,7 +531,7 @@ impl<'a> HeadCtx<'a> {
                     let j = j0 + jj;
                     // INT8 #3: p = exp2(fma(a, sc, −L)), one rounding (§5, as the forward's #1); BF16: fl(t − L).
                     let (a, sc) = self.score_parts(qk, r, j);
-                    *pi = if qk == Precision::Int8 { a.mul_add(sc, -lse2_used[i]) } else { a * sc - lse2_used[i] }.exp2();
+                    *pi = exp2_of_score(a, sc, lse2_used[i], qk == Precision::Int8);
                     let dp = match dp_prec {
                         Precision::Bf16 => dot_f32(self.row(self.d_o, r), self.row(self.v, j)),
                         Precision::Int8 => dequant(
