@@ -937,7 +937,8 @@ __device__ __forceinline__ void sage10_ds_regs(const float* rows, const float (*
 // from one lane pointer; before, every 8-byte reduction sat in its own guarded branch with its
 // address rebuilt inside (~200 instructions per tile at d = 64, now ~70).
 // I2FP: the INT32 → FP32 conversion by one I2FP at every d (sb128's d = 128 path), else sage10_i2f.
-template <bool I2FP = false>
+// ROT_ACC (StagedSage128, SAGE_DQ_ACC_ROT): n-tile n of rows r_lo, r_lo + 8 to chunk position n ^ (r_lo mod 4).
+template <bool I2FP = false, bool ROT_ACC = false>
 __device__ __forceinline__ void sage10_add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
     float val[HEAD_DIM / 16][4];
 #pragma unroll
@@ -946,6 +947,18 @@ __device__ __forceinline__ void sage10_add_dq(const BackwardParams& p, const int
         for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(I2FP ? (float)acc[n][e] : sage10_i2f(acc[n][e]), scale);
     int r_lo;
     float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
+    if (ROT_ACC) {  // once per item (its last block): plain guards
+        static_assert(!ROT_ACC || SAGE_DQ_ACC_ROT, "the rotated accumulator order is sm_90a's d = 128 one");
+        const int k = (threadIdx.x >> 2) & 3;  // r_lo mod 4
+        const bool lo = r_lo < p.dims.n_q, hi = r_lo + 8 < p.dims.n_q;
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 16; ++n) {
+            float* at = dq_lo + 8 * (n ^ k);
+            if (lo) red_add_f32x2(at, val[n][0], val[n][1]);
+            if (hi) red_add_f32x2(at + 8 * HEAD_DIM, val[n][2], val[n][3]);
+        }
+        return;
+    }
     if ((qb + 1) * BLOCK_Q <= p.dims.n_q) {  // block-uniform
 #pragma unroll
         for (int n = 0; n < HEAD_DIM / 16; ++n) {
@@ -1061,6 +1074,9 @@ __device__ __forceinline__ int sbwd13_wg() {
 #define SB128_LOOP 1
 #else
 #define SB128_LOOP 0
+#endif
+#if SB128_LOOP != SAGE_DQ_ACC_ROT
+#error "StagedSage128 writes the dQ accumulator in SAGE_DQ_ACC_ROT's order, which sage_bwd_post_dq_sage reads"
 #endif
 
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
@@ -1387,9 +1403,9 @@ struct StagedSage {
     // Every product of tile() has been waited for inside it.
     static __device__ __forceinline__ void drain(float (*)[4], float (*)[4]) {}
 
-    // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile). I2FP: as
+    // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile). I2FP, ROT_ACC: as
     // sage10_add_dq's (wgmma dQ only).
-    template <bool I2FP = false>
+    template <bool I2FP = false, bool ROT_ACC = false>
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
 #if BWD_WGMMA
         int acc[HEAD_DIM / 16][4];
@@ -1398,7 +1414,7 @@ struct StagedSage {
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_regs(acc);
-        sage10_add_dq<I2FP>(p, acc, scale, bh, qb);
+        sage10_add_dq<I2FP, ROT_ACC>(p, acc, scale, bh, qb);
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int c0 = (warp >> 2) * (HEAD_DIM / 2);
@@ -1524,7 +1540,10 @@ __device__ __forceinline__ void sage14_sts_f2(u32 addr, float2 v) {
 }
 // ALIGNED = false (d = 128's layout: the tile only 16-byte aligned): the XOR on the offset within the tile,
 // then one add per store; the whole warp's addresses shift by the same amount, so the banks stay distinct.
-template <bool I2FP = false, bool ALIGNED = true>
+// SELECT = false (sb26, d = 128 on sm_90a: SAGE_DQ_ACC_ROT): store j writes n-tile j itself at that address,
+// so row r's n-tile m lands at position m ^ (r mod 4), the layout the accumulator keeps (common.cuh): the
+// same banks, without the 4·NT selects per thread (2 per score at d = 128: 5.6 % of the loop's instructions).
+template <bool I2FP = false, bool ALIGNED = true, bool SELECT = true>
 __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4], float scale) {
     constexpr int NT = HEAD_DIM / 16;
     static_assert(NT == 4 || NT == 8, "the permutation assumes 4 or 8 n-tiles per warp");
@@ -1533,21 +1552,24 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
     const int k = (lane >> 2) & 3;
     const u32 off = ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW + (warp >> 2) * (HEAD_DIM * 2) + 8 * (lane & 3) + 32 * k;
     const u32 lo = ALIGNED ? tile + off : off;
-    float2 v[2][NT], t[2][NT];
+    float2 v[2][NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         v[0][n] = make_float2(__fmul_rn(cvt(acc[n][0]), scale), __fmul_rn(cvt(acc[n][1]), scale));
         v[1][n] = make_float2(__fmul_rn(cvt(acc[n][2]), scale), __fmul_rn(cvt(acc[n][3]), scale));
     }
-    const bool x1 = k & 1, x2 = k & 2;
+    if (SELECT) {
+        const bool x1 = k & 1, x2 = k & 2;
+        float2 t[2][NT];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int j = 0; j < NT; ++j) t[h][j] = x1 ? v[h][j ^ 1] : v[h][j];
+            for (int j = 0; j < NT; ++j) t[h][j] = x1 ? v[h][j ^ 1] : v[h][j];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int j = 0; j < NT; ++j) v[h][j] = x2 ? t[h][j ^ 2] : t[h][j];  // = the n-tile j ^ k
+            for (int j = 0; j < NT; ++j) v[h][j] = x2 ? t[h][j ^ 2] : t[h][j];  // = the n-tile j ^ k
+    }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         const u32 a = ALIGNED ? lo ^ (32 * j) : tile + (lo ^ (32 * j));
@@ -1628,6 +1650,8 @@ struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT>> : QueryStage
 //   to the accumulator by one bulk reduce (pipe14b's sage14_bulk_dq), in bulk15's permuted order (sage14_stage_dq_rot:
 //   2 shared wavefronts per STS.64 instead of 8). The per-thread reductions had waited for the LSU (prof15: long
 //   scoreboard 7.0 %, LG throttle 2.8 %); without the bulk form +4 % at N 4096, without the order +4.6 to +11.6 %.
+//   Since sb26 the permuted order is kept in the accumulator (SAGE_DQ_ACC_ROT, common.cuh; the postprocess reads it
+//   back in order) instead of undone by 64 FSEL per thread and tile (2.1 of ~37 instructions per score, ncu).
 // - Raw row constants: those of block qb + 1 loaded raw (lse2, offset, D) early and subtracted when stored at the
 //   end of the tile (pipe14's (3)), so that no warp waits for global loads inside the tile.
 // - Scales ahead: s_Q, s_dO of block qb + 1 loaded in tile qb and s_K once per item (the scale loads had sat behind
@@ -1688,14 +1712,15 @@ struct StagedSage128 : StagedSage {
                                               WgKmajor<HEAD_DIM, BLOCK_Q, false>());
     }
 
-    // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (one I2FP per value).
+    // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (one I2FP per value), each row's
+    // chunks in the accumulator's order (SAGE_DQ_ACC_ROT, sb26).
     static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
-        sage14_stage_dq_rot<true, false>((u32)__cvta_generic_to_shared(tile), acc, scale);
+        sage14_stage_dq_rot<true, false, false>((u32)__cvta_generic_to_shared(tile), acc, scale);
     }
 
-    // StagedSage::dq (the item's last dQ tile, after the loop) with one I2FP per value.
+    // StagedSage::dq (the item's last dQ tile, after the loop) with one I2FP per value, to the accumulator's order.
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
-        StagedSage::dq<true>(p, smem, ds_tile, scale, bh, qb);
+        StagedSage::dq<true, true>(p, smem, ds_tile, scale, bh, qb);
     }
     static constexpr bool TMA_STAGE = false;
 };

@@ -46,6 +46,8 @@ extern "C" __global__ void sage_bwd_post_dq(const float* __restrict__ dq_acc, co
 // before the first use. With one group per thread, 74 % of the warps' stall samples sat on the
 // first use of its two loads (ncu, training shape: ~38 KB in flight per SM at 59 % occupancy, 65–70 %
 // of DRAM bandwidth). Launched with PDL after the main kernel: griddepcontrol.wait first.
+// SAGE_DQ_ACC_ROT (sm_90a, d = 128): group e8 (row q's chunk e8 mod 16) is read from chunk e8 ^ (q mod 4) of
+// the row (common.cuh), in the same 128 bytes, so the loads stay coalesced.
 #define POST_UNROLL 4
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_post_dq_sage(const float* __restrict__ dq_acc,
                                                                            const float* __restrict__ ds_rowsum,
@@ -61,7 +63,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_post_dq_sage(cons
 #pragma unroll
     for (int k = 0; k < POST_UNROLL; ++k) {
         const long e8 = first + (long)k * THREADS;
-        if (e8 < total8) a[k] = ((const float4*)dq_acc)[2 * e8], b[k] = ((const float4*)dq_acc)[2 * e8 + 1];
+        long at = e8;
+        if (SAGE_DQ_ACC_ROT) {
+            const long row = e8 / (HEAD_DIM / 8);  // b·h·n_q + q
+            at ^= (d.n_q & 3) == 0 ? row & 3 : row % d.n_q & 3;  // q mod 4 (block-uniform choice)
+        }
+        if (e8 < total8) a[k] = ((const float4*)dq_acc)[2 * at], b[k] = ((const float4*)dq_acc)[2 * at + 1];
     }
 #pragma unroll
     for (int k = 0; k < POST_UNROLL; ++k) {
