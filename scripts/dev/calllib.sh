@@ -4,6 +4,10 @@
 #   lap MSG RC             appends "MSG rc=RC (seconds since the last lap)" to the summary
 #   pack                   tars everything under $R into $R/all.tgz (the device returns few files; call it after each step)
 #   ab_rounds ROUNDS "BUILDS" "DIMS" [PRESET]   sagebwd bench of each build in dev/BUILD, rounds alternated, JSON into $R/json
+#   ab_caches ROUNDS BUILD "TAG=CACHE ..." DIM  the same with one binary (dev/BUILD) and several kernel caches, when the
+#                          variants differ in kernels only and two bundles do not fit the 64 MiB carry: copy the
+#                          baseline's cubins under the variant's cache file names (the cache is looked up by name only)
+#   verify_all BUILD       sagebwd-gpu-check of dev/BUILD: default and lean (full), 4 "SMs" (quick); verdicts to the summary
 #   prof NAME BUILD REGEX BENCH-ARGS...         ncu (sections + SASS source) of the first kernel matching REGEX
 #   finish                 packs and prints the summary
 set -uo pipefail
@@ -25,6 +29,29 @@ ab_rounds() {
       done
     done
   done
+}
+ab_caches() {
+  local rounds=$1 build=$2 pairs=$3 d=$4
+  for r in $(seq 1 "$rounds"); do
+    for pair in $pairs; do
+      local tag=${pair%%=*} cache=$PWD/${pair#*=}
+      SAGEBWD_CACHE_DIR=$cache timeout 60 "dev/$build/sagebwd" bench --reps 10 --min-reps 3 --warmup 2 --max-time 1 \
+        --input-sets 2 --preset sagebwd -d "$d" --json "$R/json/s${d}_$tag-r$r.json" > "$R/log/s${d}_$tag-r$r.txt" 2>&1 \
+        || echo "FAIL $tag d$d round $r" >> "$S"
+    done
+  done
+}
+verify_all() {
+  local n=dev/$1 c=$PWD/dev/$1/cache
+  OUT=$R/verify BIN=$n/sagebwd-gpu-check SAGEBWD_CACHE_DIR=$c timeout 100 bash scripts/gpu/verify.sh > "$R/verify-stdout.txt" 2>&1
+  lap "verify $1" $?
+  OUT=$R/lean BIN=$n/sagebwd-gpu-check SAGEBWD_CACHE_DIR=$c SAGEBWD_BWD_GROUPS=lean timeout 100 bash scripts/gpu/verify.sh \
+    > "$R/lean-stdout.txt" 2>&1
+  lap "lean verify $1" $?
+  OUT=$R/multi BIN=$n/sagebwd-gpu-check SAGEBWD_CACHE_DIR=$c SAGEBWD_PERSISTENT_SMS=4 SAGEBWD_BWD_PERSIST=1 timeout 50 \
+    bash scripts/gpu/verify.sh --quick > "$R/multi-stdout.txt" 2>&1
+  lap "verify $1 4 SMs" $?
+  grep -HE "passed, .* failed|mismatch" "$R"/{verify,lean,multi}/log.txt | head -8 >> "$S"
 }
 prof() {
   local name=$1 build=$2 rx=$3; shift 3
