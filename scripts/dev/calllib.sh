@@ -17,28 +17,26 @@ S=$R/summary.txt; _t0=$SECONDS
 lap() { echo "$1 rc=$2 ($((SECONDS - _t0)) s)" >> "$S"; _t0=$SECONDS; }
 pack() { tar czf "$R/all.tgz" -C "$R" --exclude all.tgz . 2>/dev/null; }
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv >> "$S" 2>/dev/null
+# One timed `sagebwd bench` of binary dev/BUILD with kernel cache CACHE: JSON $R/json/<p><D>_TAG-rROUND.json (p: the
+# preset's first letter, as scripts/dev/ab.py reads them), its log beside it.
+bench_json() {
+  local tag=$1 build=$2 cache=$3 preset=$4 d=$5 r=$6 t=${4:0:1}
+  SAGEBWD_CACHE_DIR=$cache timeout 60 "dev/$build/sagebwd" bench --reps 10 --min-reps 3 --warmup 2 --max-time 1 \
+    --input-sets 2 --preset "$preset" -d "$d" --json "$R/json/$t${d}_$tag-r$r.json" > "$R/log/$t${d}_$tag-r$r.txt" 2>&1 \
+    || echo "FAIL $tag $preset d$d round $r" >> "$S"
+}
 ab_rounds() {
   local rounds=$1 builds=$2 dims=$3 preset=${4:-sagebwd}
-  local tag=${preset:0:1}  # s128_BUILD-r1.json for sagebwd at d 128, f64_… for fpa (scripts/dev/ab.py reads these)
   for r in $(seq 1 "$rounds"); do
     for v in $builds; do
-      for d in $dims; do
-        SAGEBWD_CACHE_DIR=$PWD/dev/$v/cache timeout 60 dev/$v/sagebwd bench --reps 10 --min-reps 3 --warmup 2 --max-time 1 \
-          --input-sets 2 --preset "$preset" -d "$d" --json "$R/json/$tag${d}_$v-r$r.json" > "$R/log/$tag${d}_$v-r$r.txt" 2>&1 \
-          || echo "FAIL $v $preset d$d round $r" >> "$S"
-      done
+      for d in $dims; do bench_json "$v" "$v" "$PWD/dev/$v/cache" "$preset" "$d" "$r"; done
     done
   done
 }
 ab_caches() {
   local rounds=$1 build=$2 pairs=$3 d=$4
   for r in $(seq 1 "$rounds"); do
-    for pair in $pairs; do
-      local tag=${pair%%=*} cache=$PWD/${pair#*=}
-      SAGEBWD_CACHE_DIR=$cache timeout 60 "dev/$build/sagebwd" bench --reps 10 --min-reps 3 --warmup 2 --max-time 1 \
-        --input-sets 2 --preset sagebwd -d "$d" --json "$R/json/s${d}_$tag-r$r.json" > "$R/log/s${d}_$tag-r$r.txt" 2>&1 \
-        || echo "FAIL $tag d$d round $r" >> "$S"
-    done
+    for pair in $pairs; do bench_json "${pair%%=*}" "$build" "$PWD/${pair#*=}" sagebwd "$d" "$r"; done
   done
 }
 verify_all() {

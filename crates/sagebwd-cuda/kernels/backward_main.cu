@@ -949,7 +949,7 @@ __device__ __forceinline__ void sage10_add_dq(const BackwardParams& p, const int
     float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
     if (ROT_ACC) {  // once per item (its last block): plain guards
         static_assert(!ROT_ACC || SAGE_DQ_ACC_ROT, "the rotated accumulator order is sm_90a's d = 128 one");
-        const int k = (threadIdx.x >> 2) & 3;  // r_lo mod 4
+        const int k = (threadIdx.x >> 2) & 3;  // = sage_dq_acc_chunk_xor(r_lo), and of r_lo + 8 (from the lane: fewer instructions)
         const bool lo = r_lo < p.dims.n_q, hi = r_lo + 8 < p.dims.n_q;
 #pragma unroll
         for (int n = 0; n < HEAD_DIM / 16; ++n) {

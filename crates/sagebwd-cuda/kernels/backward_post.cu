@@ -66,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_post_dq_sage(cons
         long at = e8;
         if (SAGE_DQ_ACC_ROT) {
             const long row = e8 / (HEAD_DIM / 8);  // b·h·n_q + q
-            at ^= (d.n_q & 3) == 0 ? row & 3 : row % d.n_q & 3;  // q mod 4 (block-uniform choice)
+            at ^= sage_dq_acc_chunk_xor((d.n_q & 3) == 0 ? row : row % d.n_q);  // q mod 4 (block-uniform choice)
         }
         if (e8 < total8) a[k] = ((const float4*)dq_acc)[2 * at], b[k] = ((const float4*)dq_acc)[2 * at + 1];
     }

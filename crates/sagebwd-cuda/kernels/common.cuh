@@ -34,6 +34,9 @@
 #else
 #define SAGE_DQ_ACC_ROT 0
 #endif
+// The XOR that takes query row q's logical chunk index (8 values) to its position in that accumulator: only
+// the low two bits move, so a chunk stays in its 64-column half and its 128 bytes.
+__device__ __forceinline__ int sage_dq_acc_chunk_xor(long q) { return SAGE_DQ_ACC_ROT ? (int)(q & 3) : 0; }
 
 typedef signed char i8;
 typedef unsigned short u16;
