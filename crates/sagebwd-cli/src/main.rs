@@ -10,6 +10,7 @@ mod tokenize;
 mod train;
 mod train_check;
 mod bench;
+mod plan;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -50,6 +51,9 @@ enum Command {
     /// Time forward, backward and forward + backward on the GPU over the standard shape sweep
     /// (B·N = 16384, H·D = 2048, D ∈ {64, 128}, N = 1k..16k, causal and not): TOPS, peak memory.
     Bench(bench::BenchArgs),
+    /// Print which kernels run for a configuration, shape and GPU architecture (no GPU needed);
+    /// `--map` prints the whole kernel map.
+    Plan(plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Report(a) => report::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Plan(a) => plan::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,10 +2,11 @@
 
 use crate::forward::{scales, DeviceForward, SavedForBackward, ScoreOperands, Transposed};
 use crate::quantize::{quantize_do_delta, QuantNeeds, QuantizedDo};
-use crate::runtime::{drv, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
-use crate::{flags, DeviceInputs, Gpu};
+use crate::plan::BackwardMain;
+use crate::runtime::{drv, Dims, Kernels, BLOCK_Q, THREADS};
+use crate::{DeviceInputs, Gpu};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
-use sagebwd::{Error, Product, Result};
+use sagebwd::{Error, Result};
 
 /// Mirror of `BackwardParams` in backward_main.cu.
 #[repr(C)]
@@ -36,86 +37,11 @@ unsafe impl cudarc::driver::DeviceRepr for BackwardParams {}
 // Layout contract with backward_main.cu, which static_asserts the same size.
 const _: () = assert!(std::mem::size_of::<BackwardParams>() == 304);
 
-/// Bytes of `BackwardShared` (backward_main.cu): the P and dS tiles, per-row lse2 and D, Q_m, β,
-/// the dS column sums and the reduction scratch. The kernel traps if it is given less.
-pub fn backward_smem_bytes(head_dim: usize) -> usize {
-    4 * (2 * BLOCK_Q * BLOCK_KV + 2 * BLOCK_Q + head_dim + 2 * BLOCK_KV + THREADS as usize / 32)
-}
-
-/// The staged paths of `sage_bwd_main_mma` (`bwd_fast_path` in backward_main.cu); other product
-/// mixes take the gathering path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StagedBackward {
-    /// #3, #4, #6, #7 INT8 and #5 BF16 (the sagebwd preset), no Q-smoothing, no dQ correction.
-    Sage,
-    /// #3 to #7 all BF16 (the fpa preset); the switches act on INT8 products only.
-    Bf16,
-}
-
-/// Which staged path `sage_bwd_main_mma` takes for these flags, if any.
-pub fn staged_backward(flags: i32) -> Option<StagedBackward> {
-    let bit = |p: Product| 1 << p.index();
-    let products = bit(Product::QkBwd) | bit(Product::Dv) | bit(Product::Dp) | bit(Product::Dq) | bit(Product::Dk);
-    let sage = bit(Product::QkBwd) | bit(Product::Dv) | bit(Product::Dq) | bit(Product::Dk);
-    if flags & (products | crate::F_SMOOTH_Q | crate::F_DQ_CORR) == sage {
-        Some(StagedBackward::Sage)
-    } else if flags & products == 0 {
-        Some(StagedBackward::Bf16)
-    } else {
-        None
-    }
-}
-
-/// Dynamic shared memory of a staged path (`StagedLayout<…>::bytes`): the key block's tiles (sage:
-/// K̂, K̂ᵀ of 128 × d bytes and BF16 V; bf16: BF16 K and V; 4 · 128 · d bytes either way); two
-/// query-block stages of operand tiles (sage: Q̂, BF16 dO, dÔᵀ, Q̂ᵀ, 5 · 64 · d bytes; bf16: BF16 Q
-/// and dO, 4 · 64 · d); two blocks of 64 L and D values; two dS tiles (sage: dŜ, 64 × 128 bytes;
-/// bf16: bf16(dS)ᵀ, twice that); the amax scratch; 1024 bytes of slack, so that the kernel can
-/// round its start up to the 1024-byte boundary wgmma's swizzled tiles need. The sage path at d = 64
-/// has a third stage and a second amax scratch (`PIPE14_STAGES`: its pipelined query loop on sm_90a;
-/// the sm_80 build uses two stages and leaves the rest unused). Its two sm_90a kernels at d = 64 (the persistent
-/// one and, since bulk15, the plain-grid one) need [`sage_staging_bytes`] more (as do the d = 128 ones, sb128).
-pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usize {
-    let (stage_operands, ds_tile) = match path {
-        StagedBackward::Sage => (5 * BLOCK_Q * head_dim, BLOCK_Q * BLOCK_KV),
-        StagedBackward::Bf16 => (4 * BLOCK_Q * head_dim, 2 * BLOCK_Q * BLOCK_KV),
-    };
-    let stages = if path == StagedBackward::Sage && head_dim == 64 { 3 } else { 2 };
-    let rows = 2 * BLOCK_Q * 4;
-    let red = 2 * (THREADS as usize / 32) * 4;
-    let align_slack = 1024;
-    4 * BLOCK_KV * head_dim + stages * stage_operands + 2 * rows + 2 * ds_tile + (stages - 1) * red + align_slack
-}
-
-/// The two dQ staging tiles of the sage path's sm_90a kernels, persistent (`sage_bwd_main_persist_sage`)
-/// and plain grid (`sage_bwd_main_mma_sage`), after the staged layout: at d = 64 (`StagedSage14P`, pipe14b;
-/// `StagedSage14`, bulk15) 64 rows of d FP32 + 32 bytes (the rows use 4d bytes); at d = 128 (`StagedSage128`,
-/// sb128) 64 rows of d FP32, and sb16's second amax scratch; else 0.
-pub fn sage_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
-    match (path, head_dim) {
-        (StagedBackward::Sage, 64) => 2 * BLOCK_Q * (4 * head_dim + 32),
-        (StagedBackward::Sage, 128) => 2 * BLOCK_Q * 4 * head_dim + SB16_SECOND_AMAX,
-        _ => 0,
-    }
-}
-
-/// sb16: the d = 128 sage kernels' query loop pipelined across blocks (`SB16_PIPE`) has one block barrier per
-/// tile and so a second amax scratch (8 warps × 2 floats) before its dQ staging tiles.
-const SB16_SECOND_AMAX: usize = 2 * (THREADS as usize / 32) * 4;
-
-/// The dQ staging area of `sage_bwd_main_persist_bf16q` (fpab15, `Bf16BulkLayout` in backward_main.cu): the
-/// staged layout's end rounded up to 1024 bytes, then 8 warps × 16 rows × 64 FP32, beyond the staged bytes.
-pub fn bf16_bulk_staging_bytes(head_dim: usize) -> usize {
-    let base = staged_backward_smem_bytes(head_dim, StagedBackward::Bf16) - 1024; // less the alignment slack
-    base.next_multiple_of(1024) - base + (THREADS as usize / 32) * 16 * 64 * 4
-}
-
-/// Whether fpa at d = 128 on the persistent grid adds dQ by TMA reduces (`sage_bwd_main_persist_bf16q`,
-/// fpab15): the default; `SAGEBWD_FPA_BULK_DQ=0` runs `sage_bwd_main_persist_bf16` (16 reductions per thread per tile).
-fn use_bf16_bulk_dq(gpu: &Gpu, path: StagedBackward, head_dim: usize) -> bool {
-    path == StagedBackward::Bf16 && head_dim == 128 && gpu.dev.arch == "sm_90a"
-        && !std::env::var("SAGEBWD_FPA_BULK_DQ").is_ok_and(|v| v == "0")
-}
+pub use crate::plan::{
+    backward_smem_bytes, bf16_bulk_staging_bytes, choose_groups, free_groups, peak_budget_bytes, sage_peak_bytes,
+    sage_staging_bytes, staged_backward, staged_backward_smem_bytes, GroupPlan, GroupPolicy, StagedBackward, FREE_GROUP_BLOCKS,
+    MAX_GROUPS,
+};
 
 /// The main kernel's launch: with PDL after its preprocess (the delta / dO kernels, the transposes or a fill,
 /// each triggering at its start; `pdl_wait` first in every tensor-core main kernel) when `pdl`, else plain.
@@ -127,16 +53,6 @@ fn launch_main(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), threads:
     } else {
         gpu.launch_raw(func, grid, threads, smem, stream, args)
     }
-}
-
-/// bwd18: whether the sage path's plain-grid kernel at d = 64 adds dQ by TMA tensor reduces
-/// (`sage_bwd_main_mma_sage_q`, `StagedSage14Q` in backward_main.cu): the default; `SAGEBWD_SAGE_TMA_DQ=0`
-/// restores bulk15's row bulk reduces (`sage_bwd_main_mma_sage`). Measured (session 17's final call, same
-/// binary, alternated): backward −4.1 % at the training shape (d 64 causal, H·D 768) N 4k and 8k; since
-/// session 18 also at causal N ≤ 1k, in place of the persistent kernel (−8 %, [`persist_default`]). Verified
-/// forced: 170/170 and the plain grid `--quick` 132/132.
-fn use_sage_tma_dq(head_dim: usize) -> bool {
-    head_dim == 64 && std::env::var("SAGEBWD_SAGE_TMA_DQ").map_or(true, |v| v != "0")
 }
 
 /// The kernel parameter of `sage_bwd_main_persist_bf16q` and `sage_bwd_main_mma_sage_q` (`BwdParamsDqMap`):
@@ -165,16 +81,6 @@ fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize, col_blocks: u
         &[32, col_blocks, box_rows, 1],
         crate::tma::TmaSwizzle::B128,
     )
-}
-
-/// sb20: whether the d = 128 sage path's plain-grid kernel copies its query blocks inside the loop by TMA
-/// (`sage_bwd_main_mma_sage_t`, `StagedSage128T` in backward_main.cu) instead of every thread's cp.async chunks:
-/// where n_q is a multiple of B_q (the maps' 16-row view of Q̂ and dO folds the heads' rows together, and no block
-/// is ragged) and the rows fit the kernel's 32-bit row arithmetic. `SAGEBWD_SAGE128_TMA_STAGE=0` keeps sb16's
-/// `sage_bwd_main_mma_sage`.
-fn use_sage128_tma_stage(head_dim: usize, n_q: usize, rows: usize) -> bool {
-    head_dim == 128 && n_q % BLOCK_Q == 0 && rows * n_q < 1 << 31
-        && std::env::var("SAGEBWD_SAGE128_TMA_STAGE").map_or(true, |v| v != "0")
 }
 
 /// The kernel parameter of `sage_bwd_main_mma_sage_t` (`BwdParamsStageMaps`): the maps of
@@ -206,44 +112,6 @@ fn sage128_stage_maps(p: &BackwardParams, rows: usize, n_q: usize, n_qpad: usize
         transposed(p.tr.do_hat_t)?,
         transposed(p.tr.q_hat_t)?,
     ])
-}
-
-/// Whether a staged backward runs on the persistent grid (`sage_bwd_main_persist_{sage,bf16}`,
-/// backward_main.cu, fpab12): `SAGEBWD_BWD_PERSIST=1` on, `0` off (the plain grid of
-/// `sage_bwd_main_mma`, one CTA per key block and head); unset: the measured default
-/// [`persist_default`].
-fn use_persistent(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
-    match std::env::var("SAGEBWD_BWD_PERSIST").ok().as_deref() {
-        Some("1") => true,
-        Some("0") => false,
-        _ => persist_default(path, head_dim, causal, n_q),
-    }
-}
-
-/// Where the persistent grid measured faster than the plain one in both runs (N 1024 and 4096 measured;
-/// docs/RESULTS-gpu.md, fpab12 and pbwd13). pbwd13's kernels (the item uniform to ptxas, no spill):
-/// fpa at d = 64 and 128 and sagebwd at d = 128 faster at N 1k and 4k, causal and not (−0.7 to −4.2 %).
-/// fpa d = 128 causal N 4096, where the plain kernel's time is bimodal across processes (1.80–1.95 ms):
-/// the persistent one was faster in each of 5 same-build pairs (pbwd13's call 2, session 12's final call
-/// 3: 1.767 / 1.819 / 1.826 against 1.803 / 1.892 / 1.868 ms). sagebwd at d = 64 runs fpab12's form of
-/// the kernel (pbwd13's was slower there): faster at causal N ≤ 1024 only (−2.7 to −3.4 % at the
-/// training shape), 0 to +1.5 % slower at N 4096 and not causal. N > 4096 unmeasured: the plain grid, except
-/// fpa at d = 128, whose persistent kernel adds dQ by TMA reduces (fpab15, `sage_bwd_main_persist_bf16q`): at
-/// N 16384 −15.7 % (full) / −15.5 % (causal) against the plain grid (one same-call run each; at N ≤ 4096 it is
-/// −1.1 to −13.0 % against base15's persistent kernel): the persistent grid at every N. sagebwd at d = 64 with
-/// the TMA-dQ plain-grid kernel (bwd18, [`use_sage_tma_dq`]): the plain grid everywhere — at causal N 1k it
-/// measured −8.3 % (training shape, H 12) and −7.9 % (sweep shape, H 32) backward against the persistent kernel
-/// (session 18, two alternated pairs each); without TMA-dQ the old rule (persistent at causal N ≤ 1024).
-/// sagebwd at d = 128: the plain grid (sb128's kernel) at every N since session 19's tune20 (every sweep
-/// shape, two rounds): −1.6 to −2.7 % backward at causal N 1k–4k, −0.5 to −0.7 % at non-causal N 2k and 4k,
-/// level at N 1k; the persistent grid +1 to +1.8 % at N 8k and 16k.
-fn persist_default(path: StagedBackward, head_dim: usize, causal: bool, n_q: usize) -> bool {
-    match (path, head_dim) {
-        (StagedBackward::Bf16, 128) => true,
-        (StagedBackward::Bf16, 64) => n_q <= 4096,
-        (StagedBackward::Sage, 64) => !use_sage_tma_dq(head_dim) && causal && n_q <= 1024,
-        _ => false,
-    }
 }
 
 /// `Kernels::backward_main_function(name)` with its dynamic shared memory limit raised to `smem`.
@@ -281,8 +149,9 @@ struct Preprocessed {
 /// layouts `needs` asks for), else only the s_dO buffer the groups fill. `one_group`: the FP32 dQ
 /// accumulator of all rows when there is one group, zeroed by the same kernel; None for several
 /// groups (each zeroes its own).
+#[allow(clippy::too_many_arguments)]
 fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>, needs: QuantNeeds,
-              one_group: Option<u64>) -> Result<Preprocessed> {
+              one_group: Option<u64>, allow_fused: bool) -> Result<Preprocessed> {
     let s = &x.shape;
     let rows = s.batch * s.heads_q * s.n_q;
     let dq_zero = one_group.unwrap_or(0); // the kernel skips the zeroing on a null address
@@ -292,7 +161,7 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
         let do_scale = gpu.alloc_poisoned_f32(s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q))?;
         (QuantizedDo { do_hat: None, do_scale: Some(do_scale), do_hat_t: None, do_t: None }, false)
     } else {
-        quantize_do_delta(gpu, k, x, d_o, o, needs, &delta, dq_zero)?
+        quantize_do_delta(gpu, k, x, d_o, o, needs, &delta, dq_zero, allow_fused)?
     };
     if fused {
         return Ok(Preprocessed { do_quant, delta });
@@ -352,63 +221,34 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let dims = Dims::of(s, x.causal);
     let (c, c_lambda) = scales(s.head_dim);
     let cfg = &saved.cfg;
-    let fl = flags(cfg);
-    let staged = if gpu.tensor_cores() { staged_backward(fl) } else { None };
+    let fl = saved.plan.flags;
+    let bp = saved.plan.backward;
+    let staged = bp.staged;
     // Without GQA a staged block holds the whole dK, dV of its keys and writes them in BF16 itself;
     // otherwise per-query-head FP32 partials are summed over each group by the postprocess.
-    let direct = staged.is_some() && s.heads_q == s.heads_kv;
-
-    let persist = gpu.dev.arch == "sm_90a" && staged.is_some_and(|path| use_persistent(path, s.head_dim, x.causal, s.n_q));
-    let bulk_dq = persist && staged.is_some_and(|path| use_bf16_bulk_dq(gpu, path, s.head_dim));
-    // pipe14b, bulk15, sb128: the sage path's own plain-grid kernel on sm_90a at d = 64 and 128.
-    let sage_plain = !persist && staged == Some(StagedBackward::Sage) && gpu.dev.arch == "sm_90a"
-        && (s.head_dim == 64 || s.head_dim == 128);
-    let sage_tma_dq = sage_plain && use_sage_tma_dq(s.head_dim);
-    let sage_tma_stage = sage_plain && use_sage128_tma_stage(s.head_dim, s.n_q, s.batch * s.heads_q);
-    let smem = match staged {
-        Some(path) if bulk_dq => staged_backward_smem_bytes(s.head_dim, path) + bf16_bulk_staging_bytes(s.head_dim),
-        Some(path) if persist || sage_plain => staged_backward_smem_bytes(s.head_dim, path) + sage_staging_bytes(s.head_dim, path),
-        Some(path) => staged_backward_smem_bytes(s.head_dim, path),
-        None => backward_smem_bytes(s.head_dim),
-    };
+    let direct = bp.direct_dkdv;
+    let (persist, bulk_dq, sage_tma_dq, sage_tma_stage) = (bp.persistent, bp.bf16_tma_dq, bp.sage_tma_dq, bp.sage_tma_stage);
+    let smem = bp.main_smem;
     let optin = gpu.dev.smem_optin;
     if smem > optin {
         return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
     }
-    let (main_fn, main_threads) = if persist {
-        let name = if staged == Some(StagedBackward::Sage) {
-            c"sage_bwd_main_persist_sage"
-        } else if bulk_dq {
-            c"sage_bwd_main_persist_bf16q"
-        } else {
-            c"sage_bwd_main_persist_bf16"
-        };
-        (bwd_main_function(k, name, smem)?, THREADS)
-    } else if sage_tma_stage {
-        // sb20: the d = 128 sage plain-grid kernel with its in-loop query-block copies by TMA (the same shared memory).
-        (bwd_main_function(k, c"sage_bwd_main_mma_sage_t", smem)?, THREADS)
-    } else if sage_tma_dq {
-        // bwd18: the d = 64 sage plain-grid kernel with its dQ by TMA tensor reduces (the same shared memory).
-        (bwd_main_function(k, c"sage_bwd_main_mma_sage_q", smem)?, THREADS)
-    } else if sage_plain {
-        // pipe14b (d = 64), sb128 (d = 128): the sage path's own plain-grid kernel (sage_bwd_main_mma keeps the others).
-        (bwd_main_function(k, c"sage_bwd_main_mma_sage", smem)?, THREADS)
-    } else {
-        let func = if gpu.tensor_cores() { &k.bwd_main_mma } else { &k.bwd_main };
-        drv("set smem attribute", func.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32))?;
-        (func.cu_function(), THREADS)
+    let main_threads = THREADS;
+    let main_fn = match bp.main {
+        BackwardMain::Named(name) => bwd_main_function(k, name, smem)?,
+        BackwardMain::Mma | BackwardMain::Scalar => {
+            let func = if bp.main == BackwardMain::Mma { &k.bwd_main_mma } else { &k.bwd_main };
+            drv("set smem attribute", func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32))?;
+            func.cu_function()
+        }
     };
 
     // The tensor-core main kernels wait for their predecessor first (pdl_wait in
     // backward_main.cu), so they may be launched with PDL.
-    let main_pdl = gpu.tensor_cores() && crate::quantize::pdl_main(gpu, crate::quantize::PdlMain::Backward);
+    let main_pdl = bp.main_pdl;
     let bh = s.batch * s.heads_q;
-    let plan = if staged == Some(StagedBackward::Sage) {
-        sage_group_plan(gpu, s, x.causal)?
-    } else {
-        GroupPlan::one(bh)
-    };
+    let plan = bp.groups;
     let qd = &saved.quant;
     // Q̂ᵀ, K̂ᵀ for every path that reads quantized operands but the staged BF16 one: the forward's
     // (glue17, `quantize::qk_hat_t_in_forward`: the whole tensors, addressed per group below), else
@@ -432,13 +272,13 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         if plan.count == 1 {
             gpu.fill_on(k, gpu.ptr(&sets[0].dq_acc) + (bh * s.n_q * s.head_dim * 4) as u64, 16, 0, gpu.main_stream())?;
         }
-        per_sm.max(1) as usize * gpu.dev.persistent_sms as usize
+        per_sm.max(1) as usize * gpu.persistent_sms() as usize
     } else {
         0
     };
     // One group: its dQ accumulator covers every row and the preprocess zeroes it.
     let dq_zero = (plan.count == 1).then(|| gpu.ptr(&sets[0].dq_acc));
-    let Preprocessed { do_quant, delta } = preprocess(gpu, k, x, &fwd.o, d_o, qd.needs, dq_zero)?;
+    let Preprocessed { do_quant, delta } = preprocess(gpu, k, x, &fwd.o, d_o, qd.needs, dq_zero, bp.fused_preprocess)?;
     let partials = || if direct { Ok(None) } else { gpu.alloc_poisoned_f32(bh * s.n_k * s.head_dim).map(Some) };
     let (dk_acc, dv_acc) = (partials()?, partials()?);
     let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
@@ -550,8 +390,8 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             (&mut fl as *mut i32).cast(),
         ];
         let post = grid_stride(rows * n_q * d / 8);  // eight elements per thread
-        if staged == Some(StagedBackward::Sage) {
-            // glue15: sage_bwd_post_dq_sage (4 × 8 elements per thread), PDL after the main kernel
+        if bp.post_dq_sage {
+            // sage_bwd_post_dq_sage (4 × 8 elements per thread), PDL after the main kernel
             crate::quantize::post_dq_sage(gpu, k, rows * n_q * d / 8, stream, &mut args)?;
         } else {
             gpu.launch_raw(k.post_dq.cu_function(), post.grid_dim, THREADS, 0, stream, &mut args)?;
@@ -583,170 +423,10 @@ pub fn backward_bytes(s: &sagebwd::Shape) -> usize {
         + s.q_len() * 2 /* dO upload */ + do_t + qk_hat_t
 }
 
-/// How the staged sagebwd backward splits the B·H (batch, head) rows: `count` groups of `rows` rows
-/// (the last may hold fewer). Each group transposes its Q̂, K̂ rows, quantizes its dO rows, and
-/// runs the main kernel and the dQ postprocess on them, reusing one set of group-sized buffers
-/// (Q̂ᵀ, K̂ᵀ, dÔᵀ, the FP32 dQ accumulator): the backward's transient memory is 1/count of the
-/// unsplit one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GroupPlan {
-    pub count: usize,
-    pub rows: usize,
-}
-
-/// The head groups of the staged sagebwd backward for `s`: one with GQA (its dK, dV partials are summed
-/// per group of query heads by the postprocess), else the policy's plan ([`GroupPlan::of`]). The forward
-/// asks too, to know whether to keep Q̂ᵀ, K̂ᵀ for the backward (`quantize::qk_hat_t_in_forward`).
-pub(crate) fn sage_group_plan(gpu: &Gpu, s: &sagebwd::Shape, causal: bool) -> Result<GroupPlan> {
-    if s.heads_q != s.heads_kv {
-        return Ok(GroupPlan::one(s.batch * s.heads_q));
-    }
-    Ok(GroupPlan::of(s, causal, gpu.backward_group_policy()?))
-}
-
-/// The most groups the rule considers: each adds six launches (and a tail of the main kernel).
-pub const MAX_GROUPS: usize = 16;
-
-impl GroupPlan {
-    /// All rows in one group (every path other than the staged sagebwd one without GQA).
-    pub fn one(bh: usize) -> GroupPlan {
-        GroupPlan { count: 1, rows: bh }
-    }
-
-    /// `count` groups as even as whole rows allow (fewer if `count` does not divide B·H well).
-    pub fn split(bh: usize, count: usize) -> GroupPlan {
-        let rows = bh.div_ceil(count.clamp(1, bh));
-        GroupPlan { count: bh.div_ceil(rows), rows }
-    }
-
-    /// The plan for shape `s` (with or without the causal mask) under `policy` (`SAGEBWD_BWD_GROUPS`).
-    pub fn of(s: &sagebwd::Shape, causal: bool, policy: GroupPolicy) -> GroupPlan {
-        match policy {
-            GroupPolicy::Count(n) => GroupPlan::split(s.batch * s.heads_q, n),
-            GroupPolicy::Lean => choose_groups(s),
-            GroupPolicy::Auto => free_groups(s, causal).unwrap_or(GroupPlan::one(s.batch * s.heads_q)),
-        }
-    }
-
-    /// Sets of group buffers live at once: one per stream, two streams when split.
-    pub fn buffer_sets(&self) -> usize {
-        self.count.min(2)
-    }
-}
-
-/// The head-grouped backward ([`choose_groups`]) where it costs no time against one group, so that
-/// [`GroupPolicy::Auto`] takes it: without the causal mask from N = 8192 on, while each group still
-/// gives the main kernel at least [`FREE_GROUP_BLOCKS`] blocks (None elsewhere; checked in that order,
-/// so the causal training path, which runs this per layer, never builds the plans). Measured (H200, the sweep shape
-/// B·N 16384, H·D 2048, fwd+bwd; 256–512 blocks per group there): non-causal N 8k / 16k −0.5 to +0.3 % at
-/// d 64 and 128 (session 19, call20b once and call20c twice, alternated); below, and with the mask, it
-/// costs (non-causal N 4k +0.5 / +1.4 %, causal N 16k +1.6 / +3.2 %, N 1k +11 to +23 %): the groups' tails
-/// are no longer hidden by long, evenly loaded main kernels. Fewer blocks per group (a few heads) were not
-/// measured and keep one group.
-pub fn free_groups(s: &sagebwd::Shape, causal: bool) -> Option<GroupPlan> {
-    if causal || s.n_q < 8192 {
-        return None;
-    }
-    let plan = choose_groups(s);
-    (plan.rows * s.n_k.div_ceil(BLOCK_KV) >= FREE_GROUP_BLOCKS).then_some(plan)
-}
-
-/// The fewest main-kernel blocks (key blocks × rows) per head group for [`free_groups`]: the least
-/// measured (about two per SM of an H200).
-pub const FREE_GROUP_BLOCKS: usize = 256;
-
-/// How many head groups the staged sagebwd backward runs in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupPolicy {
-    /// The default: [`choose_groups`] (peak memory within cuDNN's) where it is free ([`free_groups`]),
-    /// else one group (the fastest elsewhere; its peak is ~1.25× cuDNN's).
-    Auto,
-    /// This many (1: unsplit).
-    Count(usize),
-    /// [`choose_groups`] at every shape: peak memory within cuDNN's, at +0.5 to +23 % fwd+bwd time where
-    /// [`free_groups`] does not hold (RESULTS.md, session 19).
-    Lean,
-}
-
-impl GroupPolicy {
-    /// From `SAGEBWD_BWD_GROUPS`: unset or `auto` → [`GroupPolicy::Auto`]; `1` or `off` → unsplit;
-    /// `lean` → [`GroupPolicy::Lean`]; `n` → n groups. Anything else is an error, not a silent default.
-    pub fn parse(v: Option<&str>) -> Result<GroupPolicy> {
-        match v.map(str::trim) {
-            None | Some("") | Some("auto") => Ok(GroupPolicy::Auto),
-            Some("off") => Ok(GroupPolicy::Count(1)),
-            Some("lean") => Ok(GroupPolicy::Lean),
-            Some(n) => match n.parse::<usize>() {
-                Ok(n) if n >= 1 => Ok(GroupPolicy::Count(n)),
-                _ => Err(Error::Backend(format!(
-                    "SAGEBWD_BWD_GROUPS={n}: expected `auto` (the default), `off`, `lean` (peak memory within cuDNN's) or a number of head groups ≥ 1"))),
-            },
-        }
-    }
-
-    pub(crate) fn from_env() -> Result<GroupPolicy> {
-        GroupPolicy::parse(std::env::var("SAGEBWD_BWD_GROUPS").ok().as_deref())
-    }
-}
-
-/// Peak bytes of the staged sagebwd forward + backward without GQA, split into `plan`, counted as
-/// the bench counts (one input set Q, K, V, dO + everything the passes allocate): the inputs; O
-/// and the two LSE vectors; the saved Q̂, K̂ with their scales, K_m and b_r; D, dQ, dK, dV and
-/// s_dO; the group buffers, one set per stream. The backward's peak is while the groups run:
-/// then all of these are live (the forward's peak, with V̂ᵀ, is lower).
-pub fn sage_peak_bytes(s: &sagebwd::Shape, plan: GroupPlan) -> usize {
-    let (q, kv, d) = (s.q_len(), s.kv_len(), s.head_dim);
-    let bh = s.batch * s.heads_q;
-    let rows = bh * s.n_q;
-    let (nqb, nkb) = (s.n_q.div_ceil(BLOCK_Q), s.n_k.div_ceil(BLOCK_KV));
-    let (pq, pk) = (crate::runtime::padded_q(s.n_q), crate::runtime::padded_k(s.n_k));
-    let inputs = 2 * (2 * q + 2 * kv);
-    let forward_out = 2 * q + 2 * 4 * rows;
-    let saved = q + kv + 4 * bh * (nqb + 2 * nkb) + 4 * bh * d + 4 * rows + 4;
-    let backward_full = 4 * rows + 2 * q + 2 * 2 * kv + 4 * bh * nqb;
-    let group = plan.rows * d * (2 * pq + pk) + 4 * plan.rows * s.n_q * d + 4;
-    inputs + forward_out + saved + backward_full + plan.buffer_sets() * group
-}
-
-/// The cuDNN-equivalent budget: the inputs, O, dQ, dK, dV, one FP32 dQ accumulator and two FP32
-/// row vectors (LSE and D): what cuDNN's SDPA holds at its peak (measured 642–644 MiB at B·N =
-/// 16384, H·d = 2048: 640 MiB of tensors + 2 or 4 MiB of row vectors at d = 128 or 64).
-pub fn peak_budget_bytes(s: &sagebwd::Shape) -> usize {
-    let (q, kv) = (s.q_len(), s.kv_len());
-    let rows = s.batch * s.heads_q * s.n_q;
-    2 * (2 * q + 2 * kv) + 2 * q + (2 * q + 2 * 2 * kv) + 4 * q + 2 * 4 * rows
-}
-
-/// The rule: the fewest groups (at most [`MAX_GROUPS`]) whose peak ([`sage_peak_bytes`]) fits
-/// the cuDNN-equivalent budget ([`peak_budget_bytes`]); if none does (tiny problems, where the
-/// row vectors weigh more), the most. Fewest, because each group adds launches and a main-kernel
-/// tail; the two streams hide most of that (measured: RESULTS-gpu.md, helper `mem`).
-pub fn choose_groups(s: &sagebwd::Shape) -> GroupPlan {
-    let bh = s.batch * s.heads_q;
-    let budget = peak_budget_bytes(s);
-    let mut plans: Vec<GroupPlan> = (1..=MAX_GROUPS.min(bh)).map(|n| GroupPlan::split(bh, n)).collect();
-    plans.dedup();
-    let fits = plans.iter().copied().find(|&p| sage_peak_bytes(s, p) <= budget);
-    fits.unwrap_or_else(|| plans.last().copied().unwrap_or(GroupPlan::one(bh)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sagebwd::Config;
-
-    #[test]
-    fn group_policy_defaults_to_auto_and_rejects_garbage() {
-        assert_eq!(GroupPolicy::parse(None).unwrap(), GroupPolicy::Auto);
-        assert_eq!(GroupPolicy::parse(Some("auto")).unwrap(), GroupPolicy::Auto);
-        assert_eq!(GroupPolicy::parse(Some("off")).unwrap(), GroupPolicy::Count(1));
-        assert_eq!(GroupPolicy::parse(Some("1")).unwrap(), GroupPolicy::Count(1));
-        assert_eq!(GroupPolicy::parse(Some("lean")).unwrap(), GroupPolicy::Lean);
-        assert_eq!(GroupPolicy::parse(Some("3")).unwrap(), GroupPolicy::Count(3));
-        for bad in ["0", "-2", "many", "2.5"] {
-            assert!(GroupPolicy::parse(Some(bad)).is_err(), "{bad}");
-        }
-    }
+    use sagebwd::{Config, Product};
 
     #[test]
     fn staged_paths_of_the_presets_and_isolations() {
@@ -854,27 +534,6 @@ mod tests {
         let s = mha(1, 2, 16384, 128);
         assert_eq!(GroupPlan::of(&s, false, GroupPolicy::Auto), GroupPlan::one(2));
         assert_eq!(GroupPlan::of(&s, false, GroupPolicy::Lean), choose_groups(&s));
-    }
-
-    #[test]
-    fn persistent_grid_default_only_where_measured_faster() {
-        use StagedBackward::{Bf16, Sage};
-        for causal in [true, false] {
-            for n in [512, 1024, 4096] {
-                assert!(persist_default(Bf16, 64, causal, n) && persist_default(Bf16, 128, causal, n));
-            }
-            assert!(!persist_default(Bf16, 64, causal, 8192));
-            // tune20: sagebwd d = 128 on the plain grid at every N.
-            for n in [512, 1024, 4096, 16384] {
-                assert!(!persist_default(Sage, 128, causal, n));
-            }
-            // fpab15: fpa d = 128 on the persistent grid (its dQ by TMA reduces) at every N.
-            assert!(persist_default(Bf16, 128, causal, 8192) && persist_default(Bf16, 128, causal, 16384));
-        }
-        // Sage d = 64: the TMA-dQ plain grid (default) at every N; persistent at causal N ≤ 1k only without it.
-        assert_eq!(persist_default(Sage, 64, true, 1024), !use_sage_tma_dq(64));
-        assert!(!persist_default(Sage, 64, true, 4096));
-        assert!(!persist_default(Sage, 64, false, 1024) && !persist_default(Sage, 96, true, 1024));
     }
 
     #[test]

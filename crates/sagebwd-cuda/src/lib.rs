@@ -17,48 +17,25 @@
 pub mod backward;
 pub mod energy;
 pub mod forward;
+pub mod plan;
 pub mod pool;
 pub mod quantize;
 pub mod runtime;
 mod tma;
 
-pub use backward::{DeviceGradients, GroupPolicy};
+pub use backward::DeviceGradients;
+pub use plan::{GroupPolicy, KernelPlan, Tuning};
 pub use forward::{DeviceForward, SavedForBackward};
 pub use quantize::{QuantizedDev, QuantizedDo};
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use runtime::{drv, Device, Kernels, BLOCK_KV, BLOCK_Q, HEAD_DIMS};
 use sagebwd::sim::{Forward, Gradients, Quantized, SimOutput};
-use sagebwd::{Config, Error, Inputs, Product, Result, Shape};
+use sagebwd::{Config, Error, Inputs, Result, Shape};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-// Flag bits, mirror of common.cuh.
-pub(crate) const F_SMOOTH_K: i32 = 256;
-pub(crate) const F_SMOOTH_Q: i32 = 512;
-pub(crate) const F_DQ_CORR: i32 = 1024;
-/// Launch switch of the persistent INT8 forward: K̂ and Q̂ copied by TMA (`F_TMA_KQ`, forward.cu `wsp_producer_tma`).
-pub(crate) const F_TMA_KQ: i32 = 2048;
-
-/// Kernel flags of a configuration: bit p = product p is INT8, then the switches.
-pub(crate) fn flags(cfg: &Config) -> i32 {
-    let mut f = 0;
-    for p in Product::ALL {
-        if cfg.is_int8(p) {
-            f |= 1 << p.index();
-        }
-    }
-    if cfg.smooth_k {
-        f |= F_SMOOTH_K;
-    }
-    if cfg.smooth_q {
-        f |= F_SMOOTH_Q;
-    }
-    if cfg.dq_smooth_k_correction {
-        f |= F_DQ_CORR;
-    }
-    f
-}
+pub(crate) use plan::{flags, F_DQ_CORR, F_SMOOTH_K, F_TMA_KQ};
 
 // Poison patterns: NaN for floats and BF16; −128 for INT8, which the quantizer never produces.
 const POISON_F32: u32 = 0x7fc0_0000;
@@ -79,12 +56,11 @@ pub struct DeviceInputs {
 pub struct Gpu {
     pub dev: Device,
     kernels: Mutex<Vec<Arc<Kernels>>>,
-    tensor_cores: AtomicBool,
+    /// The plan's overrides ([`Tuning`]): from the `SAGEBWD_*` variables at [`Gpu::open`], or set by the caller.
+    tuning: Mutex<Tuning>,
     poison: AtomicBool,
     /// The backward's second stream, made on first use ([`Gpu::side_stream`]).
     side: Mutex<Option<SideStream>>,
-    /// Head groups of the staged sagebwd backward; `None`: from `SAGEBWD_BWD_GROUPS`.
-    backward_groups: Mutex<Option<GroupPolicy>>,
 }
 
 /// A second stream for the backward's head groups: a raw, non-blocking driver stream. Non-blocking
@@ -146,17 +122,49 @@ impl Gpu {
 
     /// Opens the GPU with this ordinal (as `Gpu::new` does GPU 0).
     pub fn open(ordinal: usize) -> Result<Gpu> {
+        let tuning = Tuning::from_env()?;
         let dev = Device::open(ordinal)?;
         runtime::nvrtc_available()?;
-        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tensor_cores: AtomicBool::new(true), poison: AtomicBool::new(true),
-                 side: Mutex::new(None), backward_groups: Mutex::new(None) })
+        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tuning: Mutex::new(tuning), poison: AtomicBool::new(true),
+                 side: Mutex::new(None) })
+    }
+
+    /// The overrides in force ([`Tuning`]).
+    pub fn tuning(&self) -> Tuning {
+        self.tuning.lock().map_or_else(|e| *e.into_inner(), |t| *t)
+    }
+
+    /// Replaces the overrides (every later forward and backward plans with them).
+    pub fn set_tuning(&self, tuning: Tuning) {
+        match self.tuning.lock() {
+            Ok(mut t) => *t = tuning,
+            Err(e) => *e.into_inner() = tuning,
+        }
+    }
+
+    fn update_tuning(&self, f: impl FnOnce(&mut Tuning)) {
+        let mut t = self.tuning();
+        f(&mut t);
+        self.set_tuning(t);
+    }
+
+    /// The SM count the persistent grids (forward and backward) are sized by: the GPU's, or fewer where
+    /// [`Tuning::persistent_sms`] asks (so that verification on small shapes runs blocks that walk many work
+    /// items: with 132 SMs every verification shape has at most one item per block).
+    pub fn persistent_sms(&self) -> u32 {
+        self.tuning().persistent_sms.map_or(self.dev.sms, |n| n.min(self.dev.sms))
+    }
+
+    /// The kernels that run for `cfg` on `shape` on this GPU, under the tuning in force.
+    pub fn plan(&self, cfg: &Config, shape: &Shape, causal: bool) -> KernelPlan {
+        KernelPlan::choose(&self.dev.arch, cfg, shape, causal, &self.tuning())
     }
 
     /// Selects the forward and backward-main kernels: `true` (the default) for the tensor-core
     /// (`mma.sync`) versions, `false` for the scalar reference versions. Both compute ALGORITHM.md
     /// and are checked against the simulator by `sagebwd-gpu-check`.
     pub fn set_tensor_cores(&self, on: bool) {
-        self.tensor_cores.store(on, Ordering::Relaxed);
+        self.update_tuning(|t| t.tensor_cores = on);
     }
 
     /// Checked mode (the default): every output and intermediate buffer is filled with a poison
@@ -169,7 +177,7 @@ impl Gpu {
     }
 
     pub fn tensor_cores(&self) -> bool {
-        self.tensor_cores.load(Ordering::Relaxed)
+        self.tuning().tensor_cores
     }
 
     /// Evaluates the kernels' `exp2_ftz` (ex2.approx.ftz) at every FP32 argument in [−∞, 16] and checks
@@ -464,17 +472,7 @@ impl Gpu {
     /// everywhere, at up to ~20 % more time at N 1k on the H200; `Count(1)`: one group). Overrides
     /// `SAGEBWD_BWD_GROUPS`, which applies while this was never called.
     pub fn set_backward_groups(&self, policy: GroupPolicy) {
-        if let Ok(mut g) = self.backward_groups.lock() {
-            *g = Some(policy);
-        }
-    }
-
-    /// The policy in force: the one set, else `SAGEBWD_BWD_GROUPS` (an invalid value is an error).
-    pub(crate) fn backward_group_policy(&self) -> Result<GroupPolicy> {
-        match self.backward_groups.lock().ok().and_then(|g| *g) {
-            Some(p) => Ok(p),
-            None => GroupPolicy::from_env(),
-        }
+        self.update_tuning(|t| t.backward_groups = policy);
     }
 
     /// Preprocess, main and postprocess kernels. The staged sagebwd path (without GQA) may run in head

@@ -2,6 +2,7 @@
 //! quantization), and the per-block INT8 quantization of Q, K, V (forward preparation) and dO (backward preprocess), ALGORITHM.md §3.
 
 use crate::runtime::{drv, padded_k, padded_q, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
+use crate::plan::KernelPlan;
 use crate::{flags, DeviceInputs, Gpu};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 use sagebwd::{Config, Result};
@@ -32,41 +33,12 @@ unsafe impl cudarc::driver::DeviceRepr for QuantRowsParams {}
 // Layout contract with quantize.cu, which static_asserts the same size.
 const _: () = assert!(std::mem::size_of::<QuantRowsParams>() == 104);
 
-/// Which outputs of the quantization the selected kernel paths read. The staged (tensor-core)
-/// paths read the operands in their own layouts, so the others are neither allocated nor computed:
-/// less memory and fewer bytes written. An output left out has a null device address, so a kernel
-/// that read it anyway would fault rather than read stale data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QuantNeeds {
-    /// Q̂, K̂, V̂, dÔ with their scales, the K mean and the row offsets: not when every product of
-    /// both passes is BF16 on the staged paths (they read the BF16 inputs only).
-    pub quantized: bool,
-    /// The transposed BF16 copies Qᵀ, Kᵀ, Vᵀ, dOᵀ: only the gathering and scalar paths read them.
-    pub bf16_transposed: bool,
-    /// V̂ and dÔ in their natural layout: only the gathering and scalar backward (and the scalar
-    /// forward) read them; the staged INT8 forward reads V̂ᵀ, the staged sagebwd backward dÔᵀ and
-    /// the BF16 V and dO.
-    pub natural_v_do: bool,
-}
+pub use crate::plan::QuantNeeds;
 
 impl QuantNeeds {
-    /// What the forward and backward paths for `cfg` on `gpu` read (`forward::forward_path`,
-    /// `backward::staged_backward`; the scalar kernels and the gathering paths read everything).
+    /// What the kernels the plan picks for `cfg` on `gpu` read (the shape does not matter).
     pub fn of(gpu: &Gpu, cfg: &Config) -> QuantNeeds {
         QuantNeeds::for_paths(gpu.tensor_cores(), flags(cfg))
-    }
-
-    /// The same from the kernel flags, for the tensor-core or the scalar kernels.
-    pub(crate) fn for_paths(tensor_cores: bool, f: i32) -> QuantNeeds {
-        use crate::backward::{staged_backward, StagedBackward};
-        use crate::forward::{forward_path, ForwardPath};
-        if !tensor_cores {
-            return QuantNeeds { quantized: true, bf16_transposed: true, natural_v_do: true };
-        }
-        let (fwd, bwd) = (forward_path(f), staged_backward(f));
-        let staged = fwd != ForwardPath::Gather && bwd.is_some();
-        let all_bf16 = fwd == ForwardPath::StagedBf16 && bwd == Some(StagedBackward::Bf16);
-        QuantNeeds { quantized: !all_bf16, bf16_transposed: !staged, natural_v_do: bwd.is_none() }
     }
 }
 
@@ -220,7 +192,7 @@ fn fused_qkv_applies(gpu: &Gpu, jobs: [&RowsJob; 3]) -> bool {
 
 /// K, V and Q quantized in one launch (`sage_quantize_qkv`, the same bits as three
 /// `sage_quantize_rows` launches), when [`fused_qkv_applies`]; else the three launches.
-fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
+fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3], v_first: bool) -> Result<()> {
     if !fused_qkv_applies(gpu, [&jobs[0], &jobs[1], &jobs[2]]) {
         for job in jobs {
             quantize_rows(gpu, k, job)?;
@@ -232,13 +204,11 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
     let k_blocks = kp.n_blk * kj.bh as i32;
     let v_blocks = vp.n_blk * vj.bh as i32;
     let q_blocks = qp.n_blk * qj.bh as i32 / 2;
-    // Grid order K, V, Q (main's), also under PDL: K's first wave loads K and waits for the K mean,
-    // then meets more of K in L2 right after its partial sums read it. SAGEBWD_QKV_VFIRST=1 (with PDL)
-    // puts V's groups first so that they run during the K mean: 2.2–2.5 µs slower per forward at the
-    // training shape (docs/RESULTS-gpu.md, glue15).
-    static V_FIRST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let v_first_env = *V_FIRST.get_or_init(|| std::env::var("SAGEBWD_QKV_VFIRST").is_ok_and(|v| v == "1"));
-    let v_first = (pdl_enabled(gpu) && v_first_env) as i32;
+    // Grid order K, V, Q by default, also under PDL: K's first wave loads K and waits for the K mean,
+    // then meets more of K in L2 right after its partial sums read it. `v_first` (with PDL) puts V's
+    // groups first so that they run during the K mean: measured 2.2–2.5 µs slower per forward at the
+    // training shape.
+    let v_first = v_first as i32;
     let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, v_first, pad: 0 };
     let threads = tile_threads(kj.rows_per_block, k.head_dim);
     let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32;  // both Q groups' rows for b_r
@@ -251,36 +221,9 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3]) -> Result<()> {
 }
 
 /// Whether the glue kernels may be launched with programmatic dependent launch ([`launch_pdl`]):
-/// compute capability 9.0 or newer (the NVRTC target `sm_90a`, `sm_100`, …), unless
-/// `SAGEBWD_PDL=0` (read once per process).
+/// compute capability 9.0 or newer (the NVRTC target `sm_90a`, `sm_100`, …), unless the tuning turns it off.
 pub(crate) fn pdl_enabled(gpu: &Gpu) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| env_is_zero("SAGEBWD_PDL"));
-    let major: u32 = gpu.dev.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect::<String>()
-        .parse().unwrap_or(0);
-    !off && major >= 90
-}
-
-/// The main attention kernels launched with PDL after their glue (the persistent INT8 forward; the
-/// tensor-core backward main kernels): [`pdl_enabled`], unless `SAGEBWD_PDL_FWD=0` / `SAGEBWD_PDL_BWD=0`
-/// (read once per process; for timing comparisons).
-#[derive(Clone, Copy)]
-pub(crate) enum PdlMain {
-    Forward,
-    Backward,
-}
-
-pub(crate) fn pdl_main(gpu: &Gpu, which: PdlMain) -> bool {
-    static OFF: [std::sync::OnceLock<bool>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
-    let (i, var) = match which {
-        PdlMain::Forward => (0, "SAGEBWD_PDL_FWD"),
-        PdlMain::Backward => (1, "SAGEBWD_PDL_BWD"),
-    };
-    !*OFF[i].get_or_init(|| env_is_zero(var)) && pdl_enabled(gpu)
-}
-
-fn env_is_zero(var: &str) -> bool {
-    std::env::var(var).is_ok_and(|v| v == "0")
+    gpu.tuning().pdl_on(&gpu.dev.arch)
 }
 
 /// [`Gpu::launch_raw`] with programmatic stream serialization (PDL) where [`pdl_enabled`]: the
@@ -339,40 +282,20 @@ fn launch_rows(gpu: &Gpu, k: &Kernels, p: &QuantRowsParams, bh: usize, (threads,
 /// Rows per partial sum of the K mean (`K_MEAN_CHUNK` in quantize.cu).
 const K_MEAN_CHUNK: usize = 512;
 
-/// Whether the forward's quantization writes Q̂ᵀ and K̂ᵀ (glue17): the staged sagebwd backward reads
-/// them, and in one head group (the default `SAGEBWD_BWD_GROUPS`) it would make them whole anyway;
-/// made by the quantizer from the same register tiles as Q̂, K̂ (`store_tile8`), they are the bytes
-/// the backward's transposes would write (the padding columns unwritten in both), so the backward
-/// takes them (and skips `transpose_qk_hat`): 2·B·N·H·d bytes kept from the forward to the backward
-/// instead of made there. Not with head groups (`lean`, or `auto` where it groups): they keep no full
-/// copy between the passes. `SAGEBWD_QKT_FWD=0` never, `=1` always (any group plan) on the staged
-/// sagebwd path.
-fn qk_hat_t_in_forward(gpu: &Gpu, cfg: &Config, s: &sagebwd::Shape, causal: bool) -> bool {
-    use crate::backward::{sage_group_plan, staged_backward, StagedBackward};
-    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    if !gpu.tensor_cores() || staged_backward(flags(cfg)) != Some(StagedBackward::Sage) {
-        return false;
-    }
-    let forced = *MODE.get_or_init(|| match std::env::var("SAGEBWD_QKT_FWD").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    });
-    match forced {
-        Some(on) => on,
-        // (an invalid SAGEBWD_BWD_GROUPS is the backward's error, not the forward's)
-        None => sage_group_plan(gpu, s, causal).is_ok_and(|p| p.count == 1),
-    }
-}
-
 /// K_m, then K̂ (from K_s), V̂, Q̂ (from Q_s) and their transposed copies (ALGORITHM.md §3), as far
 /// as the kernel paths for `cfg` read them ([`QuantNeeds`]).
 pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<QuantizedDev> {
+    quantize_planned(gpu, k, x, cfg, &gpu.plan(cfg, &x.shape, x.causal))
+}
+
+/// [`quantize_inputs`] for the stages of `plan`.
+pub(crate) fn quantize_planned(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config, plan: &KernelPlan)
+                               -> Result<QuantizedDev> {
     let s = &x.shape;
     let dims = Dims::of(s, x.causal);
     let (bh_q, bh_kv) = (s.batch * s.heads_q, s.batch * s.heads_kv);
     let d = s.head_dim;
-    let needs = QuantNeeds::of(gpu, cfg);
+    let needs = plan.prepare.needs;
     let k_mean = gpu.alloc_poisoned_f32(bh_kv * d)?;
     if !needs.quantized {
         return Ok(QuantizedDev {
@@ -391,9 +314,11 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     let (q_hat, k_hat) = (Some(q_hat), Some(k_hat));
     let q_mean = gpu.alloc_poisoned_f32(if cfg.smooth_q { bh_q * dims.n_qblk as usize * d } else { 1 })?;
     let row_offset = gpu.alloc_poisoned_f32(bh_q * s.n_q)?;
-    // Q̂ᵀ and K̂ᵀ: only backward products read them; written here when [`qk_hat_t_in_forward`] (the
-    // staged sagebwd backward in one head group), else the backward transposes Q̂, K̂ (`transpose_qk_hat`).
-    let qk_t = qk_hat_t_in_forward(gpu, cfg, s, x.causal);
+    // Q̂ᵀ and K̂ᵀ: only backward products read them; written here when the plan says so (the staged sagebwd
+    // backward in one head group: made from the same register tiles as Q̂, K̂, they are the bytes the backward's
+    // transposes would write), else the backward transposes Q̂, K̂ per head group (`transpose_qk_hat`), so that no
+    // full copy is kept between the passes.
+    let qk_t = plan.prepare.qk_hat_t_in_forward;
     let hat_t = |n: usize| -> Result<Option<CudaSlice<i8>>> { if qk_t { Ok(Some(gpu.alloc_poisoned_i8(n)?)) } else { Ok(None) } };
     let (q_hat_t, q_t) = (hat_t(q_t_len)?, bf16_t(q_t_len)?);
     let (k_hat_t, k_t) = (hat_t(kv_t_len)?, bf16_t(kv_t_len)?);
@@ -448,7 +373,7 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
     } else {
         gpu.launch_raw(k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
     }
-    quantize_qkv(gpu, k, jobs)?;
+    quantize_qkv(gpu, k, jobs, plan.prepare.v_first)?;
     Ok(QuantizedDev {
         needs, q_hat, q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat, k_scale: Some(k_scale),
         k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat, v_scale: Some(v_scale),
@@ -496,19 +421,20 @@ fn do_job<'a>(x: &DeviceInputs, d_o: &'a CudaSlice<u16>, q: &'a QuantizedDo) -> 
 /// can: `sage_bwd_pre_do` (quantize.cu) writes dÔ (as `needs` asks), dÔᵀ, s_dO, D = rowsum(O ∘ dO)
 /// into `delta` and zeroes the FP32 dQ accumulator at `dq_zero` (all rows), reading dO once. It
 /// takes every B_q group full, 16-byte aligned O, dO, dQ accumulator (8-byte aligned
-/// dÔ, dÔᵀ) and no BF16 dOᵀ, unless SAGEBWD_BWD_PRE_FUSE=0. Returns whether it did (else only the
+/// dÔ, dÔᵀ) and no BF16 dOᵀ, where `allow_fused` (the plan's choice). Returns whether it did (else only the
 /// quantization is queued and the caller runs `sage_bwd_delta`). The same bits either way: the
 /// kernel repeats both kernels' arithmetic.
-#[allow(clippy::too_many_arguments)] // the dO quantization's four plus D's O, D and dQ accumulator
+#[allow(clippy::too_many_arguments)] // the dO quantization's four plus D's O, D and dQ accumulator, and the plan's switch
 pub(crate) fn quantize_do_delta(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16>, o: &CudaSlice<u16>,
-                                needs: QuantNeeds, delta: &CudaSlice<f32>, dq_zero: u64) -> Result<(QuantizedDo, bool)> {
+                                needs: QuantNeeds, delta: &CudaSlice<f32>, dq_zero: u64, allow_fused: bool)
+                                -> Result<(QuantizedDo, bool)> {
     let s = &x.shape;
     let q = alloc_do(gpu, x, needs)?;
     if !needs.quantized {
         return Ok((q, false));
     }
     let mut p = rows_params(gpu, &do_job(x, d_o, &q));
-    let off = std::env::var("SAGEBWD_BWD_PRE_FUSE").is_ok_and(|v| v == "0");
+    let off = !allow_fused;
     let fits = !needs.bf16_transposed && s.n_q % BLOCK_Q == 0 && p.n_pad % 8 == 0
         && gpu.ptr(d_o) % 16 == 0 && gpu.ptr(o) % 16 == 0 && dq_zero != 0 && dq_zero % 16 == 0
         && p.x_hat % 8 == 0 && p.x_hat_t % 8 == 0;
@@ -598,8 +524,7 @@ pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backward::{staged_backward, StagedBackward};
-    use crate::forward::{forward_path, ForwardPath};
+    use crate::plan::{forward_path, staged_backward, ForwardPath, StagedBackward};
     use sagebwd::Product;
 
     fn needs(tensor_cores: bool, cfg: &Config) -> QuantNeeds {
@@ -656,7 +581,7 @@ mod tests {
             for switches in 0..8 {
                 let f = bits
                     | ((switches & 1) * crate::F_SMOOTH_K)
-                    | (((switches >> 1) & 1) * crate::F_SMOOTH_Q)
+                    | (((switches >> 1) & 1) * crate::plan::F_SMOOTH_Q)
                     | ((switches >> 2) * crate::F_DQ_CORR);
                 for tc in [true, false] {
                     let n = QuantNeeds::for_paths(tc, f);

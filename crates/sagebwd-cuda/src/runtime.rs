@@ -279,26 +279,10 @@ pub struct Device {
     pub smem_optin: usize,
     /// Streaming multiprocessors, read once here.
     pub sms: u32,
-    /// The SM count the persistent grids (forward and backward) are sized by: `sms`, unless
-    /// `SAGEBWD_PERSISTENT_SMS=n` asks for fewer — a test hook, so that verification on small shapes
-    /// runs CTAs that walk many work items (with 132 SMs every verification shape has at most one
-    /// item per CTA, and the hand-over between items would go unchecked).
-    pub persistent_sms: u32,
 }
 
 pub(crate) fn drv<T>(what: &str, r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<T> {
     r.map_err(|e| Error::Backend(format!("CUDA {what}: {e:?}")))
-}
-
-/// `SAGEBWD_PERSISTENT_SMS` (see [`Device::persistent_sms`]): a positive integer, or unset.
-fn persistent_sms_override() -> Result<Option<u32>> {
-    match std::env::var("SAGEBWD_PERSISTENT_SMS") {
-        Err(_) => Ok(None),
-        Ok(v) => match v.trim().parse::<u32>() {
-            Ok(n) if n > 0 => Ok(Some(n)),
-            _ => Err(Error::Backend(format!("SAGEBWD_PERSISTENT_SMS must be a positive integer (got {v:?})"))),
-        },
-    }
 }
 
 impl Device {
@@ -324,8 +308,7 @@ impl Device {
         let smem_optin = drv("shared memory limit", ctx.attribute(optin))? as usize;
         let sm_attr = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
         let sms = drv("multiprocessor count", ctx.attribute(sm_attr))? as u32;
-        let persistent_sms = persistent_sms_override()?.map_or(sms, |n| n.min(sms));
-        Ok(Device { ctx, stream, arch, name, smem_optin, sms, persistent_sms })
+        Ok(Device { ctx, stream, arch, name, smem_optin, sms })
     }
 
     /// Free device memory in bytes (cuMemGetInfo).
