@@ -6,13 +6,32 @@
 //!
 //! - [`Gpu::new`], [`Gpu::run`]: the whole method on host inputs, results in the simulator's
 //!   [`SimOutput`] so they compare value by value;
-//! - [`Gpu::upload`], [`Gpu::forward`], [`Gpu::backward`]: the stages on device tensors.
+//! - [`Gpu::upload`], [`Gpu::forward`], [`Gpu::backward`]: the stages on device tensors
+//!   ([`DeviceInputs`], [`DeviceForward`], [`SavedForBackward`], [`DeviceGradients`]);
+//! - [`KernelPlan`] ([`Gpu::plan`], `sagebwd plan`): which kernels run for a configuration, shape and
+//!   architecture; [`Tuning`] ([`Gpu::set_tuning`]): every override of that choice.
 //!
-//! Design (correctness first): the forward and the backward main step run on tensor cores with
-//! `mma.sync` (m16n8k32 INT8, m16n8k16 BF16), fragments gathered from strided views of the
-//! operands (so transposed operands need no copies), P and dS tiles in shared memory. Scalar
-//! versions of the same kernels (dp4a / FP32) remain as a reference ([`Gpu::set_tensor_cores`]).
-//! Not yet the fast Hopper design (wgmma, TMA, smem pipelining): see README.md.
+//! Kernels: on sm_90a (H100, H200) warp-specialized `wgmma` forwards fed by TMA (INT8 for `sagebwd`, BF16 for
+//! `fpa`) and `wgmma` backwards; on every other sm_80+ GPU `mma.sync` kernels (m16n8k32 INT8, m16n8k16 BF16) with
+//! fragments gathered from strided views of the operands; scalar versions (dp4a / FP32) as references
+//! ([`Gpu::set_tensor_cores`]). `docs/ARCHITECTURE.md` has the kernel map.
+//!
+//! ```no_run
+//! use sagebwd::{inputs::random, Config, Shape};
+//! use sagebwd_cuda::Gpu;
+//!
+//! # fn main() -> sagebwd::Result<()> {
+//! let gpu = Gpu::new()?; // an Error, not a panic, without a driver, a GPU or NVRTC
+//! let shape = Shape { batch: 2, heads_q: 8, heads_kv: 2, n_q: 1024, n_k: 1024, head_dim: 128 };
+//! let cfg = Config::sagebwd();
+//! println!("{}", gpu.plan(&cfg, &shape, true)); // the kernels that will run
+//! let x = gpu.upload(&random(shape, true, 1.0, 0, true))?;
+//! let (fwd, saved) = gpu.forward(&x, &cfg)?; // O, LSE on the device
+//! let grads = gpu.backward(&x, &fwd, &saved, x.d_o.as_ref().expect("dO"))?; // dQ, dK, dV on the device
+//! # let _ = grads;
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod backward;
 pub mod energy;
@@ -24,8 +43,8 @@ pub mod runtime;
 mod tma;
 
 pub use backward::DeviceGradients;
-pub use plan::{GroupPolicy, KernelPlan, Tuning};
 pub use forward::{DeviceForward, SavedForBackward};
+pub use plan::{GroupPolicy, KernelPlan, Tuning};
 pub use quantize::{QuantizedDev, QuantizedDo};
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
