@@ -67,9 +67,8 @@ const _: () = assert!(std::mem::size_of::<BackwardParamsDqMap>() == 448);
 
 /// The FP32 dQ accumulator `[rows][n_q][d]` as a 4-D map for the warps' TMA reduce-adds: 32 columns, d/32
 /// column blocks, n_q rows, `rows` heads; boxes of 32 × `col_blocks` × `box_rows` × 1, 128-byte swizzled: a query
-/// block's 64 rows × 64 columns, a warpgroup's four warp boxes, for the d = 128 fpa kernel (2, 64: fpab22; fpab15 had one
-/// warp's 16 rows); a query block's 64 rows × 32 columns, four warps' boxes, for the d = 64 sage kernel (1, 64: sb21;
-/// bwd18 had one warp's 16 rows). Rows past n_q are outside the map (not
+/// block's 64 rows × 64 columns, a warpgroup's four warp boxes, for the d = 128 fpa kernel (2, 64); a query block's
+/// 64 rows × 32 columns, four warps' boxes, for the d = 64 sage kernel (1, 64). Rows past n_q are outside the map (not
 /// written).
 fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize, col_blocks: u32, box_rows: u32) -> Result<crate::tma::TensorMap> {
     let row_bytes = (head_dim * 4) as u64;
@@ -251,7 +250,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let plan = bp.groups;
     let qd = &saved.quant;
     // Q̂ᵀ, K̂ᵀ for every path that reads quantized operands but the staged BF16 one: the forward's
-    // (glue17, `quantize::qk_hat_t_in_forward`: the whole tensors, addressed per group below), else
+    // (the plan's `qk_hat_t_in_forward`: the whole tensors, addressed per group below), else
     // made here per group.
     let fwd_qk_t = match (&qd.q_hat_t, &qd.k_hat_t) {
         (Some(q_t), Some(k_t)) => Some((gpu.ptr(q_t), gpu.ptr(k_t))),
@@ -324,7 +323,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             (tr.q_hat_t, tr.k_hat_t) = (at(q_hat_t, r0 * d * pq, 1), at(k_hat_t, r0 * d * pk, 1));
         } else if let Some((q_hat_t, k_hat_t)) = &bufs.qk_hat_t {
             let kv_rows = if plan.count == 1 { kv_rows_one } else { rows };
-            // one group: the 16 × 16 kernel, PDL right after the preprocess (glue15; safe by construction: quantize.cu)
+            // one group: the 16 × 16 kernel, PDL right after the preprocess (safe by construction: quantize.cu)
             let one_group = plan.count == 1;
             crate::quantize::transpose_qk_hat(gpu, k, (op.q_hat, op.k_hat), (q_hat_t, k_hat_t), (rows, kv_rows), (n_q, n_k), stream, one_group)?;
             (tr.q_hat_t, tr.k_hat_t) = (gpu.ptr(q_hat_t), gpu.ptr(k_hat_t));
@@ -372,7 +371,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsStageMaps).cast()];
             launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
         } else if bulk_dq || sage_tma_dq {
-            // fpa: one group, the accumulator of every row, 64-row boxes of a column half (fpab22); sage (bwd18, sb21):
+            // fpa: one group, the accumulator of every row, 64-row boxes of a column half; sage:
             // the group's accumulator, as p.dq_acc, 64-row boxes of a 32-column block.
             let map = if bulk_dq { dq_acc_map(dq_acc, rows, n_q, d, 2, 64)? } else { dq_acc_map(dq_acc, rows, n_q, d, 1, 64)? };
             let mut pm = BackwardParamsDqMap { map, p };
@@ -541,17 +540,17 @@ mod tests {
         for path in [StagedBackward::Sage, StagedBackward::Bf16] {
             assert_eq!(staged_backward_smem_bytes(128, path), 165_952, "{path:?}");
         }
-        // d = 64: sage's three stages (pipe14) 32 768 + 3 · 20 480 + 1 024 + 16 384 + 2 · 64 + 1 024; fpa's two.
+        // d = 64: sage's three stages (the pipelined query loop) 32 768 + 3 · 20 480 + 1 024 + 16 384 + 2 · 64 + 1 024; fpa's two.
         assert_eq!(staged_backward_smem_bytes(64, StagedBackward::Sage), 112_768);
-        // The sage kernels' two dQ staging tiles on sm_90a, both grids: d = 64 (pipe14b, bulk15) 2 · 64 · 288;
-        // d = 128 (sb128) 2 · 64 · 512 + sb16's 64, the whole layout (231 552 B) plus the persistent kernel's 16 static bytes
+        // The sage kernels' two dQ staging tiles on sm_90a, both grids: d = 64: 2 · 64 · 288;
+        // d = 128: 2 · 64 · 512 + the second amax scratch's 64, the whole layout (231 552 B) plus the persistent kernel's 16 static bytes
         // within the H200's opt-in 232 448.
         assert_eq!(sage_staging_bytes(64, StagedBackward::Sage), 36_864);
-        assert_eq!(sage_staging_bytes(128, StagedBackward::Sage), 65_536 + 64); // + sb16's second amax scratch
+        assert_eq!(sage_staging_bytes(128, StagedBackward::Sage), 65_536 + 64); // + the second amax scratch
         assert_eq!(sage_staging_bytes(128, StagedBackward::Bf16) + sage_staging_bytes(64, StagedBackward::Bf16), 0);
         assert!(staged_backward_smem_bytes(128, StagedBackward::Sage) + 65_536 + 64 + 16 <= 232_448);
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
-        // fpab15: Bf16BulkLayout at d = 128: 165 888 (the staged layout's end rounded up to 1024) + 32 768 + 1 024.
+        // Bf16BulkLayout at d = 128: 165 888 (the staged layout's end rounded up to 1024) + 32 768 + 1 024.
         assert_eq!(staged_backward_smem_bytes(128, StagedBackward::Bf16) + bf16_bulk_staging_bytes(128), 199_680);
     }
 }

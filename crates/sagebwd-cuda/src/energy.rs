@@ -3,7 +3,7 @@
 //!
 //! Why it matters here: the H200 caps board power at 700 W, and a training step at full load runs at
 //! the cap, where the clock, and so the step's time, follows the energy the kernels spend
-//! (docs/RESULTS.md, sessions 17–18: INT8 attention spends ~9.5 % less energy per forward + backward
+//! (docs/PERFORMANCE.md: INT8 attention spends ~9.5 % less energy per forward + backward
 //! than BF16, and that is where `sagebwd`'s lead at sequence 4096 comes from). Energy is therefore a
 //! figure of merit of its own, reported by `sagebwd bench --energy` and by GPU training runs.
 //!

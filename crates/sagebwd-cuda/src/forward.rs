@@ -198,7 +198,7 @@ fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
 
 /// Dynamic shared memory of the persistent INT8 kernels (`WspSmem::kSmemBytes`): two slots of Q̂ of
 /// two query blocks, rings of `WSP_STAGES` (4 at d = 128, 8 at d = 64) K̂ and V̂ᵀ tiles of 128 × d
-/// bytes, at d = 128 the 8 consumer warps' O staging (16 rows × d BF16 each, fwd22s), the full / empty mbarriers
+/// bytes, at d = 128 the 8 consumer warps' O staging (16 rows × d BF16 each), the full / empty mbarriers
 /// of the stages and the two Q-empty ones, 1 KiB of alignment slack.
 fn wsp_smem_bytes(head_dim: usize) -> u32 {
     let stages = if head_dim == 128 { 4 } else { 8 };
@@ -233,7 +233,7 @@ fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams
     launch_ws_kernel(gpu, k, kernel, &mut maps, &p, shape)
 }
 
-/// O (`[B·H_q][n_q][d]` BF16) for fwd22s's tensor stores at d = 128 (forward.cu `wsp_store`; unused at d = 64):
+/// O (`[B·H_q][n_q][d]` BF16) for the tensor stores at d = 128 (forward.cu `wsp_store`; unused at d = 64):
 /// boxes of 64 columns × 16 rows (half a consumer warp's tile), 128-byte swizzled; rows past n_q are outside the map
 /// (not written).
 fn o_map(p: &ForwardParams, head_dim: usize) -> Result<crate::tma::TensorMap> {
@@ -244,7 +244,7 @@ fn o_map(p: &ForwardParams, head_dim: usize) -> Result<crate::tma::TensorMap> {
     encode_tiled(TmaElem::U16, p.o, &dims, &[row_bytes, row_bytes * d.n_q as u64], &[64, 16, 1], TmaSwizzle::B128)
 }
 
-/// fwd22's maps (`wsp_producer_tma`): K̂ (`[B·H_kv·n_k][d]` i8) as the permuted 5-D view whose box is one key block
+/// The K̂ and Q̂ maps of the TMA producer (`wsp_producer_tma`): K̂ (`[B·H_kv·n_k][d]` i8) as the permuted 5-D view whose box is one key block
 /// of 128 keys, Q̂ (`[B·H_q·n_q][d]` i8) as rows, boxes of two query blocks (128 rows); the swizzle of the tiles'
 /// wgmma descriptors (128-byte rows at d = 128, 64-byte at d = 64).
 fn int8_kq_maps(p: &ForwardParams, head_dim: usize) -> Result<[crate::tma::TensorMap; 2]> {

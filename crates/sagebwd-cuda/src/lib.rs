@@ -104,7 +104,7 @@ unsafe impl Send for SideStream {}
 impl Drop for Gpu {
     /// The side stream goes while its context lives: the fields drop after this, `dev` (which may
     /// hold the last reference to the context) first, and destroying a stream of a released context
-    /// crashed the driver (a segfault at the exit of `sagebwd bench --lean-memory`, session 19).
+    /// crashed the driver (a segfault at the exit of `sagebwd bench --lean-memory`).
     fn drop(&mut self) {
         if let Ok(side) = self.side.get_mut() {
             if side.is_some() {

@@ -59,7 +59,7 @@ pub struct QuantizedDev {
     pub row_offset: Option<CudaSlice<f32>>,
     /// Transposed copies `[B, H, d, N_pad]` (Q̂ᵀ, Qᵀ, K̂ᵀ, Kᵀ, V̂ᵀ, Vᵀ) for the tensor-core products
     /// that reduce over tokens. Q̂ᵀ and K̂ᵀ are read by backward products only: the forward's
-    /// quantization writes them when the staged sagebwd backward runs in one head group (glue17,
+    /// quantization writes them when the staged sagebwd backward runs in one head group (the plan's
     /// `qk_hat_t_in_forward`), else leaves them `None` and the backward byte-transposes the saved Q̂,
     /// K̂ per head group (`transpose_qk_hat`), so that no full copy is kept between the passes.
     pub q_hat_t: Option<CudaSlice<i8>>,
@@ -510,7 +510,7 @@ pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64
     let func = k.transpose_qk_hat.cu_function();
     if rows == kv_rows {
         if one_group {
-            // glue15: 16 × 16 bytes per thread, 256 rows per block; PDL after the preprocess
+            // 16 × 16 bytes per thread, 256 rows per block; PDL after the preprocess
             let func16 = k.quantize_function(c"sage_transpose_qk_hat16")?;
             return launch(func16, 256, true, q, k_, rows, 2);
         }

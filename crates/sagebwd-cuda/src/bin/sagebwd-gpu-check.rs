@@ -251,12 +251,12 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
         (case(shape(2, 3, 3, 512, 512, 64), true, 2.0), presets()),
         (case(shape(1, 2, 2, 384, 640, 128), false, 3.0), presets()),
         // d = 128, N_q a multiple of 64, causal, GQA, a ragged key block: the plain-grid sage kernel's TMA query
-        // copies (sb20, `sage_bwd_main_mma_sage_t`) over several heads, from the first query block to the last.
+        // copies (`sage_bwd_main_mma_sage_t`) over several heads, from the first query block to the last.
         (case(shape(2, 4, 2, 448, 320, 128), true, 3.0), presets()),
-        // The same kind of shape at d = 64 without a mask: the d = 64 plain-grid kernel (bwd18's TMA dQ) with GQA, a
+        // The same kind of shape at d = 64 without a mask: the d = 64 plain-grid kernel (dQ by TMA reduces) with GQA, a
         // ragged key block and N_q a multiple of 64.
         (case(shape(2, 4, 2, 320, 200, 64), false, 3.0), presets()),
-        // The INT8 forward's TMA copies (fwd22, forward.rs `use_tma_kq`) at d = 64 with N_k a multiple of 16 but not of
+        // The INT8 forward's TMA copies (plan.rs `tma_kq_fits`) at d = 64 with N_k a multiple of 16 but not of
         // B_kv and several kv heads: a head's last key block reads the next head's first keys through the folded K̂
         // view, which the mask must hide (at d = 128 the 448 × 320 case above covers it).
         (case(shape(2, 4, 2, 320, 208, 64), false, 3.0), presets()),
