@@ -488,8 +488,8 @@ impl Gpu {
 
     /// How the staged sagebwd backward splits its heads ([`GroupPolicy::Auto`], the default: within
     /// cuDNN's peak memory where that costs no time, non-causal N ≥ 8k; [`GroupPolicy::Lean`]: within it
-    /// everywhere, at up to ~20 % more time at N 1k on the H200; `Count(1)`: one group). Overrides
-    /// `SAGEBWD_BWD_GROUPS`, which applies while this was never called.
+    /// everywhere, at up to ~20 % more time at N 1k on the H200; `Count(1)`: one group): the tuning's
+    /// [`Tuning::backward_groups`] (which `SAGEBWD_BWD_GROUPS` sets when the `Gpu` opens).
     pub fn set_backward_groups(&self, policy: GroupPolicy) {
         self.update_tuning(|t| t.backward_groups = policy);
     }
