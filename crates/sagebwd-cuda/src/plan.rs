@@ -854,7 +854,9 @@ mod tests {
     /// The plan as a table: (preset, arch, N, d, causal) → (forward, backward main, head groups; 0: several).
     #[test]
     fn the_plan_table() {
-        let cases: &[(&str, &str, usize, usize, bool, &str, &str, usize)] = &[
+        // (preset, arch, N, d, causal, forward, backward main, head groups)
+        type Case = (&'static str, &'static str, usize, usize, bool, &'static str, &'static str, usize);
+        let cases: &[Case] = &[
             ("sagebwd", "sm_90a", 4096, 128, true, "sage_forward_ws_p3s_sx", "sage_bwd_main_mma_sage_t", 1),
             ("sagebwd", "sm_90a", 16384, 128, false, "sage_forward_ws_p3s_sx", "sage_bwd_main_mma_sage_t", 0),
             ("sagebwd", "sm_90a", 1024, 64, true, "sage_forward_ws_p3s_sx", "sage_bwd_main_mma_sage_q", 1),
