@@ -1,12 +1,14 @@
-# Helpers for one device call's script (source it: `. scripts/dev/calllib.sh`), so that each session's call script holds
-# only what it runs. The call scripts of sessions 23–25 in docs/data/ each repeated these lines.
+# Helpers for a script run on the GPU machine that compares builds (source it: `. lab/ab/calllib.sh`), so that the
+# script holds only what it runs. Builds are device bundles in dev/BUILD (`bash scripts/gpu/bundle.sh --out dev/BUILD`),
+# carried to the device together (mind the carry limit: one bundle is ~16 MB).
 #   R        the output folder ($OUT on the device, else /tmp/call); summary.txt in it is printed last by `finish`
 #   lap MSG RC             appends "MSG rc=RC (seconds since the last lap)" to the summary
 #   pack                   tars everything under $R into $R/all.tgz (the device returns few files; call it after each step)
 #   ab_rounds ROUNDS "BUILDS" "DIMS" [PRESET]   sagebwd bench of each build in dev/BUILD, rounds alternated, JSON into $R/json
 #   ab_caches ROUNDS BUILD "TAG=CACHE ..." DIM  the same with one binary (dev/BUILD) and several kernel caches, when the
 #                          variants differ in kernels only and two bundles do not fit the 64 MiB carry: copy the
-#                          baseline's cubins under the variant's cache file names (the cache is looked up by name only)
+#                          baseline's cubins under the variant's cache file names (the cache is looked up by name only;
+#                          `bash scripts/gpu/bundle.sh --variant dev/BUILD NAME STAGE.cu D -D...` makes such a cache)
 #   verify_all BUILD       sagebwd-gpu-check of dev/BUILD: default and lean (full), 4 "SMs" (quick); verdicts to the summary
 #   prof NAME BUILD REGEX BENCH-ARGS...         ncu (sections + SASS source) of the first kernel matching REGEX
 #   finish                 packs and prints the summary
@@ -18,7 +20,7 @@ lap() { echo "$1 rc=$2 ($((SECONDS - _t0)) s)" >> "$S"; _t0=$SECONDS; }
 pack() { tar czf "$R/all.tgz" -C "$R" --exclude all.tgz . 2>/dev/null; }
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv >> "$S" 2>/dev/null
 # One timed `sagebwd bench` of binary dev/BUILD with kernel cache CACHE: JSON $R/json/<p><D>_TAG-rROUND.json (p: the
-# preset's first letter, as scripts/dev/ab.py reads them), its log beside it.
+# preset's first letter, as lab/ab/ab.py reads them), its log beside it.
 bench_json() {
   local tag=$1 build=$2 cache=$3 preset=$4 d=$5 r=$6 t=${4:0:1}
   SAGEBWD_CACHE_DIR=$cache timeout 60 "dev/$build/sagebwd" bench --reps 10 --min-reps 3 --warmup 2 --max-time 1 \

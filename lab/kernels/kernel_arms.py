@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Which preprocessor arms of a kernel stage are live in the library's four compiles (sm_90a / sm_80 x d 64 / 128).
 
-usage: python3 scripts/dev/kernel_arms.py crates/sagebwd-cuda/kernels/STAGE.cu [--apply]
+usage: python3 lab/kernels/kernel_arms.py crates/sagebwd-cuda/kernels/STAGE.cu [--apply]
 Prints DEAD (live in no compile) and SAME (live exactly when its enclosing arm is: the condition is redundant) arms,
 found by running `cpp` over common.cuh + hopper.cuh + the stage with each compile's macros and a marker after every
 #if/#elif/#else. --apply rewrites the file without the dead arms and the redundant conditions (#ifndef default blocks
-are left alone). Check the result the way session 21 did: the stage's cubins md5-identical before and after.
+are left alone). Check the result: the stage's cubins must be identical before and after (lab/kernels/sass_diff.py).
 """
 import re, subprocess, sys, os
 kdir = os.path.dirname(os.path.abspath(sys.argv[1]))

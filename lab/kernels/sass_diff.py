@@ -2,7 +2,7 @@
 numbers and internal name suffixes normalized away: prints, per kernel, "identical N", "only in one", or "DIFF a -> b"
 and the first changed lines.
 
-usage: python3 scripts/dev/sass_diff.py A.sass B.sass
+usage: python3 lab/kernels/sass_diff.py A.sass B.sass
 (The listings come from the CUDA toolkit's nvdisasm; the cubins from NVRTC with the library's options, see
 `nvrtc_options` in crates/sagebwd-cuda/src/runtime.rs.)
 """

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Instructions per attention score, issue rate and SASS instruction mix of every kernel in ncu exports.
 
-Reads the `<name>-details.csv` and `<name>-source.csv.gz` pairs that scripts/dev/calllib.sh's `prof` (or a call
-script's export) writes, for reports of one forward + backward at the standard sweep shape (B·N = 16384, H·D = 2048;
+Reads the `<name>-details.csv` and `<name>-source.csv.gz` pairs that lab/ab/calllib.sh's `prof` (or an
+ncu export of the same sections) writes, for reports of one forward + backward at the standard sweep shape (B·N = 16384, H·D = 2048;
 the name ends in `-d<D>-n<N>`). For each kernel (first instance of each name): duration, warp instructions executed,
 thread instructions executed (the source page's sum, so predicated-off lanes do not count), thread instructions per
 score (scores = B·H·N², non-causal), issued warps per scheduler per cycle, registers, and the opcode classes that hold
 most of its thread instructions.
-Usage: python3 scripts/dev/ncu_mix.py DIR NAME [NAME ...] [--top 12]
+Usage: python3 lab/profile/ncu_mix.py DIR NAME [NAME ...] [--top 12]
 """
 import argparse, collections, csv, gzip, os, re
 

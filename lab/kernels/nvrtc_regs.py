@@ -2,12 +2,12 @@
 """Registers and spills of every kernel of one stage, as the library compiles it (no GPU needed).
 
     LD_LIBRARY_PATH=.cache/nvrtc/nvidia/cu13/lib \\
-        python3 scripts/dev/nvrtc_regs.py quantize.cu sm_90a 128 [-DNAME=VALUE ...] [--cubin out.cubin]
+        python3 lab/kernels/nvrtc_regs.py quantize.cu sm_90a 128 [-DNAME=VALUE ...] [--cubin out.cubin]
 
 Compiles common.cuh + hopper.cuh + the stage with NVRTC and the library's options (src/runtime.rs `nvrtc_options`)
 plus --ptxas-options=-v, and prints ptxas's register line of each kernel and its spill line where it spills. With
---cubin it also writes the cubin (for nvdisasm, scripts/dev/sass_diff.py). Needs the pip NVRTC that scripts/test.sh
-installs into .cache/nvrtc. Session 23 used it to size `sage_bwd_pre_do`'s launch bounds (167 registers unbounded)."""
+--cubin it also writes the cubin (for nvdisasm, lab/kernels/sass_diff.py). Needs the pip NVRTC that scripts/test.sh
+installs into .cache/nvrtc. Use it to size a kernel's launch bounds or to see whether a change spills."""
 import argparse, ctypes, pathlib, sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -6,12 +6,12 @@ On the device (ncu of the CUDA toolkit):
         -o prof <command>
     ncu -i prof.ncu-rep --page source --csv --print-source sass | gzip > prof-source.csv.gz
 Here:
-    python3 scripts/dev/ncu_regions.py prof-source.csv.gz sage_forward_ws_p3s_x [--min 0.01] [--instance 0]
+    python3 lab/profile/ncu_regions.py prof-source.csv.gz sage_forward_ws_p3s_x [--min 0.01] [--instance 0]
 
 Splits the SASS at branch targets and after branches, and prints each region holding at least --min of the
 samples: its offsets, instruction count, executions per instruction, share of the warp-state samples, the top four
-stall reasons and the most frequent opcodes. Session 22 found the INT8 forward's producer this way (its cp.async
-address code: ~18 % of the issued instructions)."""
+stall reasons and the most frequent opcodes: a region that holds a large share of the samples for a small share of the
+work (address arithmetic in a producer loop, say) is where to look first."""
 import argparse, collections, csv, gzip, re
 
 

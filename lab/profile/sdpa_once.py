@@ -3,7 +3,7 @@
 
 Same shapes as scripts/gpu/bench_sdpa.py (B*N = 16384, H*D = 2048, B x H x N x D, scale 1/sqrt(D)); two untimed
 warm-up steps run outside the range, so ncu sees only the measured step's kernels.
-Usage (on the device): ncu --profile-from-start off ... python3 scripts/dev/sdpa_once.py cudnn 128 4096 [causal]
+Usage (on the device): ncu --profile-from-start off ... python3 lab/profile/sdpa_once.py cudnn 128 4096 [causal]
 """
 import sys
 
