@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --presets) presets=$2; shift ;;
     --ours) ours_extra=$2; shift ;;
     --sdpa) sdpa_extra=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift

@@ -27,7 +27,7 @@ if [ -e "$nvrtc/lib/libnvrtc.so.13" ]; then
   export LD_LIBRARY_PATH="$nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" CUDA_HOME=${CUDA_HOME:-$nvrtc}
 fi
 
-usage() { sed -n '2,22p' "$0"; exit "${1:-0}"; }
+usage() { sed -n '2,21p' "$0"; exit "${1:-0}"; }
 
 variant() {
   local dir=${1:?} name=${2:?} stage=${3:?} d=${4:?}; shift 4
