@@ -3,9 +3,8 @@
 # against cuDNN / FlashAttention-2 (bench.sh --quick) and the GPU training check and throughput
 # (train.sh check perf). One call pays the machine's start-up once.
 #
-# 1. HERE: bash scripts/gpu/prepare.sh && bash scripts/gpu/train.sh --prepare
-#    (the bench reuses dev/train's `sagebwd` binary and kernel cache).
-# 2. ON THE DEVICE, carrying ["dev/bin/sagebwd-gpu-check", "dev/cache", "dev/train"]:
+# 1. HERE: bash scripts/gpu/bundle.sh (add --corpus for the `corpus` training mode).
+# 2. ON THE DEVICE, carrying ["dev/bundle"] (BUNDLE=DIR for another bundle):
 #      bash scripts/gpu/all.sh [TRAIN MODES...]      # default train modes: check perf
 #    Logs under $OUT/{verify,bench,train}, everything also in $OUT/all.tgz (a call returns a few
 #    files only); the summary (exit codes, verify summary, bench table, training lines) is printed last.
@@ -16,11 +15,9 @@ modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=(check perf)
 mkdir -p "$R/verify" "$R/bench" "$R/train"
 status=0
 t0=$SECONDS
-OUT=$R/verify BIN=dev/bin/sagebwd-gpu-check SAGEBWD_CACHE_DIR=$PWD/dev/cache bash scripts/gpu/verify.sh > "$R/verify/stdout.txt" 2>&1
+OUT=$R/verify bash scripts/gpu/verify.sh > "$R/verify/stdout.txt" 2>&1
 rc=$?; [ $rc = 0 ] || status=1
 echo "verify: exit $rc ($((SECONDS - t0)) s)" > "$R/summary.txt"
-mkdir -p dev/bin dev/bench-cache && cp dev/train/bin/sagebwd dev/bin/sagebwd && cp -r dev/train/cache/. dev/bench-cache/ \
-  && cp dev/train/BUILD.txt dev/bench-cache/
 t0=$SECONDS
 OUT=$R/bench bash scripts/gpu/bench.sh --quick > "$R/bench/stdout.txt" 2>&1
 rc=$?; [ $rc = 0 ] || status=1

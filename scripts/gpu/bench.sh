@@ -3,15 +3,12 @@
 # in one call: `sagebwd bench` per preset, scripts/gpu/bench_sdpa.py, then scripts/gpu/compare.py
 # (side-by-side Markdown table with ratios against cuDNN, PNG plot of throughput vs N).
 #
-# 1. HERE (no GPU needed), in the repository root:
-#      bash scripts/gpu/bench.sh --prepare
-#    builds `sagebwd` (release), copies it to dev/bin/sagebwd and compiles the sm_90a kernels into
-#    dev/bench-cache (NVRTC from .cache/nvrtc, installed by scripts/test.sh, or LD_LIBRARY_PATH), so
-#    the device spends no time in NVRTC. dev/ is git-ignored.
-# 2. ON THE DEVICE, in the repository root, carrying ["dev/bin/sagebwd", "dev/bench-cache"]:
-#      bash scripts/gpu/bench.sh --quick     # N ∈ {1024, 4096}, few repetitions: ~1-2 min (≤ ~3 min with --ours "--scalar")
-#      bash scripts/gpu/bench.sh             # the standard sweep, 3 presets: ~6 min at the mma.sync kernels'
-#                                            # ~16 TOPS (the scalar kernels would need far more than 10 min)
+# 1. HERE (no GPU needed), in the repository root: bash scripts/gpu/bundle.sh (binaries + sm_90a kernel cache in
+#    dev/bundle, so the device spends no time in NVRTC; dev/ is git-ignored).
+# 2. ON THE DEVICE, in the repository root, carrying ["dev/bundle"] (BUNDLE=DIR for another bundle):
+#      bash scripts/gpu/bench.sh --quick     # N ∈ {1024, 4096}, few repetitions, fpa and sagebwd
+#      bash scripts/gpu/bench.sh             # the standard sweep (N 1k-16k, d 64 and 128, causal and not), 3 presets
+#      bash scripts/gpu/bench.sh --presets fpa,sagebwd   # the sweep of docs/PERFORMANCE.md, ~1 min on an H200
 #    Our kernels run on the library's default path (tensor cores); --ours "--scalar" times the
 #    scalar reference kernels instead (reported as ours-<preset>-scalar).
 #
@@ -24,35 +21,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-prepare() {
-  set -e
-  cargo build --release -p sagebwd-cli
-  mkdir -p dev/bin
-  cp target/release/sagebwd dev/bin/sagebwd
-  strip dev/bin/sagebwd 2>/dev/null || true
-  local nvrtc=$PWD/.cache/nvrtc/nvidia/cu13/lib
-  [ -e "$nvrtc/libnvrtc.so.13" ] && export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # A fresh cache holds only the cubins of the sources built into this binary (small carry).
-  rm -rf dev/bench-cache
-  mkdir -p dev/bench-cache
-  SAGEBWD_CACHE_DIR=$PWD/dev/bench-cache dev/bin/sagebwd bench --precompile sm_90a --head-dim 64,128
-  # Which sources the binary holds (the device copy has no git): commit + uncommitted kernel changes.
-  { echo "built $(date -u +%FT%TZ) from $(git rev-parse --short HEAD)"; git status --short crates/ | sed 's/^/  /'; } \
-    > dev/bench-cache/BUILD.txt
-  du -sh dev/bin/sagebwd dev/bench-cache
-  echo "now on the device: bash scripts/gpu/bench.sh --quick   (carry: dev/bin/sagebwd, dev/bench-cache)"
-}
-
 quick=0 sdpa=1 presets="" ours_extra="" sdpa_extra=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --prepare) prepare; exit $? ;;
     --quick) quick=1 ;;
     --no-sdpa) sdpa=0 ;;
     --presets) presets=$2; shift ;;
     --ours) ours_extra=$2; shift ;;
     --sdpa) sdpa_extra=$2; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -76,8 +53,9 @@ LOG=$OUT/log.txt
 # Results of an earlier run in the same folder must not join this comparison.
 rm -f "$OUT"/ours-*.json "$OUT/sdpa.json" "$OUT/smi.csv" "$OUT/compare.md" "$OUT/compare.png"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export SAGEBWD_CACHE_DIR=${SAGEBWD_CACHE_DIR:-$PWD/dev/bench-cache}
-BIN=${BIN:-dev/bin/sagebwd}
+BUNDLE=${BUNDLE:-dev/bundle}
+export SAGEBWD_CACHE_DIR=${SAGEBWD_CACHE_DIR:-$PWD/$BUNDLE/cache}
+BIN=${BIN:-$BUNDLE/sagebwd}
 failed=()
 
 # Runs a step with its output appended to the log and a one-line status on stdout; a failed step's
@@ -103,12 +81,12 @@ step() {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
     --format=csv 2>&1
-  cat "$SAGEBWD_CACHE_DIR/BUILD.txt" 2>/dev/null || echo "no $SAGEBWD_CACHE_DIR/BUILD.txt (run --prepare here first)"
+  cat "$(dirname "$BIN")/BUILD.txt" 2>/dev/null || echo "no $(dirname "$BIN")/BUILD.txt (not a bundle of scripts/gpu/bundle.sh)"
   echo "quick=$quick presets=$presets ours_args=$ours_args $ours_extra sdpa_args=$sdpa_args $sdpa_extra"
 } >> "$LOG" 2>&1
 
 if [ ! -x "$BIN" ]; then
-  echo "error: $BIN not found: run 'bash scripts/gpu/bench.sh --prepare' here and carry dev/bin/sagebwd" | tee -a "$LOG" >&2
+  echo "error: $BIN not found: run 'bash scripts/gpu/bundle.sh' on the build machine and carry $BUNDLE" | tee -a "$LOG" >&2
   exit 1
 fi
 

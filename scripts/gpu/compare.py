@@ -14,7 +14,7 @@ and `scripts/gpu/bench_sdpa.py --json` (implementations `cudnn`, `flash`), match
 The plot has one panel per (D, causal) and one row per pass (fwd, bwd, fwd+bwd), throughput vs N.
 With --smi (an nvidia-smi log taken during the benches, as scripts/gpu/bench.sh takes it), a table of the SM
 clock and board power during each point's timed repetitions: the H200 caps board power at 700 W and lowers its
-clock when a kernel reaches it, by an amount that differs between implementations (RESULTS.md, session 21).
+clock when a kernel reaches it, by an amount that differs between implementations.
 
 Usage: python3 scripts/gpu/compare.py RESULT.json... [--md compare.md] [--png compare.png] [--smi smi.csv]
 The Markdown is printed on stdout as well. The plot is skipped (with a note) without matplotlib.

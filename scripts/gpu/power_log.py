@@ -3,12 +3,12 @@
 
 The H200 caps board power (700 W); a training step at full load reaches the cap and the SM clock then
 drops below its 1980 MHz maximum by an amount that depends on the energy each kernel spends. Two
-presets can therefore run at different clocks in the same call (session 17: `fpa` ~1730 MHz, `sagebwd`
-~1800 MHz at sequence 4096), which a bench of attention alone never shows. A run with several presets
+presets can therefore run at different clocks in the same call (e.g. `fpa` ~1730 MHz, `sagebwd`
+~1800 MHz at sequence 4096 on an H200), which a bench of attention alone never shows. A run with several presets
 shows one plateau per preset, in the order of `--preset`.
 
 Input: `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit[,temperature.gpu] --format=csv,noheader,nounits
--lms 100` (the temperature column is optional: logs from before session 18 lack it). Leakage grows with temperature, so
+-lms 100` (the temperature column is optional). Leakage grows with temperature, so
 at the cap a warmer GPU runs lower clocks: runs compared should have similar temperatures.
 Usage: power_log.py LOG.csv
 """

@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # GPU training: correctness (GPU vs CPU), throughput/MFU, and the corpus comparison, in one call.
 #
-# 1. HERE (no GPU needed), in the repository root:
-#      bash scripts/gpu/train.sh --prepare [--corpus]
-#    builds `sagebwd` (release) into dev/train/bin, precompiles the sm_90a attention kernels into
-#    dev/train/cache, and with --corpus copies the Gutenberg train-00 + val shards (46 MB of xz) from
-#    ../shared/data into dev/train/data. dev/ is git-ignored.
-# 2. ON THE DEVICE, in the repository root, carrying ["dev/train"]:
+# 1. HERE (no GPU needed), in the repository root: bash scripts/gpu/bundle.sh [--corpus]
+#    (binaries + sm_90a kernel cache in dev/bundle; --corpus adds the Gutenberg shards for `corpus`).
+# 2. ON THE DEVICE, in the repository root, carrying ["dev/bundle"] (BUNDLE=DIR for another bundle):
 #      bash scripts/gpu/train.sh check            # sagebwd train-check (GPU vs CPU step), ~1 min
 #      bash scripts/gpu/train.sh perf             # base model, seq 1024 and 4096, fpa and sagebwd
 #      bash scripts/gpu/train.sh perf4096         # base, 4096, 60 steps (STEPS=n), both preset orders (fpa first, sagebwd first)
@@ -18,7 +15,7 @@
 #      bash scripts/gpu/train.sh fpa1024 [NAME]   # base, 1024, fpa only, 40 steps: a quick A/B point (log NAME)
 #      bash scripts/gpu/train.sh profile-fpa [NAME] # `profile` with fpa only (log NAME)
 #      bash scripts/gpu/train.sh profile4096      # `profile` at seq 4096 (batch 4), fpa and sagebwd
-#      bash scripts/gpu/train.sh multi            # 2 GPUs (machine kind nvidia-h200-x2): data-parallel
+#      bash scripts/gpu/train.sh multi            # 2 GPUs of one machine: data-parallel
 #                                                 # throughput, and 2 GPUs × 8 vs 1 GPU × 16 sequences
 #    Several modes may follow each other (check perf corpus 2000). Logs, metrics and plots go to
 #    $OUT (default /tmp/sagebwd-train-out); a summary is printed last. Each run also logs SM clock and
@@ -26,40 +23,22 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-prepare() {
-  set -e
-  cargo build --release -p sagebwd-cli
-  mkdir -p dev/train/bin
-  cp target/release/sagebwd dev/train/bin/sagebwd
-  strip dev/train/bin/sagebwd 2>/dev/null || true
-  local nvrtc=$PWD/.cache/nvrtc/nvidia/cu13/lib
-  [ -e "$nvrtc/libnvrtc.so.13" ] && export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  rm -rf dev/train/cache
-  mkdir -p dev/train/cache
-  SAGEBWD_CACHE_DIR=$PWD/dev/train/cache dev/train/bin/sagebwd bench --precompile sm_90a --head-dim 64,128
-  { echo "built $(date -u +%FT%TZ) from $(git rev-parse --short HEAD)"; git status --short crates/ | sed 's/^/  /'; } \
-    > dev/train/BUILD.txt
-  if [ "${1:-}" = --corpus ]; then
-    mkdir -p dev/train/data
-    cp ../shared/data/gutenberg/train-00.txt.xz ../shared/data/gutenberg/val.txt.xz dev/train/data/
-  else
-    rm -rf dev/train/data
-  fi
-  du -sh dev/train/*
-}
-
-if [ "${1:-}" = --prepare ]; then shift; prepare "$@"; exit $?; fi
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,25p' "$0"; exit 0; fi
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || [ $# = 0 ]; then sed -n '2,22p' "$0"; exit 0; fi
 
 OUT=${OUT:-/tmp/sagebwd-train-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-# TRAIN_BIN / TRAIN_CACHE: another build (a baseline) in the same call.
-export SAGEBWD_CACHE_DIR=${TRAIN_CACHE:-$PWD/dev/train/cache}
-BIN=${TRAIN_BIN:-dev/train/bin/sagebwd}
+# BUNDLE=DIR: another bundle (e.g. a baseline in the same call); TRAIN_BIN / TRAIN_CACHE: a binary and cache apart.
+BUNDLE=${BUNDLE:-dev/bundle}
+export SAGEBWD_CACHE_DIR=${TRAIN_CACHE:-$PWD/$BUNDLE/cache}
+BIN=${TRAIN_BIN:-$BUNDLE/sagebwd}
+if [ ! -x "$BIN" ]; then
+  echo "error: $BIN not found: run 'bash scripts/gpu/bundle.sh' on the build machine and carry $BUNDLE" >&2
+  exit 1
+fi
 RUNS=/tmp/sagebwd-runs
 summary=$OUT/summary.txt
-{ date -u; echo "binary $BIN"; cat "$(dirname "$(dirname "$BIN")")/BUILD.txt" 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > "$summary"
+{ date -u; echo "binary $BIN"; cat "$(dirname "$BIN")/BUILD.txt" 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > "$summary"
 status=0
 
 run_logged() { # name, command...: runs, keeps the log, copies summary lines
@@ -98,7 +77,7 @@ while [ $# -gt 0 ]; do
           --name "perf$seq" --runs-dir $RUNS
       done ;;
     perf1024|perf4096|perf8192)
-      # The issue-5 comparison with less noise: more steps, and each preset once first and once second
+      # The fpa / sagebwd comparison with less noise: more steps, and each preset once first and once second
       # (a GPU that warms up or down during the call favours neither). STEPS=n: longer runs.
       case $1 in
         perf1024) seq=1024 batch=16 steps=${STEPS:-60} ;;
@@ -131,7 +110,9 @@ while [ $# -gt 0 ]; do
       steps=$2; shift
       seed=${SEED:-1}
       name=gutenberg; [ "$seed" = 1 ] || name=gutenberg-seed$seed
-      run_logged "corpus-seed$seed" $BIN train dev/train/data/train-00.txt.xz --val dev/train/data/val.txt.xz --device cuda \
+      data=$BUNDLE/data
+      [ -e "$data/train-00.txt.xz" ] || { echo "no $data/train-00.txt.xz: build the bundle with --corpus" | tee -a "$summary"; status=1; shift; continue; }
+      run_logged "corpus-seed$seed" $BIN train "$data/train-00.txt.xz" --val "$data/val.txt.xz" --device cuda \
         --model small --seq 1024 --batch 16 --steps "$steps" --warmup $((steps / 20 + 1)) --eval-every $((steps / 10 + 1)) \
         --eval-tokens 262144 --ckpt-every 100000 --preset fpa,sagebwd --seed "$seed" --name $name --runs-dir $RUNS
       cp $RUNS/$name-compare.png "$OUT/" 2>/dev/null

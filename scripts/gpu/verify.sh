@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run ON THE DEVICE MACHINE, in the repository root, after scripts/gpu/prepare.sh here, carrying
-# ["dev/bin/sagebwd-gpu-check", "dev/cache"]: the mma.sync self-test, every GPU-vs-simulator
+# Run ON THE DEVICE MACHINE, in the repository root, after scripts/gpu/bundle.sh here, carrying the bundle
+# (["dev/bundle"]; BUNDLE=DIR for another): the mma.sync self-test, every GPU-vs-simulator
 # comparison (tensor-core and scalar kernels), the σ sweep against the exact reference, the error
 # paths and a timing table, in one process (sagebwd-gpu-check). Summary table last on stdout; full log,
 # results.tsv and the GPU description under $OUT. Extra arguments go to the binary (--quick).
@@ -8,9 +8,14 @@ set -uo pipefail
 OUT=${OUT:-/tmp/sagebwd-gpu-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export SAGEBWD_CACHE_DIR=${SAGEBWD_CACHE_DIR:-$PWD/dev/cache}
-BIN=${BIN:-dev/bin/sagebwd-gpu-check}
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nproc; } > "$OUT/env.txt" 2>&1
+BUNDLE=${BUNDLE:-dev/bundle}
+export SAGEBWD_CACHE_DIR=${SAGEBWD_CACHE_DIR:-$PWD/$BUNDLE/cache}
+BIN=${BIN:-$BUNDLE/sagebwd-gpu-check}
+if [ ! -x "$BIN" ]; then
+  echo "error: $BIN not found: run 'bash scripts/gpu/bundle.sh' on the build machine and carry $BUNDLE" >&2
+  exit 1
+fi
+{ date -u; cat "$(dirname "$BIN")/BUILD.txt" 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nproc; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 "$BIN" --out "$OUT" "$@" > "$OUT/log.txt" 2>&1
 rc=$?
