@@ -83,7 +83,7 @@ pub struct BenchArgs {
     /// Also measure board energy per forward + backward (NVML's energy counter): after the timing, a
     /// phase of back-to-back forward + backward runs lasting SECS per point reports joules per pass,
     /// mean board power and the SM clock. Worth it because a GPU at its power cap runs at the clock
-    /// its energy allows (RESULTS.md, session 18). The counter updates every 20–100 ms: 3 s or more
+    /// its energy allows (docs/PERFORMANCE.md). The counter updates every 20–100 ms: 3 s or more
     /// gives ~1 %. 0: off.
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
     pub energy: f64,
@@ -352,7 +352,7 @@ struct Record {
     bwd_ms_all: Vec<f64>,
     /// Wall-clock span (Unix seconds) of the timed repetitions, so that an SM-clock and power log taken beside
     /// the bench (scripts/gpu/bench.sh) can be matched to each point: the H200 reaches its 700 W cap at some
-    /// shapes and lowers its clock (RESULTS.md, session 21).
+    /// shapes and lowers its clock.
     timed_unix_s: [f64; 2],
 }
 

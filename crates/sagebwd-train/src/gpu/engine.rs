@@ -480,7 +480,7 @@ impl GpuEngine {
                 // `logits` now holds ∂logits. Reduction over the padded width: `xent` wrote zeros into the padding columns.
                 self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.logits.ptr, vp, head, n, d, vp, Out::Bf16))?;
                 // Also over the padded width (at the odd width cuBLASLt ran it at 504 TFLOP/s, padded at 832: +3.5 %
-                // tok/s, docs/RESULTS.md session 10): the padding columns of ∂logits are exactly zero, so the
+                // tok/s): the padding columns of ∂logits are exactly zero, so the
                 // `vp − v` gradient rows past the table get `+ 0` and keep their values — the next tensors'
                 // gradients (tied: layer 0's), or the zero padding at the end of `grads` (untied head, the last tensor).
                 self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.logits.ptr, vp, a.hidden.at(c0 * d), n, d, vp))?;
