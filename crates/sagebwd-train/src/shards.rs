@@ -26,7 +26,7 @@ pub fn write_shard(path: &Path, tokens: &[u16]) -> Result<()> {
         .map_err(|_| Error::Data(format!("{}: {} tokens do not fit one shard", path.display(), tokens.len())))?;
     header.iter().for_each(|h| buf.extend_from_slice(&h.to_le_bytes()));
     tokens.iter().for_each(|t| buf.extend_from_slice(&t.to_le_bytes()));
-    crate::checkpoint::write_atomically(path, &buf)
+    crate::output::write_file(path, &buf)
 }
 
 /// Reads a shard (llm.c header, or headerless `u16`).
