@@ -574,8 +574,10 @@ fn save(path: &Path, cfg: &TrainConfig, data: &serde_json::Value, engine: &dyn E
     checkpoint::save(path, &st.weights, &st.adam_m, &st.adam_v, &meta)
 }
 
-/// Settings that may change on `--resume` without changing what the run computes.
-const FREE_ON_RESUME: [&str; 3] = ["eval_every", "eval_tokens", "checkpoint_every"];
+/// Settings that may change on `--resume`: the evaluation and checkpoint cadence do not change what the
+/// run computes, and `steps` extends (or shortens) the run, which is what resuming with a new step
+/// count is for; the cosine decay then spans the new total from the next step on (said in the note).
+const FREE_ON_RESUME: [&str; 4] = ["eval_every", "eval_tokens", "checkpoint_every", "steps"];
 
 /// Every leaf where `a` and `b` differ, as `(dotted.path, a, b)`.
 fn json_diff(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<(String, String, String)>) {
@@ -607,7 +609,8 @@ fn check_resume_settings(path: &Path, saved: &serde_json::Value, now: &serde_jso
     let list = diffs.iter().map(|(n, a, b)| format!("{n}: {a} → {b}")).collect::<Vec<_>>().join("; ");
     let binding: Vec<&str> = diffs.iter().filter(|d| !free(&d.0)).map(|d| d.0.as_str()).collect();
     if binding.is_empty() || force {
-        eprintln!("note: resuming with settings that differ from the recorded ones: {list}");
+        let stretched = if diffs.iter().any(|d| d.0 == "config.steps") { " (the learning-rate decay now spans the new step count)" } else { "" };
+        eprintln!("note: resuming with settings that differ from the recorded ones: {list}{stretched}");
         return Ok(());
     }
     Err(Error::Checkpoint {
