@@ -81,15 +81,15 @@ pub fn claim(dir: &Path, how: Claim) -> Result<RunDirLock> {
                 let p = dir.join(f);
                 std::fs::remove_file(&p).map_err(io_err(&p))?;
             }
-            remove_stale_temps(dir)?;
         }
         _ => {}
     }
+    remove_stale_temps(dir)?;
     Ok(RunDirLock { _file: file, dir: dir.into() })
 }
 
 /// Temporary files of earlier processes (`.NAME.tmp.<pid>.<n>`) left by a kill: the lock is held, so no
-/// other process writes here.
+/// other process writes here, and any such file is a dead write.
 fn remove_stale_temps(dir: &Path) -> Result<()> {
     for e in std::fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
