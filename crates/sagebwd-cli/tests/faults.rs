@@ -91,9 +91,9 @@ fn a_second_process_is_refused_with_the_holder_named() {
 #[test]
 fn kills_during_checkpoint_and_metrics_writes_lose_nothing() {
     let (_t, d) = setup();
-    let whole = run(&train_args(&["--steps", "6", "--ckpt-every", "2", "--name", "whole"]), &d);
+    let whole = run(&train_args(&["--steps", "6", "--ckpt-every", "2", "--runs-dir", "whole"]), &d);
     assert!(whole.status.success(), "{}", stderr(&whole));
-    let expected = train_losses(&d.join("runs/whole-exact"));
+    let expected = train_losses(&d.join("whole/t-exact"));
 
     // Killed just before the second checkpoint (step 4) is renamed into place: step 2's stays whole.
     let o = cmd(&train_args(&["--steps", "6", "--ckpt-every", "2"]), &d).env("SAGEBWD_FAULT", "checkpoint").env("SAGEBWD_FAULT_AFTER", "1").output().unwrap();
@@ -187,7 +187,7 @@ fn options_are_checked_before_anything_runs() {
     for (extra, want) in [
         (vec!["--preset", "fpa,bogus"], "bogus"),
         (vec!["--wd", "nan"], "weight decay"),
-        (vec!["--clip", "-1"], "gradient clip"),
+        (vec!["--clip=-1"], "gradient clip"),
         (vec!["--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr"),
     ] {
         let mut args = train_args(&["--steps", "2"]);
@@ -274,7 +274,7 @@ fn outputs_refuse_devices_write_through_links_and_survive_failures() {
 #[test]
 fn sigint_writes_a_final_checkpoint_and_exits_cleanly() {
     let (_t, d) = setup();
-    let mut child = cmd(&train_args(&["--steps", "100000", "--ckpt-every", "100000"]), &d).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = cmd(&train_args(&["--steps", "100000", "--ckpt-every", "100000"]), &d).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let metrics = d.join("runs/t-exact/metrics.jsonl");
     let start = std::time::Instant::now();
     while std::fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 3 {

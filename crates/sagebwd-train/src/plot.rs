@@ -38,6 +38,7 @@ pub const COLORS: [RGBColor; 6] = [
 /// leaves an existing chart untouched, and a device node or directory at `path` is refused.
 pub fn plot_losses(curves: &[Curve], path: &Path, title: &str) -> Result<()> {
     register_font();
+    crate::output::resolve_target(path)?;
     let size = (1000, 600);
     let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase());
     let is_svg = match ext.as_deref() {
