@@ -8,7 +8,7 @@ use sagebwd::sim::simulate;
 use sagebwd::{Config, Error, Inputs, Shape};
 
 fn shape() -> Shape {
-    Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 96, n_k: 80, head_dim: 32 }
+    Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 80, n_k: 96, head_dim: 32 }
 }
 
 fn scaled(inp: &Inputs, sq: f32, sk: f32, sv: f32, sdo: f32) -> Inputs {
@@ -45,9 +45,10 @@ fn check(inp: &Inputs, what: &str) -> bool {
                 for (name, x, r) in [("o", &out.fwd.o, &ex.o), ("lse", &out.fwd.lse, &ex.lse), ("dq", &g.dq, &eg.dq), ("dk", &g.dk, &eg.dk), ("dv", &g.dv, &eg.dv)] {
                     assert!(x.iter().all(|v| v.is_finite()), "{what} ({}): non-finite {name}", cfg.label());
                     let m = compare(x, r);
-                    // All-zero references (e.g. dK of a constant row) have no cosine.
-                    let zero = r.iter().all(|v| *v == 0.0);
-                    assert!(zero || m.cos > 0.9, "{what} ({}): {name} cos {} against the exact reference", cfg.label(), m.cos);
+                    // A reference below f32's normal range (true values of 1e-60) underflows to 0 in any
+                    // f32 computation: finite zeros are the right answer there, with no cosine.
+                    let representable = r.iter().any(|v| v.abs() > 1e-30);
+                    assert!(!representable || m.cos > 0.9, "{what} ({}): {name} cos {} against the exact reference", cfg.label(), m.cos);
                 }
             }
         }
