@@ -291,3 +291,27 @@ fn sigint_writes_a_final_checkpoint_and_exits_cleanly() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains(&format!("resuming at step {step}")), "{}", stderr(&o));
 }
+
+#[test]
+fn extreme_attention_inputs_are_named_never_nan_with_exit_0() {
+    let (_t, d) = setup();
+    let mut inp = sagebwd::inputs::random(sagebwd::Shape::square(1, 1, 64, 64), false, 1.0, 3, true);
+    sagebwd::io::write_inputs(&d.join("ok.safetensors"), &inp).unwrap();
+    inp.q[10] = 1e11;
+    sagebwd::io::write_inputs(&d.join("big.safetensors"), &inp).unwrap();
+    let o = run(&["attn", "big.safetensors", "-o", "out.safetensors", "--device", "cpu"], &d);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("input `q`") && e.contains("2^16"), "{e}");
+    assert!(!d.join("out.safetensors").exists());
+    // A device node as the output is refused and stays a device.
+    let o = run(&["attn", "ok.safetensors", "-o", "/dev/null", "--device", "cpu"], &d);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+    assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
+    // accuracy at σ = 1e6: the validation error, not NaN next to a "perfect" dQ.
+    let o = run(&["accuracy", "--sigma", "1e6", "-n", "64", "-d", "64", "--heads", "1", "--device", "cpu"], &d);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success() && stderr(&o).contains("input `q`"), "{out}\n{}", stderr(&o));
+    assert!(!out.to_lowercase().contains("nan"), "{out}");
+}
