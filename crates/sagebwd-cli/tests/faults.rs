@@ -240,7 +240,7 @@ fn outputs_refuse_devices_write_through_links_and_survive_failures() {
     let o = run(&["report", "runs/t-exact", "-o", "/dev/null"], &d);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
-    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_file() == false);
+    assert!(!std::fs::metadata("/dev/null").unwrap().file_type().is_file());
     // A symlink is written through and stays a link.
     std::fs::write(d.join("real.svg"), "old").unwrap();
     std::os::unix::fs::symlink("real.svg", d.join("link.svg")).unwrap();
