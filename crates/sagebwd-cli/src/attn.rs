@@ -92,7 +92,15 @@ pub fn run(a: AttnArgs) -> Result<()> {
             dtype: if *name == "lse" { OutDtype::F32 } else { dtype },
         })
         .collect();
-    write_tensors(&a.output, &tensors, meta)?;
+    // Through a temporary file in the output's directory (refusing device nodes and directories; a
+    // symlink is written through): see sagebwd_train::output.
+    sagebwd_train::output::write_with(&a.output, |tmp| {
+        write_tensors(tmp, &tensors, meta).map_err(|e| {
+            // write_tensors stages its own `<path>.tmp.<pid>` next to `tmp`; a failed write may leave it.
+            let _ = std::fs::remove_file(tmp.with_extension(format!("tmp.{}", std::process::id())));
+            sagebwd_train::Error::Data(e.to_string())
+        })
+    })?;
     let names: Vec<&str> = outs.iter().map(|o| o.0).collect();
     eprintln!("wrote {} ({})", a.output.display(), names.join(", "));
     Ok(())

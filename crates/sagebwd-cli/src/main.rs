@@ -70,6 +70,11 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // An interrupted training wrote its final checkpoint: the conventional exit status of SIGINT.
+        Err(e) if matches!(e.downcast_ref::<sagebwd_train::Error>(), Some(sagebwd_train::Error::Interrupted { .. })) => {
+            eprintln!("{e:#}");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

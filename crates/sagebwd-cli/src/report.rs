@@ -45,7 +45,7 @@ fn label(dir: &std::path::Path) -> String {
 pub fn table(runs: &[PathBuf]) -> Result<String> {
     let mut out = format!(
         "{:<24} {:>9} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6}\n",
-        "run", "attention", "tok/step", "steps", "tokens", "train loss", "val loss", "val bpb", "tok/s", "tok/J"
+        "run", "attention", "tok/step", "steps", "tokens", "train loss*", "val loss", "val bpb", "tok/s", "tok/J"
     );
     for dir in runs {
         let records = read_records(dir)?;
@@ -70,6 +70,7 @@ pub fn table(runs: &[PathBuf]) -> Result<String> {
             fmt(per_joule, 0),
         );
     }
+    out += "* train loss: the mean of the last 10 steps' losses (one step's loss is noisy; the run summary's \"last step's train loss\" is the final step alone)";
     Ok(out.trim_end().to_string())
 }
 

@@ -9,7 +9,7 @@ use sagebwd_train::data::{decode_text, split_documents, tokenize_documents, toke
 use sagebwd_train::metrics::read_records;
 use sagebwd_train::optim::AdamWConfig;
 use sagebwd_train::plot::{plot_losses, Curve};
-use sagebwd_train::shards::{find_shards, read_shard};
+use sagebwd_train::shards::{read_shard, read_shard_dir};
 use sagebwd_train::tokenizer::Tokenizer;
 use sagebwd_train::train::{train, Corpus, DeviceChoice, RunOptions, RunSummary, TrainConfig};
 use crate::args::DeviceArg;
@@ -106,9 +106,21 @@ pub struct TrainArgs {
     /// Directory holding run directories.
     #[arg(long, default_value = "runs")]
     pub runs_dir: PathBuf,
-    /// Continue the runs from their checkpoints (same settings; losses continue exactly).
-    #[arg(long)]
+    /// Continue the runs from their checkpoints (losses continue exactly). The checkpoint's tensors and
+    /// metadata are verified (CRC32), and every setting that differs from the recorded run is listed;
+    /// those that change the run (data, model, attention, seed, batch, learning-rate schedule, steps,
+    /// optimizer) are refused unless --force-resume. A preset without a checkpoint starts from step 0.
+    #[arg(long, conflicts_with = "overwrite")]
     pub resume: bool,
+    /// With --resume: continue even with settings that change the run's meaning (the run's
+    /// config.json then records the new settings).
+    #[arg(long, requires = "resume")]
+    pub force_resume: bool,
+    /// Replace a run already in RUNS_DIR/NAME-PRESET: its run files (config.json, metrics.jsonl,
+    /// checkpoint, summary.json, loss.png) are removed first. Without it (or --resume) a used run
+    /// directory is refused.
+    #[arg(long)]
+    pub overwrite: bool,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -125,11 +137,19 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if let Some(n) = a.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("--threads")?;
     }
-    let corpus = load_corpus(&a)?;
+    // Every preset's configuration is checked before the first run starts (and before the data is read).
+    let configs = a.preset.iter().map(|p| train_config(&a, p).with_context(|| format!("--preset {p}"))).collect::<Result<Vec<_>>>()?;
     let name = a.name.clone().unwrap_or_else(|| if a.data.is_empty() { "sample".into() } else { "run".into() });
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        bail!("--name must be a plain name (no '/'), got {name:?}");
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = configs.iter().find(|c| !seen.insert(c.attention.clone())) {
+        bail!("--preset lists {} twice: both runs would share one run directory", dup.attention);
+    }
+    let corpus = load_corpus(&a)?;
     let mut summaries = Vec::new();
-    for preset in &a.preset {
-        let cfg = train_config(&a, preset)?;
+    for cfg in configs {
         let dir = a.runs_dir.join(format!("{name}-{}", cfg.attention));
         eprintln!("\n== {} → {}", cfg.attention, dir.display());
         let device = match a.device {
@@ -137,7 +157,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
             DeviceArg::Cpu => DeviceChoice::Cpu,
             DeviceArg::Cuda => DeviceChoice::Cuda,
         };
-        let opts = RunOptions { dir, resume: a.resume, progress: true, stop_after: None, device };
+        let opts = RunOptions { dir, resume: a.resume, overwrite: a.overwrite, force_resume: a.force_resume, progress: true, stop_after: None, device };
         let s = train(&cfg, &corpus, &opts)?;
         eprintln!("{}", summary_line(&s));
         summaries.push(s);
@@ -177,7 +197,7 @@ fn summary_line(s: &RunSummary) -> String {
     // Steady state: the median step after the first 3 (warm-up: kernel loading, product planning).
     let steady = s.steady_tokens_per_second.map_or(String::new(), |r| format!(", steady {r:.0}"));
     format!(
-        "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s{steady}, {:.1} model TFLOP/s{mfu}{memory}{energy}), final train loss {:.4}{val}",
+        "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s{steady}, {:.1} model TFLOP/s{mfu}{memory}{energy}), last step's train loss {:.4}{val}",
         s.attention,
         s.steps,
         s.tokens_seen,
@@ -189,6 +209,7 @@ fn summary_line(s: &RunSummary) -> String {
 }
 
 fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
+    sagebwd_train::backend::Attention::parse(preset.trim().to_ascii_lowercase().as_str())?;
     let mut model = ModelConfig::preset(&a.model)?;
     model.dim = a.dim.unwrap_or(model.dim);
     model.n_layers = a.layers.unwrap_or(model.n_layers);
@@ -263,13 +284,9 @@ fn read_inputs(paths: &[PathBuf], val_every: usize) -> Result<(Vec<u16>, Vec<u16
     let mut texts: Vec<&Path> = Vec::new();
     for p in paths {
         if p.is_dir() {
-            let (t, v) = find_shards(p)?;
-            for s in t {
-                train.extend(read_shard(&s)?);
-            }
-            for s in v {
-                val.extend(read_shard(&s)?);
-            }
+            let (t, v) = read_shard_dir(p)?;
+            train.extend(t);
+            val.extend(v);
         } else if p.extension().is_some_and(|e| e == "bin") {
             train.extend(read_shard(p)?);
         } else if p.exists() {

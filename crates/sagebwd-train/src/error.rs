@@ -21,6 +21,12 @@ pub enum Error {
     Plot(String),
     #[error("GPU: {0}")]
     Gpu(String),
+    #[error("output {path}: {msg}")]
+    Output { path: PathBuf, msg: String },
+    #[error("run directory {path}: {msg}")]
+    RunDir { path: PathBuf, msg: String },
+    #[error("interrupted by {signal} after step {step}; {saved}")]
+    Interrupted { signal: String, step: u64, saved: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -34,16 +34,33 @@ pub const COLORS: [RGBColor; 6] = [
 ];
 
 /// Draws every curve into `path` (`.png` or `.svg`).
+/// The chart is drawn into a temporary file renamed over `path` (see [`crate::output`]): a failed plot
+/// leaves an existing chart untouched, and a device node or directory at `path` is refused.
 pub fn plot_losses(curves: &[Curve], path: &Path, title: &str) -> Result<()> {
     register_font();
+    crate::output::resolve_target(path)?;
     let size = (1000, 600);
-    let is_svg = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-    let result = if is_svg {
-        draw(SVGBackend::new(path, size).into_drawing_area(), curves, title)
-    } else {
-        draw(BitMapBackend::new(path, size).into_drawing_area(), curves, title)
+    let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase());
+    let is_svg = match ext.as_deref() {
+        Some("svg") => true,
+        Some("png") => false,
+        other => {
+            return Err(Error::Plot(format!("{}: the chart's file name must end in .png or .svg (got {})", path.display(), other.map_or("no extension".into(), |e| format!(".{e}")))))
+        }
     };
-    result.map_err(|e| Error::Plot(format!("{}: {e}", path.display())))
+    let finite = curves.iter().flat_map(|c| &c.records).any(|r| r.loss.or(r.val_loss).is_some_and(f64::is_finite));
+    if !finite {
+        let names: Vec<&str> = curves.iter().map(|c| c.label.as_str()).collect();
+        return Err(Error::Plot(format!("{}: no finite losses to plot in the runs {}; the file was not written", path.display(), names.join(", "))));
+    }
+    crate::output::write_with(path, |tmp| {
+        let result = if is_svg {
+            draw(SVGBackend::new(tmp, size).into_drawing_area(), curves, title)
+        } else {
+            draw(BitMapBackend::new(tmp, size).into_drawing_area(), curves, title)
+        };
+        result.map_err(|e| Error::Plot(format!("{}: cannot draw the chart: {e}", path.display())))
+    })
 }
 
 type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;

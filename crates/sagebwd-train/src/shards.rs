@@ -26,12 +26,16 @@ pub fn write_shard(path: &Path, tokens: &[u16]) -> Result<()> {
         .map_err(|_| Error::Data(format!("{}: {} tokens do not fit one shard", path.display(), tokens.len())))?;
     header.iter().for_each(|h| buf.extend_from_slice(&h.to_le_bytes()));
     tokens.iter().for_each(|t| buf.extend_from_slice(&t.to_le_bytes()));
-    crate::checkpoint::write_atomically(path, &buf)
+    crate::output::write_file(path, &buf)
 }
 
 /// Reads a shard (llm.c header, or headerless `u16`).
 pub fn read_shard(path: &Path) -> Result<Vec<u16>> {
     let bytes = std::fs::read(path).map_err(io_err(path))?;
+    tokens_of(path, &bytes)
+}
+
+fn tokens_of(path: &Path, bytes: &[u8]) -> Result<Vec<u16>> {
     let bad = |msg: String| Error::Data(format!("{}: {msg}", path.display()));
     let has_header = bytes.len() >= HEADER_INTS * 4 && i32::from_le_bytes(bytes[0..4].try_into().unwrap()) == MAGIC;
     let body = if has_header {
@@ -46,7 +50,7 @@ pub fn read_shard(path: &Path) -> Result<Vec<u16>> {
         }
         body
     } else if bytes.len() % 2 == 0 {
-        &bytes[..]
+        bytes
     } else {
         return Err(bad("neither an llm.c shard nor a u16 token stream (odd size)".into()));
     };
@@ -65,6 +69,88 @@ pub fn find_shards(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
         return Err(Error::Data(format!("{}: no *train*.bin shards (write some with `sagebwd tokenize`)", dir.display())));
     }
     Ok((train, val))
+}
+
+/// The info files `sagebwd tokenize` writes into a shard directory.
+pub const INFO_FILES: [&str; 3] = ["info.json", "info-train.json", "info-val.json"];
+
+/// One shard as an info file lists it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ListedShard {
+    pub file: String,
+    pub tokens: usize,
+    pub bytes: u64,
+    pub crc32: String,
+}
+
+/// The entry of an info file's `shards` list for a shard just written.
+pub fn listed(path: &Path, tokens: usize) -> Result<ListedShard> {
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(ListedShard { file, tokens, bytes: bytes.len() as u64, crc32: format!("{:08x}", crc32fast::hash(&bytes)) })
+}
+
+/// The training and validation tokens of a shard directory, checked against its info files: every
+/// `*train*.bin` / `*val*.bin` must be listed in one, and every listed shard present with its size and
+/// CRC32. A directory with no info file (nanoGPT-style shards) is read as it is. Info files without a
+/// shard list (older tokenizations) are checked by their token counts.
+pub fn read_shard_dir(dir: &Path) -> Result<(Vec<u16>, Vec<u16>)> {
+    let (train, val) = find_shards(dir)?;
+    let bad = |msg: String| Error::Data(format!("{}: {msg}", dir.display()));
+    let mut listed: Vec<ListedShard> = Vec::new();
+    let mut counts: Vec<(String, &'static str, usize)> = Vec::new();
+    let mut any_info = false;
+    for name in INFO_FILES {
+        let path = dir.join(name);
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        any_info = true;
+        let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
+        match info.get("shards") {
+            Some(list) => listed.extend(
+                serde_json::from_value::<Vec<ListedShard>>(list.clone()).map_err(|e| Error::Data(format!("{}: bad shard list: {e}", path.display())))?,
+            ),
+            None => {
+                for split in ["train", "val"] {
+                    if let Some(n) = info[split]["tokens"].as_u64().filter(|&n| n > 0) {
+                        counts.push((name.to_string(), split, n as usize));
+                    }
+                }
+            }
+        }
+    }
+    let read_all = |paths: &[PathBuf]| -> Result<Vec<u16>> {
+        let mut out = Vec::new();
+        for p in paths {
+            let bytes = std::fs::read(p).map_err(io_err(p))?;
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if any_info && !listed.is_empty() {
+                let Some(l) = listed.iter().find(|l| l.file == name) else {
+                    return Err(bad(format!("shard {name} is not listed in the directory's info file: a stale shard of another tokenization? Tokenize again with --overwrite, or remove it")));
+                };
+                if l.bytes != bytes.len() as u64 {
+                    return Err(bad(format!("shard {name} holds {} bytes, its info file lists {}: the shard is damaged or from another tokenization", bytes.len(), l.bytes)));
+                }
+                if l.crc32 != format!("{:08x}", crc32fast::hash(&bytes)) {
+                    return Err(bad(format!("shard {name} does not match the CRC32 its info file lists: the shard is damaged or from another tokenization")));
+                }
+            }
+            out.extend(tokens_of(p, &bytes)?);
+        }
+        Ok(out)
+    };
+    let (t, v) = (read_all(&train)?, read_all(&val)?);
+    for l in &listed {
+        if !dir.join(&l.file).exists() {
+            return Err(bad(format!("shard {} listed in the info file is missing", l.file)));
+        }
+    }
+    for (info, split, n) in counts {
+        let got = if split == "train" { t.len() } else { v.len() };
+        if got != n {
+            return Err(bad(format!("{info} lists {n} {split} tokens but the {split} shards hold {got}: stale or missing shards? Tokenize again with --overwrite")));
+        }
+    }
+    Ok((t, v))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use crate::model::{Batch, Model, ParamLayout, Weights};
 use crate::optim::{AdamWConfig, Schedule};
 use crate::parallel::DataParallel;
 use crate::rng::Rng;
+use crate::rundir;
 use sagebwd_cuda::energy::Energy;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -79,6 +80,19 @@ impl TrainConfig {
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(Error::Config(format!("learning rate must be positive, got {}", self.lr)));
         }
+        if !(self.min_lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
+            return Err(Error::Config(format!("the final learning rate (--min-lr) must be between 0 and the peak --lr {}, got {}", self.lr, self.min_lr)));
+        }
+        let non_negative = [("weight decay (--wd)", self.adamw.weight_decay), ("gradient clip (--clip)", self.grad_clip)];
+        for (name, v) in non_negative {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(Error::Config(format!("{name} must be a finite number ≥ 0, got {v}")));
+            }
+        }
+        let a = &self.adamw;
+        if !((0.0..1.0).contains(&a.beta1) && (0.0..1.0).contains(&a.beta2) && a.eps.is_finite() && a.eps > 0.0) {
+            return Err(Error::Config(format!("AdamW needs 0 ≤ β1, β2 < 1 and ε > 0, got β1 {}, β2 {}, ε {}", a.beta1, a.beta2, a.eps)));
+        }
         Ok(())
     }
 }
@@ -95,7 +109,12 @@ pub struct Corpus {
 /// How to run: where, whether to resume, and what to show.
 pub struct RunOptions {
     pub dir: PathBuf,
+    /// Continue the run in `dir` from its checkpoint (a directory without one starts the run).
     pub resume: bool,
+    /// Replace a run already in `dir` (its run files are removed first; see [`crate::rundir`]).
+    pub overwrite: bool,
+    /// Resume even when settings that change the run's meaning differ from the recorded ones.
+    pub force_resume: bool,
     pub progress: bool,
     /// Stop (as if interrupted) once this many steps are done; for tests of `resume`.
     pub stop_after: Option<u64>,
@@ -220,22 +239,59 @@ struct State {
     elapsed: f64,
 }
 
+/// What identifies a run's data: token counts and CRC32s of both splits (recorded in every checkpoint,
+/// so `--resume` on other data is noticed).
+pub fn data_fingerprint(corpus: &Corpus) -> serde_json::Value {
+    let crc = |t: &[u16]| {
+        let mut h = crc32fast::Hasher::new();
+        for chunk in t.chunks(1 << 16) {
+            let bytes: Vec<u8> = chunk.iter().flat_map(|x| x.to_le_bytes()).collect();
+            h.update(&bytes);
+        }
+        format!("{:08x}", h.finalize())
+    };
+    serde_json::json!({
+        "train_tokens": corpus.train.len(),
+        "train_crc32": crc(&corpus.train),
+        "val_tokens": corpus.val.len(),
+        "val_crc32": crc(&corpus.val),
+    })
+}
+
 /// Trains `cfg` on `corpus` in `opts.dir`.
 pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<RunSummary> {
     cfg.validate()?;
-    std::fs::create_dir_all(&opts.dir).map_err(io_err(&opts.dir))?;
+    let ckpt_path = opts.dir.join(checkpoint::FILE_NAME);
+    // A resume into a directory without a checkpoint starts the run (a preset of a list that had not
+    // started, or a run stopped before its first checkpoint: nothing of it can be continued).
+    let resuming = opts.resume && ckpt_path.exists();
+    let claim = match (resuming, opts.resume, opts.overwrite) {
+        (true, _, _) => rundir::Claim::Resume,
+        (false, true, _) | (false, false, true) => rundir::Claim::Overwrite,
+        _ => rundir::Claim::New,
+    };
+    if opts.resume && !resuming && opts.progress {
+        eprintln!("note: {} holds no checkpoint: the run starts at step 0", opts.dir.display());
+    }
+    let _lock = rundir::claim(&opts.dir, claim)?;
     let layout = ParamLayout::new(&cfg.model);
     let weights = Weights::init(&cfg.model, &mut Rng::new(cfg.seed));
     let mut engine = make_engine(cfg, weights, opts.device, opts.progress)?;
     let mut loader = Loader::new(corpus.train.clone(), cfg.seq_len, cfg.sequences_per_micro_step(), cfg.seed)?;
-    let ckpt_path = opts.dir.join(checkpoint::FILE_NAME);
+    let data = data_fingerprint(corpus);
     let mut state = State { step: 0, tokens_seen: 0, elapsed: 0.0 };
-    if opts.resume {
-        state = restore(&ckpt_path, cfg, engine.as_mut(), &mut loader)?;
+    // The checkpoint this run wrote (or resumed from) and verified: the only one a divergence message names.
+    let mut last_good: Option<PathBuf> = None;
+    let log = if resuming {
+        state = restore(&ckpt_path, cfg, &data, opts.force_resume, engine.as_mut(), &mut loader)?;
+        last_good = Some(ckpt_path.clone());
+        write_config(&opts.dir, cfg)?;
+        MetricsLog::resume(&opts.dir, state.step + 1)?.0
     } else {
         write_config(&opts.dir, cfg)?;
-    }
-    let log = MetricsLog::open(&opts.dir, state.step + 1)?;
+        MetricsLog::create(&opts.dir)?
+    };
+    let signals = crate::signals::Guard::install();
     // A resumed run that has nothing left to do still reports its last losses.
     let kept = crate::metrics::read_records(&opts.dir)?;
     let mut last_loss = kept.iter().rev().find_map(|r| r.loss).unwrap_or(f64::NAN);
@@ -260,7 +316,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         let t0 = Instant::now();
         let lr = schedule.lr(state.step);
         let (loss, norm) = step(cfg, engine.as_mut(), &mut loader, lr)
-            .map_err(|e| diverged(e, state.step + 1, &ckpt_path))?;
+            .map_err(|e| diverged(e, state.step + 1, last_good.as_deref()))?;
         state.step += 1;
         state.tokens_seen += cfg.tokens_per_step() as u64;
         step_secs.push(t0.elapsed().as_secs_f64());
@@ -279,7 +335,8 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         })?;
         let done = state.step == cfg.steps;
         let eval_now = !val.is_empty() && (state.step % cfg.eval_every.max(1) == 0 || done);
-        let save_now = state.step % cfg.checkpoint_every.max(1) == 0 || done || Some(state.step) == opts.stop_after;
+        let interrupted = signals.received();
+        let save_now = state.step % cfg.checkpoint_every.max(1) == 0 || done || Some(state.step) == opts.stop_after || interrupted.is_some();
         // The counter is read only around evaluations and checkpoints (the session's last step has both or a
         // checkpoint), never between two steps: an NVML read there would keep the GPU waiting.
         let before_extra = if eval_now || save_now { read_energy(engine.as_ref()) } else { None };
@@ -297,7 +354,10 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
             })?;
         }
         if save_now {
-            save(&ckpt_path, cfg, engine.as_ref(), &loader, &state)?;
+            save(&ckpt_path, cfg, &data, engine.as_ref(), &loader, &state)?;
+            // Read back and verified: only then is it the last good checkpoint.
+            checkpoint::load(&ckpt_path, &Weights::zeros(&cfg.model))?;
+            last_good = Some(ckpt_path.clone());
         }
         if eval_now || save_now {
             energy.pause(before_extra, read_energy(engine.as_ref()));
@@ -306,6 +366,14 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         let rate = (state.tokens_seen - session_start.1) as f64 / (state.elapsed - session_start.0).max(1e-9);
         bar.set_message(format!("loss {loss:.3} | {rate:.0} tok/s{}", last_val.map_or(String::new(), |(v, _)| format!(" | val {v:.3}"))));
         bar.set_position(state.step);
+        if let Some(signal) = interrupted {
+            bar.finish_and_clear();
+            return Err(Error::Interrupted {
+                signal: signal.into(),
+                step: state.step,
+                saved: format!("checkpoint written to {}; continue with --resume", ckpt_path.display()),
+            });
+        }
     }
     bar.finish_and_clear();
     let session_tokens = state.tokens_seen - session_start.1;
@@ -339,7 +407,7 @@ pub const SUMMARY_FILE: &str = "summary.json";
 
 fn write_summary(dir: &Path, s: &RunSummary) -> Result<()> {
     let text = serde_json::to_string_pretty(s).map_err(|e| Error::Data(format!("run summary: {e}")))?;
-    checkpoint::write_atomically(&dir.join(SUMMARY_FILE), text.as_bytes())
+    crate::output::write_file(&dir.join(SUMMARY_FILE), text.as_bytes())
 }
 
 /// Reads a run directory's `summary.json` (absent for runs from before it existed, or still running).
@@ -462,15 +530,14 @@ fn step(cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut Loader, lr: f32
 
 /// Turns a failure inside a step into the divergence message (non-finite values anywhere in the
 /// step mean the run diverged); other errors pass through.
-fn diverged(e: Error, step: u64, ckpt: &Path) -> Error {
+fn diverged(e: Error, step: u64, last_good: Option<&Path>) -> Error {
     let non_finite = matches!(&e, Error::Diverged(_) | Error::Attention(sagebwd::Error::NonFinite { .. }));
     if !non_finite {
         return e;
     }
-    let kept = if ckpt.exists() {
-        format!("the last good checkpoint is kept at {}", ckpt.display())
-    } else {
-        "no checkpoint had been written yet".to_string()
+    let kept = match last_good {
+        Some(ckpt) => format!("the last good checkpoint is kept at {}", ckpt.display()),
+        None => "this run had written no checkpoint yet".to_string(),
     };
     Error::Diverged(format!(
         "training diverged at step {step} (NaN/Inf: {e}); stopped without updating the weights; {kept}. Try a lower --lr, QK-norm, or fewer tokens per step"
@@ -490,10 +557,11 @@ pub fn evaluate(engine: &mut dyn Engine, val: &[(Vec<u32>, Vec<u32>, usize)], to
     Ok((loss, bits_per_byte(loss, tokens, bytes)))
 }
 
-fn save(path: &Path, cfg: &TrainConfig, engine: &dyn Engine, loader: &Loader, s: &State) -> Result<()> {
+fn save(path: &Path, cfg: &TrainConfig, data: &serde_json::Value, engine: &dyn Engine, loader: &Loader, s: &State) -> Result<()> {
     let st = engine.export()?;
     let meta = serde_json::json!({
         "config": cfg,
+        "data": data,
         "step": s.step,
         "adam_t": st.adam_t,
         "tokens_seen": s.tokens_seen,
@@ -506,13 +574,64 @@ fn save(path: &Path, cfg: &TrainConfig, engine: &dyn Engine, loader: &Loader, s:
     checkpoint::save(path, &st.weights, &st.adam_m, &st.adam_v, &meta)
 }
 
-fn restore(path: &Path, cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut Loader) -> Result<State> {
+/// Settings that may change on `--resume`: the evaluation and checkpoint cadence do not change what the
+/// run computes, and `steps` extends (or shortens) the run, which is what resuming with a new step
+/// count is for; the cosine decay then spans the new total from the next step on (said in the note).
+const FREE_ON_RESUME: [&str; 4] = ["eval_every", "eval_tokens", "checkpoint_every", "steps"];
+
+/// Every leaf where `a` and `b` differ, as `(dotted.path, a, b)`.
+fn json_diff(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<(String, String, String)>) {
+    match (a, b) {
+        (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let null = serde_json::Value::Null;
+                let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                json_diff(&p, x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), out);
+            }
+        }
+        _ if a != b => out.push((prefix.to_string(), a.to_string(), b.to_string())),
+        _ => {}
+    }
+}
+
+/// Compares the recorded configuration and data with this invocation's: prints every difference, and
+/// refuses those that change the run's meaning (anything but [`FREE_ON_RESUME`]) unless `force`.
+fn check_resume_settings(path: &Path, saved: &serde_json::Value, now: &serde_json::Value, force: bool) -> Result<()> {
+    let mut diffs = Vec::new();
+    json_diff("", saved, now, &mut diffs);
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    let free = |name: &str| FREE_ON_RESUME.iter().any(|f| name == format!("config.{f}"));
+    let list = diffs.iter().map(|(n, a, b)| format!("{n}: {a} → {b}")).collect::<Vec<_>>().join("; ");
+    let binding: Vec<&str> = diffs.iter().filter(|d| !free(&d.0)).map(|d| d.0.as_str()).collect();
+    if binding.is_empty() || force {
+        let stretched = if diffs.iter().any(|d| d.0 == "config.steps") { " (the learning-rate decay now spans the new step count)" } else { "" };
+        eprintln!("note: resuming with settings that differ from the recorded ones: {list}{stretched}");
+        return Ok(());
+    }
+    Err(Error::Checkpoint {
+        path: path.into(),
+        msg: format!(
+            "--resume with settings that change the run ({}): {list}. Resume with the recorded settings, or pass --force-resume to continue with the new ones",
+            binding.join(", ")
+        ),
+    })
+}
+
+fn restore(path: &Path, cfg: &TrainConfig, data: &serde_json::Value, force: bool, engine: &mut dyn Engine, loader: &mut Loader) -> Result<State> {
     let ck = checkpoint::load(path, &Weights::zeros(&cfg.model))?;
     let err = |msg: String| Error::Checkpoint { path: path.into(), msg };
     let saved: TrainConfig = serde_json::from_value(ck.meta["config"].clone()).map_err(|e| err(format!("bad config: {e}")))?;
-    if saved.model != cfg.model || saved.attention != cfg.attention || saved.tokens_per_step() != cfg.tokens_per_step() {
-        return Err(err("the run was started with another model, attention or tokens per step; resume with the same settings".into()));
+    if saved.model != cfg.model {
+        return Err(err("the run was started with another model; resume with the same model settings".into()));
     }
+    let recorded = serde_json::json!({ "config": saved, "data": ck.meta["data"] });
+    let now = serde_json::json!({ "config": cfg, "data": data });
+    check_resume_settings(path, &recorded, &now, force)?;
     let field = |name: &str| ck.meta[name].as_u64().ok_or_else(|| err(format!("metadata `{name}` is missing")));
     let loader_state: LoaderState = serde_json::from_value(ck.meta["loader"].clone()).map_err(|e| err(format!("bad loader state: {e}")))?;
     engine.import(EngineState { weights: ck.weights, adam_m: ck.adam_m, adam_v: ck.adam_v, adam_t: field("adam_t")? })?;
@@ -521,9 +640,8 @@ fn restore(path: &Path, cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut
 }
 
 fn write_config(dir: &Path, cfg: &TrainConfig) -> Result<()> {
-    let path = dir.join("config.json");
     let text = serde_json::to_string_pretty(cfg).expect("config serializes");
-    std::fs::write(&path, text).map_err(io_err(&path))
+    crate::output::write_file(&dir.join("config.json"), text.as_bytes())
 }
 
 /// Reads a run directory's `config.json`.

@@ -52,7 +52,7 @@ fn corpus() -> Corpus {
 }
 
 fn opts(dir: &Path) -> RunOptions {
-    RunOptions { dir: dir.to_path_buf(), resume: false, progress: false, stop_after: None, device: DeviceChoice::Cpu }
+    RunOptions { dir: dir.to_path_buf(), resume: false, overwrite: false, force_resume: false, progress: false, stop_after: None, device: DeviceChoice::Cpu }
 }
 
 fn train_losses(records: &[Record]) -> Vec<f64> {
@@ -129,7 +129,7 @@ fn empty_validation_split_and_too_little_data_are_handled() {
     let s = train(&config("exact", 2), &c, &opts(dir.path())).unwrap();
     assert!(s.final_val_loss.is_none());
     c.train.truncate(10);
-    let e = train(&config("exact", 2), &c, &opts(dir.path())).unwrap_err().to_string();
+    let e = train(&config("exact", 2), &c, &RunOptions { overwrite: true, ..opts(dir.path()) }).unwrap_err().to_string();
     assert!(e.contains("needs at least 33"), "{e}");
 }
 

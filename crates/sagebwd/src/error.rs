@@ -17,6 +17,9 @@ pub enum Error {
     /// NaN or Inf found in an input tensor (checked mode).
     #[error("non-finite value in input `{tensor}` at flat index {index} (value {value})")]
     NonFinite { tensor: String, index: usize, value: f32 },
+    /// A finite input value the method cannot represent (see `inputs::check_magnitudes`).
+    #[error("input `{tensor}` at flat index {index} (value {value:e}): {bound}")]
+    OutOfRange { tensor: String, index: usize, value: f32, bound: String },
     /// Reading or writing a file failed.
     #[error("{path}: {message}")]
     File { path: PathBuf, message: String },

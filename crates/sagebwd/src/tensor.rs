@@ -91,7 +91,8 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// Checks the shape, the tensor lengths, and that every value is finite.
+    /// Checks the shape, the tensor lengths, that every value is finite, and that the magnitudes are
+    /// ones the method represents (`inputs::check_magnitudes`).
     pub fn validate(&self) -> Result<()> {
         self.shape.validate()?;
         let s = &self.shape;
@@ -112,7 +113,7 @@ impl Inputs {
             }
             check_finite(name, t)?;
         }
-        Ok(())
+        crate::inputs::check_magnitudes(self)
     }
 
     /// Rounds every input to BF16 (the precision the GPU kernels take them in).

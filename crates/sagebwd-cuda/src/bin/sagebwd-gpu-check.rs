@@ -354,6 +354,59 @@ fn error_paths(gpu: &Gpu, out: &mut String) -> bool {
     ok
 }
 
+/// Extreme magnitudes on the kernels: Q, K, V, dO scaled from 1e-30 to 1e20 (and single extreme values)
+/// on both paths: each run gives the `OutOfRange` error naming a tensor (the bounds of
+/// `sagebwd::inputs::check_magnitudes`) or finite O, LSE, dQ, dK, dV; accepted runs must match the CPU
+/// simulator (relative L2 ≤ 2^-6 where the simulator's values are above f32's underflow).
+fn extreme_inputs(gpu: &Gpu, out: &mut String) -> bool {
+    let mut ok = true;
+    let _ = writeln!(out, "\n## extreme inputs\n");
+    let base = random(shape(1, 2, 1, 128, 192, 64), true, 1.0, 5, true);
+    let scaled = |sq: f32, sk: f32, sv: f32, sdo: f32| {
+        let mut x = base.clone();
+        x.q.iter_mut().for_each(|v| *v *= sq);
+        x.k.iter_mut().for_each(|v| *v *= sk);
+        x.v.iter_mut().for_each(|v| *v *= sv);
+        x.d_o.iter_mut().flatten().for_each(|v| *v *= sdo);
+        x.round_to_bf16();
+        x
+    };
+    let mut cases: Vec<(String, Inputs)> = Vec::new();
+    for e in [-30, -20, -12, -6, 0, 1, 2, 3, 4, 6, 12, 20] {
+        let s = 10f32.powi(e);
+        cases.push((format!("q,k x 1e{e}"), scaled(s, s, 1.0, 1.0)));
+        cases.push((format!("v,do x 1e{e}"), scaled(1.0, 1.0, s, s)));
+    }
+    let mut one = base.clone();
+    one.q[300] = 1e11;
+    cases.push(("one q value 1e11".into(), one));
+    let mut tiny = base.clone();
+    tiny.k[3] = 1e-38;
+    cases.push(("one k value 1e-38".into(), tiny));
+    for (path, tc) in paths(gpu.mma_selftest().is_ok()) {
+        gpu.set_tensor_cores(tc);
+        for (what, inp) in &cases {
+            for cfg in [Config::fpa(), Config::sagebwd(), Config::int8_all()] {
+                let (good, msg) = match (gpu.run(inp, &cfg), simulate(inp, &cfg, false)) {
+                    (Err(Error::OutOfRange { tensor, .. }), Err(Error::OutOfRange { .. })) => (true, format!("rejected (`{tensor}`)")),
+                    (Ok(g), Ok(s)) => {
+                        let (gg, sg) = (g.grads.as_ref().unwrap(), s.grads.as_ref().unwrap());
+                        let pairs = [("o", &g.fwd.o, &s.fwd.o), ("lse", &g.fwd.lse, &s.fwd.lse), ("dq", &gg.dq, &sg.dq), ("dk", &gg.dk, &sg.dk), ("dv", &gg.dv, &sg.dv)];
+                        let finite = pairs.iter().all(|(_, x, _)| x.iter().all(|v| v.is_finite()));
+                        let worst = pairs.iter().filter(|(_, _, r)| r.iter().any(|v| v.abs() > 1e-30)).map(|(_, x, r)| rel(x, r)).fold(0.0, f64::max);
+                        (finite && worst <= 1.0 / 64.0, format!("finite {finite}, worst rel L2 against the simulator {worst:.2e}"))
+                    }
+                    (g, s) => (false, format!("GPU {:?} but simulator {:?}", g.err().map(|e| e.to_string()), s.err().map(|e| e.to_string()))),
+                };
+                ok &= good;
+                let _ = writeln!(out, "- {path} {} {what}: {} — {msg}", cfg.label(), if good { "ok" } else { "FAIL" });
+            }
+        }
+    }
+    gpu.set_tensor_cores(false);
+    ok
+}
+
 /// Wall time of the stages on device-resident inputs (median of 5 after a warm-up), as TOPS with
 /// the FlashAttention FLOP convention (forward 4·B·H·N²·d, backward 2.5×). A yardstick for the
 /// scalar correctness-first kernels, not a tuned number.
@@ -473,7 +526,7 @@ fn main() {
     let mut out = String::new();
     let ok_sweep = if quick { true } else { sigma_sweep(&gpu, 4096, mma_ok, &mut out) };
     gpu.set_tensor_cores(false);
-    let ok_err = error_paths(&gpu, &mut out);
+    let ok_err = error_paths(&gpu, &mut out) & extreme_inputs(&gpu, &mut out);
     if !quick {
         bench(&gpu, mma_ok, &mut out);
     }
