@@ -211,7 +211,7 @@ pub struct RunSummary {
     #[serde(default)]
     pub steady_tokens_per_second: Option<f64>,
     /// Board energy per token over the same steps (J), where the engine reads its GPUs' energy
-    /// counters (NVML): at the power cap a step's time follows its energy (docs/RESULTS.md, session 18).
+    /// counters (NVML): at the power cap a step's time follows its energy (docs/TRAINING.md).
     #[serde(default)]
     pub steady_joules_per_token: Option<f64>,
     /// Mean board power over those steps (W, summed over GPUs).
