@@ -1,0 +1,205 @@
+#if PIPE14_LOOP
+// ---- pipe14b: the pipelined sage path (d = 64, sm_90a) as its own types, with its own entries ----------
+// StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT> = StagedSage with the pipelined loop (staged_query_loop below) and its
+// layout: three query-block stages, two amax scratches and, with BULK, two dQ staging tiles (64 rows ×
+// (d FP32 + 32 bytes; the rows are used unpadded, the 32 bytes are pipe14b's padded variant's, kept so that
+// the measured kernel is the committed one)). Options, measured in pipe14b's call (docs/RESULTS-gpu.md):
+// - BULK: the loop writes a landed dQ tile to a staging tile (the same FP32 values sage10_add_dq adds) and,
+//   after the next tile's barrier, warp w adds rows 8w..8w + 7 to the accumulator by one bulk reduce
+//   (cp.reduce.async.bulk .add.f32, 2 KB), instead of 8 red.global.add.v2.f32 per thread;
+// - ROWS8: the row constants of block qb + 2 loaded and stored by lanes 0..7 of every warp (8 rows each)
+//   instead of threads 0..63;
+// - F: dPᵀ of block qb + 1 also issued at the end of tile qb (pipe14's variant F: P after both products).
+// - ROT (bulk15): with BULK, the staging stores in a per-row order that makes them conflict-free
+//   (sage14_stage_dq_rot: same values, same addresses; the tile stays row-major, so each warp's 8 rows
+//   stay one 2 KB bulk source).
+// KIND only tells the two instances apart. StagedSage14 runs sage_bwd_main_mma_sage (plain grid):
+// bulk15: BULK and ROT, without ROWS8 and F (NOT RUN ON A GPU when written: pipe14b measured none of
+// the options there, as with BULK + ROWS8 it was 0.5–2 % slower and ROWS8 alone +8 %; bulk alone
+// removes the 16 REDG and their wait without ROWS8's ~25 divergent instructions in all 8 warps);
+// StagedSage14P runs sage_bwd_main_persist_sage: BULK, ROWS8, F, unrotated (−2.1 % at the training
+// shape N 1024). sage_bwd_main_mma keeps StagedSage with the generic loop (= main 37e5e90's code for every path it runs).
+// The staging rows are reserved 4d + 32 bytes either way (pipe14b's padded variant; the host allocates
+// both kernels the same shared memory), the stores use the first 4d.
+// - SPLIT (bwd16): the query loop as two loops, the tiles that may need the causal / n_k mask first, then
+//   the rest without any mask code (sage14_query_loop): ptxas had put 32 register moves of P and the mask
+//   test into every tile for the mask branch. Measured (bwd16's call, docs/RESULTS-gpu.md): sagebwd backward
+//   −3.2 % at the training shape N 4096 (plain grid). Plain grid only: in the persistent kernel (252
+//   registers) the second copy of the loop body makes ptxas spill (255 registers + 8 bytes of stack).
+#ifndef SAGE14_PLAIN_OPTS
+#define SAGE14_PLAIN_OPTS true, false, false, true, true
+#endif
+#ifndef SAGE14_PERSIST_OPTS
+#define SAGE14_PERSIST_OPTS true, true, true, false, false
+#endif
+// - ATOMIC_AMAX (bwd17; the plain grid's kernels, KIND 0 and 2, only): the tile amax of P and dS by one
+//   red.shared.max.u32 per value per warp into a 2-float slot, then one 8-byte load after the barrier (bwd17_block_max2),
+//   instead of 8 partials per value stored, read back as 4 LDS.128 and combined by 14 FMNMX after it. Measured (bwd17's
+//   call, docs/RESULTS-gpu.md): sagebwd backward −1.0 % at the training shape N 4096; verified (170/170, plain grid --quick).
+//   (bwd17's ROWS4, the row constants interleaved for 8 LDS.128 instead of 16 LDS.64, measured +1.7 % alone and +0.3 %
+//   on top of this: removed, kept on branch bwd17.)
+// - TMA_DQ (bwd18; KIND 2 = StagedSage14Q, kernel sage_bwd_main_mma_sage_q, the default at d = 64 since session 17's
+//   final call: backward −4.1 % at the training shape N 4k and 8k; SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs restores
+//   KIND 0's bulk reduces): StagedSage14's tile with fpab15's dQ staging at d = 64: each warp
+//   stores its own landed dQ fragment (16 rows × 32 FP32) into its 2 KB box in the 128-byte swizzle (conflict-free
+//   without bulk15's 32 selects), and after the next tile's barrier (b), where the base issues its row bulk reduces,
+//   the tile's boxes go out as tensor reduces (bwd18_tma_stage_dq, sb21_tma_reduce_dq). Boxes double-buffered
+//   like the staging tiles; the bulk wait_read before (b) and the proxy fence before it cover them as before.
+template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
+struct StagedSage14T : StagedSage {
+    static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT, SPLIT_MASK = SPLIT;
+    static constexpr bool ATOMIC_AMAX = KIND != 1;
+    static constexpr bool TMA_DQ = KIND == 2 && BULK;
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
+};
+typedef StagedSage14T<0, SAGE14_PLAIN_OPTS> StagedSage14;
+typedef StagedSage14T<1, SAGE14_PERSIST_OPTS> StagedSage14P;
+typedef StagedSage14T<2, SAGE14_PLAIN_OPTS> StagedSage14Q;
+template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
+struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT>> : QueryStager<StagedSage> {
+    __device__ __forceinline__ QueryStager(const BackwardParams& p, int bh) : QueryStager<StagedSage>(p, bh) {}
+};
+#endif
+
+#if SB128_LOOP
+// ---- sb128: the INT8 path at d = 128 (sm_90a) as its own type, with its own query loop -----------------
+// StagedSage128 = StagedSage (two query-block stages, the same tile: dQ of block qb − 1 issued before Sᵀ, dPᵀ)
+// with its own query loop (sb16_query_loop, below sage14's helpers). Each item was measured against the form before it
+// (docs/RESULTS-gpu.md, sessions 14–20); the other forms are in the history before session 21.
+// - Bulk dQ (sb128): the landed dQ of block qb − 1 (the values sage10_add_dq adds, fl(float(acc)·scale)) goes to a
+//   staging tile [64][d] FP32 instead of 16 red.global.add.v2.f32 per thread, and warp w adds rows 8w..8w + 7 (4 KB)
+//   to the accumulator by one bulk reduce (pipe14b's sage14_bulk_dq), in bulk15's permuted order (sage14_stage_dq_rot:
+//   2 shared wavefronts per STS.64 instead of 8). The per-thread reductions had waited for the LSU (prof15: long
+//   scoreboard 7.0 %, LG throttle 2.8 %); without the bulk form +4 % at N 4096, without the order +4.6 to +11.6 %.
+//   Since sb26 the permuted order is kept in the accumulator (SAGE_DQ_ACC_ROT, common.cuh; the postprocess reads it
+//   back in order) instead of undone by 64 FSEL per thread and tile (2.1 of ~37 instructions per score, ncu).
+// - Raw row constants: those of block qb + 1 loaded raw (lse2, offset, D) early and subtracted when stored at the
+//   end of the tile (pipe14's (3)), so that no warp waits for global loads inside the tile.
+// - Scales ahead: s_Q, s_dO of block qb + 1 loaded in tile qb and s_K once per item (the scale loads had sat behind
+//   the stage's copies in the LSU queue: 3.8 %).
+// - One I2FP per float(acc) in the dV, dK, dQ dequantizations (exact, |acc| < 2^22) instead of i2f_exact's VIADD +
+//   FADD: 160 instructions fewer per thread per tile (+4 % at N 4096 without it).
+// - Pipelined (sb16): Sᵀ of block qb + 1 issued at the end of tile qb, one block barrier per tile (the amax barrier
+//   (b)), and each stage split by lifetime: its Sᵀ/dPᵀ operands (Q̂, dO: part A, free once every warp has waited for
+//   dPᵀ, i.e. at (b)) and its dV/dK operands (dÔᵀ, Q̂ᵀ: part B, free at the next (b)). After (b) of tile qb, A of
+//   block qb + 2 goes to the A part of stage qb mod 2 and B of block qb + 1 to the B part of stage (qb + 1) mod 2, so
+//   block j's operands still sit in stage j mod 2 and the two stages (80 KB) suffice where pipe14 needed three.
+// - P̂, then dV's first two chunks issued, then dŜ quantized and stored while they run (sb20): d 128 backward −0.3 to
+//   −1.4 % at every sweep shape (call21b). The same order at d = 64 was +1.1 to +2.5 % slower, so pipe14's loop keeps
+//   quantize_tile. Moving also the work after (b) that no product waits for (the next blocks' copies, the row loads,
+//   the bulk dQ of qb − 2) behind those chunks made ptxas spill (4 STL, 5 LDL) and cost +4.7 to +8.1 % (call21c).
+// The same products and FP32 operations as StagedSage, in the same order (only the unordered FP32 additions of dQ
+// into the accumulator happen in another order, as pipe14b's bulk dQ). Shared memory: StagedSage's layout, a second
+// amax scratch and two 32 KB staging tiles. Measured (sb128's call; verified 152/152): backward at d = 128 −4.5 to
+// −9.1 % at N 1024 / 4096, −13 % at N 16384; sb16 and sb20 on top of it.
+// Which thread issues the TMA copies (SB20_TMA_THREAD) and which 64 threads load and store the row constants
+// (SB20_ROW_BASE .. + 63) in sb16's loop: both duties on warpgroup 1 (warps 4 and 5). Measured (call21g, the d 128
+// sweep shapes, three rounds, against both on warpgroup 0, i.e. thread 0 and threads 0..63): −0.2 to −1.2 % at every
+// shape; split between the warpgroups (the copies on 1 and the rows on 0, or the reverse) +4.5 % and +3.6 %: the
+// warpgroup that carries an extra duty reaches the tile's barrier and its wgmma issues late, and one late warpgroup
+// costs less than two.
+#ifndef SB20_TMA_THREAD
+#define SB20_TMA_THREAD 128
+#endif
+#ifndef SB20_ROW_BASE
+#define SB20_ROW_BASE 128
+#endif
+struct StagedSage128 : StagedSage {
+    static constexpr bool BULK_DQ = true;
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 2, BLOCK_Q * HEAD_DIM * 4> Layout128;
+    // With a second amax scratch before the dQ staging tiles (one barrier per tile).
+    struct Layout : Layout128 {
+        static constexpr int dqst0 = Layout128::red + 2 * Layout128::red_bytes;
+        static constexpr int bytes = dqst0 + 2 * Layout128::dqst_bytes + ALIGN_SLACK;
+    };
+
+    // StagedSage::stage_query_block in two parts, copied at different times by sb16's loop: A = Q̂, dO (Sᵀ's and
+    // dPᵀ's B operands), B = dÔᵀ, Q̂ᵀ (the key products'). (Not shared with stage_query_block: written as two
+    // calls there, ptxas scheduled the d = 64 and d = 128 kernels differently.)
+    static __device__ __forceinline__ void stage_query_a(const BackwardParams& p, u32 st, int bh, int qb) {
+        const Dims& d = p.dims;
+        const int row0 = qb * BLOCK_Q;
+        const i8* q_hat = p.op.q_hat + ((long)bh * d.n_q + row0) * HEAD_DIM;
+        stage_rows_at<BLOCK_Q, HEAD_DIM / 16>(st, q_hat, HEAD_DIM, d.n_q - row0, WgKmajor<BLOCK_Q, HEAD_DIM, true>());
+        stage_rows_at<BLOCK_Q, HEAD_DIM / 8>(st + d_o, p.d_o + ((long)bh * d.n_q + row0) * HEAD_DIM, BF_ROW, d.n_q - row0,
+                                             WgKmajor<BLOCK_Q, BF_ROW, true>());
+    }
+    static __device__ __forceinline__ void stage_query_b(const BackwardParams& p, u32 st, int bh, int qb) {
+        const Dims& d = p.dims;
+        const long t_off = (long)bh * HEAD_DIM * d.n_qpad + qb * BLOCK_Q;
+        stage_rows_at<HEAD_DIM, BLOCK_Q / 16>(st + dot, p.tr.do_hat_t + t_off, d.n_qpad, HEAD_DIM,
+                                              WgKmajor<HEAD_DIM, BLOCK_Q, false>());
+        stage_rows_at<HEAD_DIM, BLOCK_Q / 16>(st + qt, p.tr.q_hat_t + t_off, d.n_qpad, HEAD_DIM,
+                                              WgKmajor<HEAD_DIM, BLOCK_Q, false>());
+    }
+
+    // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (one I2FP per value), each row's
+    // chunks in the accumulator's order (SAGE_DQ_ACC_ROT, sb26).
+    static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
+        sage14_stage_dq_rot<true, false, false>((u32)__cvta_generic_to_shared(tile), acc, scale);
+    }
+
+    // StagedSage::dq (the item's last dQ tile, after the loop) with one I2FP per value, to the accumulator's order.
+    static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
+        StagedSage::dq<true, true>(p, smem, ds_tile, scale, bh, qb);
+    }
+    static constexpr bool TMA_STAGE = false;
+};
+// ---- sb20: sb16's in-loop stage copies by TMA (d = 128, plain grid: sage_bwd_main_mma_sage_t) ----------------------
+// sb16's profile (RESULTS-gpu.md): after barrier (b) every thread rebuilt the swizzled destinations and guarded sources
+// of its 10 cp.async chunks (~110 instructions per thread per tile, 3 spilled values reloaded), on the stretch between
+// (b) and the first dV/dK chunk where the tensor pipe has only dQ(qb − 1) to run. Here one thread (SB20_TMA_THREAD)
+// issues the same bytes as 5 TMA boxes completing on one mbarrier, waited for where the cp.async wait was (before the
+// next tile's (b)).
+// The four maps (src/backward.rs `sage128_stage_maps`) sit in front of BackwardParams in the kernel's one parameter:
+//   0: Q̂ [rows·n_q][d] INT8 as 5-D {d, e: 2, b: 4, c: 2, a}, strides {1, 4, 2, 16} rows, box {d, 2, 4, 2, 4}: query
+//      row 16a + 4b + 2c + e lands in tile row 16a + 8c + 2b + e, which is permuted_qrow's order; the 128-byte
+//      swizzle is WgKmajor's;
+//   1: dO [rows·n_q][d] BF16, the same view, box {64, 2, 4, 2, 4}: two boxes, WgKmajor's two atom columns;
+//   2, 3: dÔᵀ, Q̂ᵀ [rows][d][n_qpad] INT8 as 3-D {n_qpad, d, rows}, box {64, d, 1}, 64-byte swizzle.
+// The host takes it only when n_q % 64 == 0: the rows of consecutive heads are then whole 16-row groups and no query
+// block is ragged (the cp.async copies zero-fill rows past n_q; here no such row exists).
+// At d = 64 the same copies on bwd18's TMA-dQ kernel measured +2.3 to +5.6 % (call21e, verified 182/182): there the
+// per-thread cp.async copies were already cheap (QueryStager's precomputed parts), the TMA form added 18 instructions
+// to the loop, and the issuing warp delays its warpgroup on a shorter tile. Not used.
+struct __align__(64) StageMapsParam {
+    unsigned long long w[4][16];
+};
+struct BwdParamsStageMaps {
+    StageMapsParam maps;
+    BackwardParams p;
+};
+static_assert(sizeof(StageMapsParam) == 512 && sizeof(BwdParamsStageMaps) == 832, "BwdParamsStageMaps layout: src/backward.rs");
+struct StagedSage128T : StagedSage128 {
+    static constexpr bool TMA_STAGE = true;
+    static constexpr u32 A_BYTES = 3 * BF_QT, B_BYTES = 2 * BF_QT;  // Q̂ + dO, dÔᵀ + Q̂ᵀ
+
+    static __device__ __forceinline__ const unsigned long long* maps(const BackwardParams& p) {
+        return ((const StageMapsParam*)((const char*)&p - sizeof(StageMapsParam)))->w[0];
+    }
+    // The issuing thread (SB20_TMA_THREAD), once per CTA before a block barrier: the mbarrier (one arrival, its own,
+    // with the bytes).
+    static __device__ __forceinline__ void init(const BackwardParams& p, u32 bar) {
+        mbar_init(bar, 1);
+        fence_mbar_init();
+#pragma unroll
+        for (int m = 0; m < 4; ++m) tma_prefetch_map(maps(p) + 16 * m);
+    }
+
+    // A of block qa (if `a`) into the stage at st_a, B of block qb into the stage at st_b, on mbarrier bar (one thread).
+    static __device__ __forceinline__ void stage_copies(const BackwardParams& p, u32 bar, u32 st_a, u32 st_b, int bh, int qa,
+                                                        int qb, bool a) {
+        const unsigned long long* m = maps(p);
+        mbar_arrive_expect_tx(bar, (a ? A_BYTES : 0) + B_BYTES);
+        if (a) {
+            const int grp = (bh * p.dims.n_q + qa * BLOCK_Q) / 16;  // rows·n_q < 2^31 (the host checks)
+            tma_load_5d(st_a, m, 0, 0, 0, 0, grp, bar);
+            tma_load_5d(st_a + d_o, m + 16, 0, 0, 0, 0, grp, bar);
+            tma_load_5d(st_a + d_o + BLOCK_Q * 128, m + 16, 64, 0, 0, 0, grp, bar);
+        }
+        tma_load_3d(st_b + dot, m + 32, qb * BLOCK_Q, 0, bh, bar);
+        tma_load_3d(st_b + qt, m + 48, qb * BLOCK_Q, 0, bh, bar);
+    }
+};
+#endif
+
