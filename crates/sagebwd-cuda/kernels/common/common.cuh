@@ -27,7 +27,7 @@
 // The FP32 dQ accumulator of the sagebwd path at d = 128 on sm_90a (written by backward_main.cu's
 // StagedSage128, read by backward_post.cu's sage_bwd_post_dq_sage) holds query row q's 8-value chunk m
 // of each 64-column half at chunk position m ^ (q mod 4): the order in which the staging tile's
-// bank-conflict-free stores land (sage14_stage_dq_rot), kept instead of undone by register selects in
+// bank-conflict-free stores land (pipelined_stage_dq_rot), kept instead of undone by register selects in
 // the main kernel's loop (sb26). Every other path and build keeps the natural order.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && HEAD_DIM == 128
 #define SAGE_DQ_ACC_ROT 1

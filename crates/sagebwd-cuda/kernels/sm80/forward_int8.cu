@@ -375,7 +375,7 @@ __device__ __forceinline__ void row_max_update(float (*t)[4], RowState& st, floa
 // The exponentials of staged_softmax after row_max_update: p = exp2(fl(t − m_use)), FUSED (INT8
 // #1, §4) p = exp2(fma(a, sc, −m_use)) (one rounding), into t, the row sums (and with AMAX the row
 // maxima of p into amax) over the quad, l = fl(fl(l·α) + sum).
-// sch: the scale of each row half (the same value in both but for wsp17_softmax_p_hat's data dependency).
+// sch: the scale of each row half (the same value in both but for wsp_softmax_p_hat_int_max's data dependency).
 template <bool AMAX, bool FUSED>
 __device__ __forceinline__ void softmax_exp_sum_rows(float (*t)[4], RowState& st, const float* m_use, float* amax, const float* sch) {
     float sum[2];

@@ -1,4 +1,4 @@
-#if SB128_LOOP
+#if SAGE128_PIPELINED_LOOP
 // sb16: the query loop of StagedSage128 pipelined across query blocks (see the sb16 note above StagedSage128).
 // The generic loop's contract: entered with the key block and block qb0 staged (one commit group) and qb0's
 // row constants stored; leaves every dQ but the last added (staged and bulk-reduced), the last block's dŜ
@@ -19,21 +19,21 @@
 //     dequantized.
 // Only Sᵀ crosses the back edge, waited for by wgmma_wait<0> (pipe14: a partial wait there serializes every
 // wgmma, C7514).
-// S = StagedSage128 (the copies of blocks qb + 1, qb + 2 by cp.async) or StagedSage128T (sb20: by TMA, see its type).
+// S = StagedSage128 (the copies of blocks qb + 1, qb + 2 by cp.async) or StagedSage128TmaStage (sb20: by TMA, see its type).
 template <class S>
-__device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr, int kb, int bh,
+__device__ __forceinline__ float sage128_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr, int kb, int bh,
                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
     typedef typename S::Layout Lay;
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
-    if (sage14_no_query_block(d, qb0)) return 0.0f;
-    const int wg = sbwd13_wg(), t = threadIdx.x & 3;
+    if (pipelined_no_query_block(d, qb0)) return 0.0f;
+    const int wg = warpgroup_index(), t = threadIdx.x & 3;
     const int warp_u = threadIdx.x >> 5;  // plain, as sb128's loop (a shuffle made ptxas see the item loop divergent)
-    const int rl = (int)threadIdx.x - SB20_ROW_BASE;  // the row constants: threads SB20_ROW_BASE .. + 63, row rl
+    const int rl = (int)threadIdx.x - SAGE128_ROW_THREAD0;  // the row constants: threads SAGE128_ROW_THREAD0 .. + 63, row rl
     const bool row_thread = (unsigned)rl < BLOCK_Q;
-    const u32 smem_lo = sage10_desc_lo(smem);
-    const Sage14Scales sc(p, kb, bh, bh_kv);
+    const u32 smem_lo = sage_desc_lo(smem);
+    const PipelinedScales sc(p, kb, bh, bh_kv);
     const float s_k = sc.s_k, *q_scale = sc.q_scale, *do_scale = sc.do_scale;
     float s_q = q_scale[qb0], s_do = do_scale[qb0];
 
@@ -41,24 +41,24 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
     const bool two = qb0 + 1 < d.n_qblk;
     if (two) S::stage_query_a(p, stage(1), bh, qb0 + 1);
     cp_async_commit();
-    Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
-    if (two && row_thread) rows_next = sage14_load_rows(p, bh, qb0 + 1, rl);
+    PipelinedRows rows_next = {pos_inf(), 0.0f, 0.0f};
+    if (two && row_thread) rows_next = pipelined_load_rows(p, bh, qb0 + 1, rl);
     u32 bar = 0;  // sb20: the mbarrier of the TMA copies issued in tile i (phase i), made visible by the barrier below
     if constexpr (S::TMA_STAGE) {
         __shared__ __align__(8) unsigned long long stage_bar;
         bar = (u32)__cvta_generic_to_shared(&stage_bar);
-        if (threadIdx.x == SB20_TMA_THREAD) S::init(p, bar);
+        if (threadIdx.x == SAGE128_TMA_THREAD) S::init(p, bar);
     }
-    // amax24: the tile amax's block step by shared atomics (bwd17_block_max2, as the d = 64 loop's ATOMIC_AMAX). Its
-    // four slots are zeroed here, before the barrier in sage14_first_wait, at every entry (the persistent grid enters
+    // amax24: the tile amax's block step by shared atomics (block_max2_atomic, as the d = 64 loop's ATOMIC_AMAX). Its
+    // four slots are zeroed here, before the barrier in pipelined_first_wait, at every entry (the persistent grid enters
     // once per item; the previous item's last slot reads were before its closing barrier).
-    static_assert(Lay::dqst0 - Lay::red >= 128 && Lay::red % 32 == 0, "bwd17_block_max2 needs a 128-byte, 32-byte aligned scratch");
+    static_assert(Lay::dqst0 - Lay::red >= 128 && Lay::red % 32 == 0, "block_max2_atomic needs a 128-byte, 32-byte aligned scratch");
     const u32 amax_lane_off = (threadIdx.x & 31) == 0 ? 0u : 32u + 4u * (threadIdx.x & 15);
     if (threadIdx.x < 8) ((float*)(smem_ptr + Lay::red))[threadIdx.x] = 0.0f;
-    sage14_first_wait(smem);
+    pipelined_first_wait(smem);
 
     int s_acc[8][4];
-    S::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
+    S::wg_issue_scores(s_acc, smem_lo, sage_desc_lo(stage(0)), wg);
 
     float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
     for (int qb = qb0; qb < d.n_qblk; ++qb) {
@@ -68,57 +68,57 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
         const float s_qk = __fmul_rn(__fmul_rn(s_q, p.c_lambda), s_k);  // fl(fl(s_Q·cλ)·s_K), §4
         const int qn = has_next ? qb + 1 : qb;
         const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
-        const u32 st_lo = sage10_desc_lo(stage(par));
+        const u32 st_lo = sage_desc_lo(stage(par));
 
         // P = exp2(fma(float(S), s, −L)) (bfma24) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
         float2 L[8];
-        sage14_row_pairs(L, rows, t);
+        pipelined_row_pairs(L, rows, t);
         wgmma_wait<0>();  // Sᵀ of qb
         wgmma_fence_regs(s_acc);
         float ds[8][4];  // dPᵀ, then dS in place
         S::wg_issue_dp(ds, smem_lo, st_lo, wg);
         float prob[8][4];
-        sage14_prob(prob, s_acc, s_qk, L);
-        float amax_p = sage10_tile_max<false>(prob);  // redone below if the tile is masked
-        // dS = fl(P·fl(dP − D)) (sage10_ds_regs), D read before the wait.
+        pipelined_prob(prob, s_acc, s_qk, L);
+        float amax_p = sage_tile_max<false>(prob);  // redone below if the tile is masked
+        // dS = fl(P·fl(dP − D)) (sage_ds_regs), D read before the wait.
         float2 D[8];
-        sage14_row_pairs(D, rows + BLOCK_Q, t);
+        pipelined_row_pairs(D, rows + BLOCK_Q, t);
         wgmma_wait<0>();  // dPᵀ of qb
         wgmma_fence_regs(ds);
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D[nt].y : D[nt].x));
-        if (sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
-        float amax_ds = sage10_tile_max<true>(ds);
-        if (has_next && row_thread) sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
+        if (sage_mask(d, qb, kb, prob, ds)) amax_p = sage_tile_max<false>(prob);  // warp-uniform
+        float amax_ds = sage_tile_max<true>(ds);
+        if (has_next && row_thread) pipelined_store_rows_at(rows_of(par ^ 1), rows_next, rl);
         bulk_wait_read();  // tile i − 1's bulk has read staging tile par, which this tile writes after (b)
         cp_async_wait<0>();       // this thread's copies of A(qb + 1), B(qb) (sb20: of A(qb0 + 1) only)
         if constexpr (S::TMA_STAGE)
             if (i > 0) mbar_wait(bar, (i - 1) & 1);  // sb20: tile i − 1's boxes, A(qb + 1) and B(qb), landed
         fence_proxy_async();      // they, the dŜ stores of qb − 1 and the dQ staging stores → the async proxy
-        bwd17_block_max2(amax_p, amax_ds, smem + Lay::red + 8 * (i & 3), amax_lane_off);  // (b)
+        block_max2_atomic(amax_p, amax_ds, smem + Lay::red + 8 * (i & 3), amax_lane_off);  // (b)
         GroupScale sc_p, sc_ds;
         // scales24: bwd16's branch-free scales (the d = 64 loop's) instead of sage10's division and shuffles.
-        bwd16_group_scales(amax_p, sc_p);
-        bwd16_group_scales(amax_ds, sc_ds);
+        group_scale_of_amax(amax_p, sc_p);
+        group_scale_of_amax(amax_ds, sc_ds);
 
         // dQ of block qb − 1 (every tile: the same commit groups each time; the first tile's is stale).
         int dq_acc[HEAD_DIM / 16][4];
         wgmma_fence();
-        StagedSage::issue_dq(dq_acc, smem_lo, sage10_desc_lo(smem + Lay::ds0 + (par ^ 1) * Lay::ds_bytes));
+        StagedSage::issue_dq(dq_acc, smem_lo, sage_desc_lo(smem + Lay::ds0 + (par ^ 1) * Lay::ds_bytes));
         wgmma_commit();
         if constexpr (S::TMA_STAGE) {
-            if (threadIdx.x == SB20_TMA_THREAD && has_next) S::stage_copies(p, bar, stage(par), stage(par ^ 1), bh, qb + 2, qb + 1, has_next2);
+            if (threadIdx.x == SAGE128_TMA_THREAD && has_next) S::stage_copies(p, bar, stage(par), stage(par ^ 1), bh, qb + 2, qb + 1, has_next2);
         } else {
             if (has_next2) S::stage_query_a(p, stage(par), bh, qb + 2);
             if (has_next) S::stage_query_b(p, stage(par ^ 1), bh, qb + 1);
             cp_async_commit();
         }
-        Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
-        if (has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
+        PipelinedRows rows_next2 = {pos_inf(), 0.0f, 0.0f};
+        if (has_next2 && row_thread) rows_next2 = pipelined_load_rows(p, bh, qb + 2, rl);
         // dQ of block qb − 2, staged by tile i − 1 in staging tile par ^ 1, visible since (b).
-        if (i >= 2) sb21_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
+        if (i >= 2) sage128_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
 
         u32 pa[2][4], da[2][4];
         // wg_key_products' chunks (dV's 4, then dK's 4, two in flight), dQ(qb − 1) staged after the first two
@@ -146,7 +146,7 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
             StagedSage::dequant_chunk<true>(acc[j & 1], (j < C ? dv : dk) + 4 * (j % C), j < C ? scale_v : scale_k);
             const int k = j + 2;
             if (k < N) StagedSage::wg_issue_chunk(acc[j & 1], k < C ? pa : da, st_lo, k < C ? StagedSage::dot : StagedSage::qt, k % C);
-            if (j == N - 3) S::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(par ^ 1)), wg);  // block qb + 1
+            if (j == N - 3) S::wg_issue_scores(s_acc, smem_lo, sage_desc_lo(stage(par ^ 1)), wg);  // block qb + 1
         }
 
         dq_scale = __fmul_rn(sc_ds.scale, s_k);
@@ -161,19 +161,19 @@ __device__ __forceinline__ float sb16_query_loop(const BackwardParams& p, u32 sm
     // dQ of block n_qblk − 2, staged by the last tile (i = n − 1 ≥ 1). Waited for (read) before the next item's
     // first (b), completed before the CTA exits (staged_finish).
     const int n = d.n_qblk - qb0;
-    if (n >= 2) sb21_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
+    if (n >= 2) sage128_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
     return dq_scale;
 }
 template <>
 __device__ __forceinline__ float staged_query_loop<StagedSage128>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
                                                                   const QueryStager<StagedSage128>&, int kb, int bh, int bh_kv,
                                                                   int qb0, float (*dv)[4], float (*dk)[4]) {
-    return sb16_query_loop<StagedSage128>(p, smem, smem_ptr, kb, bh, bh_kv, qb0, dv, dk);
+    return sage128_query_loop<StagedSage128>(p, smem, smem_ptr, kb, bh, bh_kv, qb0, dv, dk);
 }
 template <>
-__device__ __forceinline__ float staged_query_loop<StagedSage128T>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
-                                                                   const QueryStager<StagedSage128T>&, int kb, int bh, int bh_kv,
+__device__ __forceinline__ float staged_query_loop<StagedSage128TmaStage>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                   const QueryStager<StagedSage128TmaStage>&, int kb, int bh, int bh_kv,
                                                                    int qb0, float (*dv)[4], float (*dk)[4]) {
-    return sb16_query_loop<StagedSage128T>(p, smem, smem_ptr, kb, bh, bh_kv, qb0, dv, dk);
+    return sage128_query_loop<StagedSage128TmaStage>(p, smem, smem_ptr, kb, bh, bh_kv, qb0, dv, dk);
 }
 #endif

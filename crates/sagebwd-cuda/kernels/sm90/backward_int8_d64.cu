@@ -1,11 +1,11 @@
-#if PIPE14_LOOP
-// dPᵀ's registers: declared in the loop (ds_in) or, with F (dPᵀ issued a tile ahead), before it (Sage14Ds).
+#if SAGE64_PIPELINED_LOOP
+// dPᵀ's registers: declared in the loop (ds_in) or, with F (dPᵀ issued a tile ahead), before it (PipelinedDs).
 template <bool F>
-struct Sage14Ds {
+struct PipelinedDs {
     __device__ __forceinline__ float (&pick(float (&ds_in)[8][4]))[8][4] { return ds_in; }
 };
 template <>
-struct Sage14Ds<true> {
+struct PipelinedDs<true> {
     float v[8][4];
     __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
 };
@@ -13,50 +13,50 @@ struct Sage14Ds<true> {
 // bwd18 TMA_DQ: the kernel's parameter is BwdParamsDqMap, the dQ accumulator's tensor map (4-D: 32 columns, d/32
 // column blocks, n_q rows, B·H_q; box 32 × 1 × 16 × 1, 128-byte swizzle; rows past n_q clipped; src/backward.rs)
 // followed by BackwardParams (dq_map_of).
-#define BWD18_WARP_BOX 2048                    // one warp's staging box: 16 rows × 32 FP32
-#define BWD18_BOXES ((THREADS / 32) * BWD18_WARP_BOX)  // one tile's 8 boxes
+#define DQ_TMA_WARP_BOX 2048                    // one warp's staging box: 16 rows × 32 FP32
+#define DQ_TMA_BOXES ((THREADS / 32) * DQ_TMA_WARP_BOX)  // one tile's 8 boxes
 // {x, y} at shared (base ^ X) (row g) and {z, w} at (base ^ X) + 1024 (row g + 8).
 template <int X>
-__device__ __forceinline__ void bwd18_sts_pair(u32 base, float x, float y, float z, float w) {
+__device__ __forceinline__ void dq_box_sts_pair(u32 base, float x, float y, float z, float w) {
     asm volatile("{\n.reg .b32 a;\nxor.b32 a, %0, %1;\nst.shared.v2.f32 [a], {%2, %3};\nst.shared.v2.f32 [a+1024], {%4, %5};\n}\n"
                  ::"r"(base), "n"(X), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
-// The landed dQ tile (the values sage14_stage_dq_rot stages: fl(float(acc)·scale), sage10_i2f) into the warp's box at
+// The landed dQ tile (the values pipelined_stage_dq_rot stages: fl(float(acc)·scale), sage_i2f) into the warp's box at
 // boxes + 2048·warp (boxes 1024-aligned): rows 16(w mod 4) + g (+ 8), columns (w div 4)·32 + 8n + 2t (+ 1) at box byte
 // L = 128·row + 32n + 8t, physical L ^ ((row mod 8) << 4) (the map's swizzle): for each n the 32 lanes hit 2 × 8
 // distinct 16-byte chunks of 8 rows, 2 wavefronts per STS.64, no selects.
-__device__ __forceinline__ void bwd18_tma_stage_dq(u32 boxes, const int (*acc)[4], float scale) {
-    static_assert(HEAD_DIM == 64, "bwd18_tma_stage_dq: 4 n-tiles per warp");
+__device__ __forceinline__ void dq_box_stage(u32 boxes, const int (*acc)[4], float scale) {
+    static_assert(HEAD_DIM == 64, "dq_box_stage: 4 n-tiles per warp");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const u32 b0 = boxes + warp * BWD18_WARP_BOX + 128 * g + ((8 * t) ^ (g << 4));  // bits 5, 6 of the box row clear
+    const u32 b0 = boxes + warp * DQ_TMA_WARP_BOX + 128 * g + ((8 * t) ^ (g << 4));  // bits 5, 6 of the box row clear
     float v[4][4];
 #pragma unroll
     for (int n = 0; n < 4; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[n][e] = __fmul_rn(sage10_i2f(acc[n][e]), scale);
-    bwd18_sts_pair<0>(b0, v[0][0], v[0][1], v[0][2], v[0][3]);
-    bwd18_sts_pair<32>(b0, v[1][0], v[1][1], v[1][2], v[1][3]);
-    bwd18_sts_pair<64>(b0, v[2][0], v[2][1], v[2][2], v[2][3]);
-    bwd18_sts_pair<96>(b0, v[3][0], v[3][1], v[3][2], v[3][3]);
+        for (int e = 0; e < 4; ++e) v[n][e] = __fmul_rn(sage_i2f(acc[n][e]), scale);
+    dq_box_sts_pair<0>(b0, v[0][0], v[0][1], v[0][2], v[0][3]);
+    dq_box_sts_pair<32>(b0, v[1][0], v[1][1], v[1][2], v[1][3]);
+    dq_box_sts_pair<64>(b0, v[2][0], v[2][1], v[2][2], v[2][3]);
+    dq_box_sts_pair<96>(b0, v[3][0], v[3][1], v[3][2], v[3][3]);
 }
 // bwd18's dQ block, staged a tile earlier in 8 warp boxes (stores fenced and visible since (b)), added to the accumulator
 // as two tensor reduces of 64 rows × 32 columns (sb21: the 4 boxes of a column half lie one after another, rows in
 // order, in the same 128-byte swizzle, so the host's map has 64-row boxes; src/backward.rs `dq_acc_map`), both from one
-// lane of warp SB21_TQ64_WARP, as one commit group: sage14_bulk_dq's place and contract. Measured (call22f, against one
+// lane of warp SAGE64_TMA_DQ_WARP, as one commit group: pipelined_bulk_dq's place and contract. Measured (call22f, against one
 // box per warp from its own lane, bwd18's form): −0.3 to −0.9 % backward at every d 64 shape but N 1k causal (+0.07 %),
 // geometric mean −0.58 %; training shape −0.38 %. The 8 boxes from one lane were +2.2 to +2.6 % slower (call22e).
 // Which warp issues them (call22h, against warp 5 here): warp 1 (warpgroup 0, whose threads 0..63 carry the row
 // constants) level, −0.10 %; the row constants moved to threads 128..191 instead (both duties on warpgroup 1, as sb20
 // at d = 128) +1.1 % (training shape +1.0 %): at d = 64 the duties' placement does not follow d = 128's.
-#define SB21_TQ64_WARP 5
-__device__ __forceinline__ void sb21_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
-    if (warp_u != SB21_TQ64_WARP) return;
+#define SAGE64_TMA_DQ_WARP 5
+__device__ __forceinline__ void sage64_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
+    if (warp_u != SAGE64_TMA_DQ_WARP) return;
 #pragma unroll
-    for (int c = 0; c < 2; ++c) tma_reduce_add_4d_elect(dq_map_of(p), 0, c, qb * BLOCK_Q, bh, boxes + 4 * c * BWD18_WARP_BOX);
+    for (int c = 0; c < 2; ++c) tma_reduce_add_4d_elect(dq_map_of(p), 0, c, qb * BLOCK_Q, bh, boxes + 4 * c * DQ_TMA_WARP_BOX);
     bulk_commit();
 }
 template <class Path>
-__device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+__device__ __forceinline__ float sage64_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
                                                    const QueryStager<Path>& stage_next, int kb, int bh,
                                                    int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
     typedef typename Path::Layout Lay;
@@ -65,17 +65,17 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
-    if (sage14_no_query_block(d, qb0)) return 0.0f;
-    const int wg = sbwd13_wg(), t = threadIdx.x & 3;
-    const bool row_thread = sage14_row_thread<Path::ROWS_8>();
-    const int rl = sage14_row_of_thread<Path::ROWS_8>();
+    if (pipelined_no_query_block(d, qb0)) return 0.0f;
+    const int wg = warpgroup_index(), t = threadIdx.x & 3;
+    const bool row_thread = pipelined_row_thread<Path::ROWS_8>();
+    const int rl = pipelined_row_of_thread<Path::ROWS_8>();
     const int warp_u = __shfl_sync(0xffffffffu, threadIdx.x >> 5, 0);  // the warp, uniform to ptxas
-    const u32 smem_lo = sage10_desc_lo(smem);
+    const u32 smem_lo = sage_desc_lo(smem);
     // TQ: two sets of 8 warp boxes (tile i stages into set i mod 2), 1024-aligned, inside the staging tiles' bytes.
     const u32 tq_boxes = (smem + Lay::dqst0 + 1023u) & ~1023u;
-    static_assert(!TQ || ((Lay::dqst0 + 1023) & ~1023) + 2 * BWD18_BOXES <= Lay::dqst0 + 2 * Lay::dqst_bytes,
+    static_assert(!TQ || ((Lay::dqst0 + 1023) & ~1023) + 2 * DQ_TMA_BOXES <= Lay::dqst0 + 2 * Lay::dqst_bytes,
                   "bwd18 TMA_DQ: the warp boxes inside the staging tiles");
-    const Sage14Scales sc(p, kb, bh, bh_kv);
+    const PipelinedScales sc(p, kb, bh, bh_kv);
     const float s_k = sc.s_k, *q_scale = sc.q_scale, *do_scale = sc.do_scale;
     float s_q = q_scale[qb0], s_do = do_scale[qb0];
 
@@ -83,21 +83,21 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     const bool two = qb0 + 1 < d.n_qblk;
     if (two) stage_next(p, stage(1), bh, qb0 + 1);
     cp_async_commit();
-    Sage14Rows rows_next = {pos_inf(), 0.0f, 0.0f};
-    if (two && row_thread) rows_next = sage14_load_rows(p, bh, qb0 + 1, rl);
+    PipelinedRows rows_next = {pos_inf(), 0.0f, 0.0f};
+    if (two && row_thread) rows_next = pipelined_load_rows(p, bh, qb0 + 1, rl);
     // ATOMIC_AMAX: 4 slots of 2 floats, then sink words (smem is 1024-byte aligned, so red is 32-byte aligned).
     static_assert(!Path::ATOMIC_AMAX || (Lay::dqst0 - Lay::red >= 128 && Lay::red % 32 == 0),
-                  "bwd17_block_max2 needs a 128-byte, 32-byte aligned scratch");
+                  "block_max2_atomic needs a 128-byte, 32-byte aligned scratch");
     const u32 amax_lane_off = (threadIdx.x & 31) == 0 ? 0u : 32u + 4u * (threadIdx.x & 15);
     if (Path::ATOMIC_AMAX && threadIdx.x < 8) ((float*)(smem_ptr + Lay::red))[threadIdx.x] = 0.0f;  // before the first barrier
-    sage14_first_wait(smem);
+    pipelined_first_wait(smem);
 
     int s_acc[8][4];
-    StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(stage(0)), wg);
-    Sage14Ds<F> ds_ahead;  // F: dPᵀ of the next block, in flight across the back edge
+    StagedSage::wg_issue_scores(s_acc, smem_lo, sage_desc_lo(stage(0)), wg);
+    PipelinedDs<F> ds_ahead;  // F: dPᵀ of the next block, in flight across the back edge
     if (F) {
         float unused[8][4];
-        StagedSage::wg_issue_dp(ds_ahead.pick(unused), smem_lo, sage10_desc_lo(stage(0)), wg);
+        StagedSage::wg_issue_dp(ds_ahead.pick(unused), smem_lo, sage_desc_lo(stage(0)), wg);
     }
 
     float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
@@ -119,7 +119,7 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
 
         // P = exp2(fma(float(S), s, −L)) (bfma24) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
         float2 L[8], D[8];
-        sage14_row_pairs(L, rows, t);
+        pipelined_row_pairs(L, rows, t);
         float ds_in[8][4];  // dPᵀ, then dS in place (without F)
         float (&ds)[8][4] = ds_ahead.pick(ds_in);
         wgmma_wait<0>();  // Sᵀ of qb (F: and dPᵀ)
@@ -127,13 +127,13 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         if (F) {
             wgmma_fence_regs(ds);
         } else {
-            StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_cur), wg);
+            StagedSage::wg_issue_dp(ds, smem_lo, sage_desc_lo(st_cur), wg);
         }
         float prob[8][4];
-        sage14_prob(prob, s_acc, s_qk, L);
-        float amax_p = sage10_tile_max<false>(prob);  // redone below if the tile is masked
-        // dS = fl(P·fl(dP − D)) (sage10_ds_regs), D read before the wait.
-        sage14_row_pairs(D, rows + BLOCK_Q, t);
+        pipelined_prob(prob, s_acc, s_qk, L);
+        float amax_p = sage_tile_max<false>(prob);  // redone below if the tile is masked
+        // dS = fl(P·fl(dP − D)) (sage_ds_regs), D read before the wait.
+        pipelined_row_pairs(D, rows + BLOCK_Q, t);
         if (!F) {
             wgmma_wait<0>();  // dPᵀ of qb
             wgmma_fence_regs(ds);
@@ -142,48 +142,48 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) ds[nt][e] = __fmul_rn(prob[nt][e], __fsub_rn(ds[nt][e], (e & 1) ? D[nt].y : D[nt].x));
-        if (MASKED && sage10_mask(d, qb, kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
-        float amax_ds = sage10_tile_max<true>(ds);
-        if (has_next && row_thread) sage14_store_rows_at(rows_of(par ^ 1), rows_next, rl);
+        if (MASKED && sage_mask(d, qb, kb, prob, ds)) amax_p = sage_tile_max<false>(prob);  // warp-uniform
+        float amax_ds = sage_tile_max<true>(ds);
+        if (has_next && row_thread) pipelined_store_rows_at(rows_of(par ^ 1), rows_next, rl);
         if (BULK) bulk_wait_read();  // staging tile par (its bulk of tile i − 1) free after (b)
         cp_async_wait<0>();   // this thread's copies of block qb + 1
         fence_proxy_async();  // they and the dŜ stores of block qb − 1 → wgmma's reads
         if (Path::ATOMIC_AMAX) {
-            bwd17_block_max2(amax_p, amax_ds, smem + Lay::red + 8 * (i & 3), amax_lane_off);  // (b)
+            block_max2_atomic(amax_p, amax_ds, smem + Lay::red + 8 * (i & 3), amax_lane_off);  // (b)
         } else {
             block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
         }
         GroupScale sc_p, sc_ds;
         if (SPLIT) {  // bwd16's scales
-            bwd16_group_scales(amax_p, sc_p);
-            bwd16_group_scales(amax_ds, sc_ds);
+            group_scale_of_amax(amax_p, sc_p);
+            group_scale_of_amax(amax_ds, sc_ds);
         } else {
-            sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+            sage_group_scales(amax_p, amax_ds, sc_p, sc_ds);
         }
 
         // dQ of block qb − 1 (every tile: the same commit groups each time; the first tile's is stale).
         int dq_acc[HEAD_DIM / 16][4];
         wgmma_fence();
-        StagedSage::issue_dq(dq_acc, smem_lo, sage10_desc_lo(smem + Lay::ds0 + (par ^ 1) * Lay::ds_bytes));
+        StagedSage::issue_dq(dq_acc, smem_lo, sage_desc_lo(smem + Lay::ds0 + (par ^ 1) * Lay::ds_bytes));
         wgmma_commit();
         // Block qb + 2 into the stage block qb − 1 had (every warp is past its products: (b)).
         if (has_next2) stage_next(p, st_free, bh, qb + 2);
         cp_async_commit();
-        Sage14Rows rows_next2 = {pos_inf(), 0.0f, 0.0f};
-        if (has_next2 && row_thread) rows_next2 = sage14_load_rows(p, bh, qb + 2, rl);
+        PipelinedRows rows_next2 = {pos_inf(), 0.0f, 0.0f};
+        if (has_next2 && row_thread) rows_next2 = pipelined_load_rows(p, bh, qb + 2, rl);
         // BULK: dQ of block qb − 2, staged in tile i − 1 (tile par ^ 1), visible since (b).
         if (BULK && i >= 2) {
             if (TQ) {
-                sb21_tma_reduce_dq(p, tq_boxes + (par ^ 1) * BWD18_BOXES, bh, qb - 2, warp_u);
+                sage64_tma_reduce_dq(p, tq_boxes + (par ^ 1) * DQ_TMA_BOXES, bh, qb - 2, warp_u);
             } else {
-                sage14_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
+                pipelined_bulk_dq(p, smem + Lay::dqst0 + (par ^ 1) * Lay::dqst_bytes, bh, qb - 2, warp_u);
             }
         }
 
         u32 pa[2][4], da[2][4];
         StagedSage::quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, smem_ptr + Lay::ds0 + par * Lay::ds_bytes, pa, da);
         const float scale_v = __fmul_rn(sc_p.scale, s_do), scale_k = __fmul_rn(sc_ds.scale, s_q);
-        const u32 st_lo = sage10_desc_lo(st_cur);
+        const u32 st_lo = sage_desc_lo(st_cur);
         int acc[2][4][4];
         StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
         StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);
@@ -192,17 +192,17 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         if (BULK) {
             if (i > 0) {  // block-uniform
                 if (TQ) {
-                    bwd18_tma_stage_dq(tq_boxes + par * BWD18_BOXES, dq_acc, dq_scale);
+                    dq_box_stage(tq_boxes + par * DQ_TMA_BOXES, dq_acc, dq_scale);
                 } else if (Path::ROT_DQ) {
                     static_assert(!Path::ROT_DQ || (Lay::dqst0 % (2 * HEAD_DIM) == 0 && Lay::dqst_bytes % (2 * HEAD_DIM) == 0),
-                                  "sage14_stage_dq_rot's XOR addressing needs 32·NT-byte aligned staging tiles");
-                    sage14_stage_dq_rot(smem + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);
+                                  "pipelined_stage_dq_rot's XOR addressing needs 32·NT-byte aligned staging tiles");
+                    pipelined_stage_dq_rot(smem + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);
                 } else {
-                    sage14_stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);
+                    pipelined_stage_dq(smem_ptr + Lay::dqst0 + par * Lay::dqst_bytes, dq_acc, dq_scale);
                 }
             }
         } else {
-            if (i > 0) sage10_add_dq(p, dq_acc, dq_scale, bh, qb - 1);  // block-uniform
+            if (i > 0) sage_add_dq(p, dq_acc, dq_scale, bh, qb - 1);  // block-uniform
         }
         wgmma_wait<1>();
         wgmma_fence_regs(acc[0]);
@@ -212,9 +212,9 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
         wgmma_fence_regs(acc[1]);
         StagedSage::dequant_chunk(acc[1], dv + 4, scale_v);
         StagedSage::wg_issue_chunk(acc[1], da, st_lo, StagedSage::qt, 1);
-        StagedSage::wg_issue_scores(s_acc, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
+        StagedSage::wg_issue_scores(s_acc, smem_lo, sage_desc_lo(st_next), wg);  // block qb + 1
         if (F) {
-            StagedSage::wg_issue_dp(ds, smem_lo, sage10_desc_lo(st_next), wg);  // block qb + 1
+            StagedSage::wg_issue_dp(ds, smem_lo, sage_desc_lo(st_next), wg);  // block qb + 1
             wgmma_wait<3>();
         } else {
             wgmma_wait<2>();
@@ -256,30 +256,30 @@ __device__ __forceinline__ float sage14_query_loop(const BackwardParams& p, u32 
     const int n = d.n_qblk - qb0;
     if (BULK && n >= 2) {
         if (TQ) {
-            sb21_tma_reduce_dq(p, tq_boxes + ((n - 1) & 1) * BWD18_BOXES, bh, d.n_qblk - 2, warp_u);
+            sage64_tma_reduce_dq(p, tq_boxes + ((n - 1) & 1) * DQ_TMA_BOXES, bh, d.n_qblk - 2, warp_u);
         } else {
-            sage14_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
+            pipelined_bulk_dq(p, smem + Lay::dqst0 + ((n - 1) & 1) * Lay::dqst_bytes, bh, d.n_qblk - 2, warp_u);
         }
     }
     return dq_scale;
 }
 template <>
-__device__ __forceinline__ float staged_query_loop<StagedSage14Q>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
-                                                                  const QueryStager<StagedSage14Q>& stage_next, int kb, int bh,
+__device__ __forceinline__ float staged_query_loop<StagedSage64TmaDq>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                  const QueryStager<StagedSage64TmaDq>& stage_next, int kb, int bh,
                                                                   int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
-    return sage14_query_loop<StagedSage14Q>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
+    return sage64_query_loop<StagedSage64TmaDq>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
 }
 template <>
-__device__ __forceinline__ float staged_query_loop<StagedSage14>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
-                                                                 const QueryStager<StagedSage14>& stage_next, int kb, int bh,
+__device__ __forceinline__ float staged_query_loop<StagedSage64>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                 const QueryStager<StagedSage64>& stage_next, int kb, int bh,
                                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
-    return sage14_query_loop<StagedSage14>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
+    return sage64_query_loop<StagedSage64>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
 }
 template <>
-__device__ __forceinline__ float staged_query_loop<StagedSage14P>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
-                                                                  const QueryStager<StagedSage14P>& stage_next, int kb, int bh,
+__device__ __forceinline__ float staged_query_loop<StagedSage64Persistent>(const BackwardParams& p, u32 smem, unsigned char* smem_ptr,
+                                                                  const QueryStager<StagedSage64Persistent>& stage_next, int kb, int bh,
                                                                   int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
-    return sage14_query_loop<StagedSage14P>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
+    return sage64_query_loop<StagedSage64Persistent>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
 }
 #endif
 

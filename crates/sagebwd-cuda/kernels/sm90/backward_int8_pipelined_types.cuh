@@ -1,74 +1,66 @@
-#if PIPE14_LOOP
-// ---- pipe14b: the pipelined sage path (d = 64, sm_90a) as its own types, with its own entries ----------
-// StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT> = StagedSage with the pipelined loop (staged_query_loop below) and its
-// layout: three query-block stages, two amax scratches and, with BULK, two dQ staging tiles (64 rows ×
-// (d FP32 + 32 bytes; the rows are used unpadded, the 32 bytes are pipe14b's padded variant's, kept so that
-// the measured kernel is the committed one)). Options, measured in pipe14b's call (docs/RESULTS-gpu.md):
-// - BULK: the loop writes a landed dQ tile to a staging tile (the same FP32 values sage10_add_dq adds) and,
-//   after the next tile's barrier, warp w adds rows 8w..8w + 7 to the accumulator by one bulk reduce
-//   (cp.reduce.async.bulk .add.f32, 2 KB), instead of 8 red.global.add.v2.f32 per thread;
-// - ROWS8: the row constants of block qb + 2 loaded and stored by lanes 0..7 of every warp (8 rows each)
-//   instead of threads 0..63;
-// - F: dPᵀ of block qb + 1 also issued at the end of tile qb (pipe14's variant F: P after both products).
-// - ROT (bulk15): with BULK, the staging stores in a per-row order that makes them conflict-free
-//   (sage14_stage_dq_rot: same values, same addresses; the tile stays row-major, so each warp's 8 rows
-//   stay one 2 KB bulk source).
-// KIND only tells the two instances apart. StagedSage14 runs sage_bwd_main_mma_sage (plain grid):
-// bulk15: BULK and ROT, without ROWS8 and F (NOT RUN ON A GPU when written: pipe14b measured none of
-// the options there, as with BULK + ROWS8 it was 0.5–2 % slower and ROWS8 alone +8 %; bulk alone
-// removes the 16 REDG and their wait without ROWS8's ~25 divergent instructions in all 8 warps);
-// StagedSage14P runs sage_bwd_main_persist_sage: BULK, ROWS8, F, unrotated (−2.1 % at the training
-// shape N 1024). sage_bwd_main_mma keeps StagedSage with the generic loop (= main 37e5e90's code for every path it runs).
-// The staging rows are reserved 4d + 32 bytes either way (pipe14b's padded variant; the host allocates
-// both kernels the same shared memory), the stores use the first 4d.
-// - SPLIT (bwd16): the query loop as two loops, the tiles that may need the causal / n_k mask first, then
-//   the rest without any mask code (sage14_query_loop): ptxas had put 32 register moves of P and the mask
-//   test into every tile for the mask branch. Measured (bwd16's call, docs/RESULTS-gpu.md): sagebwd backward
-//   −3.2 % at the training shape N 4096 (plain grid). Plain grid only: in the persistent kernel (252
-//   registers) the second copy of the loop body makes ptxas spill (255 registers + 8 bytes of stack).
-#ifndef SAGE14_PLAIN_OPTS
-#define SAGE14_PLAIN_OPTS true, false, false, true, true
-#endif
-#ifndef SAGE14_PERSIST_OPTS
-#define SAGE14_PERSIST_OPTS true, true, true, false, false
-#endif
-// - ATOMIC_AMAX (bwd17; the plain grid's kernels, KIND 0 and 2, only): the tile amax of P and dS by one
-//   red.shared.max.u32 per value per warp into a 2-float slot, then one 8-byte load after the barrier (bwd17_block_max2),
-//   instead of 8 partials per value stored, read back as 4 LDS.128 and combined by 14 FMNMX after it. Measured (bwd17's
-//   call, docs/RESULTS-gpu.md): sagebwd backward −1.0 % at the training shape N 4096; verified (170/170, plain grid --quick).
-//   (bwd17's ROWS4, the row constants interleaved for 8 LDS.128 instead of 16 LDS.64, measured +1.7 % alone and +0.3 %
-//   on top of this: removed, kept on branch bwd17.)
-// - TMA_DQ (bwd18; KIND 2 = StagedSage14Q, kernel sage_bwd_main_mma_sage_q, the default at d = 64 since session 17's
-//   final call: backward −4.1 % at the training shape N 4k and 8k; SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs restores
-//   KIND 0's bulk reduces): StagedSage14's tile with fpab15's dQ staging at d = 64: each warp
-//   stores its own landed dQ fragment (16 rows × 32 FP32) into its 2 KB box in the 128-byte swizzle (conflict-free
-//   without bulk15's 32 selects), and after the next tile's barrier (b), where the base issues its row bulk reduces,
-//   the tile's boxes go out as tensor reduces (bwd18_tma_stage_dq, sb21_tma_reduce_dq). Boxes double-buffered
-//   like the staging tiles; the bulk wait_read before (b) and the proxy fence before it cover them as before.
-template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
-struct StagedSage14T : StagedSage {
-    static constexpr bool BULK_DQ = BULK, ROWS_8 = ROWS8, DP_AHEAD = F, ROT_DQ = BULK && ROT, SPLIT_MASK = SPLIT;
-    static constexpr bool ATOMIC_AMAX = KIND != 1;
-    static constexpr bool TMA_DQ = KIND == 2 && BULK;
-    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3, BULK ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
+#if SAGE64_PIPELINED_LOOP
+// ---- The INT8 path at d = 64 (sm_90a) with its pipelined query loop, as its own types ----------------------------
+// StagedSagePipelined<Options> = StagedSage with the pipelined loop (sage64_query_loop, sm90/backward_int8_d64.cu) and
+// its layout: three query-block stages, two amax scratches and, with bulk_dq, two dQ staging tiles of 64 rows ×
+// (d FP32 + 32 bytes); the stores use the first 4d bytes of a row, and the host reserves every kernel the same shared
+// memory. The options, one struct per kernel:
+// - bulk_dq: the loop writes a landed dQ tile to a staging tile (the FP32 values sage_add_dq adds) and, after the
+//   next tile's barrier, warp w adds rows 8w..8w + 7 to the accumulator by one bulk reduce (cp.reduce.async.bulk
+//   .add.f32, 2 KB), instead of 8 red.global.add.v2.f32 per thread;
+// - rows8: the row constants of block qb + 2 loaded and stored by lanes 0..7 of every warp (8 rows each) instead of
+//   threads 0..63;
+// - dp_ahead: dPᵀ of block qb + 1 also issued at the end of tile qb (P after both products);
+// - rotated_dq: with bulk_dq, the staging stores in a per-row order that makes them conflict-free
+//   (pipelined_stage_dq_rot: same values, same addresses; the tile stays row-major, so each warp's 8 rows stay one
+//   2 KB bulk source);
+// - split_mask: the query loop as two loops, the tiles that may need the causal / n_k mask first, then the rest
+//   without any mask code: in one loop ptxas puts the register moves of P and the mask test into every tile. Plain
+//   grid only: in the persistent kernel (252 registers) the second copy of the loop body makes ptxas spill;
+// - atomic_amax (the plain grid's kernels): the tile amax of P and dS by one red.shared.max.u32 per value per warp
+//   into a 2-float slot, then one 8-byte load after the barrier (block_max2_atomic), instead of 8 partials per value
+//   stored, read back and combined after it;
+// - tma_dq (with bulk_dq; sage_bwd_main_mma_sage_q): each warp stores its own landed dQ fragment (16 rows × 32 FP32)
+//   into its 2 KB box in the 128-byte swizzle (conflict-free without the rotated order's selects), and after the next
+//   tile's barrier the tile's boxes go out as tensor reduces (dq_box_stage, sage64_tma_reduce_dq); the boxes are
+//   double-buffered like the staging tiles.
+// sage_bwd_main_mma keeps StagedSage with the generic loop.
+struct SagePipelinedPlain {  // sage_bwd_main_mma_sage: the plain grid, dQ by row bulk reduces
+    static constexpr bool bulk_dq = true, rows8 = false, dp_ahead = false, rotated_dq = true, split_mask = true;
+    static constexpr bool atomic_amax = true, tma_dq = false;
 };
-typedef StagedSage14T<0, SAGE14_PLAIN_OPTS> StagedSage14;
-typedef StagedSage14T<1, SAGE14_PERSIST_OPTS> StagedSage14P;
-typedef StagedSage14T<2, SAGE14_PLAIN_OPTS> StagedSage14Q;
-template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
-struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT>> : QueryStager<StagedSage> {
+struct SagePipelinedPersistent {  // sage_bwd_main_persist_sage: the persistent grid
+    static constexpr bool bulk_dq = true, rows8 = true, dp_ahead = true, rotated_dq = false, split_mask = false;
+    static constexpr bool atomic_amax = false, tma_dq = false;
+};
+struct SagePipelinedTmaDq : SagePipelinedPlain {  // sage_bwd_main_mma_sage_q: the plain grid, dQ by tensor reduces
+    static constexpr bool tma_dq = true;
+};
+template <class Options>
+struct StagedSagePipelined : StagedSage {
+    static constexpr bool BULK_DQ = Options::bulk_dq, ROWS_8 = Options::rows8, DP_AHEAD = Options::dp_ahead,
+                          ROT_DQ = Options::bulk_dq && Options::rotated_dq, SPLIT_MASK = Options::split_mask;
+    static constexpr bool ATOMIC_AMAX = Options::atomic_amax;
+    static constexpr bool TMA_DQ = Options::tma_dq && Options::bulk_dq;
+    typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV, 3,
+                         Options::bulk_dq ? BLOCK_Q * (HEAD_DIM * 4 + 32) : 0> Layout;
+};
+typedef StagedSagePipelined<SagePipelinedPlain> StagedSage64;
+typedef StagedSagePipelined<SagePipelinedPersistent> StagedSage64Persistent;
+typedef StagedSagePipelined<SagePipelinedTmaDq> StagedSage64TmaDq;
+template <class Options>
+struct QueryStager<StagedSagePipelined<Options>> : QueryStager<StagedSage> {
     __device__ __forceinline__ QueryStager(const BackwardParams& p, int bh) : QueryStager<StagedSage>(p, bh) {}
 };
 #endif
 
-#if SB128_LOOP
+#if SAGE128_PIPELINED_LOOP
 // ---- sb128: the INT8 path at d = 128 (sm_90a) as its own type, with its own query loop -----------------
 // StagedSage128 = StagedSage (two query-block stages, the same tile: dQ of block qb − 1 issued before Sᵀ, dPᵀ)
-// with its own query loop (sb16_query_loop, below sage14's helpers). Each item was measured against the form before it
+// with its own query loop (sage128_query_loop, below sage14's helpers). Each item was measured against the form before it
 // (docs/RESULTS-gpu.md, sessions 14–20); the other forms are in the history before session 21.
-// - Bulk dQ (sb128): the landed dQ of block qb − 1 (the values sage10_add_dq adds, fl(float(acc)·scale)) goes to a
+// - Bulk dQ (sb128): the landed dQ of block qb − 1 (the values sage_add_dq adds, fl(float(acc)·scale)) goes to a
 //   staging tile [64][d] FP32 instead of 16 red.global.add.v2.f32 per thread, and warp w adds rows 8w..8w + 7 (4 KB)
-//   to the accumulator by one bulk reduce (pipe14b's sage14_bulk_dq), in bulk15's permuted order (sage14_stage_dq_rot:
+//   to the accumulator by one bulk reduce (pipe14b's pipelined_bulk_dq), in bulk15's permuted order (pipelined_stage_dq_rot:
 //   2 shared wavefronts per STS.64 instead of 8). The per-thread reductions had waited for the LSU (prof15: long
 //   scoreboard 7.0 %, LG throttle 2.8 %); without the bulk form +4 % at N 4096, without the order +4.6 to +11.6 %.
 //   Since sb26 the permuted order is kept in the accumulator (SAGE_DQ_ACC_ROT, common.cuh; the postprocess reads it
@@ -92,17 +84,17 @@ struct QueryStager<StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT>> : QueryStage
 // into the accumulator happen in another order, as pipe14b's bulk dQ). Shared memory: StagedSage's layout, a second
 // amax scratch and two 32 KB staging tiles. Measured (sb128's call; verified 152/152): backward at d = 128 −4.5 to
 // −9.1 % at N 1024 / 4096, −13 % at N 16384; sb16 and sb20 on top of it.
-// Which thread issues the TMA copies (SB20_TMA_THREAD) and which 64 threads load and store the row constants
-// (SB20_ROW_BASE .. + 63) in sb16's loop: both duties on warpgroup 1 (warps 4 and 5). Measured (call21g, the d 128
+// Which thread issues the TMA copies (SAGE128_TMA_THREAD) and which 64 threads load and store the row constants
+// (SAGE128_ROW_THREAD0 .. + 63) in sb16's loop: both duties on warpgroup 1 (warps 4 and 5). Measured (call21g, the d 128
 // sweep shapes, three rounds, against both on warpgroup 0, i.e. thread 0 and threads 0..63): −0.2 to −1.2 % at every
 // shape; split between the warpgroups (the copies on 1 and the rows on 0, or the reverse) +4.5 % and +3.6 %: the
 // warpgroup that carries an extra duty reaches the tile's barrier and its wgmma issues late, and one late warpgroup
 // costs less than two.
-#ifndef SB20_TMA_THREAD
-#define SB20_TMA_THREAD 128
+#ifndef SAGE128_TMA_THREAD
+#define SAGE128_TMA_THREAD 128
 #endif
-#ifndef SB20_ROW_BASE
-#define SB20_ROW_BASE 128
+#ifndef SAGE128_ROW_THREAD0
+#define SAGE128_ROW_THREAD0 128
 #endif
 struct StagedSage128 : StagedSage {
     static constexpr bool BULK_DQ = true;
@@ -136,7 +128,7 @@ struct StagedSage128 : StagedSage {
     // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (one I2FP per value), each row's
     // chunks in the accumulator's order (SAGE_DQ_ACC_ROT, sb26).
     static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
-        sage14_stage_dq_rot<true, false, false>((u32)__cvta_generic_to_shared(tile), acc, scale);
+        pipelined_stage_dq_rot<true, false, false>((u32)__cvta_generic_to_shared(tile), acc, scale);
     }
 
     // StagedSage::dq (the item's last dQ tile, after the loop) with one I2FP per value, to the accumulator's order.
@@ -148,7 +140,7 @@ struct StagedSage128 : StagedSage {
 // ---- sb20: sb16's in-loop stage copies by TMA (d = 128, plain grid: sage_bwd_main_mma_sage_t) ----------------------
 // sb16's profile (RESULTS-gpu.md): after barrier (b) every thread rebuilt the swizzled destinations and guarded sources
 // of its 10 cp.async chunks (~110 instructions per thread per tile, 3 spilled values reloaded), on the stretch between
-// (b) and the first dV/dK chunk where the tensor pipe has only dQ(qb − 1) to run. Here one thread (SB20_TMA_THREAD)
+// (b) and the first dV/dK chunk where the tensor pipe has only dQ(qb − 1) to run. Here one thread (SAGE128_TMA_THREAD)
 // issues the same bytes as 5 TMA boxes completing on one mbarrier, waited for where the cp.async wait was (before the
 // next tile's (b)).
 // The four maps (src/backward.rs `sage128_stage_maps`) sit in front of BackwardParams in the kernel's one parameter:
@@ -170,14 +162,14 @@ struct BwdParamsStageMaps {
     BackwardParams p;
 };
 static_assert(sizeof(StageMapsParam) == 512 && sizeof(BwdParamsStageMaps) == 832, "BwdParamsStageMaps layout: src/backward.rs");
-struct StagedSage128T : StagedSage128 {
+struct StagedSage128TmaStage : StagedSage128 {
     static constexpr bool TMA_STAGE = true;
     static constexpr u32 A_BYTES = 3 * BF_QT, B_BYTES = 2 * BF_QT;  // Q̂ + dO, dÔᵀ + Q̂ᵀ
 
     static __device__ __forceinline__ const unsigned long long* maps(const BackwardParams& p) {
         return ((const StageMapsParam*)((const char*)&p - sizeof(StageMapsParam)))->w[0];
     }
-    // The issuing thread (SB20_TMA_THREAD), once per CTA before a block barrier: the mbarrier (one arrival, its own,
+    // The issuing thread (SAGE128_TMA_THREAD), once per CTA before a block barrier: the mbarrier (one arrival, its own,
     // with the bytes).
     static __device__ __forceinline__ void init(const BackwardParams& p, u32 bar) {
         mbar_init(bar, 1);

@@ -28,17 +28,17 @@ struct WspMaps {
 #define WSP_TMA_O (HEAD_DIM == 128)
 #define WSP_OST_WARP (WSP_TMA_O ? 16 * HEAD_DIM * 2 : 0)  // a consumer warp's O staging: 16 rows × d BF16
 // fwd16's variant bits of the persistent kernel (wsp_consumer, WspInt8; described there).
-#define WSP16_IMAX 1
-#define WSP16_MASK_LIMIT 2
-#define WSP16_NO_PINGPONG 4
-// fwd17's bits (d = 64; wsp17_softmax_p_hat, ws_tile's EARLY_TEST; described there).
-#define WSP17_INV_ROW1 8
-#define WSP17_EARLY_TEST 32
-#define WSP17_QUAD_IMAX 64
-#define WSP17_ELECT 128
-// fwd18 (d = 64, without turns): wsp_consumer with wsp18_tile, the once-per-tile stagger of the two consumer
+#define WSP_INT_ROW_MAX 1
+#define WSP_MASK_BY_LIMIT 2
+#define WSP_NO_TURNS 4
+// fwd17's bits (d = 64; wsp_softmax_p_hat_int_max, ws_tile's EARLY_TEST; described there).
+#define WSP_ROW1_AFTER_INVERSES 8
+#define WSP_EARLY_STAGE_TEST 32
+#define WSP_QUAD_INT_MAX 64
+#define WSP_ELECT_LANE 128
+// fwd18 (d = 64, without turns): wsp_consumer with wsp_staggered_tile, the once-per-tile stagger of the two consumer
 // warpgroups (described there).
-#define WSP18_STAGGER 8192
+#define WSP_TILE_STAGGER 8192
 
 #ifdef SAGE_WGMMA
 // WsRing's layout and interface (stage indices s, counters kb over the block's key blocks) with two
@@ -231,15 +231,15 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // d = 64: the b_r loads at the tile's start, their latency hidden by the key loop (wsp_store).
 #define WSP_EARLY_RO (HEAD_DIM == 64)
 
-// fwd16: the persistent consumer's key-block softmax at d = 64 (bits of V; the default WSP16_DEFAULT
-// below). WSP16_IMAX: the thread's row maxima of the score factors a = float(acc) as float(max acc),
+// fwd16: the persistent consumer's key-block softmax at d = 64 (bits of V; the default WSP_INT_MAX_OPTS
+// below). WSP_INT_ROW_MAX: the thread's row maxima of the score factors a = float(acc) as float(max acc),
 // the integer max by VIMNMX3 (15 three-input + 1 two-input per row instead of 31 FMNMX on the floats),
 // taken straight from the S accumulators before the mask test (so that ptxas interleaves them with
 // the 64 I2FP; wasted on boundary blocks, which overwrite mx with the float max of the masked
 // factors): the conversion is exact (|acc| ≤ 127²·64 < 2²⁴) and non-decreasing, so float(max acc) =
 // max float(acc) bit for bit (I2FP of 0 is +0, no −0 arises). The same mx as before, hence the same
-// m, α, P̂, l. WSP16_MASK_LIMIT (with WSP16_IMAX): boundary blocks masked by wsp_mask_limit (one
-// limit per row) instead of mask_permuted. WSP16_NO_PINGPONG: no turns at all (opt-in, `wsp3s-nopp`).
+// m, α, P̂, l. WSP_MASK_BY_LIMIT (with WSP_INT_ROW_MAX): boundary blocks masked by wsp_mask_limit (one
+// limit per row) instead of mask_permuted. WSP_NO_TURNS: no turns at all (opt-in, `wsp3s-nopp`).
 // Measured (RESULTS-gpu.md, fwd16): IMAX + MASK_LIMIT −7.8 % / −10.4 % of the training-shape forward
 // at N 4k / 1k; also measured and dropped: the turn passed right behind the wgmma issues (+6 % at
 // N 4k), unsigned ring counters (+0.8 %), the producer's "empty" waits with a suspend hint (±0).
@@ -281,15 +281,15 @@ __device__ __forceinline__ int wsp_row_imax(const int (&acc)[64], int h) {
 // is 0 (inv127_rn gives +0, a positive value or +inf — fl(127/amax) overflows for amax < ~2^-121). As
 // inline PTX so that neither NVVM nor ptxas folds it. (The device call's build had fma(0, inv, x),
 // which is NaN for inv = +inf: the σ = 5 verify cases failed with O = inf; see RESULTS-gpu.md, fwd17.)
-__device__ __forceinline__ float wsp17_dep(float x, float inv) {
+__device__ __forceinline__ float wsp_depend_on(float x, float inv) {
     u32 r;
     asm("{\n.reg .u32 s;\nshr.u32 s, %2, 31;\nadd.u32 %0, %1, s;\n}\n" : "=r"(r) : "r"(__float_as_uint(x)), "r"(__float_as_uint(inv)));
     return __uint_as_float(r);
 }
 
 // fwd17: softmax_p_hat_early_mx<true> (the same operations, the same order, the same bits) with the
-// exponentials' scale sc of row 1 (WSP17_INV_ROW1) made data-
-// dependent on the group inverses inv of the quantizer (wsp17_dep: the same value). In main's SASS
+// exponentials' scale sc of row 1 (WSP_ROW1_AFTER_INVERSES) made data-
+// dependent on the group inverses inv of the quantizer (wsp_depend_on: the same value). In main's SASS
 // ptxas issued the two RCP chains of inv127_rn after all 64 EX2s (nothing waited on them before the
 // quantization), so the 64 quantizing FFMAs + 48 PRMTs ran after the EX2 stream instead of in the
 // issue slots between its MUFUs; with row 1's exponentials depending on inv, the chains run during
@@ -297,12 +297,12 @@ __device__ __forceinline__ float wsp17_dep(float x, float inv) {
 // Measured (fwd17's device call): interleaved as intended (49–52 of the 64 FFMAs before the 60th EX2),
 // but 1.8–2.8 % slower alone at N 4k / 8k: the EX2s of the SMSP's two consumer warps share the XU, so the
 // stream's stall "wait" became "mio" (the MUFU queue) and the slots gained were not free (RESULTS-gpu.md).
-// WSP17_QUAD_IMAX: mx holds the quad's row maxima already (quad_fmax after the integer shuffles), so only
+// WSP_QUAD_INT_MAX: mx holds the quad's row maxima already (quad_fmax after the integer shuffles), so only
 // row_max_commit is left.
 template <int V>
-__device__ __forceinline__ void wsp17_softmax_p_hat(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx) {
+__device__ __forceinline__ void wsp_softmax_p_hat_int_max(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx) {
     float m_use[2], inv[2];
-    if constexpr ((V & WSP17_QUAD_IMAX) != 0) row_max_commit<true>(st, mx, m_use, sc);
+    if constexpr ((V & WSP_QUAD_INT_MAX) != 0) row_max_commit<true>(st, mx, m_use, sc);
     else quad_max_update<true>(st, mx, m_use, sc);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -311,7 +311,7 @@ __device__ __forceinline__ void wsp17_softmax_p_hat(float (*t)[4], RowState& st,
         inv[h] = inv127_rn(amax);
     }
     float sch[2] = {sc, sc};
-    if constexpr ((V & WSP17_INV_ROW1) != 0) sch[1] = wsp17_dep(wsp17_dep(sc, inv[0]), inv[1]);
+    if constexpr ((V & WSP_ROW1_AFTER_INVERSES) != 0) sch[1] = wsp_depend_on(wsp_depend_on(sc, inv[0]), inv[1]);
     softmax_exp_sum_rows<false, true>(t, st, m_use, nullptr, sch);
     quantize_p_tile(t, inv, pa);
 }
@@ -321,10 +321,10 @@ struct WspInt8 : WsInt8<true, true> {
     using Base = WsInt8<true, true>;
     __device__ __forceinline__ WspInt8(const ForwardParams& p, u32 q_tiles, int w, int bh, int bh_kv, int qb, int cta_end)
         : Base(p, q_tiles, w, bh, bh_kv, qb, cta_end) {}
-    // WSP17_ELECT: elect.sync (one ELECT, any one lane) instead of lane 0 by S2R of %tid, which ptxas
+    // WSP_ELECT_LANE: elect.sync (one ELECT, any one lane) instead of lane 0 by S2R of %tid, which ptxas
     // re-read in every key block (its latency before the O update, fwd17).
     __device__ __forceinline__ bool warp_leader() const {
-        if constexpr ((V & WSP17_ELECT) != 0) {
+        if constexpr ((V & WSP_ELECT_LANE) != 0) {
             u32 e;
             asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n" : "=r"(e));
             return e != 0;
@@ -333,10 +333,10 @@ struct WspInt8 : WsInt8<true, true> {
         }
     }
     __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
-        if constexpr (V & WSP16_IMAX) {
+        if constexpr (V & WSP_INT_ROW_MAX) {
             float t[S_TILES][4], mx[2];
             float sc = __fmul_rn(sq, k_sc);
-            if constexpr ((V & WSP17_QUAD_IMAX) != 0) {
+            if constexpr ((V & WSP_QUAD_INT_MAX) != 0) {
                 // fwd17: the quad's row maxima on the integers (float(max acc) = max float(acc), as above),
                 // so that the shuffles' latency overlaps the 64 I2FP; boundary blocks redo them on the floats.
                 int im[2];
@@ -359,13 +359,13 @@ struct WspInt8 : WsInt8<true, true> {
             // (QUAD_IMAX: the test is warp-uniform — row0 and key0 are — and voted so that ptxas knows it: the
             // shuffles of the masked path then leave the rest of the loop convergent, without BRA.DIV paths.)
             const bool masked = tile_needs_mask(d, row0, key0);
-            if ((V & WSP17_QUAD_IMAX) != 0 ? __any_sync(0xffffffffu, masked) : masked) {
-                if constexpr ((V & WSP16_MASK_LIMIT) != 0) wsp_mask_limit(d, t, row0, key0, sc);
+            if ((V & WSP_QUAD_INT_MAX) != 0 ? __any_sync(0xffffffffu, masked) : masked) {
+                if constexpr ((V & WSP_MASK_BY_LIMIT) != 0) wsp_mask_limit(d, t, row0, key0, sc);
                 else mask_permuted(d, t, row0, key0, sc);
                 thread_row_max(t, mx);
-                if constexpr ((V & WSP17_QUAD_IMAX) != 0) quad_fmax(mx);
+                if constexpr ((V & WSP_QUAD_INT_MAX) != 0) quad_fmax(mx);
             }
-            if constexpr ((V & (WSP17_INV_ROW1 | WSP17_QUAD_IMAX)) != 0) wsp17_softmax_p_hat<V>(t, st, pa, sc, mx);
+            if constexpr ((V & (WSP_ROW1_AFTER_INVERSES | WSP_QUAD_INT_MAX)) != 0) wsp_softmax_p_hat_int_max<V>(t, st, pa, sc, mx);
             else softmax_p_hat_early_mx<true>(t, st, pa, sc, mx);
         } else {
             Base::softmax(d, st, row0, key0);
@@ -373,7 +373,7 @@ struct WspInt8 : WsInt8<true, true> {
     }
 };
 
-// fwd18: the once-per-tile stagger (WSP18_STAGGER, d = 64, no turns). Without turns (`wsp3s-nopp`) the two
+// fwd18: the once-per-tile stagger (WSP_TILE_STAGGER, d = 64, no turns). Without turns (`wsp3s-nopp`) the two
 // consumer warpgroups run free and drift apart within a block's tiles, by different amounts on different
 // SMs. Here warpgroup 1 starts each tile's first S only once warpgroup 0's S of its first key block of the
 // tile is done (named barrier 3, warpgroup 0 arrives at the start of that block's softmax): the two are
@@ -386,17 +386,17 @@ struct WspInt8 : WsInt8<true, true> {
 // (at later points of warpgroup 0's first block, or once per kernel) was 1.6–6 % slower than `wsp3s-nopp`,
 // while this variant was −2.0 % at the training shape N 4k; ncu puts the gain in the kernel's tail
 // (the last SM finishes 16 k cycles after the average one instead of 35 k), not in the per-block stalls.
-#define WSP18_BAR_GO1 3  // warpgroup 0 → 1: the tile's start
-#define WSP18_BAR_GO0 4  // warpgroup 1 → 0: the previous tile started
+#define WSP_BAR_START_WG1 3  // warpgroup 0 → 1: the tile's start
+#define WSP_BAR_STARTED_WG0 4  // warpgroup 1 → 0: the previous tile started
 // bar.arrive on barrier 3 (256 threads) if p, predicated (no branch before the softmax's code).
-__device__ __forceinline__ void wsp18_arrive_if(bool p) {
+__device__ __forceinline__ void wsp_stagger_arrive_if(bool p) {
     asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q bar.arrive 3, 256;\n}\n" ::"r"((u32)p) : "memory");
 }
 
 // ws_tile<false, true> (no turns, overlap; the same steps) with warpgroup 0's arrival on barrier 3 at the
 // start of the tile's first key block when `arrive`.
 template <int V>
-__device__ __forceinline__ void wsp18_tile(const Dims& d, const WspSmem& sm, WspInt8<V>& mx, int row0, int it0, int end,
+__device__ __forceinline__ void wsp_staggered_tile(const Dims& d, const WspSmem& sm, WspInt8<V>& mx, int row0, int it0, int end,
                                            RowState& st, float (*o)[4], bool arrive) {
     if (end > 0) {
         sm.wait_full(it0);
@@ -410,7 +410,7 @@ __device__ __forceinline__ void wsp18_tile(const Dims& d, const WspSmem& sm, Wsp
         const int s = (it0 + kb) % WspSmem::kStages, s1 = (it0 + kb + 1) % WspSmem::kStages;
         const bool next = kb + 1 < end;
         mx.begin_block(kb, next);
-        wsp18_arrive_if(arr != 0);
+        wsp_stagger_arrive_if(arr != 0);
         mx.softmax(d, st, row0, kb * BLOCK_KV);
         if (next) sm.wait_full(it0 + kb + 1);
         mx.pin();
@@ -432,16 +432,16 @@ __device__ __forceinline__ void wsp18_tile(const Dims& d, const WspSmem& sm, Wsp
 // WsInt8<early amax> (the per-tile scales), then its Q slot released and O stored. Ping-pong: the
 // turns alternate over all tiles (end + 1 per tile for both warpgroups), so warpgroup 1 passes the
 // first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
-// so it has turns iff any tile has. WSP18_STAGGER (no turns): wsp18_tile with the stagger's handshake
+// so it has turns iff any tile has. WSP_TILE_STAGGER (no turns): wsp_staggered_tile with the stagger's handshake
 // (above) instead, whose first arrival and last wait follow the same rule.
 template <bool SNAKE, int V>
 __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const WspSmem& sm, int w) {
-    constexpr bool PP = !(V & WSP16_NO_PINGPONG), STAGGER = (V & WSP18_STAGGER) != 0;
+    constexpr bool PP = !(V & WSP_NO_TURNS), STAGGER = (V & WSP_TILE_STAGGER) != 0;
     const Dims& d = p.dims;
     const int warp = (threadIdx.x >> 5) & 3, n_tiles = fp_tile_count(d);
     const bool turns = (PP || STAGGER) && (int)blockIdx.x < n_tiles && fp_tile(d, blockIdx.x).end > 0;
     if (turns && w == 1) {
-        if constexpr (STAGGER) named_arrive(WSP18_BAR_GO0, 2 * WG_THREADS);
+        if constexpr (STAGGER) named_arrive(WSP_BAR_STARTED_WG0, 2 * WG_THREADS);
         else pass_turn(1);
     }
     int it = 0, j = 0;
@@ -459,14 +459,14 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const 
             // softmax's shuffles as possibly divergent, a second, collective path for them.)
             const bool stag = x.end > 0;
             const bool w0 = __any_sync(0xffffffffu, stag && w == 0), w1 = __any_sync(0xffffffffu, stag && w != 0);
-            if (w0) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
+            if (w0) named_sync(WSP_BAR_STARTED_WG0, 2 * WG_THREADS);
             if (w1) {
-                named_sync(WSP18_BAR_GO1, 2 * WG_THREADS);
-                named_arrive(WSP18_BAR_GO0, 2 * WG_THREADS);
+                named_sync(WSP_BAR_START_WG1, 2 * WG_THREADS);
+                named_arrive(WSP_BAR_STARTED_WG0, 2 * WG_THREADS);
             }
-            wsp18_tile<V>(d, sm, mx, row0, it, x.end, st, o, w0);
+            wsp_staggered_tile<V>(d, sm, mx, row0, it, x.end, st, o, w0);
         } else {
-            ws_tile<PP, true, WspInt8<V>, WspSmem, (V & WSP17_EARLY_TEST) != 0>(d, sm, mx, w, row0, it, x.end, st, o);
+            ws_tile<PP, true, WspInt8<V>, WspSmem, (V & WSP_EARLY_STAGE_TEST) != 0>(d, sm, mx, w, row0, it, x.end, st, o);
         }
         it += x.end;
         if (x.end > 0) {
@@ -482,7 +482,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const 
         }
     }
     if (turns && w == 0) {
-        if constexpr (STAGGER) named_sync(WSP18_BAR_GO0, 2 * WG_THREADS);
+        if constexpr (STAGGER) named_sync(WSP_BAR_STARTED_WG0, 2 * WG_THREADS);
         else take_turn(0);
     }
     if (WSP_TMA_O) bulk_wait();  // the O stores (wsp_store) have read their staging and written O before the CTA exits
@@ -533,13 +533,13 @@ __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParam
 //   elect.sync. −1.8 to −2.5 % against the kernel without them at d 64 N 1k; at d 128 −1.0 to −2.6 % at every sweep
 //   shape (call20e).
 // wsp3s-x (the d = 128 default until session 22, opt-in since): with the ping-pong turns of the consumer warpgroups (FA3).
-// wsp3s-sx (the default): no turns, fwd18's once-per-tile stagger (wsp18_tile) instead: −0.8 to −3.2 % forward
+// wsp3s-sx (the default): no turns, fwd18's once-per-tile stagger (wsp_staggered_tile) instead: −0.8 to −3.2 % forward
 // against the previous d 64 rules at every d 64 sweep and training shape (call20g); at d 128 +0.2 to +1.4 % against
 // wsp3s-x then, −1.7 to −4.8 % (geo. mean −3.3 %) once fwd22 had taken the producer's copies off the schedulers (c5).
-#define WSP16_DEFAULT (WSP16_IMAX | WSP16_MASK_LIMIT)
-#define WSP17_ALL (WSP17_INV_ROW1 | WSP17_EARLY_TEST | WSP17_QUAD_IMAX | WSP17_ELECT)
-WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP16_DEFAULT | WSP17_ALL)
-WSP_ENTRY(sage_forward_ws_p3s_sx, true, WSP16_DEFAULT | WSP16_NO_PINGPONG | WSP18_STAGGER | WSP17_ALL)
+#define WSP_INT_MAX_OPTS (WSP_INT_ROW_MAX | WSP_MASK_BY_LIMIT)
+#define WSP_ISSUE_OPTS (WSP_ROW1_AFTER_INVERSES | WSP_EARLY_STAGE_TEST | WSP_QUAD_INT_MAX | WSP_ELECT_LANE)
+WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP_INT_MAX_OPTS | WSP_ISSUE_OPTS)
+WSP_ENTRY(sage_forward_ws_p3s_sx, true, WSP_INT_MAX_OPTS | WSP_NO_TURNS | WSP_TILE_STAGGER | WSP_ISSUE_OPTS)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

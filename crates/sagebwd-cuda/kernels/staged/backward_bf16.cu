@@ -28,27 +28,27 @@ __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[
 // dQ = bf16(dS) K runs on wgmma too (A = bf16(dS)ᵀ, B = K, both MN-major), issued at the start of the next
 // tile before Sᵀ, so its reductions run while Sᵀ and dPᵀ are on the tensor cores (the mma.sync dQ after the tile
 // is in the history before session 21).
-// FPA_STAGES_NEXT: block qb + 1 is staged inside tile qb, after block qb − 1's dV, dK have landed, so those
+// BF16_BWD_STAGE_AHEAD: block qb + 1 is staged inside tile qb, after block qb − 1's dV, dK have landed, so those
 // products run across the end of the iteration and the barrier; 0 drains them before the barrier.
 // d = 64 only: at d = 128 the 128 dV/dK registers in flight with Sᵀ, dPᵀ, dQ make ptxas serialize
 // the wgmma pipeline (C7512, insufficient registers).
-#ifndef FPA_STAGES_NEXT
-#define FPA_STAGES_NEXT (HEAD_DIM == 64)
+#ifndef BF16_BWD_STAGE_AHEAD
+#define BF16_BWD_STAGE_AHEAD (HEAD_DIM == 64)
 #endif
 // fpabwd10 (sm_90a tile only): a diagonal tile masked by two compares per entry against per-key row limits
 // (ds_masked), the tile's wgmma descriptors built once per operand tile and advanced per k-step by one add
-// (DescWords); at d = 64 also FPA_STSM_DS (bf16(dS)ᵀ stored by stmatrix: 4 instructions per thread instead of 16)
-// and FPA_PRED_RED (the dQ reductions predicated instead of branched around, add_dq_pred). All four at d = 64:
+// (DescWords); at d = 64 also BF16_BWD_STSM_DS (bf16(dS)ᵀ stored by stmatrix: 4 instructions per thread instead of 16)
+// and BF16_BWD_PRED_RED (the dQ reductions predicated instead of branched around, add_dq_pred). All four at d = 64:
 // −3 to −5 % backward time at every d = 64 shape (fpabwd10). d = 128 (255 registers, 0 spill with any subset):
 // the mask and the descriptors measured −1.9 to −2.6 % at every row of the fpa sweep; adding stmatrix and the
 // predicated reductions (which ptxas still branches around at d = 128) lost most of that (0.0 to −1.8 %) in the
 // same call, so those two are d = 64 only (RESULTS-gpu.md, fpa11).
-#define FPA_FEWER_INSTR_DEFAULT (HEAD_DIM == 64)
-#ifndef FPA_STSM_DS
-#define FPA_STSM_DS FPA_FEWER_INSTR_DEFAULT
+#define BF16_BWD_D64_OPTS (HEAD_DIM == 64)
+#ifndef BF16_BWD_STSM_DS
+#define BF16_BWD_STSM_DS BF16_BWD_D64_OPTS
 #endif
-#ifndef FPA_PRED_RED
-#define FPA_PRED_RED FPA_FEWER_INSTR_DEFAULT
+#ifndef BF16_BWD_PRED_RED
+#define BF16_BWD_PRED_RED BF16_BWD_D64_OPTS
 #endif
 #if BWD_WGMMA
 __device__ __forceinline__ void wgmma_bf16_ss_tt(float (&d)[8][4], u64 a_desc, u64 b_desc, int acc) {
@@ -72,7 +72,7 @@ struct StagedBf16 {
     static constexpr bool WGMMA = BWD_WGMMA;
     // tile() stages block qb + 1 once block qb − 1's dV, dK (which read that stage) have landed, so
     // those products overlap the end of the iteration and the barrier instead of being waited for there.
-    static constexpr bool STAGES_NEXT = BWD_WGMMA && FPA_STAGES_NEXT;
+    static constexpr bool STAGES_NEXT = BWD_WGMMA && BF16_BWD_STAGE_AHEAD;
     static constexpr bool BULK_DQ = false;  // StagedBf16Bulk: dQ by tensor reduces (fpab15)
     static constexpr int v = 2 * BF_KT;   // offset in the key block
     static constexpr int d_o = 2 * BF_QT; // offset in a stage
@@ -121,7 +121,7 @@ struct StagedBf16 {
     // add_dq (the same reductions) with each one guarded by its row's predicate (r < n_q) instead of
     // a branch around it. The staged tile's; the ws kernel keeps add_dq.
     static __device__ __forceinline__ void add_dq_pred(const BackwardParams& p, const float (*acc)[4], int bh, int qb) {
-#if FPA_PRED_RED
+#if BF16_BWD_PRED_RED
         int r_lo;
         float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
         const bool lo = r_lo < p.dims.n_q, hi = r_lo + 8 < p.dims.n_q;
@@ -341,7 +341,7 @@ struct StagedBf16 {
         key_products(x.st, pa, da, dv, dk);
 #endif
 
-#if BWD_WGMMA && FPA_STSM_DS
+#if BWD_WGMMA && BF16_BWD_STSM_DS
         // By stmatrix: da[ks][i] is the 8 × 8 matrix (keys 16w + 8h.., rows 16ks + 8c..), c = i div 2,
         // h = i mod 2, in the fragment layout stmatrix takes; lane l addresses its row l mod 8 (key
         // 16w + 8h + l mod 8, same swizzle) of matrix i = l div 8.
@@ -398,19 +398,19 @@ struct StagedBf16 {
 // −1.9 % at fpa d128 N1k full, −0.8 to −1.8 % (mean of two runs) at the other N ≤ 4k rows; the ncu
 // barrier and drain stalls at the tile's end fell from 12.7 % / 7.1 % to 3.3 % / 2.0 % of the samples.
 // Only the persistent kernel runs it (sage_bwd_main_mma, which holds the sage instance too, keeps its
-// SASS); FPA_EARLY_DV=0 gives that kernel StagedBf16 again.
+// SASS); BF16_BWD_EARLY_DV=0 gives that kernel StagedBf16 again.
 // Staging block qb + 1 inside this tile and loading the next row constants late measured slower
 // (+1.7 to +9 %; RESULTS-gpu.md, fpab14) and were removed.
 // fpab15 variant U (the default since session 14's final call) gives
-// sage_bwd_main_persist_bf16q's tile the warpgroup index as sbwd13_wg() (warp-uniform to ptxas), for its Sᵀ, dPᵀ
+// sage_bwd_main_persist_bf16q's tile the warpgroup index as warpgroup_index() (warp-uniform to ptxas), for its Sᵀ, dPᵀ
 // A descriptors and its dQ B descriptor. With threadIdx.x >> 7 (as fpab15 measured) ptxas
 // builds those descriptors in vector registers, hoists six of them out of the query loop and, at 255 registers,
 // spills them (40 B of stack): each tile reloads them right before the Sᵀ / dPᵀ issue, 11.6 % of the ncu stall
 // samples (fpab15's profile). With U: 250 registers, no stack, query loop 905 → 872 static instructions (no
 // LDL/STL, R2UR 51 → 4, one SHFL per tile). Measured (same binary, cubin-swapped, H200): fpa d 128 backward
 // −6.1 / −8.7 % at N 1k full / causal, −6.3 / −4.9 % at N 4k (RESULTS-gpu.md, lead session 14).
-#ifndef FPA_EARLY_DV
-#define FPA_EARLY_DV (HEAD_DIM == 128)
+#ifndef BF16_BWD_EARLY_DV
+#define BF16_BWD_EARLY_DV (HEAD_DIM == 128)
 #endif
 // The kernels that add dQ by TMA tensor reduces (fpab15's d = 128 fpa kernel, bwd18's d = 64 sage kernel) take the
 // dQ accumulator's tensor map in front of BackwardParams in their one __grid_constant__ parameter: the map is at
@@ -427,8 +427,8 @@ static_assert(sizeof(DqMapParam) == 128 && alignof(BackwardParams) <= 128 && siz
 __device__ __forceinline__ const void* dq_map_of(const BackwardParams& p) {
     return (const void*)((const char*)&p - sizeof(DqMapParam));
 }
-#if BWD_WGMMA && FPA_EARLY_DV && !FPA_STAGES_NEXT && !FPA_STSM_DS
-#define FPA_EARLY_PATH 1
+#if BWD_WGMMA && BF16_BWD_EARLY_DV && !BF16_BWD_STAGE_AHEAD && !BF16_BWD_STSM_DS
+#define BF16_BWD_EARLY_DV_PATH 1
 // ---- fpab15: dQ of the d = 128 fpa tile by TMA reduce-adds (sage_bwd_main_persist_bf16q) ------------
 // The landed dQ tile (warp w: rows 16(w mod 4).., columns (w div 4)·64.., 16 × 64 FP32) goes to the
 // warp's own 4 KB of a staging area instead of 16 red.global.add.v2.f32 per thread; the four boxes of a
@@ -444,54 +444,54 @@ __device__ __forceinline__ const void* dq_map_of(const BackwardParams& p) {
 // the TMA add is .rn with subnormals flushed, as REDG.E.ADD.F32x2.FTZ.RN.
 // The tensor map travels in front of BackwardParams in the kernel's one __grid_constant__ parameter
 // (BwdParamsDqMap, dq_map_of).
-#define FPAB15_WARP_STAGE 4096  // bytes of one warp's staging box (16 rows × 64 FP32)
-#define FPAB22_BAR0 1           // named barriers 1 (warpgroup 0) and 2 (warpgroup 1): the half staged
+#define BF16_DQ_WARP_BOX 4096  // bytes of one warp's staging box (16 rows × 64 FP32)
+#define BF16_DQ_HALF_BAR0 1           // named barriers 1 (warpgroup 0) and 2 (warpgroup 1): the half staged
 // acc[0..1] at shared a = base ^ X (row g), acc[2..3] at a + 2048 (row g + 8).
 template <int X>
-__device__ __forceinline__ void fpab15_sts_pair(u32 base, const float (&acc)[4]) {
+__device__ __forceinline__ void bf16_dq_sts_pair(u32 base, const float (&acc)[4]) {
     asm volatile("{\n.reg .b32 a;\nxor.b32 a, %0, %1;\nst.shared.v2.f32 [a], {%2, %3};\nst.shared.v2.f32 [a+2048], {%4, %5};\n}\n"
                  ::"r"(base), "n"(X), "f"(acc[0]), "f"(acc[1]), "f"(acc[2]), "f"(acc[3]));
 }
 // A landed dQ tile (acc[n]: columns 8n.. of the warp's half, rows g, g + 8) into the warp's staging box
 // at `area` (1024-aligned) in the 128-byte swizzle the map's box has: logical byte L = 256·row +
 // 128·(n div 4) + 32·(n mod 4) + 8t, physical L ^ (((L >> 7) mod 8) << 4).
-__device__ __forceinline__ void fpab15_stage_dq(u32 area, const float (*acc)[4]) {
+__device__ __forceinline__ void bf16_dq_stage(u32 area, const float (*acc)[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const u32 box = area + (threadIdx.x >> 5) * FPAB15_WARP_STAGE;
+    const u32 box = area + (threadIdx.x >> 5) * BF16_DQ_WARP_BOX;
     const u32 l0 = g * 256 + 8 * t, l1 = l0 + 128;
     const u32 b0 = box + (l0 ^ (((l0 >> 7) & 7) << 4)), b1 = box + (l1 ^ (((l1 >> 7) & 7) << 4));
     // The XOR inside the asm: ptxas would otherwise hoist the 8 per-lane addresses out of the query
     // loop (8 registers held across the tile, spilled at 255).
     static_assert(HEAD_DIM == 128, "fpab15 staging: 8 n-tiles per warp");
-    fpab15_sts_pair<0>(b0, acc[0]);
-    fpab15_sts_pair<32>(b0, acc[1]);
-    fpab15_sts_pair<64>(b0, acc[2]);
-    fpab15_sts_pair<96>(b0, acc[3]);
-    fpab15_sts_pair<0>(b1, acc[4]);
-    fpab15_sts_pair<32>(b1, acc[5]);
-    fpab15_sts_pair<64>(b1, acc[6]);
-    fpab15_sts_pair<96>(b1, acc[7]);
+    bf16_dq_sts_pair<0>(b0, acc[0]);
+    bf16_dq_sts_pair<32>(b0, acc[1]);
+    bf16_dq_sts_pair<64>(b0, acc[2]);
+    bf16_dq_sts_pair<96>(b0, acc[3]);
+    bf16_dq_sts_pair<0>(b1, acc[4]);
+    bf16_dq_sts_pair<32>(b1, acc[5]);
+    bf16_dq_sts_pair<64>(b1, acc[6]);
+    bf16_dq_sts_pair<96>(b1, acc[7]);
 }
 // Warpgroup wg's staged column half of dQ block qb added to the accumulator by one lane of its first warp
 // (elect.sync; the warp is converged), as one commit group, once the warpgroup's four warps have fenced
-// their stores to the async proxy and met at the half's named barrier. wg: warp-uniform (sbwd13_wg).
-__device__ __forceinline__ void fpab15_reduce_dq(const BackwardParams& p, u32 area, int bh, int qb, int wg) {
+// their stores to the async proxy and met at the half's named barrier. wg: warp-uniform (warpgroup_index).
+__device__ __forceinline__ void bf16_dq_reduce(const BackwardParams& p, u32 area, int bh, int qb, int wg) {
     fence_proxy_async();
-    named_sync(FPAB22_BAR0 + wg, 128);  // the warpgroup's 128 threads
+    named_sync(BF16_DQ_HALF_BAR0 + wg, 128);  // the warpgroup's 128 threads
     if (((threadIdx.x >> 5) & 3) == 0) {
-        tma_reduce_add_4d_elect(dq_map_of(p), 0, 2 * wg, qb * BLOCK_Q, bh, area + 4 * wg * FPAB15_WARP_STAGE);
+        tma_reduce_add_4d_elect(dq_map_of(p), 0, 2 * wg, qb * BLOCK_Q, bh, area + 4 * wg * BF16_DQ_WARP_BOX);
         bulk_commit();
     }
 }
 // The staging area is free here: the lane that issued the previous reduce waited for its read before (a).
-__device__ __forceinline__ void fpab15_bulk_dq(const BackwardParams& p, u32 area, const float (*acc)[4], int bh, int qb, int wg) {
-    fpab15_stage_dq(area, acc);
-    fpab15_reduce_dq(p, area, bh, qb, wg);
+__device__ __forceinline__ void bf16_bulk_dq(const BackwardParams& p, u32 area, const float (*acc)[4], int bh, int qb, int wg) {
+    bf16_dq_stage(area, acc);
+    bf16_dq_reduce(p, area, bh, qb, wg);
 }
 // StagedBf16's layout plus the staging area (8 warps × 4 KB), 1024-aligned for the swizzle.
 struct Bf16BulkLayout : StagedBf16::Layout {
     static constexpr int dqst0 = (red + red_bytes + 1023) & ~1023;
-    static constexpr int dqst_bytes = (THREADS / 32) * FPAB15_WARP_STAGE;
+    static constexpr int dqst_bytes = (THREADS / 32) * BF16_DQ_WARP_BOX;
     static constexpr int bytes = dqst0 + dqst_bytes + ALIGN_SLACK;
 };
 template <bool BULK>
@@ -509,7 +509,7 @@ template <bool BULK>
 struct StagedBf16EarlyT : StagedBf16 {
     typedef typename Bf16EarlyLayout<BULK>::type Layout;
     static constexpr bool BULK_DQ = BULK;
-    // issue_dq_words with the warpgroup given (warp-uniform to ptxas, as sbwd13_wg()).
+    // issue_dq_words with the warpgroup given (warp-uniform to ptxas, as warpgroup_index()).
     static __device__ __forceinline__ void issue_dq_wg(float (&acc)[HEAD_DIM / 16][4], u32 smem, u32 dst_tile, int wg) {
         const int col0 = wg * (HEAD_DIM / 2);
         const u32 b0 = smem + (col0 / 64) * (BLOCK_KV * 128) + (col0 % 64) * 2;
@@ -522,7 +522,7 @@ struct StagedBf16EarlyT : StagedBf16 {
     static __device__ __forceinline__ void add_tile_dq(const BackwardParams& p, u32 smem, const float (*acc)[4], int bh, int qb,
                                                        int wg) {
         if (BULK) {
-            fpab15_bulk_dq(p, smem + Bf16BulkLayout::dqst0, acc, bh, qb, wg);
+            bf16_bulk_dq(p, smem + Bf16BulkLayout::dqst0, acc, bh, qb, wg);
         } else {
             add_dq_pred(p, acc, bh, qb);
         }
@@ -536,7 +536,7 @@ struct StagedBf16EarlyT : StagedBf16 {
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_fence_regs(acc);
-            add_tile_dq(p, smem, acc, bh, qb, sbwd13_wg());
+            add_tile_dq(p, smem, acc, bh, qb, warpgroup_index());
         } else {
             StagedBf16::dq(p, smem, dst_tile, s, bh, qb);
         }
@@ -548,7 +548,7 @@ struct StagedBf16EarlyT : StagedBf16 {
     static __device__ __forceinline__ float tile(const BackwardParams& p, const StagedTile& x, float (*dv)[4],
                                                  float (*dk)[4]) {
         const int lane = threadIdx.x & 31;
-        const int wg = BULK ? sbwd13_wg() : (int)(threadIdx.x >> 7);
+        const int wg = BULK ? warpgroup_index() : (int)(threadIdx.x >> 7);
         float s[8][4], ds[8][4], prob[8][4];
         wgmma_fence();  // the accumulators were last written by the previous tile's code
         float dq_acc[HEAD_DIM / 16][4];
@@ -591,7 +591,7 @@ struct StagedBf16EarlyT : StagedBf16 {
             for (int ks = 0; ks < BLOCK_Q / 16; ++ks) wgmma_bf16_rs_tb(dk, da[ks], q.at(ks * 16 * 128));
             wgmma_commit();
         }
-        // bf16(dS)ᵀ to shared memory for dQ, as tile() stores it without FPA_STSM_DS.
+        // bf16(dS)ᵀ to shared memory for dQ, as tile() stores it without BF16_BWD_STSM_DS.
         store_ds_words(x.ds, da);
         return 0.0f;
     }
@@ -599,5 +599,5 @@ struct StagedBf16EarlyT : StagedBf16 {
 typedef StagedBf16EarlyT<false> StagedBf16Early;
 typedef StagedBf16EarlyT<true> StagedBf16Bulk;
 #else
-#define FPA_EARLY_PATH 0
+#define BF16_BWD_EARLY_DV_PATH 0
 #endif

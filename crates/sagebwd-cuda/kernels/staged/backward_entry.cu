@@ -7,36 +7,36 @@ __device__ __forceinline__ void zero_dv_dk(float (*dv)[4], float (*dk)[4]) {
         for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
 }
 
-// What a path does before its CTA exits (pipe14b: StagedSage14T with BULK waits for its dQ bulk reductions).
+// What a path does before its CTA exits (pipe14b: StagedSagePipelined with BULK waits for its dQ bulk reductions).
 template <class Path>
 __device__ __forceinline__ void staged_finish() {}
-#if FPA_EARLY_PATH
+#if BF16_BWD_EARLY_DV_PATH
 template <>
 __device__ __forceinline__ void staged_finish<StagedBf16Bulk>() {
     bulk_wait();  // the dQ reduce-adds complete before the CTA exits
 }
 #endif
-#if PIPE14_LOOP
+#if SAGE64_PIPELINED_LOOP
 template <>
-__device__ __forceinline__ void staged_finish<StagedSage14>() {
-    if (StagedSage14::BULK_DQ) bulk_wait();
+__device__ __forceinline__ void staged_finish<StagedSage64>() {
+    if (StagedSage64::BULK_DQ) bulk_wait();
 }
 template <>
-__device__ __forceinline__ void staged_finish<StagedSage14P>() {
-    if (StagedSage14P::BULK_DQ) bulk_wait();
+__device__ __forceinline__ void staged_finish<StagedSage64Persistent>() {
+    if (StagedSage64Persistent::BULK_DQ) bulk_wait();
 }
 template <>
-__device__ __forceinline__ void staged_finish<StagedSage14Q>() {
-    if (StagedSage14Q::BULK_DQ) bulk_wait();  // bwd18: its dQ tensor reduces complete before the CTA exits
+__device__ __forceinline__ void staged_finish<StagedSage64TmaDq>() {
+    if (StagedSage64TmaDq::BULK_DQ) bulk_wait();  // bwd18: its dQ tensor reduces complete before the CTA exits
 }
 #endif
-#if SB128_LOOP
+#if SAGE128_PIPELINED_LOOP
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage128>() {
     if (StagedSage128::BULK_DQ) bulk_wait();
 }
 template <>
-__device__ __forceinline__ void staged_finish<StagedSage128T>() {
+__device__ __forceinline__ void staged_finish<StagedSage128TmaStage>() {
     bulk_wait();
 }
 #endif
@@ -115,9 +115,9 @@ template <>
 struct PersistUniformItem<StagedSage> {
     static constexpr bool value = false;
 };
-#if PIPE14_LOOP
-template <int KIND, bool BULK, bool ROWS8, bool F, bool ROT, bool SPLIT>
-struct PersistUniformItem<StagedSage14T<KIND, BULK, ROWS8, F, ROT, SPLIT>> {
+#if SAGE64_PIPELINED_LOOP
+template <class Options>
+struct PersistUniformItem<StagedSagePipelined<Options>> {
     static constexpr bool value = false;
 };
 #endif
@@ -183,10 +183,10 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
 // The staged paths on the persistent grid, one entry per path (registers are allocated per kernel;
 // sage_bwd_main_mma's code and registers stay as they were).
 // pipe14b: the sage path's type of these kernels (the pipelined loop at d = 64 on sm_90a).
-#if PIPE14_LOOP
-typedef StagedSage14 StagedSageKernel;         // sage_bwd_main_mma_sage
-typedef StagedSage14P StagedSagePersistKernel;  // sage_bwd_main_persist_sage
-#elif SB128_LOOP
+#if SAGE64_PIPELINED_LOOP
+typedef StagedSage64 StagedSageKernel;         // sage_bwd_main_mma_sage
+typedef StagedSage64Persistent StagedSagePersistKernel;  // sage_bwd_main_persist_sage
+#elif SAGE128_PIPELINED_LOOP
 typedef StagedSage128 StagedSageKernel;         // sb128: sage_bwd_main_mma_sage at d = 128
 typedef StagedSage128 StagedSagePersistKernel;  // sage_bwd_main_persist_sage
 #else
@@ -211,26 +211,26 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage
 // pipe14b: the sage path on the plain grid in its own kernel (sage_bwd_main_mma's grid and block order;
 // the host takes it for the sage path at d = 64 on sm_90a), so that sage_bwd_main_mma's registers and
 // code for its other paths stay main 37e5e90's.
-#if BWD_WGMMA && (HEAD_DIM == 64 || SB128_LOOP)
+#if BWD_WGMMA && (HEAD_DIM == 64 || SAGE128_PIPELINED_LOOP)
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedSageKernel, false>(p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
-// bwd18: sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage14Q; the default at d = 64,
+// bwd18: sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage64TmaDq; the default at d = 64,
 // SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs selects sage_bwd_main_mma_sage); the same grid, block order and shared memory.
-#if BWD_WGMMA && HEAD_DIM == 64 && PIPE14_LOOP
+#if BWD_WGMMA && HEAD_DIM == 64 && SAGE64_PIPELINED_LOOP
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
-    staged_entry<StagedSage14Q, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
+    staged_entry<StagedSage64TmaDq, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
-#if BWD_WGMMA && SB128_LOOP
-// sb20: sb128's plain-grid kernel with sb16's in-loop stage copies by TMA (StagedSage128T; the host takes it at d = 128
+#if BWD_WGMMA && SAGE128_PIPELINED_LOOP
+// sb20: sb128's plain-grid kernel with sb16's in-loop stage copies by TMA (StagedSage128TmaStage; the host takes it at d = 128
 // when n_q % 64 == 0).
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_t(const __grid_constant__ BwdParamsStageMaps pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
-    staged_entry<StagedSage128T, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
+    staged_entry<StagedSage128TmaStage, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16(BackwardParams p) {
@@ -238,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
     pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
     if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();
     require_dynamic_smem((u32)StagedBf16::Layout::bytes);
-#if FPA_EARLY_PATH
+#if BF16_BWD_EARLY_DV_PATH
     staged_backward_persist<StagedBf16Early>(p, smem_raw);
 #else
     staged_backward_persist<StagedBf16>(p, smem_raw);
@@ -249,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
 // Measured (RESULTS-gpu.md, fpab15): −1.1 to −13.0 % backward time against sage_bwd_main_persist_bf16 at N ≤ 4096,
 // −15.5 / −15.7 % against the plain grid at N 16384. The parameter is the dQ accumulator's tensor map followed
 // by BackwardParams (BwdParamsDqMap).
-#if FPA_EARLY_PATH && HEAD_DIM == 128
+#if BF16_BWD_EARLY_DV_PATH && HEAD_DIM == 128
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16q(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedBf16Bulk, true>(pm.p, BWD_STAGED_BF16, smem_raw);

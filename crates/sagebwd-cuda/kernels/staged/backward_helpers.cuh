@@ -343,7 +343,7 @@ __device__ __forceinline__ void wg_issue_bf16_keys_by_rows(float (&acc)[8][4], u
 // d = 64: one I2FP (1 issue slot; sage10's call: backward −2.3 / −3.1 % at the training shape N1k / N4k
 // against i2f_exact, verified); d = 128 keeps i2f_exact (VIADD + FADD, off the conversion pipe), the form
 // timed there (the I2FP variant is verified at d = 128 too but was not timed).
-__device__ __forceinline__ float sage10_i2f(int a) { return HEAD_DIM == 64 ? (float)a : i2f_exact(a); }
+__device__ __forceinline__ float sage_i2f(int a) { return HEAD_DIM == 64 ? (float)a : i2f_exact(a); }
 
 // Max of a warp tile's 32 values (|values| with ABS), as 4 independent chains and a 2-level tree:
 // fmax is exact and order-free, so the result is the sequential loop's; the chains cut the latency
@@ -353,7 +353,7 @@ __device__ __forceinline__ float sage10_i2f(int a) { return HEAD_DIM == 64 ? (fl
 // (with 0, as the chains' start) is the fmax, bit for bit: 11 + 4 + 2 three-way integer maxima
 // (VIMNMX3, Hopper's DPX) instead of 32 + 3 FMNMX.
 template <bool ABS>
-__device__ __forceinline__ float sage10_tile_max(const float (*v)[4]) {
+__device__ __forceinline__ float sage_tile_max(const float (*v)[4]) {
 #if defined(SAGE_WGMMA)
     if constexpr (!ABS) {
         auto x = [&](int i) { return __float_as_int(v[i >> 2][i & 3]); };
@@ -378,7 +378,7 @@ __device__ __forceinline__ float sage10_tile_max(const float (*v)[4]) {
 // caller's barriers keep `red` from being rewritten before everyone has read it (see
 // staged_backward_main). The per-warp partials are read back as float4 and combined as a tree.
 // sbwd12 (sm_90a; d = 64, and d = 128 since sbwd13): the warp step as one redux.sync max of the bits per value: a and b are
-// per-thread maxima from 0 (sage10_tile_max: never NaN, never below +0), and non-negative floats
+// per-thread maxima from 0 (sage_tile_max: never NaN, never below +0), and non-negative floats
 // order as their bit patterns, so the u32 max is the fmax, bit for bit (5 serial shuffle + fmax steps
 // before).
 __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
@@ -410,13 +410,13 @@ __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
 // red arrives: the slots start at +0 (zeroed before the loop's first barrier) and tile i's thread 0 zeroes slot
 // i + 2 mod 4 (its address: tile i's slot's XOR 16) after barrier (b) of tile i, when every read of it (tile i − 2,
 // before (b) of tile i − 1) is done and before any red into it (tile i + 2, after (b) of tile i + 1). a and b are
-// per-thread maxima from +0 (sage10_tile_max: never NaN, never below +0), so the u32 max of their bits is their fmax,
+// per-thread maxima from +0 (sage_tile_max: never NaN, never below +0), so the u32 max of their bits is their fmax,
 // bit for bit, as redux's warp step is already: the same values as block_max2's. Every lane issues the two reds, lane 0
 // to the slot and lanes 1..31 to sink words 32..92 bytes past it (within the scratch, never read; lane_off = lane 0: 0,
 // else 32 + 4·(lane mod 16)): one ATOMS each, no branch (a lane-0 or elect.sync predicate became a branch around each
 // ATOMS, and ptxas re-aggregated a lane-0 atomic over the active lanes by another redux). Leaves a and b as
 // block_max2 does.
-__device__ __forceinline__ void bwd17_block_max2(float& a, float& b, u32 slot, u32 lane_off) {
+__device__ __forceinline__ void block_max2_atomic(float& a, float& b, u32 slot, u32 lane_off) {
     a = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(a)));
     b = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(b)));
     asm volatile("red.shared.max.u32 [%0], %1;\nred.shared.max.u32 [%0+4], %2;\n"
@@ -432,13 +432,13 @@ __device__ __forceinline__ void bwd17_block_max2(float& a, float& b, u32 slot, u
 // computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
 // on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (common.cuh's inv127_rn, checked
 // on the device against __fdiv_rn(127, amax) on every non-negative FP32). The same bits as
-// sage10_group_scales' (0 and 0 for amax = 0) for every finite amax (amax = +inf, only from an infinite dS:
+// sage_group_scales' (0 and 0 for amax = 0) for every finite amax (amax = +inf, only from an infinite dS:
 // fl(amax/127) becomes NaN instead of +inf; every dequantized product of that tile is NaN either way, since
 // all its quantized values are 0). Instead of the IEEE division (FCHK, its slow-path branch) and 4 shuffles
 // after barrier (b): +17 instructions per tile. Measured with the split (final call, same binary): −3.7 % at
 // the training shape N 4096, ±0 at N 1024 (the persistent grid there has no split, so not these scales either).
 // scales24: sb16's d = 128 loop takes them too (−1.1 % backward there).
-__device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
+__device__ __forceinline__ void group_scale_of_amax(float amax, GroupScale& g) {
     g.scale = div127_rn(amax);  // 0 for amax = 0
     g.inv = inv127_rn(amax);  // common.cuh
 }
@@ -447,7 +447,7 @@ __device__ __forceinline__ void bwd16_group_scales(float amax, GroupScale& g) {
 // thread: lane k (mod 4) computes quotient k (0: amax_p/127, 1: 127/amax_p, 2: amax_ds/127,
 // 3: 127/amax_ds; 0 for an all-zero group, as group_scale) and lanes 0..3 broadcast theirs. The
 // same __fdiv_rn on the same operands, so the same bits; every lane holds both amax (block max).
-__device__ __forceinline__ void sage10_group_scales(float amax_p, float amax_ds, GroupScale& sp, GroupScale& sds) {
+__device__ __forceinline__ void sage_group_scales(float amax_p, float amax_ds, GroupScale& sp, GroupScale& sds) {
     const int k = threadIdx.x & 3;
     const float amax = k < 2 ? amax_p : amax_ds;
     const bool inv = k & 1;
@@ -463,7 +463,7 @@ __device__ __forceinline__ void sage10_group_scales(float amax_p, float amax_ds,
 // of row r is visible iff j < visible_end(d, r) (common.cuh). The lane's keys are wkey0 + g + 8h,
 // so each entry is one compare of 8h against the row's limit less wkey0 + g. Sets P = dS = 0 where
 // masked, as before; returns whether the warp's tile needed a mask (warp-uniform).
-__device__ __forceinline__ bool sage10_mask(const Dims& d, int qb, int kb, float (*prob)[4], float (*ds)[4]) {
+__device__ __forceinline__ bool sage_mask(const Dims& d, int qb, int kb, float (*prob)[4], float (*ds)[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wkey0 = kb * BLOCK_KV + (threadIdx.x >> 5) * 16;
     const int last_key = wkey0 + 15;
@@ -483,7 +483,7 @@ __device__ __forceinline__ bool sage10_mask(const Dims& d, int qb, int kb, float
 }
 
 // dS = fl(P·fl(dP − D)) of tile_ds_regs (dp in, dS out), without its mask.
-__device__ __forceinline__ void sage10_ds_regs(const float* rows, const float (*prob)[4], float (*ds)[4]) {
+__device__ __forceinline__ void sage_ds_regs(const float* rows, const float (*prob)[4], float (*ds)[4]) {
     const int t = threadIdx.x & 3;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -498,15 +498,15 @@ __device__ __forceinline__ void sage10_ds_regs(const float* rows, const float (*
 // A block whose 64 rows are all below n_q (every one but a ragged last) takes a branch-free path
 // from one lane pointer; before, every 8-byte reduction sat in its own guarded branch with its
 // address rebuilt inside (~200 instructions per tile at d = 64, now ~70).
-// I2FP: the INT32 → FP32 conversion by one I2FP at every d (sb128's d = 128 path), else sage10_i2f.
+// I2FP: the INT32 → FP32 conversion by one I2FP at every d (sb128's d = 128 path), else sage_i2f.
 // ROT_ACC (StagedSage128, SAGE_DQ_ACC_ROT): n-tile n of rows r_lo, r_lo + 8 to chunk position n ^ (r_lo mod 4).
 template <bool I2FP = false, bool ROT_ACC = false>
-__device__ __forceinline__ void sage10_add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
+__device__ __forceinline__ void sage_add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
     float val[HEAD_DIM / 16][4];
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 16; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(I2FP ? (float)acc[n][e] : sage10_i2f(acc[n][e]), scale);
+        for (int e = 0; e < 4; ++e) val[n][e] = __fmul_rn(I2FP ? (float)acc[n][e] : sage_i2f(acc[n][e]), scale);
     int r_lo;
     float* dq_lo = dq_lane_ptr(p, bh, qb, r_lo);
     if (ROT_ACC) {  // once per item (its last block): plain guards
@@ -539,11 +539,11 @@ __device__ __forceinline__ void sage10_add_dq(const BackwardParams& p, const int
 // the low word (start address a >> 4 < 2^14 never carries into bit 16, the LBO field) and the high
 // word is a constant of the row width. Before, each of the tile's 28 descriptors was rebuilt from
 // its address (add, mask, shift, or, then two moves to uniform registers).
-__device__ __forceinline__ u32 sage10_desc_lo(u32 addr) { return (u32)kmajor_desc(addr, 128); }
+__device__ __forceinline__ u32 sage_desc_lo(u32 addr) { return (u32)kmajor_desc(addr, 128); }
 
-// = wg_kstep_desc<ROWS, ROW_BYTES>(base + tile_off, row0, ks) for lo = sage10_desc_lo(base).
+// = wg_kstep_desc<ROWS, ROW_BYTES>(base + tile_off, row0, ks) for lo = sage_desc_lo(base).
 template <int ROWS, int ROW_BYTES>
-__device__ __forceinline__ u64 sage10_kstep_desc(u32 lo, u32 tile_off, int row0, int ks) {
+__device__ __forceinline__ u64 sage_kstep_desc(u32 lo, u32 tile_off, int row0, int ks) {
     constexpr int ATOM = ROW_BYTES < 128 ? ROW_BYTES : 128, STEPS = ATOM / 32;
     const u32 hi = (u32)(kmajor_desc(0, ATOM) >> 32);  // a constant
     const u32 off = tile_off + (ks / STEPS) * (ROWS * ATOM) + 32 * (ks % STEPS);
@@ -577,7 +577,7 @@ struct QueryStager {
 // Byte 2g + h of every 16-byte chunk of this warpgroup's half of the K̂ᵀ tile (rows wg·d/2.., the
 // rows its dQ wgmma reads) := byte g + 8h. In place, each thread its own two chunks; then the proxy
 // fence (the caller's next barrier makes it visible to the next dQ wgmma).
-__device__ __forceinline__ void sbwd12_interleave_kt(u32 kt_tile) {
+__device__ __forceinline__ void interleave_kt_for_dq(u32 kt_tile) {
     constexpr int CHUNKS = HEAD_DIM / 2 * BLOCK_KV / (128 * 16);  // per thread: 2 at d = 64, 4 at d = 128
     static_assert(THREADS == 256 && HEAD_DIM / 2 * BLOCK_KV == CHUNKS * 128 * 16, "whole chunks per thread");
     const u32 a = kt_tile + (threadIdx.x >> 7) * (HEAD_DIM / 2 * BLOCK_KV) + 16 * (threadIdx.x & 127);
@@ -602,11 +602,11 @@ __device__ __forceinline__ void sbwd12_interleave_kt(u32 kt_tile) {
 // d = 128 it is on, as part of the configuration that measured faster (with the dŜ stmatrix and the
 // redux amax: −0.8 to −2.5 %); its own share at d = 128 was not separated.
 #if BWD_WGMMA
-#ifndef SBWD13_UNIFORM_WG
-#define SBWD13_UNIFORM_WG (HEAD_DIM == 128)
+#ifndef UNIFORM_WARPGROUP_INDEX
+#define UNIFORM_WARPGROUP_INDEX (HEAD_DIM == 128)
 #endif
-__device__ __forceinline__ int sbwd13_wg() {
-#if SBWD13_UNIFORM_WG
+__device__ __forceinline__ int warpgroup_index() {
+#if UNIFORM_WARPGROUP_INDEX
     return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0);
 #else
     return threadIdx.x >> 7;
@@ -615,7 +615,7 @@ __device__ __forceinline__ int sbwd13_wg() {
 #endif
 
 // ---- pipe14: the sage query loop software-pipelined across query blocks (sm_90a, d = 64) -----------
-// staged_query_loop<StagedSage14T> (pipe14b: sage14_query_loop, below the generic loop): Sᵀ of block qb + 1 is issued
+// staged_query_loop<StagedSagePipelined> (pipe14b: sage64_query_loop, below the generic loop): Sᵀ of block qb + 1 is issued
 // right after the dV/dK products of block qb, so it runs while they are dequantized; the stage of
 // qb + 1 is waited for at the tile's amax barrier, and the tile has that one block barrier instead of
 // two. Three query-block stages (qb + 2 loads while qb and qb + 1 are read) and two amax scratches (no
@@ -624,20 +624,20 @@ __device__ __forceinline__ int sbwd13_wg() {
 // docs/RESULTS-gpu.md): sagebwd backward −6.3 % at the training shape N 4096, −1.3 % at N 1024 (the
 // persistent grid), −6.5 to −7.2 % on the d = 64 sweep's plain-grid rows; verified 152/152.
 #if BWD_WGMMA && HEAD_DIM == 64
-#define PIPE14_LOOP 1
-#define PIPE14_STAGES 3
+#define SAGE64_PIPELINED_LOOP 1
+#define SAGE_QUERY_STAGES 3
 #else
-#define PIPE14_LOOP 0
-#define PIPE14_STAGES 2
+#define SAGE64_PIPELINED_LOOP 0
+#define SAGE_QUERY_STAGES 2
 #endif
-// sb128: the INT8 path at d = 128 on sm_90a as its own type StagedSage128 (below StagedSage14T) with its own
+// sb128: the INT8 path at d = 128 on sm_90a as its own type StagedSage128 (below StagedSagePipelined) with its own
 // query loop (dQ by bulk reduce-adds, raw row constants, scales a tile ahead).
 #if BWD_WGMMA && HEAD_DIM == 128
-#define SB128_LOOP 1
+#define SAGE128_PIPELINED_LOOP 1
 #else
-#define SB128_LOOP 0
+#define SAGE128_PIPELINED_LOOP 0
 #endif
-#if SB128_LOOP != SAGE_DQ_ACC_ROT
+#if SAGE128_PIPELINED_LOOP != SAGE_DQ_ACC_ROT
 #error "StagedSage128 writes the dQ accumulator in SAGE_DQ_ACC_ROT's order, which sage_bwd_post_dq_sage reads"
 #endif
 

@@ -1,7 +1,7 @@
 // ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
     // Key block: K̂, K̂ᵀ (BF_KT bytes each), V (2·BF_KT); stage: Q̂, dO (2·BF_QT), dÔᵀ, Q̂ᵀ; dŜ bytes.
-    // (pipe14b: two stages; the pipelined loop's type StagedSage14 below has its own layout.)
+    // (pipe14b: two stages; the pipelined loop's type StagedSage64 below has its own layout.)
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV> Layout;
     static constexpr int kt = BF_KT, v = 2 * BF_KT;                   // offsets in the key block
     static constexpr int d_o = BF_QT, dot = 3 * BF_QT, qt = 4 * BF_QT;  // offsets in a stage
@@ -61,13 +61,13 @@ struct StagedSage {
         wgmma_fence();  // the accumulators were last written by the previous tile's code
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 32; ++ks)
-            wgmma_s8_ss_n64(s, sage10_kstep_desc<BLOCK_KV, HEAD_DIM>(smem_lo, 0, 64 * wg, ks),
-                            sage10_kstep_desc<BLOCK_Q, HEAD_DIM>(st_lo, 0, 0, ks), ks);
+            wgmma_s8_ss_n64(s, sage_kstep_desc<BLOCK_KV, HEAD_DIM>(smem_lo, 0, 64 * wg, ks),
+                            sage_kstep_desc<BLOCK_Q, HEAD_DIM>(st_lo, 0, 0, ks), ks);
         wgmma_commit();
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ++ks)  // = wg_issue_bf16_keys_by_rows(dp, smem + v, st + d_o, wg)
-            wgmma_bf16_ss_n64(dp, sage10_kstep_desc<BLOCK_KV, BF_ROW>(smem_lo, v, 64 * wg, ks),
-                              sage10_kstep_desc<BLOCK_Q, BF_ROW>(st_lo, d_o, 0, ks), ks);
+            wgmma_bf16_ss_n64(dp, sage_kstep_desc<BLOCK_KV, BF_ROW>(smem_lo, v, 64 * wg, ks),
+                              sage_kstep_desc<BLOCK_Q, BF_ROW>(st_lo, d_o, 0, ks), ks);
         wgmma_commit();
     }
 
@@ -77,16 +77,16 @@ struct StagedSage {
         wgmma_fence();  // the accumulators were last read by ordinary instructions
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 32; ++ks)
-            wgmma_s8_ss_n64(s, sage10_kstep_desc<BLOCK_KV, HEAD_DIM>(smem_lo, 0, 64 * wg, ks),
-                            sage10_kstep_desc<BLOCK_Q, HEAD_DIM>(st_lo, 0, 0, ks), ks);
+            wgmma_s8_ss_n64(s, sage_kstep_desc<BLOCK_KV, HEAD_DIM>(smem_lo, 0, 64 * wg, ks),
+                            sage_kstep_desc<BLOCK_Q, HEAD_DIM>(st_lo, 0, 0, ks), ks);
         wgmma_commit();
     }
     static __device__ __forceinline__ void wg_issue_dp(float (&dp)[8][4], u32 smem_lo, u32 st_lo, int wg) {
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
-            wgmma_bf16_ss_n64(dp, sage10_kstep_desc<BLOCK_KV, BF_ROW>(smem_lo, v, 64 * wg, ks),
-                              sage10_kstep_desc<BLOCK_Q, BF_ROW>(st_lo, d_o, 0, ks), ks);
+            wgmma_bf16_ss_n64(dp, sage_kstep_desc<BLOCK_KV, BF_ROW>(smem_lo, v, 64 * wg, ks),
+                              sage_kstep_desc<BLOCK_Q, BF_ROW>(st_lo, d_o, 0, ks), ks);
         wgmma_commit();
     }
 
@@ -97,7 +97,7 @@ struct StagedSage {
         wgmma_fence();  // acc was read, a written, by ordinary instructions since the last wgmma
 #pragma unroll
         for (int ks = 0; ks < BLOCK_Q / 32; ++ks)
-            wgmma_s8_rs_n32(acc, a[ks], sage10_kstep_desc<HEAD_DIM, BLOCK_Q>(st_lo, bt_off, 32 * c, ks), ks);
+            wgmma_s8_rs_n32(acc, a[ks], sage_kstep_desc<HEAD_DIM, BLOCK_Q>(st_lo, bt_off, 32 * c, ks), ks);
         wgmma_commit();
     }
 
@@ -144,14 +144,14 @@ struct StagedSage {
 
 #if BWD_WGMMA
     // out[nt][e] = fma(float(acc), scale, out) of one 32-column chunk (wg_key_products' dequantization).
-    // I2FP: one I2FP per value at every d (sb128's d = 128 tile), else sage10_i2f.
+    // I2FP: one I2FP per value at every d (sb128's d = 128 tile), else sage_i2f.
     template <bool I2FP = false>
     static __device__ __forceinline__ void dequant_chunk(const int (*acc)[4], float (*out)[4], float scale) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                out[nt][e] = __fmaf_rn(I2FP ? (float)acc[nt][e] : sage10_i2f(acc[nt][e]), scale, out[nt][e]);
+                out[nt][e] = __fmaf_rn(I2FP ? (float)acc[nt][e] : sage_i2f(acc[nt][e]), scale, out[nt][e]);
     }
 #endif
 
@@ -251,22 +251,22 @@ struct StagedSage {
         float prob[8][4];
         float amax_p;
 #if BWD_WGMMA
-        const u32 smem_lo = sage10_desc_lo(x.smem), st_lo = sage10_desc_lo(x.st);
+        const u32 smem_lo = sage_desc_lo(x.smem), st_lo = sage_desc_lo(x.st);
         // Issued on every tile (the same commit groups each time, or ptxas serializes); the first
         // tile's result (of a stale buffer) is not added.
         int dq_acc[HEAD_DIM / 16][4];
         wgmma_fence();
-        issue_dq(dq_acc, smem_lo, sage10_desc_lo(x.prev_ds));
+        issue_dq(dq_acc, smem_lo, sage_desc_lo(x.prev_ds));
         wgmma_commit();
-        wg_issue_scores_dp(s_acc, ds, smem_lo, st_lo, sbwd13_wg());
+        wg_issue_scores_dp(s_acc, ds, smem_lo, st_lo, warpgroup_index());
         wgmma_wait<2>();  // dQ of block qb − 1 landed; Sᵀ, dPᵀ run on
         wgmma_fence_regs(dq_acc);
-        if (x.has_prev) sage10_add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);  // block-uniform
-        else sbwd12_interleave_kt(x.smem + kt);  // the CTA's first tile; block (b) below is the barrier
+        if (x.has_prev) sage_add_dq(p, dq_acc, x.prev_dq_scale, x.bh, x.qb - 1);  // block-uniform
+        else interleave_kt_for_dq(x.smem + kt);  // the CTA's first tile; block (b) below is the barrier
         wgmma_wait<1>();  // Sᵀ done; dPᵀ may still run
         wgmma_fence_regs(s_acc);
         tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
-        amax_p = sage10_tile_max<false>(prob);  // while dPᵀ runs; redone below if the tile is masked
+        amax_p = sage_tile_max<false>(prob);  // while dPᵀ runs; redone below if the tile is masked
         wgmma_wait<0>();
         wgmma_fence_regs(ds);
 #else
@@ -279,7 +279,7 @@ struct StagedSage {
             keys_by_rows<HEAD_DIM / 8, BF_ROW, true>(ds, x.smem + v + key_row * BF_ROW, r, x.st + d_o + q_row * BF_ROW, r);
         }
         tile_p_regs<true>(x.rows, s_acc, s_qk, prob);
-        amax_p = sage10_tile_max<false>(prob);
+        amax_p = sage_tile_max<false>(prob);
 #endif
         GroupScale sc_p, sc_ds;
         u32 pa[2][4], da[2][4];
@@ -298,24 +298,24 @@ struct StagedSage {
     // wg·d/2..), K = the 128 keys; A = the dŜ byte tile; smem_lo, ds_lo: descriptor low words of the
     // key block and of the dŜ tile.
     static __device__ __forceinline__ void issue_dq(int (&acc)[HEAD_DIM / 16][4], u32 smem_lo, u32 ds_lo) {
-        const int wg = sbwd13_wg();
+        const int wg = warpgroup_index();
 #pragma unroll
         for (int ks = 0; ks < BLOCK_KV / 32; ++ks)
-            wgmma_s8_ss(acc, sage10_kstep_desc<BLOCK_Q, BLOCK_KV>(ds_lo, 0, 0, ks),
-                        sage10_kstep_desc<HEAD_DIM, BLOCK_KV>(smem_lo, kt, wg * (HEAD_DIM / 2), ks), ks);
+            wgmma_s8_ss(acc, sage_kstep_desc<BLOCK_Q, BLOCK_KV>(ds_lo, 0, 0, ks),
+                        sage_kstep_desc<HEAD_DIM, BLOCK_KV>(smem_lo, kt, wg * (HEAD_DIM / 2), ks), ks);
     }
 #endif
 
-    // dS = P ∘ (dP − D) (sage10_ds_regs), the mask, P's and dS's block amax (barrier (b); amax_p: P's warp
+    // dS = P ∘ (dP − D) (sage_ds_regs), the mask, P's and dS's block amax (barrier (b); amax_p: P's warp
     // amax before the mask), their group scales, and P̂, dŜ quantized: dŜ stored at x.ds, both as A fragments.
     static __device__ __forceinline__ void quantize_p_ds(const Dims& d, const StagedTile& x, float (*prob)[4], float (*ds)[4],
                                                          float amax_p, GroupScale& sc_p, GroupScale& sc_ds, u32 (*pa)[4],
                                                          u32 (*da)[4]) {
-        sage10_ds_regs(x.rows, prob, ds);
-        if (sage10_mask(d, x.qb, x.kb, prob, ds)) amax_p = sage10_tile_max<false>(prob);  // warp-uniform
-        float amax_ds = sage10_tile_max<true>(ds);
+        sage_ds_regs(x.rows, prob, ds);
+        if (sage_mask(d, x.qb, x.kb, prob, ds)) amax_p = sage_tile_max<false>(prob);  // warp-uniform
+        float amax_ds = sage_tile_max<true>(ds);
         block_max2(amax_p, amax_ds, x.red);  // (b)
-        sage10_group_scales(amax_p, amax_ds, sc_p, sc_ds);
+        sage_group_scales(amax_p, amax_ds, sc_p, sc_ds);
         quantize_tile(prob, ds, sc_p.inv, sc_ds.inv, x.ds, pa, da);
     }
 
@@ -323,17 +323,17 @@ struct StagedSage {
     static __device__ __forceinline__ void drain(float (*)[4], float (*)[4]) {}
 
     // dQ += dŜ K̂ (#6) for the warp's rows and half of d (dŜ at shared address ds_tile). I2FP, ROT_ACC: as
-    // sage10_add_dq's (wgmma dQ only).
+    // sage_add_dq's (wgmma dQ only).
     template <bool I2FP = false, bool ROT_ACC = false>
     static __device__ __forceinline__ void dq(const BackwardParams& p, u32 smem, u32 ds_tile, float scale, int bh, int qb) {
 #if BWD_WGMMA
         int acc[HEAD_DIM / 16][4];
         wgmma_fence();
-        issue_dq(acc, sage10_desc_lo(smem), sage10_desc_lo(ds_tile));
+        issue_dq(acc, sage_desc_lo(smem), sage_desc_lo(ds_tile));
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_regs(acc);
-        sage10_add_dq<I2FP, ROT_ACC>(p, acc, scale, bh, qb);
+        sage_add_dq<I2FP, ROT_ACC>(p, acc, scale, bh, qb);
 #else
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
         const int c0 = (warp >> 2) * (HEAD_DIM / 2);
@@ -428,15 +428,15 @@ struct QueryStager<StagedSage> {
 };
 #endif
 
-#define SAGE14_DQ_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded; pipe14b, bulk15, sb128)
-// A landed dQ tile of the wgmma layout (the values sage10_add_dq adds: fl(float(acc)·scale)) into a
-// staging tile (I2FP: as sage10_add_dq's): warp w's rows 16(w mod 4) + lane/4 (+ 8), columns (w div 4)·d/2 + 8n + 2(lane mod 4).
+#define SAGE_DQ_STAGING_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded; pipe14b, bulk15, sb128)
+// A landed dQ tile of the wgmma layout (the values sage_add_dq adds: fl(float(acc)·scale)) into a
+// staging tile (I2FP: as sage_add_dq's): warp w's rows 16(w mod 4) + lane/4 (+ 8), columns (w div 4)·d/2 + 8n + 2(lane mod 4).
 template <bool I2FP = false>
-__device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
-    const auto cvt = [](int a) { return I2FP ? (float)a : sage10_i2f(a); };
+__device__ __forceinline__ void pipelined_stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
+    const auto cvt = [](int a) { return I2FP ? (float)a : sage_i2f(a); };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float* lo = (float*)(tile + ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW) + (warp >> 2) * (HEAD_DIM / 2) + 2 * (lane & 3);
-    float* hi = lo + 8 * (SAGE14_DQ_ROW / 4);
+    float* lo = (float*)(tile + ((warp & 3) * 16 + (lane >> 2)) * SAGE_DQ_STAGING_ROW) + (warp >> 2) * (HEAD_DIM / 2) + 2 * (lane & 3);
+    float* hi = lo + 8 * (SAGE_DQ_STAGING_ROW / 4);
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 16; ++n) {
         *(float2*)(lo + 8 * n) = make_float2(__fmul_rn(cvt(acc[n][0]), scale), __fmul_rn(cvt(acc[n][1]), scale));
@@ -444,17 +444,17 @@ __device__ __forceinline__ void sage14_stage_dq(unsigned char* tile, const int (
     }
 }
 
-// bulk15 (ROT; d = 64, and since session 14 d = 128): sage14_stage_dq's values at
-// sage14_stage_dq's addresses, the order of the stores permuted per row. Rows are 4d bytes (256 or 512),
+// bulk15 (ROT; d = 64, and since session 14 d = 128): pipelined_stage_dq's values at
+// pipelined_stage_dq's addresses, the order of the stores permuted per row. Rows are 4d bytes (256 or 512),
 // so every row of a 16-row block starts at the same bank and
-// sage14_stage_dq's STS.64 (8 rows × 32 bytes, n-tile j of every row) takes 8 wavefronts, not 2. Here
+// pipelined_stage_dq's STS.64 (8 rows × 32 bytes, n-tile j of every row) takes 8 wavefronts, not 2. Here
 // store j of lane (r = lane/4, c = lane mod 4) writes n-tile j ^ k, k = r mod 4 (columns 8(j ^ k) + 2c,
 // +1 of the warp's half): rows r and r + 4 share a group of 8 banks, the 4 groups differ, 2 wavefronts.
 // With NT = d/16 n-tiles per warp (4 or 8) and the tile 32·NT-byte aligned (ALIGNED: d = 64's 1024-byte
 // layout start, dqst0 and dqst_bytes multiples of 128, checked where the tile is chosen), the lane's
 // offset has bits 5 .. 4 + log2(NT) clear, so the address of store j is (base + 32k) ^ 32j. The values
 // are picked by two select stages (swap n-tiles j, j ^ 1 where k & 1, then j, j ^ 2 where k & 2).
-__device__ __forceinline__ void sage14_sts_f2(u32 addr, float2 v) {
+__device__ __forceinline__ void pipelined_sts_f2(u32 addr, float2 v) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
 }
 // ALIGNED = false (d = 128's layout: the tile only 16-byte aligned): the XOR on the offset within the tile,
@@ -463,13 +463,13 @@ __device__ __forceinline__ void sage14_sts_f2(u32 addr, float2 v) {
 // so row r's n-tile m lands at position m ^ (r mod 4), the layout the accumulator keeps (common.cuh): the
 // same banks, without the 4·NT selects per thread (2 per score at d = 128: 5.6 % of the loop's instructions).
 template <bool I2FP = false, bool ALIGNED = true, bool SELECT = true>
-__device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4], float scale) {
+__device__ __forceinline__ void pipelined_stage_dq_rot(u32 tile, const int (*acc)[4], float scale) {
     constexpr int NT = HEAD_DIM / 16;
     static_assert(NT == 4 || NT == 8, "the permutation assumes 4 or 8 n-tiles per warp");
-    const auto cvt = [](int a) { return I2FP ? (float)a : sage10_i2f(a); };
+    const auto cvt = [](int a) { return I2FP ? (float)a : sage_i2f(a); };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int k = (lane >> 2) & 3;
-    const u32 off = ((warp & 3) * 16 + (lane >> 2)) * SAGE14_DQ_ROW + (warp >> 2) * (HEAD_DIM * 2) + 8 * (lane & 3) + 32 * k;
+    const u32 off = ((warp & 3) * 16 + (lane >> 2)) * SAGE_DQ_STAGING_ROW + (warp >> 2) * (HEAD_DIM * 2) + 8 * (lane & 3) + 32 * k;
     const u32 lo = ALIGNED ? tile + off : off;
     float2 v[2][NT];
 #pragma unroll
@@ -492,7 +492,7 @@ __device__ __forceinline__ void sage14_stage_dq_rot(u32 tile, const int (*acc)[4
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         const u32 a = ALIGNED ? lo ^ (32 * j) : tile + (lo ^ (32 * j));
-        sage14_sts_f2(a, v[0][j]);
-        sage14_sts_f2(a + 8 * SAGE14_DQ_ROW, v[1][j]);
+        pipelined_sts_f2(a, v[0][j]);
+        pipelined_sts_f2(a + 8 * SAGE_DQ_STAGING_ROW, v[1][j]);
     }
 }
