@@ -54,42 +54,36 @@ struct QueryStager<StagedSagePipelined<Options>> : QueryStager<StagedSage> {
 #endif
 
 #if SAGE128_PIPELINED_LOOP
-// ---- sb128: the INT8 path at d = 128 (sm_90a) as its own type, with its own query loop -----------------
+// ---- The INT8 path at d = 128 (sm_90a) as its own type, with its own query loop -----------------
 // StagedSage128 = StagedSage (two query-block stages, the same tile: dQ of block qb − 1 issued before Sᵀ, dPᵀ)
-// with its own query loop (sage128_query_loop, below sage14's helpers). Each item was measured against the form before it
-// (docs/RESULTS-gpu.md, sessions 14–20); the other forms are in the history before session 21.
-// - Bulk dQ (sb128): the landed dQ of block qb − 1 (the values sage_add_dq adds, fl(float(acc)·scale)) goes to a
-//   staging tile [64][d] FP32 instead of 16 red.global.add.v2.f32 per thread, and warp w adds rows 8w..8w + 7 (4 KB)
-//   to the accumulator by one bulk reduce (pipe14b's pipelined_bulk_dq), in bulk15's permuted order (pipelined_stage_dq_rot:
-//   2 shared wavefronts per STS.64 instead of 8). The per-thread reductions had waited for the LSU (prof15: long
-//   scoreboard 7.0 %, LG throttle 2.8 %); without the bulk form +4 % at N 4096, without the order +4.6 to +11.6 %.
-//   Since sb26 the permuted order is kept in the accumulator (SAGE_DQ_ACC_ROT, common.cuh; the postprocess reads it
-//   back in order) instead of undone by 64 FSEL per thread and tile (2.1 of ~37 instructions per score, ncu).
+// with its own query loop (sage128_query_loop, sm90/backward_int8_d128.cu):
+// - Bulk dQ: the landed dQ of block qb − 1 (the values sage_add_dq adds, fl(float(acc)·scale)) goes to a staging
+//   tile [64][d] FP32 instead of 16 red.global.add.v2.f32 per thread, and warp w adds rows 8w..8w + 7 (4 KB) to the
+//   accumulator by one bulk reduce (pipelined_bulk_dq), in the permuted chunk order of pipelined_stage_dq_rot (2
+//   shared wavefronts per STS.64 instead of 8): the per-thread reductions wait for the LSU. The permuted order is
+//   kept in the accumulator (SAGE_DQ_ACC_ROT, common.cuh; the postprocess reads it back in order) rather than undone
+//   by 64 selects per thread and tile.
 // - Raw row constants: those of block qb + 1 loaded raw (lse2, offset, D) early and subtracted when stored at the
-//   end of the tile (pipe14's (3)), so that no warp waits for global loads inside the tile.
-// - Scales ahead: s_Q, s_dO of block qb + 1 loaded in tile qb and s_K once per item (the scale loads had sat behind
-//   the stage's copies in the LSU queue: 3.8 %).
+//   end of the tile, so that no warp waits for global loads inside the tile.
+// - Scales ahead: s_Q, s_dO of block qb + 1 loaded in tile qb and s_K once per item (else the scale loads sit behind
+//   the stage's copies in the LSU queue).
 // - One I2FP per float(acc) in the dV, dK, dQ dequantizations (exact, |acc| < 2^22) instead of i2f_exact's VIADD +
-//   FADD: 160 instructions fewer per thread per tile (+4 % at N 4096 without it).
-// - Pipelined (sb16): Sᵀ of block qb + 1 issued at the end of tile qb, one block barrier per tile (the amax barrier
-//   (b)), and each stage split by lifetime: its Sᵀ/dPᵀ operands (Q̂, dO: part A, free once every warp has waited for
-//   dPᵀ, i.e. at (b)) and its dV/dK operands (dÔᵀ, Q̂ᵀ: part B, free at the next (b)). After (b) of tile qb, A of
-//   block qb + 2 goes to the A part of stage qb mod 2 and B of block qb + 1 to the B part of stage (qb + 1) mod 2, so
-//   block j's operands still sit in stage j mod 2 and the two stages (80 KB) suffice where pipe14 needed three.
-// - P̂, then dV's first two chunks issued, then dŜ quantized and stored while they run (sb20): d 128 backward −0.3 to
-//   −1.4 % at every sweep shape (call21b). The same order at d = 64 was +1.1 to +2.5 % slower, so pipe14's loop keeps
-//   quantize_tile. Moving also the work after (b) that no product waits for (the next blocks' copies, the row loads,
-//   the bulk dQ of qb − 2) behind those chunks made ptxas spill (4 STL, 5 LDL) and cost +4.7 to +8.1 % (call21c).
+//   FADD: 160 instructions fewer per thread per tile.
+// - Pipelined: Sᵀ of block qb + 1 issued at the end of tile qb, one block barrier per tile (the amax barrier (b)),
+//   and each stage split by lifetime: its Sᵀ/dPᵀ operands (Q̂, dO: part A, free once every warp has waited for dPᵀ,
+//   i.e. at (b)) and its dV/dK operands (dÔᵀ, Q̂ᵀ: part B, free at the next (b)). After (b) of tile qb, A of block
+//   qb + 2 goes to the A part of stage qb mod 2 and B of block qb + 1 to the B part of stage (qb + 1) mod 2, so block
+//   j's operands still sit in stage j mod 2 and two stages (80 KB) suffice where the d = 64 loop has three.
+// - P̂, then dV's first two chunks issued, then dŜ quantized and stored while they run. (At d = 64 this order is
+//   slower, so that loop keeps quantize_tile.) The work after (b) that no product waits for (the next blocks'
+//   copies, the row loads, the bulk dQ of qb − 2) stays before those chunks: behind them ptxas spills.
 // The same products and FP32 operations as StagedSage, in the same order (only the unordered FP32 additions of dQ
-// into the accumulator happen in another order, as pipe14b's bulk dQ). Shared memory: StagedSage's layout, a second
-// amax scratch and two 32 KB staging tiles. Measured (sb128's call; verified 152/152): backward at d = 128 −4.5 to
-// −9.1 % at N 1024 / 4096, −13 % at N 16384; sb16 and sb20 on top of it.
+// into the accumulator happen in another order). Shared memory: StagedSage's layout, a second amax scratch and two
+// 32 KB staging tiles.
 // Which thread issues the TMA copies (SAGE128_TMA_THREAD) and which 64 threads load and store the row constants
-// (SAGE128_ROW_THREAD0 .. + 63) in sb16's loop: both duties on warpgroup 1 (warps 4 and 5). Measured (call21g, the d 128
-// sweep shapes, three rounds, against both on warpgroup 0, i.e. thread 0 and threads 0..63): −0.2 to −1.2 % at every
-// shape; split between the warpgroups (the copies on 1 and the rows on 0, or the reverse) +4.5 % and +3.6 %: the
-// warpgroup that carries an extra duty reaches the tile's barrier and its wgmma issues late, and one late warpgroup
-// costs less than two.
+// (SAGE128_ROW_THREAD0 .. + 63) in the loop: both duties on warpgroup 1 (warps 4 and 5). The warpgroup that carries
+// an extra duty reaches the tile's barrier and issues its wgmma late; one late warpgroup costs less than two, so the
+// duties are not split between the warpgroups.
 #ifndef SAGE128_TMA_THREAD
 #define SAGE128_TMA_THREAD 128
 #endif
@@ -105,7 +99,7 @@ struct StagedSage128 : StagedSage {
         static constexpr int bytes = dqst0 + 2 * Layout128::dqst_bytes + ALIGN_SLACK;
     };
 
-    // StagedSage::stage_query_block in two parts, copied at different times by sb16's loop: A = Q̂, dO (Sᵀ's and
+    // StagedSage::stage_query_block in two parts, copied at different times by the pipelined loop: A = Q̂, dO (Sᵀ's and
     // dPᵀ's B operands), B = dÔᵀ, Q̂ᵀ (the key products'). (Not shared with stage_query_block: written as two
     // calls there, ptxas scheduled the d = 64 and d = 128 kernels differently.)
     static __device__ __forceinline__ void stage_query_a(const BackwardParams& p, u32 st, int bh, int qb) {
@@ -126,7 +120,7 @@ struct StagedSage128 : StagedSage {
     }
 
     // The landed dQ tile's values fl(float(acc)·scale) into a staging tile (one I2FP per value), each row's
-    // chunks in the accumulator's order (SAGE_DQ_ACC_ROT, sb26).
+    // chunks in the accumulator's order (SAGE_DQ_ACC_ROT).
     static __device__ __forceinline__ void stage_dq(unsigned char* tile, const int (*acc)[4], float scale) {
         pipelined_stage_dq_rot<true, false, false>((u32)__cvta_generic_to_shared(tile), acc, scale);
     }
@@ -137,12 +131,11 @@ struct StagedSage128 : StagedSage {
     }
     static constexpr bool TMA_STAGE = false;
 };
-// ---- sb20: sb16's in-loop stage copies by TMA (d = 128, plain grid: sage_bwd_main_mma_sage_t) ----------------------
-// sb16's profile (RESULTS-gpu.md): after barrier (b) every thread rebuilt the swizzled destinations and guarded sources
-// of its 10 cp.async chunks (~110 instructions per thread per tile, 3 spilled values reloaded), on the stretch between
-// (b) and the first dV/dK chunk where the tensor pipe has only dQ(qb − 1) to run. Here one thread (SAGE128_TMA_THREAD)
-// issues the same bytes as 5 TMA boxes completing on one mbarrier, waited for where the cp.async wait was (before the
-// next tile's (b)).
+// ---- The d = 128 loop's stage copies by TMA (plain grid: sage_bwd_main_mma_sage_t) -------------------------------
+// With cp.async, after barrier (b) every thread rebuilds the swizzled destinations and guarded sources of its 10
+// chunks (~110 instructions per thread per tile), on the stretch between (b) and the first dV/dK chunk where the
+// tensor pipe has only dQ(qb − 1) to run. Here one thread (SAGE128_TMA_THREAD) issues the same bytes as 5 TMA boxes
+// completing on one mbarrier, waited for where the cp.async wait was (before the next tile's (b)).
 // The four maps (src/backward.rs `sage128_stage_maps`) sit in front of BackwardParams in the kernel's one parameter:
 //   0: Q̂ [rows·n_q][d] INT8 as 5-D {d, e: 2, b: 4, c: 2, a}, strides {1, 4, 2, 16} rows, box {d, 2, 4, 2, 4}: query
 //      row 16a + 4b + 2c + e lands in tile row 16a + 8c + 2b + e, which is permuted_qrow's order; the 128-byte
@@ -151,9 +144,8 @@ struct StagedSage128 : StagedSage {
 //   2, 3: dÔᵀ, Q̂ᵀ [rows][d][n_qpad] INT8 as 3-D {n_qpad, d, rows}, box {64, d, 1}, 64-byte swizzle.
 // The host takes it only when n_q % 64 == 0: the rows of consecutive heads are then whole 16-row groups and no query
 // block is ragged (the cp.async copies zero-fill rows past n_q; here no such row exists).
-// At d = 64 the same copies on bwd18's TMA-dQ kernel measured +2.3 to +5.6 % (call21e, verified 182/182): there the
-// per-thread cp.async copies were already cheap (QueryStager's precomputed parts), the TMA form added 18 instructions
-// to the loop, and the issuing warp delays its warpgroup on a shorter tile. Not used.
+// Not at d = 64: there the per-thread cp.async copies are cheap already (QueryStager's precomputed parts), the TMA
+// form adds instructions to the loop, and the issuing warp delays its warpgroup on a shorter tile.
 struct __align__(64) StageMapsParam {
     unsigned long long w[4][16];
 };

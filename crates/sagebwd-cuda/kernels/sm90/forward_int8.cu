@@ -1,6 +1,6 @@
 // ---------------------------------------------------------------------------------------------
-// Persistent INT8 forward (sfwd12), kernels `sage_forward_ws_p*`: the warp-specialized INT8 tile (ws3's schedule:
-// ping-pong, early amax, S(kb + 1) overlapping the O update; WsInt8 and ws_tile, the pairs kernel's, so the same bits)
+// Persistent INT8 forward, kernels `sage_forward_ws_p*`: the warp-specialized INT8 tile (ping-pong, early amax,
+// S(kb + 1) overlapping the O update; WsInt8 and ws_tile, so the same bits as the query-block-pair schedule)
 // on the persistent grid of the BF16 kernel (FpTile, fp_tile, fp_block_tile): min(tiles, SMs)
 // blocks walk the tiles (query-block pair, batch·head) heaviest first (SNAKE: rounds alternate
 // direction). The producer warpgroup streams Q̂ of the next tile into one of two Q slots and K̂, V̂ᵀ
@@ -13,30 +13,29 @@
 // The per-block scales (q_scale of the query block, k/v scales of key block 0) are loaded per tile
 // by WsInt8's constructor.
 
-// The tensor maps of the persistent INT8 kernel, its first parameters: V̂ᵀ (int8_v_map), for fwd22's copies
+// The tensor maps of the persistent INT8 kernel, its first parameters: V̂ᵀ (int8_v_map), for the TMA copies
 // (F_TMA_KQ) K̂ as the 5-D view whose box lands in the permuted row order of the K̂ tile (permuted_row; src/tma.rs
-// `permuted_rows_map`) and Q̂ as 2-D rows (src/forward.rs `int8_kq_maps`), and O for fwd22s's stores (`o_map`).
+// `permuted_rows_map`) and Q̂ as 2-D rows (src/forward.rs `int8_kq_maps`), and O for the TMA stores (`o_map`).
 struct WspMaps {
     const void *v, *k, *q, *o;
 };
 
 #define WSP_STAGES (HEAD_DIM == 128 ? 4 : 8)  // 4 × 32 KB or 8 × 16 KB of K̂ and V̂ᵀ
 #define WSP_Q_BYTES (2 * WG_Q_TILE)           // Q̂ of both query blocks of a tile
-// fwd22s (d = 128): O stored by TMA from a staging box per consumer warp (wsp_store). Measured (session 22, call c3):
-// d 128 forward −0.1 to −8.4 % (geo. mean −3.3 %, most at N 1k); d 64 +4.2 % (+7.9 % at N 8k: ptxas re-allocated the
-// d 64 consumer around it), so d 64 keeps the 4-byte pair stores and its SASS.
+// d = 128: O stored by TMA from a staging box per consumer warp (wsp_store). d = 64 keeps the 4-byte pair stores: with
+// the TMA stores ptxas allocates the d = 64 consumer's registers worse, and it is slower.
 #define WSP_TMA_O (HEAD_DIM == 128)
 #define WSP_OST_WARP (WSP_TMA_O ? 16 * HEAD_DIM * 2 : 0)  // a consumer warp's O staging: 16 rows × d BF16
-// fwd16's variant bits of the persistent kernel (wsp_consumer, WspInt8; described there).
+// Option bits of the persistent kernel, the entries' V (wsp_consumer, WspInt8; described there).
 #define WSP_INT_ROW_MAX 1
 #define WSP_MASK_BY_LIMIT 2
 #define WSP_NO_TURNS 4
-// fwd17's bits (d = 64; wsp_softmax_p_hat_int_max, ws_tile's EARLY_TEST; described there).
+// The issue-order options (wsp_softmax_p_hat_int_max, ws_tile's EARLY_TEST; described there).
 #define WSP_ROW1_AFTER_INVERSES 8
 #define WSP_EARLY_STAGE_TEST 32
 #define WSP_QUAD_INT_MAX 64
 #define WSP_ELECT_LANE 128
-// fwd18 (d = 64, without turns): wsp_consumer with wsp_staggered_tile, the once-per-tile stagger of the two consumer
+// Without turns: wsp_consumer with wsp_staggered_tile, the once-per-tile stagger of the two consumer
 // warpgroups (described there).
 #define WSP_TILE_STAGGER 8192
 
@@ -82,7 +81,7 @@ struct WspSmem {
     __device__ __forceinline__ void wait_q_empty(int i) const {
         if (i >= 2) mbar_wait(q_empty_bar(i), ((i >> 1) - 1) & 1);  // i = j
     }
-    // One thread: "full" completes on the 128 producer arrivals + the TMA's (with its bytes), with fwd22's copies
+    // One thread: "full" completes on the 128 producer arrivals + the TMA's (with its bytes), with the TMA copies
     // (`tma_kq`) on the one arrival of the thread that issues them (with the bytes); the "empty" ones on one arrival
     // per consumer warp (8).
     __device__ __forceinline__ void init(bool tma_kq) const {
@@ -95,12 +94,12 @@ struct WspSmem {
     }
 };
 
-// fwd22 (F_TMA_KQ, where n_k is a non-zero multiple of 16): every copy of the producer by TMA from its one thread (tid 0): per
+// F_TMA_KQ (where n_k is a non-zero multiple of 16): every copy of the producer by TMA from its one thread (tid 0): per
 // key block K̂ and V̂ᵀ, per tile with key blocks Q̂ of both query blocks with its first block, on the stage's "full"
 // barrier (one arrival with the bytes). The K̂ view folds the heads' 16-key groups together, so a head's last block
 // may read the next head's first keys instead of zeros (the tensor's end reads zeros) and Q̂'s rows past n_q the next
 // head's rows: such keys are masked (tile_needs_mask) and such rows are never stored. Instead of ws_load_k's ~40
-// address instructions per 16-byte cp.async: the copies took ~18 % of the kernel's issued instructions (call c1).
+// address instructions per 16-byte cp.async, which make the copies a large share of the kernel's issued instructions.
 template <bool SNAKE>
 __device__ void wsp_producer_tma(const WspMaps& m, const ForwardParams& p, const WspSmem& sm) {
     const Dims& d = p.dims;
@@ -164,29 +163,24 @@ __device__ void wsp_producer(const WspMaps& m, const ForwardParams& p, const Wsp
 }
 
 // The tile's O (BF16) and lse2, lse of a consumer warp (rows row0..row0 + 15): mma_store's values
-// (the same bits) stored another way (fwd14). mma_store writes each thread's 32 (d = 128: 64) BF16 as
-// 2-byte stores, 8 rows per instruction, a quarter of each 32-byte sector: under ncu at the training
-// shape (d = 64, N 4k) the consumer warps spent ~14 % of their samples in the tile's epilogue, mostly
-// waiting for the store queue to take the next store's registers, and ~3 % waiting for the b_r load
-// queued behind those stores; both warpgroups end a tile together, so nothing overlaps it. Here the
+// (the same bits) stored another way. mma_store writes each thread's 32 (d = 128: 64) BF16 as
+// 2-byte stores, 8 rows per instruction, a quarter of each 32-byte sector: the consumer warps wait in the
+// tile's epilogue for the store queue to take the next store's registers, and for the b_r load queued
+// behind those stores; both warpgroups end a tile together, so nothing overlaps it. Here the
 // thread's BF16 pairs (columns 2t, 2t + 1 of each n-tile, adjacent) go out as one 4-byte store each:
 // half the stores, half the sector traffic. The b_r of the thread's rows (`ro`, row_offset, §3.5)
 // come from wsp_row_offsets: at d = 64 loaded at the tile's start (WSP_EARLY_RO), at d = 128 just
 // before the stores (early, ptxas spilled in the d = 128 key loop: that consumer is at its 240
-// registers). Measured and not kept (RESULTS-gpu.md, fwd14): the tile staged in shared memory and
-// stored as 16-byte rows — with stmatrix or a __syncwarp / per-warp bar.sync ptxas treated the whole
-// consumer as possibly divergent (WARPSYNC and collective shuffle paths in the key loop, +8.5 % at
-// N 4k); with plain shared stores and no warp barrier (relying on the converged warp's in-order
-// shared-memory accesses) it was −1.4 % at N 1k and ±0 at N 4k against this. epi15: the pairs are
-// packed by cvt.rn.bf16x2.f32 (o_pack_pairs, in o_store_pairs); deferring this epilogue past the next
-// tile's first S (`wsp3se`) and fp_store as o_store_pairs (`fpp3su`) were slower (RESULTS-gpu.md, epi15).
-// fwd22s (WSP_TMA_O, d = 128; d = 64 keeps o_store_pairs): the warp's BF16 pairs (o_pack_pairs, the same bits) go
+// registers). Not staged in shared memory as 16-byte rows: with stmatrix or a __syncwarp / per-warp
+// bar.sync ptxas treats the whole consumer as possibly divergent (WARPSYNC and collective shuffle paths
+// in the key loop). The pairs are packed by cvt.rn.bf16x2.f32 (o_pack_pairs, in o_store_pairs).
+// WSP_TMA_O (d = 128; d = 64 keeps o_store_pairs): the warp's BF16 pairs (o_pack_pairs, the same bits) go
 // to its staging box in shared memory (16 rows × d in boxes of 64 columns = 128 bytes per row, 128-byte swizzle: the
 // 16-byte chunk c of row r at c ^ (r mod 8), so that each 4-byte store of the warp hits 32 distinct banks), then one
 // lane stores each box by a TMA tensor store (src/forward.rs `o_map`: rows past n_q are outside the map, not written). The lane that issued the previous tile's
 // stores waits for their read of the box first (every lane waits: whichever lane elect.sync picked has them).
-// Instead of o_store_pairs' 32 4-byte global stores per thread, whose LSU queue ("lg throttle") held the
-// consumer ~7 % of its samples at d 128 N 1k (session 22's profile).
+// Instead of o_store_pairs' 32 4-byte global stores per thread, whose LSU queue ("lg throttle") holds the
+// d = 128 consumer.
 __device__ __forceinline__ void wsp_stage_pair(u32 box, int row, int nt, u32 v) {
     const int c = nt % 8, t = threadIdx.x & 3;
     asm volatile("{\n.reg .b32 a;\nxor.b32 a, %1, %2;\nshl.b32 a, a, 4;\nadd.u32 a, a, %0;\nst.shared.b32 [a], %3;\n}\n"
@@ -231,7 +225,7 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // d = 64: the b_r loads at the tile's start, their latency hidden by the key loop (wsp_store).
 #define WSP_EARLY_RO (HEAD_DIM == 64)
 
-// fwd16: the persistent consumer's key-block softmax at d = 64 (bits of V; the default WSP_INT_MAX_OPTS
+// The persistent consumer's key-block softmax (bits of V; the default WSP_INT_MAX_OPTS
 // below). WSP_INT_ROW_MAX: the thread's row maxima of the score factors a = float(acc) as float(max acc),
 // the integer max by VIMNMX3 (15 three-input + 1 two-input per row instead of 31 FMNMX on the floats),
 // taken straight from the S accumulators before the mask test (so that ptxas interleaves them with
@@ -239,11 +233,8 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // factors): the conversion is exact (|acc| ≤ 127²·64 < 2²⁴) and non-decreasing, so float(max acc) =
 // max float(acc) bit for bit (I2FP of 0 is +0, no −0 arises). The same mx as before, hence the same
 // m, α, P̂, l. WSP_MASK_BY_LIMIT (with WSP_INT_ROW_MAX): boundary blocks masked by wsp_mask_limit (one
-// limit per row) instead of mask_permuted. WSP_NO_TURNS: no turns at all (opt-in, `wsp3s-nopp`).
-// Measured (RESULTS-gpu.md, fwd16): IMAX + MASK_LIMIT −7.8 % / −10.4 % of the training-shape forward
-// at N 4k / 1k; also measured and dropped: the turn passed right behind the wgmma issues (+6 % at
-// N 4k), unsigned ring counters (+0.8 %), the producer's "empty" waits with a suspend hint (±0).
-// (The WSP16_* bits are defined above, outside SAGE_WGMMA: the entries use them on sm_80 too.)
+// limit per row) instead of mask_permuted. WSP_NO_TURNS: no turns between the consumer warpgroups.
+// (The option bits are defined above, outside SAGE_WGMMA: the entries use them on sm_80 too.)
 
 // mask_permuted's −∞ by one limit per row (the BF16 mask's form, fwd9, for the permuted key order):
 // the key of entry (nt, e) is col0 + c with col0 = key0 + 4·(lane % 4) and the compile-time offset
@@ -277,26 +268,24 @@ __device__ __forceinline__ int wsp_row_imax(const int (&acc)[64], int h) {
     return max(__vimax3_s32(b0, b1, b2), b3);
 }
 
-// fwd17: x with a data dependency on inv, x unchanged: the bits of x plus the sign bit of inv, which
+// x with a data dependency on inv, x unchanged: the bits of x plus the sign bit of inv, which
 // is 0 (inv127_rn gives +0, a positive value or +inf — fl(127/amax) overflows for amax < ~2^-121). As
-// inline PTX so that neither NVVM nor ptxas folds it. (The device call's build had fma(0, inv, x),
-// which is NaN for inv = +inf: the σ = 5 verify cases failed with O = inf; see RESULTS-gpu.md, fwd17.)
+// inline PTX so that neither NVVM nor ptxas folds it. (Not fma(0, inv, x): that is NaN for inv = +inf.)
 __device__ __forceinline__ float wsp_depend_on(float x, float inv) {
     u32 r;
     asm("{\n.reg .u32 s;\nshr.u32 s, %2, 31;\nadd.u32 %0, %1, s;\n}\n" : "=r"(r) : "r"(__float_as_uint(x)), "r"(__float_as_uint(inv)));
     return __uint_as_float(r);
 }
 
-// fwd17: softmax_p_hat_early_mx<true> (the same operations, the same order, the same bits) with the
+// softmax_p_hat_early_mx<true> (the same operations, the same order, the same bits) with the
 // exponentials' scale sc of row 1 (WSP_ROW1_AFTER_INVERSES) made data-
-// dependent on the group inverses inv of the quantizer (wsp_depend_on: the same value). In main's SASS
-// ptxas issued the two RCP chains of inv127_rn after all 64 EX2s (nothing waited on them before the
+// dependent on the group inverses inv of the quantizer (wsp_depend_on: the same value). Otherwise
+// ptxas issues the two RCP chains of inv127_rn after all 64 EX2s (nothing waited on them before the
 // quantization), so the 64 quantizing FFMAs + 48 PRMTs ran after the EX2 stream instead of in the
 // issue slots between its MUFUs; with row 1's exponentials depending on inv, the chains run during
 // row 0's exponentials and the quantization can interleave with row 1's.
-// Measured (fwd17's device call): interleaved as intended (49–52 of the 64 FFMAs before the 60th EX2),
-// but 1.8–2.8 % slower alone at N 4k / 8k: the EX2s of the SMSP's two consumer warps share the XU, so the
-// stream's stall "wait" became "mio" (the MUFU queue) and the slots gained were not free (RESULTS-gpu.md).
+// Alone (without the other issue-order options) it does not pay: the EX2s of the SMSP's two consumer warps share
+// the XU, so the slots gained are not free.
 // WSP_QUAD_INT_MAX: mx holds the quad's row maxima already (quad_fmax after the integer shuffles), so only
 // row_max_commit is left.
 template <int V>
@@ -322,7 +311,7 @@ struct WspInt8 : WsInt8<true, true> {
     __device__ __forceinline__ WspInt8(const ForwardParams& p, u32 q_tiles, int w, int bh, int bh_kv, int qb, int cta_end)
         : Base(p, q_tiles, w, bh, bh_kv, qb, cta_end) {}
     // WSP_ELECT_LANE: elect.sync (one ELECT, any one lane) instead of lane 0 by S2R of %tid, which ptxas
-    // re-read in every key block (its latency before the O update, fwd17).
+    // re-reads in every key block (its latency before the O update).
     __device__ __forceinline__ bool warp_leader() const {
         if constexpr ((V & WSP_ELECT_LANE) != 0) {
             u32 e;
@@ -337,7 +326,7 @@ struct WspInt8 : WsInt8<true, true> {
             float t[S_TILES][4], mx[2];
             float sc = __fmul_rn(sq, k_sc);
             if constexpr ((V & WSP_QUAD_INT_MAX) != 0) {
-                // fwd17: the quad's row maxima on the integers (float(max acc) = max float(acc), as above),
+                // WSP_QUAD_INT_MAX: the quad's row maxima on the integers (float(max acc) = max float(acc), as above),
                 // so that the shuffles' latency overlaps the 64 I2FP; boundary blocks redo them on the floats.
                 int im[2];
 #pragma unroll
@@ -373,7 +362,7 @@ struct WspInt8 : WsInt8<true, true> {
     }
 };
 
-// fwd18: the once-per-tile stagger (WSP_TILE_STAGGER, d = 64, no turns). Without turns (`wsp3s-nopp`) the two
+// The once-per-tile stagger (WSP_TILE_STAGGER, without turns). Without turns the two
 // consumer warpgroups run free and drift apart within a block's tiles, by different amounts on different
 // SMs. Here warpgroup 1 starts each tile's first S only once warpgroup 0's S of its first key block of the
 // tile is done (named barrier 3, warpgroup 0 arrives at the start of that block's softmax): the two are
@@ -382,10 +371,8 @@ struct WspInt8 : WsInt8<true, true> {
 // tile only after warpgroup 1 has started the previous one (barrier 4: warpgroup 1 arrives once before its
 // first tile and after each wait on 3, warpgroup 0 waits before each tile and once after its last). Tiles
 // without key blocks take no part (both warpgroups skip them alike). The arithmetic is ws_tile's.
-// Measured (fwd18's call, RESULTS-gpu.md): in phase is what pays — warpgroup 1 half a block or more behind
-// (at later points of warpgroup 0's first block, or once per kernel) was 1.6–6 % slower than `wsp3s-nopp`,
-// while this variant was −2.0 % at the training shape N 4k; ncu puts the gain in the kernel's tail
-// (the last SM finishes 16 k cycles after the average one instead of 35 k), not in the per-block stalls.
+// In phase is what pays (warpgroup 1 half a block or more behind is slower); the gain is in the kernel's tail (the
+// last SM finishes closer to the average one), not in the per-block stalls.
 #define WSP_BAR_START_WG1 3  // warpgroup 0 → 1: the tile's start
 #define WSP_BAR_STARTED_WG0 4  // warpgroup 1 → 0: the previous tile started
 // bar.arrive on barrier 3 (256 threads) if p, predicated (no branch before the softmax's code).
@@ -523,19 +510,14 @@ __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParam
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         wsp_main<SNAKE, V>(WspMaps{&vmap, &kmap, &qmap, &omap}, p, ws_smem);                                      \
     }
-// The two entries (src/forward.rs `int8_persistent_default`: `wsp3s-sx` at both head dims since session 22), each a
-// measured step over the one before (RESULTS-gpu.md; the earlier entries `wsp3s`, `wsp3s-0`, `wsp3s-nopp`, `wsp3s-stagger` are in
-// the history before session 21):
-// - fwd16 (both): the integer row max and the one-limit boundary mask (training shape −10.4 / −7.8 % at N 1k / 4k;
-//   d = 128 −0.8 / −6.5 % at N 1k full / causal, −1.3 / −4.3 % at N 4k).
-// - fwd17's bits (both): row 1's exponentials after the quantizer inverses, so that ptxas puts the quantization into
-//   the EX2 stream's idle slots; the next stage's early test (with the turns only); the quad maxima on the integers;
-//   elect.sync. −1.8 to −2.5 % against the kernel without them at d 64 N 1k; at d 128 −1.0 to −2.6 % at every sweep
-//   shape (call20e).
-// wsp3s-x (the d = 128 default until session 22, opt-in since): with the ping-pong turns of the consumer warpgroups (FA3).
-// wsp3s-sx (the default): no turns, fwd18's once-per-tile stagger (wsp_staggered_tile) instead: −0.8 to −3.2 % forward
-// against the previous d 64 rules at every d 64 sweep and training shape (call20g); at d 128 +0.2 to +1.4 % against
-// wsp3s-x then, −1.7 to −4.8 % (geo. mean −3.3 %) once fwd22 had taken the producer's copies off the schedulers (c5).
+// The two entries (src/forward.rs `int8_persistent_default` picks `sage_forward_ws_p3s_sx` at both head dims):
+// - WSP_INT_MAX_OPTS (both): the integer row max and the one-limit boundary mask.
+// - WSP_ISSUE_OPTS (both): row 1's exponentials after the quantizer inverses, so that ptxas puts the quantization
+//   into the EX2 stream's idle slots; the next stage's early test (with the turns only); the quad maxima on the
+//   integers; elect.sync.
+// - sage_forward_ws_p3s_x: with the ping-pong turns of the consumer warpgroups (FA3).
+// - sage_forward_ws_p3s_sx: no turns, the once-per-tile stagger (wsp_staggered_tile) instead: once the producer's
+//   copies are off the schedulers the turns' barriers cost more than they save, at both head dims.
 #define WSP_INT_MAX_OPTS (WSP_INT_ROW_MAX | WSP_MASK_BY_LIMIT)
 #define WSP_ISSUE_OPTS (WSP_ROW1_AFTER_INVERSES | WSP_EARLY_STAGE_TEST | WSP_QUAD_INT_MAX | WSP_ELECT_LANE)
 WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP_INT_MAX_OPTS | WSP_ISSUE_OPTS)
@@ -544,5 +526,5 @@ WSP_ENTRY(sage_forward_ws_p3s_sx, true, WSP_INT_MAX_OPTS | WSP_NO_TURNS | WSP_TI
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
 // launch with less traps rather than corrupt memory.
-// 128 threads (the launch bounds of 256 are those of the two-warpgroup wgmma path it also ran until session 21:
-// kept so that the SASS of its paths stays the one verified).
+// 128 threads (launch bounds of 256: its paths' verified machine code was compiled with those bounds, and other bounds
+// would change it).

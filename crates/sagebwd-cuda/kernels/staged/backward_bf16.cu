@@ -1,4 +1,4 @@
-// ---- bf16: #3 to #7 all BF16 ---------------------------------------------------------------------
+// ---- The BF16 tile: #3 to #7 all BF16 ---------------------------------------------------------------------
 // acc[n] (16 rows × 8 columns, n = 0..2·NP − 1) += a (KS k-steps of 16 in registers, A fragments) ·
 // B, B from a BF16 tile of ROW-byte rows (BF_ROW, or 128 for one atom column of a WgKmajor tile) read transposed (k = tile row, n = tile column): tile
 // rows 16ks.. for k-step ks, columns 8·chunk0.. (swizzle swz_rows8). Lane (mi, r) addresses row
@@ -390,7 +390,7 @@ struct StagedBf16 {
     }
 };
 
-// ---- fpab14: the fpa tile at d = 128 with dV issued early (sage_bwd_main_persist_bf16 only) ---------
+// ---- The BF16 tile at d = 128 with dV issued early (sage_bwd_main_persist_bf16 only) ---------
 // StagedBf16 with another tile(): dV += bf16(P)ᵀ dO is issued as soon as P is computed and masked (its
 // own commit group), so it runs on the tensor cores while dS = fl(P·fl(dP − D)) is computed; dK after.
 // Before, both were issued after dS, and the tensor cores idled from dPᵀ's end to dV's start. Same
@@ -429,7 +429,7 @@ __device__ __forceinline__ const void* dq_map_of(const BackwardParams& p) {
 }
 #if BWD_WGMMA && BF16_BWD_EARLY_DV && !BF16_BWD_STAGE_AHEAD && !BF16_BWD_STSM_DS
 #define BF16_BWD_EARLY_DV_PATH 1
-// ---- fpab15: dQ of the d = 128 fpa tile by TMA reduce-adds (sage_bwd_main_persist_bf16q) ------------
+// ---- dQ of the d = 128 BF16 tile by TMA reduce-adds (sage_bwd_main_persist_bf16q) ------------
 // The landed dQ tile (warp w: rows 16(w mod 4).., columns (w div 4)·64.., 16 × 64 FP32) goes to the
 // warp's own 4 KB of a staging area instead of 16 red.global.add.v2.f32 per thread; the four boxes of a
 // warpgroup (one column half, rows 0..63 in order) are one 16 KB box of the accumulator's 4-D tensor map

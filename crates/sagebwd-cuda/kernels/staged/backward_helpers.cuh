@@ -334,7 +334,7 @@ __device__ __forceinline__ void wg_issue_bf16_keys_by_rows(float (&acc)[8][4], u
 #define BWD_WGMMA 0
 #endif
 
-// ---- sage10: helpers of the staged sage tile (fewer CUDA-core instructions per tile) ---------------
+// ---- Helpers of the staged INT8 tile (fewer CUDA-core instructions per tile) ---------------
 // At d = 64 the sage tile is bound by its CUDA-core work, not by the tensor cores (docs/RESULTS-gpu.md,
 // "INT8 sagebwd backward at d64"); these replace shared helpers whose SASS did the same arithmetic in
 // more, or more serial, instructions. Every value they produce is bit-identical to the old one.
@@ -551,7 +551,7 @@ __device__ __forceinline__ u64 sage_kstep_desc(u32 lo, u32 tile_off, int row0, i
 }
 #endif
 
-// ---- sage11: query-block staging with per-thread copy offsets computed once per CTA ------------
+// ---- Query-block staging with per-thread copy offsets computed once per CTA ------------
 // The staged driver stages block qb + 1 through a QueryStager<Path> built before its query loop. This
 // default asks the path every time (its stage_query_block rebuilds every address from threadIdx);
 // a path may specialize it to keep the per-thread parts of its copies (swizzled destinations, source
@@ -564,7 +564,7 @@ struct QueryStager {
     }
 };
 
-// ---- sbwd12: the dŜ tile by stmatrix at d = 64 -----------------------------------------------
+// ---- The dŜ tile by stmatrix at d = 64 -----------------------------------------------
 // The Sᵀ accumulator gives lane (g, t) keys g and g + 8 of the warp's 16 (one 16-byte chunk of a dŜ
 // row) for rows 4t + c (+ 16, 2 per n-tile): 32 one-byte stores per thread per tile before. Stored
 // instead as 16-bit pairs {key g, key g + 8} by two stmatrix.trans, each 16-byte chunk of dŜ holds its
@@ -591,7 +591,7 @@ __device__ __forceinline__ void interleave_kt_for_dq(u32 kt_tile) {
 }
 #endif
 
-// ---- sbwd13: the warpgroup index as a value ptxas knows is warp-uniform --------------------------
+// ---- The warpgroup index as a value ptxas knows is warp-uniform --------------------------
 // threadIdx.x / 128 is the same in every lane of a warp, but ptxas does not know it: each wgmma whose
 // descriptor depends on it (Sᵀ's and dPᵀ's A: K̂, V rows 64·wg; dQ's B: K̂ᵀ rows wg·d/2) had its
 // descriptor built in vector registers and moved by 2 R2UR (+ VIADD, IMAD.MOV) per wgmma. Broadcast
@@ -614,7 +614,7 @@ __device__ __forceinline__ int warpgroup_index() {
 }
 #endif
 
-// ---- pipe14: the sage query loop software-pipelined across query blocks (sm_90a, d = 64) -----------
+// ---- The INT8 query loop software-pipelined across query blocks (sm_90a, d = 64) -----------
 // staged_query_loop<StagedSagePipelined> (pipe14b: sage64_query_loop, below the generic loop): Sᵀ of block qb + 1 is issued
 // right after the dV/dK products of block qb, so it runs while they are dequantized; the stage of
 // qb + 1 is waited for at the tile's amax barrier, and the tile has that one block barrier instead of

@@ -1,4 +1,4 @@
-// ---- sage: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
+// ---- The INT8 tile: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
     // Key block: K̂, K̂ᵀ (BF_KT bytes each), V (2·BF_KT); stage: Q̂, dO (2·BF_QT), dÔᵀ, Q̂ᵀ; dŜ bytes.
     // (pipe14b: two stages; the pipelined loop's type StagedSage64 below has its own layout.)
