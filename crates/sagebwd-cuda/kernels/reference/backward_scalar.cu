@@ -37,7 +37,7 @@ __device__ TileScales tile_p_ds(const BackwardParams& p, BackwardShared& s, int 
         float prob = 0.0f, ds = 0.0f;
         if (visible(p.dims, r, j)) {
             const long q_row = (long)bh * p.dims.n_q + r, k_row = (long)bh_kv * p.dims.n_k + j;
-            // t = fl(a·sc) (§4); P = exp2(fma(a, sc, −L)) for INT8 #3 (bfma24, §5), fma(t, 1, −L) = fl(t − L) otherwise.
+            // t = fl(a·sc) (§4); P = exp2(fma(a, sc, −L)) for INT8 #3 (§5), fma(t, 1, −L) = fl(t − L) otherwise.
             const float a = score_factor(p.op, int8_qk, q_row, k_row, bh * p.dims.n_qblk + qb,
                                          bh_kv * p.dims.n_kblk + kb, p.c_lambda, smooth_q, s.beta[jl]);
             const float sc = score_scale(p.op, int8_qk, bh * p.dims.n_qblk + qb, bh_kv * p.dims.n_kblk + kb,

@@ -33,7 +33,7 @@ __device__ TileScales mma_tile_p_ds(const BackwardParams& p, BackwardShared& s, 
 #pragma unroll 1
     for (int nt = 0; nt < 8; ++nt) {
         float t[4], dp[4];
-        float sc = 1.0f;  // t = fl(t·sc) below: the factor a and its scale for INT8 #3 (bfma24, §5), else t itself and 1
+        float sc = 1.0f;  // t = fl(t·sc) below: the factor a and its scale for INT8 #3 (§5), else t itself and 1
         if (int8_qk) {
             int acc[4] = {0, 0, 0, 0};
             tile_s8(acc, ReadI8(), vq8, 0, ReadI8(), vk8, nt * 8, HEAD_DIM);

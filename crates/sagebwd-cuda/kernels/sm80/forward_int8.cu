@@ -459,11 +459,9 @@ __device__ __forceinline__ void masked_zero_scale(float (*t)[4], float& sc) {
 // limit per tile, relative to the thread's first key column, and an entry costs one compare of its
 // compile-time column offset with that limit and one select. The per-entry visible() let ptxas
 // pack the compares into predicate bitmasks (P2R, then a LOP3 per entry) and the d = 64 causal BF16
-// forward swung by 12 % from one build to the next (fpafwd3); this form is 26 % fewer instructions
-// in fpp3s and 17 % faster at the training shape (fwd9).
-// Permuted order: kept per entry, as aeae31c: the prefix form (limit from the thread's first column
-// + 4·(lane % 4)) made the INT8 `ws3` forward 3.5 % faster at d = 64 causal N = 1k but 2.4 % slower
-// at N = 4k (ptxas scheduled the whole key loop differently; fwd9's first call).
+// forward's time swung from one build to the next; this form has fewer instructions and is faster.
+// Permuted order: kept per entry: the prefix form (limit from the thread's first column + 4·(lane % 4))
+// made ptxas schedule the whole INT8 key loop differently, faster at some shapes and slower at others.
 // The permuted (INT8 forward) callers mask the score factors a (t = fl(a·sc), §4): a masked a = −∞
 // must meet sc > 0 in fma(a, sc, −m) (−∞·0 is NaN). sc = 0 (an all-zero Q̂ or K̂ block) makes every
 // t of the tile ±0: a masked tile then takes a = 0, sc = 1 instead, the same t = 0 and the same

@@ -70,7 +70,7 @@ __device__ __forceinline__ float sage128_query_loop(const BackwardParams& p, u32
         const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
         const u32 st_lo = sage_desc_lo(stage(par));
 
-        // P = exp2(fma(float(S), s, −L)) (bfma24) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
+        // P = exp2(fma(float(S), s, −L)) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
         float2 L[8];
         pipelined_row_pairs(L, rows, t);
         wgmma_wait<0>();  // Sᵀ of qb

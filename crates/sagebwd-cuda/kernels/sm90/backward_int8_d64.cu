@@ -117,7 +117,7 @@ __device__ __forceinline__ float sage64_query_loop(const BackwardParams& p, u32 
         const int qn = has_next ? qb + 1 : qb;
         const float s_q_next = q_scale[qn], s_do_next = do_scale[qn];
 
-        // P = exp2(fma(float(S), s, −L)) (bfma24) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
+        // P = exp2(fma(float(S), s, −L)) (tile_p_regs), L read before the wait; dPᵀ runs meanwhile.
         float2 L[8], D[8];
         pipelined_row_pairs(L, rows, t);
         float ds_in[8][4];  // dPᵀ, then dS in place (without F)

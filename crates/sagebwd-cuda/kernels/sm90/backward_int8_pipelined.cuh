@@ -88,7 +88,7 @@ __device__ __forceinline__ void sage128_bulk_dq(const BackwardParams& p, u32 til
 }
 
 // The pipelined loops' (pipe14 at d = 64, sb16 at d = 128) row constants of the thread's 16 rows (raw, from the
-// staged row-constant block: L at `rows`, D at rows + BLOCK_Q) and P = exp2(fma(float(S), s, −L)) (bfma24) (tile_p_regs).
+// staged row-constant block: L at `rows`, D at rows + BLOCK_Q) and P = exp2(fma(float(S), s, −L)) (tile_p_regs).
 __device__ __forceinline__ void pipelined_row_pairs(float2 (&x)[8], const float* rows, int t) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) x[nt] = *(const float2*)(rows + qrow_of(nt, 2 * t));

@@ -1,5 +1,5 @@
 // ---------------------------------------------------------------------------------------------
-// Warp-specialized BF16 path (sm_90a; fpafwd), kernel `sage_forward_ws_bf16`: the staged BF16 path's
+// Warp-specialized BF16 path (sm_90a), kernel `sage_forward_ws_bf16`: the staged BF16 path's
 // arithmetic (t = fl(cλ·S), staged_softmax, bf16(p), O = fl(fl(O·α) + PV_block), l of the
 // unrounded p; only FP32 summation orders inside S and PV_block differ) on the warp-specialized
 // structure of the INT8 one (WsRing, ws_start, ws_consume: the same ring, roles and ping-pong):
@@ -94,16 +94,15 @@ struct WsBf16 {
     }
 };
 
-// ws3's schedule: ping-pong, S(kb + 1) during the O update of kb (fws1 without the ping-pong, fws0 with S(kb + 1)
-// after the O update and fws3s with P·V as two n64 products measured slower: RESULTS-gpu.md, fpafwd; removed in
-// session 21).
+// The INT8 pairs kernel's schedule: ping-pong, S(kb + 1) during the O update of kb (faster than without the
+// ping-pong, than S(kb + 1) after the O update, and than P·V as two n64 products).
 __device__ void ws_consumer_bf16(const ForwardParams& p, const WsBf16Ring& sm, int w, int bh, int cta_end) {
     WsBf16 mx(p, sm.q, w);
     ws_consume<true, true>(p, sm, mx, w, bh, cta_end);
 }
 #endif  // SAGE_WGMMA
 
-// The warp-specialized BF16 path (#1 and #2 BF16 on sm_90a) on a grid of query-block pairs (`fws3`). Launched
+// The warp-specialized BF16 path (#1 and #2 BF16 on sm_90a) on a grid of query-block pairs. Launched
 // by src/forward.rs with 384 threads, WsBf16Ring::kSmemBytes of dynamic shared memory and the
 // tensor maps of Q, K, V.
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
@@ -129,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 
 
 // ---------------------------------------------------------------------------------------------
-// Persistent BF16 forward (fpafwd2), kernels `sage_forward_ws_bf16_p*`: the arithmetic of
+// Persistent BF16 forward, kernels `sage_forward_ws_bf16_p*`: the arithmetic of
 // sage_forward_ws_bf16 except that P·V accumulates straight onto the rescaled O (§4, #2 BF16: one
 // FP32 sum of O·α and the products, in any order), which frees the PV_block accumulator for
 // FlashAttention-3's in-warpgroup overlap, and a persistent grid:
@@ -144,8 +143,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 //   P(kb + 1) live in two register sets (the loop is unrolled by two).
 
 // The step for key block kb needs the stages of kb and kb + 1 at once (S(kb + 1) is issued before
-// P·V(kb)), so 2 stages would leave the load of kb + 2 no slack (fpafwd2's first call: d = 128 lost
-// 25–37 %): 3 at d = 128 (192 KB, hence one Q slot), 5 at d = 64 with two Q slots.
+// P·V(kb)), so 2 stages would leave the load of kb + 2 no slack: 3 at d = 128 (192 KB, hence one Q slot), 5 at d = 64 with two Q slots.
 #define FP_STAGES (HEAD_DIM == 128 ? 3 : 5)  // 3 × 64 KB or 5 × 32 KB of K and V
 #define FP_Q_SLOTS (HEAD_DIM == 128 ? 1 : 2)
 // With one Q slot the consumers release it as soon as the tile's last S is done (not at the tile's
@@ -223,8 +221,8 @@ __device__ __forceinline__ FpTile fp_tile(const Dims& d, int t) {
 // The i-th tile of this block. Plain: t = blockIdx.x + i·gridDim.x. SNAKE: the rounds alternate
 // direction over the heaviest-first order (round i odd: gridDim.x − 1 − blockIdx.x), so a block
 // with the heaviest tile of one round gets the lightest of the next: a causal grid's blocks then
-// get work within ~1–2 % of the mean where the plain stride leaves the heaviest 6–7 % above it
-// (a static count of key blocks per block, fpafwd3). Either way the block's first tile is its
+// get work closer to the mean than with the plain stride
+// (a static count of key blocks per block). Either way the block's first tile is its
 // heaviest.
 template <bool SNAKE>
 __device__ __forceinline__ int fp_block_tile(int i) {
@@ -232,7 +230,7 @@ __device__ __forceinline__ int fp_block_tile(int i) {
     return i * (int)gridDim.x + lane;
 }
 
-// Head-grouped order (fpaf14, BF16 kernels only; `fpp3g`): the tiles of G (batch·head)s form a group,
+// Head-grouped order (BF16 kernels only; `sage_forward_ws_bf16_p3g`): the tiles of G (batch·head)s form a group,
 // pairs in decreasing order and the group's heads inside, and the groups follow one another. With
 // fp_tile's order the blocks running at once (one round, gridDim.x tiles) hold the same pair of
 // ~gridDim.x different heads, and the next pair of a head comes B·H tiles later: when B·H ≳ gridDim.x
@@ -363,8 +361,8 @@ __device__ __forceinline__ void o_pack_pairs(const RowState& st, const float (*o
 // O = fl(O · fl(1/l)) as BF16 (o_pack_pairs), lse2 (+ b_r from row_offset(h, row) after an INT8 #1),
 // lse; empty rows 0, +∞ (mma_store's values): each thread's two adjacent columns of each n-tile as one
 // 32-bit store, rows ≥ n_q skipped: the persistent INT8 kernel's epilogue (wsp_store). fp_store (BF16)
-// keeps its own form: through this helper (epi15's `fpp3su`) ptxas re-allocated the whole BF16 kernel
-// and fpa's forward was 2–4 % slower at the training shape (RESULTS-gpu.md, epi15).
+// keeps its own form: through this helper ptxas re-allocates the whole BF16 kernel
+// and it is slower.
 template <class RowOffset>
 __device__ __forceinline__ void o_store_pairs(const ForwardParams& p, const RowState& st, const float (*o)[4], int bh,
                                               int row0, RowOffset row_offset) {
@@ -461,7 +459,7 @@ __device__ __forceinline__ void fp_first_block(const ForwardParams& p, const FpS
 // tiles. Ping-pong: the turns alternate over all tiles (both warpgroups take end + 1 turns per
 // tile), so warpgroup 1 passes the first turn once and warpgroup 0 takes the last one once.
 // (Chaining each tile's first S + softmax onto the previous tile's last P·V, FA3's inter-tile
-// overlap, was slower: RESULTS-gpu.md, fpafwd3, commit 73beb5b.)
+// overlap, is slower.)
 template <bool PINGPONG, bool SNAKE, bool GROUPED>
 __device__ void fp_consumer(const ForwardParams& p, const FpSmem& sm, int w) {
     const Dims& d = p.dims;
@@ -531,6 +529,6 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         fp_main<PINGPONG, SNAKE, GROUPED>(&qmap, &kmap, &vmap, p, ws_smem);                                       \
     }
-FP_ENTRY(sage_forward_ws_bf16_p3s, true, true, false)   // fpp3s: ping-pong, the snake tile order (fpafwd3)
-FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // fpp3g: fpp3s with head-grouped tiles (fpaf14)
+FP_ENTRY(sage_forward_ws_bf16_p3s, true, true, false)   // ping-pong, the snake tile order
+FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // the same with head-grouped tiles
 

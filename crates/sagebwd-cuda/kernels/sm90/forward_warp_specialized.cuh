@@ -11,8 +11,6 @@
 // - O += P̂ V̂: A = P̂ (registers), B = the V̂ᵀ tile [d][128 keys], K-major (keys contiguous).
 // Tiles are 1024-byte aligned in the hardware's swizzled layout (128-byte rows: 128-byte swizzle;
 // the 64-byte K̂ rows at d = 64: 64-byte swizzle).
-// (The first wgmma forward, one or two warpgroups per block without a producer, `SAGEBWD_FORWARD_WGMMA=pipe`,
-// `pipe2`, `simple`, is in the history before session 21: the warp-specialized kernels replaced it in fwd3.)
 
 #define WG_THREADS 128                     // one warpgroup
 #define WG_TILE (BLOCK_KV * HEAD_DIM)       // bytes of one K̂ or V̂ᵀ tile (a multiple of 1024)
@@ -62,10 +60,9 @@ __device__ __forceinline__ void wg_scores(const Dims& d, float (*t)[4], const in
 #endif  // SAGE_WGMMA
 
 // ---------------------------------------------------------------------------------------------
-// Warp-specialized wgmma INT8 forward (sm_90a; fwd3): the helpers above with the copies moved out of the
-// consumers' issue slots. Built first as a kernel of one block per query-block pair (`sage_forward_ws`, removed in
-// session 21: the persistent kernels below have been the default at every shape since session 16); its ring, loads
-// and consumer tile serve them and the BF16 kernels. A block of 3 warpgroups (384 threads) owns 2 query blocks
+// Warp-specialized wgmma INT8 forward (sm_90a): the helpers above with the copies moved out of the consumers' issue
+// slots. The ring, loads and consumer tile below serve the persistent INT8 kernels (sm90/forward_int8.cu) and the
+// BF16 kernels. A block of 3 warpgroups (384 threads) owns 2 query blocks
 // (128 rows) at a time:
 // - warpgroup 0, the producer (setmaxnreg 24): K̂ tiles by cp.async in the permuted key order
 //   (a TMA box cannot express that order for a key count that is not a multiple of 16 without
@@ -176,11 +173,11 @@ __device__ __forceinline__ void ws_complete_stage(u32 full_bar) {
 // P̂ with the group amax known before the exponentials (EARLY_AMAX above); otherwise softmax_p_hat.
 // The quantizer needs no clamp to 127 (QuantPosBits): exp2_ftz is monotone on [−∞, 16] (the fused
 // argument exceeds 0 by at most the lazy max's slack of 8 and two roundings; sagebwd-gpu-check's
-// exhaustive ex2 self-test), so every p of the row is ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat (sage64b).
-// BRANCHLESS (fwd14, the persistent kernel): the group scales by div127_rn and inv127_rn (common.cuh; no
+// exhaustive ex2 self-test), so every p of the row is ≤ the amax computed here, and x·inv rounds to ≤ 127 exactly as in softmax_p_hat.
+// BRANCHLESS (the persistent kernel): the group scales by div127_rn and inv127_rn (common.cuh; no
 // branch), the same bits as group_scale.
 // softmax_p_hat_early_mx: the same with the thread's row maxima mx (before the quad reduction) given
-// (fwd16: the persistent kernel takes them from its integer row max).
+// (the persistent kernel takes them from its integer row max).
 template <bool BRANCHLESS = false>
 __device__ __forceinline__ void softmax_p_hat_early_mx(float (*t)[4], RowState& st, u32 (*pa)[4], float sc, float* mx) {
     float m_use[2], inv[2];
@@ -254,7 +251,7 @@ __device__ __forceinline__ void pass_turn(int w) { named_arrive(1 + (w ^ 1), 2 *
 // by softmax_p_hat(_early), P̂V in INT32, O = fma(float(acc), fl(s_P·s_V), fl(O·α)). The K̂ and V̂ᵀ
 // scales of block kb + 1 are loaded during block kb: a load issued after a wgmma wait (a "memory"
 // clobber) would put its L2 latency on every block's critical path.
-// NB (fwd14, the persistent kernel): the early amax with branch-free group scales (softmax_p_hat_early<true>).
+// NB (the persistent kernel): the early amax with branch-free group scales (softmax_p_hat_early<true>).
 template <bool EARLY_AMAX, bool NB = false>
 struct WsInt8 {
     int sacc[64], pacc[HEAD_DIM / 2];
@@ -294,17 +291,16 @@ struct WsInt8 {
     __device__ __forceinline__ bool warp_leader() const { return (threadIdx.x & 31) == 0; }
 };
 
-// One tile of the persistent INT8 kernel (sfwd12) for consumer warpgroup w: ws_consume's loop
+// One tile of the persistent INT8 kernel for consumer warpgroup w: ws_consume's loop
 // (below, the same steps and the same arithmetic) over the `end` key blocks of its query block
 // (rows from row0), which are the it0-th to the (it0 + end − 1)-th key blocks of the block's ring
 // (counted over all its tiles); O and the row state in o, st (started by the caller). PINGPONG:
 // end + 1 turns per tile; the caller passes the first and takes the last. (ws_consume itself does
-// not call this: at d = 128 ptxas then scheduled the BF16 `fws*` kernels' stage addresses
-// differently, so it keeps its own copy and their SASS stays unchanged.)
-// EARLY_TEST (fwd17, the persistent kernel without turns): the "full" phase of stage kb + 1 is tested
+// not call this: at d = 128 ptxas then schedules the BF16 pairs kernel's stage addresses
+// differently, so it keeps its own copy.)
+// EARLY_TEST (the persistent kernel without turns): the "full" phase of stage kb + 1 is tested
 // (mbarrier.test_wait, no suspend) before block kb's softmax, and the blocking wait after it runs only
-// if that test failed: the test's shared-memory latency (~1.7 % of the consumer's stall samples at
-// the try_wait's branch, fwd17) overlaps the softmax.
+// if that test failed: the test's shared-memory latency overlaps the softmax.
 template <bool PINGPONG, bool OVERLAP, class Mix, class Ring, bool EARLY_TEST = false>
 __device__ __forceinline__ void ws_tile(const Dims& d, const Ring& sm, Mix& mx, int w, int row0, int it0, int end,
                                         RowState& st, float (*o)[4]) {
@@ -401,7 +397,7 @@ __device__ void ws_consume(const ForwardParams& p, const Ring& sm, Mix& mx, int 
     if (qb < d.n_qblk) mma_store(p, st, o, bh, row0);
 }
 
-// The start of the pairs kernels (one block per query-block pair: the BF16 `fws3`): checks the launch, initializes the ring's
+// The start of the pairs kernels (one block per query-block pair: `sage_forward_ws_bf16`): checks the launch, initializes the ring's
 // mbarriers, and returns the end of the key blocks the block's two query blocks walk (those of the
 // later one: a block past the earlier one's end is fully masked for it and changes nothing).
 template <class Ring>

@@ -33,9 +33,9 @@
 // tiles must start on a 1024-byte boundary; the operand tiles keep it, as KEY and STAGE are
 // multiples of 1024). Mirrored by `staged_backward_smem_bytes` in src/backward.rs.
 #define ALIGN_SLACK 1024
-// pipe14: NSTAGES = 3 (the sage path at d = 64) adds a third stage after the second and a second
-// amax scratch after the first (the pipelined query loop, see "pipe14" below); 2 is the layout above.
-// pipe14b: DQST > 0 (the sage path at d = 64) adds two dQ staging tiles of DQST bytes after the scratches.
+// NSTAGES = 3 (the sage path at d = 64) adds a third stage after the second and a second
+// amax scratch after the first (the pipelined query loop, below); 2 is the layout above.
+// DQST > 0 (the sage path at d = 64) adds two dQ staging tiles of DQST bytes after the scratches.
 template <int KEY, int STAGE, int DS, int NSTAGES = 2, int DQST = 0>
 struct StagedLayout {
     static constexpr int stage0 = KEY;                        // stage 0; stage 1 (and 2) follow
@@ -196,13 +196,13 @@ __device__ __forceinline__ void keys_by_rows(Acc (*acc)[4], u32 a_lane, int a_x,
 }
 
 // P of one score (§5) from the S accumulator and the row's L: INT8 #3 (an int accumulator) exp2(fma(a, scale, −L)),
-// one rounding (bfma24); BF16 #3 exp2(fl(fl(S·scale) − L)).
+// one rounding; BF16 #3 exp2(fl(fl(S·scale) − L)).
 __device__ __forceinline__ float p_of_score(int acc, float scale, float L) { return exp2_ftz(__fmaf_rn((float)acc, scale, -L)); }
 __device__ __forceinline__ float p_of_score(float acc, float scale, float L) {
     return exp2_ftz(__fsub_rn(__fmul_rn(acc, scale), L));
 }
 
-// P = exp2(fma(S, scale, −L)) (INT8, bfma24) or exp2(fl(fl(S·scale) − L)) (BF16) of the warp's transposed tile (s: the Sᵀ accumulators, scale =
+// P = exp2(fma(S, scale, −L)) (INT8) or exp2(fl(fl(S·scale) − L)) (BF16) of the warp's transposed tile (s: the Sᵀ accumulators, scale =
 // fl(fl(s_Q·cλ)·s_K) for INT8, cλ for BF16), not yet masked.
 template <bool PERMUTED, class Acc>
 __device__ __forceinline__ void tile_p_regs(const float* rows, const Acc (*s)[4], float scale, float (*prob)[4]) {
@@ -292,9 +292,7 @@ struct StagedTile {
 #define BWD_WGMMA 1
 // dQ = dŜ K̂ runs on wgmma too (A = the dŜ byte tile, B = K̂ᵀ, both in the 128-byte-swizzle layout), issued
 // for block qb − 1 at the start of tile qb, before Sᵀ, and added while Sᵀ and dPᵀ run (as the fpa path).
-// Waited for right after issue, an mma.sync dQ was 1–3 % faster at d = 128 and the wgmma one 0.3–1.4 % faster
-// at d = 64 (docs/RESULTS-gpu.md, "Backward on wgmma"); issued early, the wgmma one is faster at both
-// ("Backward on wgmma (sm_90a), fpa path"). The other forms are in the history before session 21.
+// Issued early like this, the wgmma dQ is faster than the mma.sync one at both head dims.
 
 // Tile row holding query row `row` (inverse of qrow_of: row = 16a + 4b + 2c + e sits at 8(2a + c) + 2b + e).
 __device__ __forceinline__ int permuted_qrow(int row) {
@@ -335,14 +333,13 @@ __device__ __forceinline__ void wg_issue_bf16_keys_by_rows(float (&acc)[8][4], u
 #endif
 
 // ---- Helpers of the staged INT8 tile (fewer CUDA-core instructions per tile) ---------------
-// At d = 64 the sage tile is bound by its CUDA-core work, not by the tensor cores (docs/RESULTS-gpu.md,
-// "INT8 sagebwd backward at d64"); these replace shared helpers whose SASS did the same arithmetic in
-// more, or more serial, instructions. Every value they produce is bit-identical to the old one.
+// At d = 64 the sage tile is bound by its CUDA-core work, not by the tensor cores; these do the shared helpers'
+// arithmetic in fewer, or less serial, instructions. Every value they produce is bit-identical to the shared
+// helpers'.
 
 // float(acc) in the dV, dK, dQ dequantizations (|acc| ≤ 127²·128 < 2^22: both forms below are exact).
-// d = 64: one I2FP (1 issue slot; sage10's call: backward −2.3 / −3.1 % at the training shape N1k / N4k
-// against i2f_exact, verified); d = 128 keeps i2f_exact (VIADD + FADD, off the conversion pipe), the form
-// timed there (the I2FP variant is verified at d = 128 too but was not timed).
+// d = 64: one I2FP (1 issue slot, faster than i2f_exact there); d = 128 keeps i2f_exact (VIADD + FADD, off the
+// conversion pipe).
 __device__ __forceinline__ float sage_i2f(int a) { return HEAD_DIM == 64 ? (float)a : i2f_exact(a); }
 
 // Max of a warp tile's 32 values (|values| with ABS), as 4 independent chains and a 2-level tree:
@@ -377,12 +374,12 @@ __device__ __forceinline__ float sage_tile_max(const float (*v)[4]) {
 // Block-wide max of two non-negative values; `red` (16-byte aligned) holds 2·(THREADS/32) floats. The
 // caller's barriers keep `red` from being rewritten before everyone has read it (see
 // staged_backward_main). The per-warp partials are read back as float4 and combined as a tree.
-// sbwd12 (sm_90a; d = 64, and d = 128 since sbwd13): the warp step as one redux.sync max of the bits per value: a and b are
+// sm_90a: the warp step as one redux.sync max of the bits per value: a and b are
 // per-thread maxima from 0 (sage_tile_max: never NaN, never below +0), and non-negative floats
-// order as their bit patterns, so the u32 max is the fmax, bit for bit (5 serial shuffle + fmax steps
-// before).
+// order as their bit patterns, so the u32 max is the fmax, bit for bit (instead of 5 serial shuffle +
+// fmax steps).
 __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
-#if defined(SAGE_WGMMA)  // sbwd13: d = 128 too
+#if defined(SAGE_WGMMA)
     a = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(a)));
     b = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(b)));
 #else
@@ -405,7 +402,7 @@ __device__ __forceinline__ void block_max2(float& a, float& b, float* red) {
     b = fmaxf(fmaxf(fmaxf(b0.x, b0.y), fmaxf(b0.z, b0.w)), fmaxf(fmaxf(b1.x, b1.y), fmaxf(b1.z, b1.w)));
 }
 
-// bwd17 (ATOMIC_AMAX): block_max2 of the pipelined d = 64 loop (and, amax24, of sb16's d = 128 loop) with the block step in shared atomics. Tile i's slot
+// ATOMIC_AMAX: block_max2 of the pipelined d = 64 and d = 128 loops with the block step in shared atomics. Tile i's slot
 // (2 floats, slot i mod 4 at byte 8(i mod 4) of the loop's 128-byte amax scratch, 32-byte aligned) is +0 when its first
 // red arrives: the slots start at +0 (zeroed before the loop's first barrier) and tile i's thread 0 zeroes slot
 // i + 2 mod 4 (its address: tile i's slot's XOR 16) after barrier (b) of tile i, when every read of it (tile i − 2,
@@ -428,16 +425,14 @@ __device__ __forceinline__ void block_max2_atomic(float& a, float& b, u32 slot, 
     b = m.y;
     if (threadIdx.x == 0) asm volatile("st.shared.v2.f32 [%0], {%1, %1};\n" ::"r"(slot ^ 16u), "f"(0.0f) : "memory");
 }
-// bwd16 (with SPLIT; the default since session 15's final call): the tile's group scales
+// With SPLIT_MASK, and in the d = 128 loop: the tile's group scales
 // computed by every thread, without a division or a shuffle: fl(amax/127) by div127_rn (common.cuh, exact
-// on every finite amax ≥ 0), fl(127/amax) by fwd14's branch-free division (common.cuh's inv127_rn, checked
+// on every finite amax ≥ 0), fl(127/amax) by the branch-free division (common.cuh's inv127_rn, checked
 // on the device against __fdiv_rn(127, amax) on every non-negative FP32). The same bits as
 // sage_group_scales' (0 and 0 for amax = 0) for every finite amax (amax = +inf, only from an infinite dS:
 // fl(amax/127) becomes NaN instead of +inf; every dequantized product of that tile is NaN either way, since
 // all its quantized values are 0). Instead of the IEEE division (FCHK, its slow-path branch) and 4 shuffles
-// after barrier (b): +17 instructions per tile. Measured with the split (final call, same binary): −3.7 % at
-// the training shape N 4096, ±0 at N 1024 (the persistent grid there has no split, so not these scales either).
-// scales24: sb16's d = 128 loop takes them too (−1.1 % backward there).
+// after barrier (b), for 17 more instructions per tile.
 __device__ __forceinline__ void group_scale_of_amax(float amax, GroupScale& g) {
     g.scale = div127_rn(amax);  // 0 for amax = 0
     g.inv = inv127_rn(amax);  // common.cuh
@@ -498,7 +493,7 @@ __device__ __forceinline__ void sage_ds_regs(const float* rows, const float (*pr
 // A block whose 64 rows are all below n_q (every one but a ragged last) takes a branch-free path
 // from one lane pointer; before, every 8-byte reduction sat in its own guarded branch with its
 // address rebuilt inside (~200 instructions per tile at d = 64, now ~70).
-// I2FP: the INT32 → FP32 conversion by one I2FP at every d (sb128's d = 128 path), else sage_i2f.
+// I2FP: the INT32 → FP32 conversion by one I2FP at every d (the d = 128 pipelined path), else sage_i2f.
 // ROT_ACC (StagedSage128, SAGE_DQ_ACC_ROT): n-tile n of rows r_lo, r_lo + 8 to chunk position n ^ (r_lo mod 4).
 template <bool I2FP = false, bool ROT_ACC = false>
 __device__ __forceinline__ void sage_add_dq(const BackwardParams& p, const int (*acc)[4], float scale, int bh, int qb) {
@@ -570,8 +565,7 @@ struct QueryStager {
 // instead as 16-bit pairs {key g, key g + 8} by two stmatrix.trans, each 16-byte chunk of dŜ holds its
 // 16 keys in the order byte 2g + h = key g + 8h; K̂ᵀ (dQ's B, K = the keys) gets the same order in
 // every 16-byte chunk, once per CTA in its first tile. dQ's INT32 sums over the keys are exact, so
-// the order of their terms does not change a bit. With the wgmma dQ (sm_90a), at d = 64 (sbwd12) and, since
-// sbwd13, at d = 128 (the dŜ tile is [64][128] bytes at both head dims; the K̂ᵀ half of a warpgroup is d/2 rows
+// the order of their terms does not change a bit. With the wgmma dQ (sm_90a), at d = 64 and d = 128 (the dŜ tile is [64][128] bytes at both head dims; the K̂ᵀ half of a warpgroup is d/2 rows
 // of 128 bytes: 2 chunks per thread at d = 64, 4 at d = 128).
 #if BWD_WGMMA
 // Byte 2g + h of every 16-byte chunk of this warpgroup's half of the K̂ᵀ tile (rows wg·d/2.., the
@@ -597,10 +591,8 @@ __device__ __forceinline__ void interleave_kt_for_dq(u32 kt_tile) {
 // descriptor built in vector registers and moved by 2 R2UR (+ VIADD, IMAD.MOV) per wgmma. Broadcast
 // from lane 0 by a full-mask shuffle (as CUTLASS's canonical_warp_group_idx), it is uniform to ptxas
 // and the descriptors live in uniform registers. The same value, so the same operands.
-// Measured (sbwd13's call, docs/RESULTS-gpu.md): at d = 64 alone it made the backward 0.6–1.8 % SLOWER
-// (ptxas re-executes the shuffle in every tile, right before the first wgmma), so it is off there; at
-// d = 128 it is on, as part of the configuration that measured faster (with the dŜ stmatrix and the
-// redux amax: −0.8 to −2.5 %); its own share at d = 128 was not separated.
+// Off at d = 64, where it is slower (ptxas re-executes the shuffle in every tile, right before the first wgmma);
+// on at d = 128, with the dŜ stmatrix and the redux amax.
 #if BWD_WGMMA
 #ifndef UNIFORM_WARPGROUP_INDEX
 #define UNIFORM_WARPGROUP_INDEX (HEAD_DIM == 128)
@@ -615,14 +607,12 @@ __device__ __forceinline__ int warpgroup_index() {
 #endif
 
 // ---- The INT8 query loop software-pipelined across query blocks (sm_90a, d = 64) -----------
-// staged_query_loop<StagedSagePipelined> (pipe14b: sage64_query_loop, below the generic loop): Sᵀ of block qb + 1 is issued
+// staged_query_loop<StagedSagePipelined> (sage64_query_loop, below the generic loop): Sᵀ of block qb + 1 is issued
 // right after the dV/dK products of block qb, so it runs while they are dequantized; the stage of
 // qb + 1 is waited for at the tile's amax barrier, and the tile has that one block barrier instead of
 // two. Three query-block stages (qb + 2 loads while qb and qb + 1 are read) and two amax scratches (no
 // second barrier separates one tile's reads from the next tile's writes). The same arithmetic in the
-// same order (every product, every FP32 operation as before). Measured (pipe14's call,
-// docs/RESULTS-gpu.md): sagebwd backward −6.3 % at the training shape N 4096, −1.3 % at N 1024 (the
-// persistent grid), −6.5 to −7.2 % on the d = 64 sweep's plain-grid rows; verified 152/152.
+// same order (every product, every FP32 operation) as the generic loop.
 #if BWD_WGMMA && HEAD_DIM == 64
 #define SAGE64_PIPELINED_LOOP 1
 #define SAGE_QUERY_STAGES 3
@@ -630,7 +620,7 @@ __device__ __forceinline__ int warpgroup_index() {
 #define SAGE64_PIPELINED_LOOP 0
 #define SAGE_QUERY_STAGES 2
 #endif
-// sb128: the INT8 path at d = 128 on sm_90a as its own type StagedSage128 (below StagedSagePipelined) with its own
+// The INT8 path at d = 128 on sm_90a as its own type StagedSage128 (below StagedSagePipelined) with its own
 // query loop (dQ by bulk reduce-adds, raw row constants, scales a tile ahead).
 #if BWD_WGMMA && HEAD_DIM == 128
 #define SAGE128_PIPELINED_LOOP 1
