@@ -1,5 +1,5 @@
 #if SAGE128_PIPELINED_LOOP
-// sb16: the query loop of StagedSage128 pipelined across query blocks (see the sb16 note above StagedSage128).
+// The query loop of StagedSage128 pipelined across query blocks (see the note above StagedSage128).
 // The generic loop's contract: entered with the key block and block qb0 staged (one commit group) and qb0's
 // row constants stored; leaves every dQ but the last added (staged and bulk-reduced), the last block's dŜ
 // complete behind a barrier, no wgmma or copy in flight. Per tile, block qb (i = qb − qb0, par = i mod 2:
@@ -17,9 +17,9 @@
 //     dV/dK chunks, two in flight; dQ(qb − 1) staged (staging par) once landed; Sᵀ(qb + 1) issued after
 //     the last chunk (of a stale stage and unused on the last tile) and runs while the last two chunks are
 //     dequantized.
-// Only Sᵀ crosses the back edge, waited for by wgmma_wait<0> (pipe14: a partial wait there serializes every
-// wgmma, C7514).
-// S = StagedSage128 (the copies of blocks qb + 1, qb + 2 by cp.async) or StagedSage128TmaStage (sb20: by TMA, see its type).
+// Only Sᵀ crosses the back edge, waited for by wgmma_wait<0> (a partial wait there makes ptxas serialize every
+// wgmma, warning C7514).
+// S = StagedSage128 (the copies of blocks qb + 1, qb + 2 by cp.async) or StagedSage128TmaStage (by TMA, see its type).
 template <class S>
 __device__ __forceinline__ float sage128_query_loop(const BackwardParams& p, u32 smem, unsigned char* smem_ptr, int kb, int bh,
                                                  int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
@@ -29,7 +29,7 @@ __device__ __forceinline__ float sage128_query_loop(const BackwardParams& p, u32
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
     if (pipelined_no_query_block(d, qb0)) return 0.0f;
     const int wg = warpgroup_index(), t = threadIdx.x & 3;
-    const int warp_u = threadIdx.x >> 5;  // plain, as sb128's loop (a shuffle made ptxas see the item loop divergent)
+    const int warp_u = threadIdx.x >> 5;  // plain (a shuffle makes ptxas see the item loop divergent)
     const int rl = (int)threadIdx.x - SAGE128_ROW_THREAD0;  // the row constants: threads SAGE128_ROW_THREAD0 .. + 63, row rl
     const bool row_thread = (unsigned)rl < BLOCK_Q;
     const u32 smem_lo = sage_desc_lo(smem);
@@ -43,7 +43,7 @@ __device__ __forceinline__ float sage128_query_loop(const BackwardParams& p, u32
     cp_async_commit();
     PipelinedRows rows_next = {pos_inf(), 0.0f, 0.0f};
     if (two && row_thread) rows_next = pipelined_load_rows(p, bh, qb0 + 1, rl);
-    u32 bar = 0;  // sb20: the mbarrier of the TMA copies issued in tile i (phase i), made visible by the barrier below
+    u32 bar = 0;  // TMA_STAGE: the mbarrier of the TMA copies issued in tile i (phase i), made visible by the barrier below
     if constexpr (S::TMA_STAGE) {
         __shared__ __align__(8) unsigned long long stage_bar;
         bar = (u32)__cvta_generic_to_shared(&stage_bar);
@@ -93,13 +93,13 @@ __device__ __forceinline__ float sage128_query_loop(const BackwardParams& p, u32
         float amax_ds = sage_tile_max<true>(ds);
         if (has_next && row_thread) pipelined_store_rows_at(rows_of(par ^ 1), rows_next, rl);
         bulk_wait_read();  // tile i − 1's bulk has read staging tile par, which this tile writes after (b)
-        cp_async_wait<0>();       // this thread's copies of A(qb + 1), B(qb) (sb20: of A(qb0 + 1) only)
+        cp_async_wait<0>();       // this thread's copies of A(qb + 1), B(qb) (TMA_STAGE: of A(qb0 + 1) only)
         if constexpr (S::TMA_STAGE)
-            if (i > 0) mbar_wait(bar, (i - 1) & 1);  // sb20: tile i − 1's boxes, A(qb + 1) and B(qb), landed
+            if (i > 0) mbar_wait(bar, (i - 1) & 1);  // TMA_STAGE: tile i − 1's boxes, A(qb + 1) and B(qb), landed
         fence_proxy_async();      // they, the dŜ stores of qb − 1 and the dQ staging stores → the async proxy
         block_max2_atomic(amax_p, amax_ds, smem + Lay::red + 8 * (i & 3), amax_lane_off);  // (b)
         GroupScale sc_p, sc_ds;
-        // scales24: bwd16's branch-free scales (the d = 64 loop's) instead of sage10's division and shuffles.
+        // The branch-free scales (group_scale_of_amax, as the d = 64 loop) instead of a division and shuffles.
         group_scale_of_amax(amax_p, sc_p);
         group_scale_of_amax(amax_ds, sc_ds);
 
@@ -125,7 +125,7 @@ __device__ __forceinline__ float sage128_query_loop(const BackwardParams& p, u32
         // are issued, Sᵀ(qb + 1) after the last.
         constexpr int C = HEAD_DIM / 32, N = 2 * C;
         int acc[2][4][4];
-        // sb20: P̂ first, dV's first two chunks issued, then dŜ quantized and stored while they run.
+        // P̂ first, dV's first two chunks issued, then dŜ quantized and stored while they run.
         StagedSage::quantize_p(prob, sc_p.inv, pa);
         StagedSage::wg_issue_chunk(acc[0], pa, st_lo, StagedSage::dot, 0);
         StagedSage::wg_issue_chunk(acc[1], pa, st_lo, StagedSage::dot, 1);

@@ -10,7 +10,7 @@ struct PipelinedDs<true> {
     __device__ __forceinline__ float (&pick(float (&)[8][4]))[8][4] { return v; }
 };
 
-// bwd18 TMA_DQ: the kernel's parameter is BwdParamsDqMap, the dQ accumulator's tensor map (4-D: 32 columns, d/32
+// TMA_DQ: the kernel's parameter is BwdParamsDqMap, the dQ accumulator's tensor map (4-D: 32 columns, d/32
 // column blocks, n_q rows, B·H_q; box 32 × 1 × 16 × 1, 128-byte swizzle; rows past n_q clipped; src/backward.rs)
 // followed by BackwardParams (dq_map_of).
 #define DQ_TMA_WARP_BOX 2048                    // one warp's staging box: 16 rows × 32 FP32
@@ -39,15 +39,12 @@ __device__ __forceinline__ void dq_box_stage(u32 boxes, const int (*acc)[4], flo
     dq_box_sts_pair<64>(b0, v[2][0], v[2][1], v[2][2], v[2][3]);
     dq_box_sts_pair<96>(b0, v[3][0], v[3][1], v[3][2], v[3][3]);
 }
-// bwd18's dQ block, staged a tile earlier in 8 warp boxes (stores fenced and visible since (b)), added to the accumulator
-// as two tensor reduces of 64 rows × 32 columns (sb21: the 4 boxes of a column half lie one after another, rows in
+// TMA_DQ: the dQ block, staged a tile earlier in 8 warp boxes (stores fenced and visible since (b)), added to the accumulator
+// as two tensor reduces of 64 rows × 32 columns (the 4 boxes of a column half lie one after another, rows in
 // order, in the same 128-byte swizzle, so the host's map has 64-row boxes; src/backward.rs `dq_acc_map`), both from one
-// lane of warp SAGE64_TMA_DQ_WARP, as one commit group: pipelined_bulk_dq's place and contract. Measured (call22f, against one
-// box per warp from its own lane, bwd18's form): −0.3 to −0.9 % backward at every d 64 shape but N 1k causal (+0.07 %),
-// geometric mean −0.58 %; training shape −0.38 %. The 8 boxes from one lane were +2.2 to +2.6 % slower (call22e).
-// Which warp issues them (call22h, against warp 5 here): warp 1 (warpgroup 0, whose threads 0..63 carry the row
-// constants) level, −0.10 %; the row constants moved to threads 128..191 instead (both duties on warpgroup 1, as sb20
-// at d = 128) +1.1 % (training shape +1.0 %): at d = 64 the duties' placement does not follow d = 128's.
+// lane of warp SAGE64_TMA_DQ_WARP, as one commit group: pipelined_bulk_dq's place and contract (faster than one
+// box per warp from its own lane; 8 boxes from one lane are slower). The row constants stay on threads 0..63: at d = 64
+// putting both duties on warpgroup 1, as at d = 128, is slower.
 #define SAGE64_TMA_DQ_WARP 5
 __device__ __forceinline__ void sage64_tma_reduce_dq(const BackwardParams& p, u32 boxes, int bh, int qb, int warp_u) {
     if (warp_u != SAGE64_TMA_DQ_WARP) return;
@@ -61,7 +58,7 @@ __device__ __forceinline__ float sage64_query_loop(const BackwardParams& p, u32 
                                                    int bh_kv, int qb0, float (*dv)[4], float (*dk)[4]) {
     typedef typename Path::Layout Lay;
     constexpr bool BULK = Path::BULK_DQ, F = Path::DP_AHEAD, SPLIT = Path::SPLIT_MASK;
-    constexpr bool TQ = Path::TMA_DQ;  // bwd18
+    constexpr bool TQ = Path::TMA_DQ;
     const Dims& d = p.dims;
     const auto stage = [&](int buf) { return smem + Lay::stage0 + buf * Lay::stage_bytes; };
     const auto rows_of = [&](int buf) { return (float*)(smem_ptr + Lay::rows0 + buf * Lay::rows_bytes); };
@@ -74,7 +71,7 @@ __device__ __forceinline__ float sage64_query_loop(const BackwardParams& p, u32 
     // TQ: two sets of 8 warp boxes (tile i stages into set i mod 2), 1024-aligned, inside the staging tiles' bytes.
     const u32 tq_boxes = (smem + Lay::dqst0 + 1023u) & ~1023u;
     static_assert(!TQ || ((Lay::dqst0 + 1023) & ~1023) + 2 * DQ_TMA_BOXES <= Lay::dqst0 + 2 * Lay::dqst_bytes,
-                  "bwd18 TMA_DQ: the warp boxes inside the staging tiles");
+                  "TMA_DQ: the warp boxes inside the staging tiles");
     const PipelinedScales sc(p, kb, bh, bh_kv);
     const float s_k = sc.s_k, *q_scale = sc.q_scale, *do_scale = sc.do_scale;
     float s_q = q_scale[qb0], s_do = do_scale[qb0];
@@ -102,7 +99,7 @@ __device__ __forceinline__ float sage64_query_loop(const BackwardParams& p, u32 
 
     float dq_scale = 0.0f;  // of the pending dQ tile (block qb − 1)
     u32 st_cur = stage(0), st_next = stage(1), st_free = stage(2);
-    // bwd16: the loop body once with the mask (MASKED: tiles whose key block some row of the query block
+    // SPLIT_MASK: the loop body once with the mask (MASKED: tiles whose key block some row of the query block
     // may not see) and once without it. The masked tiles come first: a block needs the mask iff its
     // last key kb·128 + 127 is ≥ n_k (every block of a ragged last key block) or, causal, lies past the
     // block's first row's last visible key (qb·64 + n_k − n_q), and that holds for a prefix of the
@@ -154,7 +151,7 @@ __device__ __forceinline__ float sage64_query_loop(const BackwardParams& p, u32 
             block_max2(amax_p, amax_ds, (float*)(smem_ptr + Lay::red + par * Lay::red_bytes));  // (b)
         }
         GroupScale sc_p, sc_ds;
-        if (SPLIT) {  // bwd16's scales
+        if (SPLIT) {  // the branch-free scales (group_scale_of_amax)
             group_scale_of_amax(amax_p, sc_p);
             group_scale_of_amax(amax_ds, sc_ds);
         } else {

@@ -1,6 +1,6 @@
 #if SAGE64_PIPELINED_LOOP || SAGE128_PIPELINED_LOOP
-// pipe14: the sage query loop at d = 64 on sm_90a, software-pipelined across query blocks (see the
-// pipe14 note above StagedSage; pipe14b: the loop of StagedSagePipelined, sage64_query_loop, options there). Same contract as the generic loop: entered with the key block and
+// The INT8 query loops of sm_90a, software-pipelined across query blocks (see the note on the pipelined loop in
+// staged/backward_helpers.cuh; the d = 64 loop, sage64_query_loop, is StagedSagePipelined's, options there). Same contract as the generic loop: entered with the key block and
 // block qb0 staged (one commit group) and qb0's row constants stored; leaves every dQ but the last
 // added, the last block's dŜ complete behind a barrier, and no wgmma or copy in flight. Per tile,
 // block qb (i = qb − qb0; stage i mod 3; L, D and dŜ buffers i mod 2; amax scratch i mod 2):
@@ -34,7 +34,7 @@ __device__ __forceinline__ PipelinedRows pipelined_load_rows(const BackwardParam
     return r;
 }
 
-// pipe14b (ROWS8): the row constants' thread: lanes 0..7 of each warp, row 8·warp + lane; else threads 0..63.
+// ROWS_8: the row constants' thread: lanes 0..7 of each warp, row 8·warp + lane; else threads 0..63.
 template <bool ROWS8>
 __device__ __forceinline__ bool pipelined_row_thread() {
     return ROWS8 ? (threadIdx.x & 31) < 8 : threadIdx.x < BLOCK_Q;
@@ -50,7 +50,7 @@ __device__ __forceinline__ void pipelined_store_rows_at(float* rows, const Pipel
     rows[BLOCK_Q + rl] = r.D;
 }
 
-// pipe14b (BULK): *dst += the `bytes` FP32 bytes at shared src, by one lane of the (converged)
+// BULK_DQ: *dst += the `bytes` FP32 bytes at shared src, by one lane of the (converged)
 // warp that elect.sync picks, where `pred`. Warp-uniform operands: ptxas issues it once per warp from
 // uniform registers (a per-lane address became a loop over the active lanes, ~8 instructions per row).
 __device__ __forceinline__ void pipelined_bulk_red_add(bool pred, float* dst, u32 src, u32 bytes) {
@@ -69,13 +69,12 @@ __device__ __forceinline__ void pipelined_bulk_dq(const BackwardParams& p, u32 t
     bulk_commit();
 }
 
-// sb21 (session 21; sb16's loop, d = 128): the staged dQ tile of block qb added by one bulk reduce of its rows < n_q
+// The d = 128 loop's staged dQ tile of block qb added by one bulk reduce of its rows < n_q
 // (32 KB at d = 128, contiguous in the staging tile and in the accumulator), issued by warp SAGE_BULK_DQ_WARP alone instead
 // of by every warp for its 8 rows (pipelined_bulk_dq, which the d = 64 kernels without TMA reduces keep). One commit group
-// per call for that warp's threads; only they wait for its read before the next barrier (b). Measured (call22d, the
-// d 128 sweep shapes, three rounds, against pipelined_bulk_dq): warp 5 −0.9 to −3.2 % backward at every shape (geometric
-// mean −2.1 %), warp 4 (which also issues the stage copies, SAGE128_TMA_THREAD) −1.5 %; predicted 0 to −0.6 %: the copy
-// engine serves the 8 bulks one after another and each warp waited for its own, which cost more than their issue.
+// per call for that warp's threads; only they wait for its read before the next barrier (b). The copy engine
+// serves 8 bulks one after another, and each warp waiting for its own costs more than their issue. Warp 5 rather than
+// warp 4, which also issues the stage copies (SAGE128_TMA_THREAD).
 #ifndef SAGE_BULK_DQ_WARP
 #define SAGE_BULK_DQ_WARP 5
 #endif
@@ -87,7 +86,7 @@ __device__ __forceinline__ void sage128_bulk_dq(const BackwardParams& p, u32 til
     }
 }
 
-// The pipelined loops' (pipe14 at d = 64, sb16 at d = 128) row constants of the thread's 16 rows (raw, from the
+// The pipelined loops' (d = 64 and d = 128) row constants of the thread's 16 rows (raw, from the
 // staged row-constant block: L at `rows`, D at rows + BLOCK_Q) and P = exp2(fma(float(S), s, −L)) (tile_p_regs).
 __device__ __forceinline__ void pipelined_row_pairs(float2 (&x)[8], const float* rows, int t) {
 #pragma unroll
@@ -100,7 +99,7 @@ __device__ __forceinline__ void pipelined_prob(float (&prob)[8][4], const int (&
         for (int e = 0; e < 4; ++e)
             prob[nt][e] = p_of_score(s_acc[nt][e], s_qk, (e & 1) ? L[nt].y : L[nt].x);
 }
-// The pipelined loops' start (pipe14 at d = 64, sb16 at d = 128): an item without query blocks drains its copies
+// The pipelined loops' start (d = 64 and d = 128): an item without query blocks drains its copies
 // and returns; otherwise, after the first copies are issued, wait for the key block and block qb0 (the newest copy
 // group, block qb0 + 1, may still fly) and put K̂ᵀ in dQ's byte order ((b) of tile qb0 orders it before the first dQ).
 __device__ __forceinline__ bool pipelined_no_query_block(const Dims& d, int qb0) {
@@ -115,7 +114,7 @@ __device__ __forceinline__ void pipelined_first_wait(u32 smem) {
     __syncthreads();
     interleave_kt_for_dq(smem + StagedSage::kt);
 }
-// The pipelined query loops' scales of key block kb (pipe14's d 64, sb16's d 128): s_K, and the rows of s_Q and
+// The pipelined query loops' scales of key block kb (d = 64 and d = 128): s_K, and the rows of s_Q and
 // s_dO of head bh over its query blocks.
 struct PipelinedScales {
     float s_k;
@@ -125,4 +124,4 @@ struct PipelinedScales {
         : s_k(p.op.k_scale[bh_kv * p.dims.n_kblk + kb]), q_scale(p.op.q_scale + bh * p.dims.n_qblk),
           do_scale(p.do_scale + bh * p.dims.n_qblk) {}
 };
-#endif  // SAGE64_PIPELINED_LOOP || SAGE128_PIPELINED_LOOP (the row-constant and bulk dQ helpers above are shared with sb128)
+#endif  // SAGE64_PIPELINED_LOOP || SAGE128_PIPELINED_LOOP (the row-constant and bulk dQ helpers above serve both loops)
