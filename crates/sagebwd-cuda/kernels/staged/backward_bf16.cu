@@ -26,8 +26,7 @@ __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[
 // bf16(P)ᵀ / bf16(dS)ᵀ as register A operands. Every warpgroup reads each operand tile once per
 // product, where mma.sync made each of the 8 warps read Q, dO (and K for dQ) by ldmatrix.
 // dQ = bf16(dS) K runs on wgmma too (A = bf16(dS)ᵀ, B = K, both MN-major), issued at the start of the next
-// tile before Sᵀ, so its reductions run while Sᵀ and dPᵀ are on the tensor cores (the mma.sync dQ after the tile
-// is in the history before session 21).
+// tile before Sᵀ, so its reductions run while Sᵀ and dPᵀ are on the tensor cores.
 // BF16_BWD_STAGE_AHEAD: block qb + 1 is staged inside tile qb, after block qb − 1's dV, dK have landed, so those
 // products run across the end of the iteration and the barrier; 0 drains them before the barrier.
 // d = 64 only: at d = 128 the 128 dV/dK registers in flight with Sᵀ, dPᵀ, dQ make ptxas serialize
@@ -35,14 +34,12 @@ __device__ __forceinline__ void frags_by_tile_t(float (*acc)[4], const u32 (*a)[
 #ifndef BF16_BWD_STAGE_AHEAD
 #define BF16_BWD_STAGE_AHEAD (HEAD_DIM == 64)
 #endif
-// fpabwd10 (sm_90a tile only): a diagonal tile masked by two compares per entry against per-key row limits
+// The sm_90a tile: a diagonal tile masked by two compares per entry against per-key row limits
 // (ds_masked), the tile's wgmma descriptors built once per operand tile and advanced per k-step by one add
 // (DescWords); at d = 64 also BF16_BWD_STSM_DS (bf16(dS)ᵀ stored by stmatrix: 4 instructions per thread instead of 16)
-// and BF16_BWD_PRED_RED (the dQ reductions predicated instead of branched around, add_dq_pred). All four at d = 64:
-// −3 to −5 % backward time at every d = 64 shape (fpabwd10). d = 128 (255 registers, 0 spill with any subset):
-// the mask and the descriptors measured −1.9 to −2.6 % at every row of the fpa sweep; adding stmatrix and the
-// predicated reductions (which ptxas still branches around at d = 128) lost most of that (0.0 to −1.8 %) in the
-// same call, so those two are d = 64 only (RESULTS-gpu.md, fpa11).
+// and BF16_BWD_PRED_RED (the dQ reductions predicated instead of branched around, add_dq_pred). At d = 128 (255 registers)
+// stmatrix and the predicated reductions (which ptxas still branches around there) cost most of what the mask and
+// the descriptors gain, so those two are d = 64 only.
 #define BF16_BWD_D64_OPTS (HEAD_DIM == 64)
 #ifndef BF16_BWD_STSM_DS
 #define BF16_BWD_STSM_DS BF16_BWD_D64_OPTS
@@ -73,7 +70,7 @@ struct StagedBf16 {
     // tile() stages block qb + 1 once block qb − 1's dV, dK (which read that stage) have landed, so
     // those products overlap the end of the iteration and the barrier instead of being waited for there.
     static constexpr bool STAGES_NEXT = BWD_WGMMA && BF16_BWD_STAGE_AHEAD;
-    static constexpr bool BULK_DQ = false;  // StagedBf16Bulk: dQ by tensor reduces (fpab15)
+    static constexpr bool BULK_DQ = false;  // StagedBf16Bulk: dQ by tensor reduces
     static constexpr int v = 2 * BF_KT;   // offset in the key block
     static constexpr int d_o = 2 * BF_QT; // offset in a stage
     static constexpr int DST_ROW = 2 * BLOCK_Q;  // bytes of one bf16(dS)ᵀ row (a key's 64 rows)
@@ -393,26 +390,20 @@ struct StagedBf16 {
 // ---- The BF16 tile at d = 128 with dV issued early (sage_bwd_main_persist_bf16 only) ---------
 // StagedBf16 with another tile(): dV += bf16(P)ᵀ dO is issued as soon as P is computed and masked (its
 // own commit group), so it runs on the tensor cores while dS = fl(P·fl(dP − D)) is computed; dK after.
-// Before, both were issued after dS, and the tensor cores idled from dPᵀ's end to dV's start. Same
-// products, same FP32 operations: the same bits. Measured (RESULTS-gpu.md, fpab14; variant E there):
-// −1.9 % at fpa d128 N1k full, −0.8 to −1.8 % (mean of two runs) at the other N ≤ 4k rows; the ncu
-// barrier and drain stalls at the tile's end fell from 12.7 % / 7.1 % to 3.3 % / 2.0 % of the samples.
+// Issued after dS, both would leave the tensor cores idle from dPᵀ's end to dV's start (and the tile's end full
+// of barrier and drain stalls). Same products, same FP32 operations: the same bits.
 // Only the persistent kernel runs it (sage_bwd_main_mma, which holds the sage instance too, keeps its
 // SASS); BF16_BWD_EARLY_DV=0 gives that kernel StagedBf16 again.
-// Staging block qb + 1 inside this tile and loading the next row constants late measured slower
-// (+1.7 to +9 %; RESULTS-gpu.md, fpab14) and were removed.
-// fpab15 variant U (the default since session 14's final call) gives
+// (Staging block qb + 1 inside this tile, or loading the next row constants late, is slower.)
 // sage_bwd_main_persist_bf16q's tile the warpgroup index as warpgroup_index() (warp-uniform to ptxas), for its Sᵀ, dPᵀ
-// A descriptors and its dQ B descriptor. With threadIdx.x >> 7 (as fpab15 measured) ptxas
+// A descriptors and its dQ B descriptor. With threadIdx.x >> 7 ptxas
 // builds those descriptors in vector registers, hoists six of them out of the query loop and, at 255 registers,
-// spills them (40 B of stack): each tile reloads them right before the Sᵀ / dPᵀ issue, 11.6 % of the ncu stall
-// samples (fpab15's profile). With U: 250 registers, no stack, query loop 905 → 872 static instructions (no
-// LDL/STL, R2UR 51 → 4, one SHFL per tile). Measured (same binary, cubin-swapped, H200): fpa d 128 backward
-// −6.1 / −8.7 % at N 1k full / causal, −6.3 / −4.9 % at N 4k (RESULTS-gpu.md, lead session 14).
+// spills them: each tile reloads them right before the Sᵀ / dPᵀ issue. With warpgroup_index(): 250 registers, no
+// stack, fewer instructions in the query loop (no LDL/STL, almost no R2UR, one SHFL per tile).
 #ifndef BF16_BWD_EARLY_DV
 #define BF16_BWD_EARLY_DV (HEAD_DIM == 128)
 #endif
-// The kernels that add dQ by TMA tensor reduces (fpab15's d = 128 fpa kernel, bwd18's d = 64 sage kernel) take the
+// The kernels that add dQ by TMA tensor reduces (sage_bwd_main_persist_bf16q at d = 128, sage_bwd_main_mma_sage_q at d = 64) take the
 // dQ accumulator's tensor map in front of BackwardParams in their one __grid_constant__ parameter: the map is at
 // &p − 128 (p sits right after the 128-byte map; BackwardParams is 8-byte aligned).
 struct __align__(64) DqMapParam {
@@ -435,8 +426,8 @@ __device__ __forceinline__ const void* dq_map_of(const BackwardParams& p) {
 // warpgroup (one column half, rows 0..63 in order) are one 16 KB box of the accumulator's 4-D tensor map
 // (32 columns, d/32 column boxes, n_q rows, B·H_q; box 32 × 2 × 64 × 1, 128-byte swizzle; rows past n_q
 // are clipped by the map), added by one cp.reduce.async.bulk.tensor from one lane of the warpgroup's first
-// warp once its four warps have staged (a named barrier per warpgroup) (fpab22: two reduces of 16 KB per
-// tile instead of fpab15's eight of 4 KB, one per warp; sb21's lesson). The issuing lane waits until its
+// warp once its four warps have staged (a named barrier per warpgroup): two reduces of 16 KB per
+// tile rather than eight of 4 KB, one per warp, which the copy engine would serve one after another. The issuing lane waits until its
 // reduce has read the area before the next tile's barrier (a) (staged_query_loop), after which any warp may
 // stage again. Swizzled staging: the 32-byte group of n-tile j in row g is (j mod 4) ^ (g mod 4), so each
 // STS.64 takes 2 shared wavefronts (8 unswizzled: rows of 256 bytes).
@@ -462,7 +453,7 @@ __device__ __forceinline__ void bf16_dq_stage(u32 area, const float (*acc)[4]) {
     const u32 b0 = box + (l0 ^ (((l0 >> 7) & 7) << 4)), b1 = box + (l1 ^ (((l1 >> 7) & 7) << 4));
     // The XOR inside the asm: ptxas would otherwise hoist the 8 per-lane addresses out of the query
     // loop (8 registers held across the tile, spilled at 255).
-    static_assert(HEAD_DIM == 128, "fpab15 staging: 8 n-tiles per warp");
+    static_assert(HEAD_DIM == 128, "BF16 dQ staging: 8 n-tiles per warp");
     bf16_dq_sts_pair<0>(b0, acc[0]);
     bf16_dq_sts_pair<32>(b0, acc[1]);
     bf16_dq_sts_pair<64>(b0, acc[2]);
@@ -503,8 +494,8 @@ struct Bf16EarlyLayout<true> {
     typedef Bf16BulkLayout type;
 };
 
-// StagedBf16EarlyT<false> = StagedBf16Early (fpab14; sage_bwd_main_persist_bf16), <true> = StagedBf16Bulk
-// (fpab15: dQ by TMA reduce-adds; sage_bwd_main_persist_bf16q). The same tile otherwise.
+// StagedBf16EarlyT<false> = StagedBf16Early (sage_bwd_main_persist_bf16), <true> = StagedBf16Bulk
+// (dQ by TMA reduce-adds; sage_bwd_main_persist_bf16q). The same tile otherwise.
 template <bool BULK>
 struct StagedBf16EarlyT : StagedBf16 {
     typedef typename Bf16EarlyLayout<BULK>::type Layout;

@@ -7,7 +7,7 @@ __device__ __forceinline__ void zero_dv_dk(float (*dv)[4], float (*dk)[4]) {
         for (int e = 0; e < 4; ++e) dv[nd][e] = dk[nd][e] = 0.0f;
 }
 
-// What a path does before its CTA exits (pipe14b: StagedSagePipelined with BULK waits for its dQ bulk reductions).
+// What a path does before its CTA exits (StagedSagePipelined with BULK_DQ waits for its dQ bulk reductions).
 template <class Path>
 __device__ __forceinline__ void staged_finish() {}
 #if BF16_BWD_EARLY_DV_PATH
@@ -27,7 +27,7 @@ __device__ __forceinline__ void staged_finish<StagedSage64Persistent>() {
 }
 template <>
 __device__ __forceinline__ void staged_finish<StagedSage64TmaDq>() {
-    if (StagedSage64TmaDq::BULK_DQ) bulk_wait();  // bwd18: its dQ tensor reduces complete before the CTA exits
+    if (StagedSage64TmaDq::BULK_DQ) bulk_wait();  // its dQ tensor reduces complete before the CTA exits
 }
 #endif
 #if SAGE128_PIPELINED_LOOP
@@ -73,7 +73,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
     store_dk_dv(p, kb, bh, dv, dk);
     staged_finish<Path>();
 }
-// fpab12: a persistent grid (kernels sage_bwd_main_persist_{sage,bf16}; SAGEBWD_BWD_PERSIST in src/backward.rs). The grid
+// A persistent grid (kernels sage_bwd_main_persist_{sage,bf16}; SAGEBWD_BWD_PERSIST in src/backward.rs). The grid
 // is (G, 1) with G ≤ the CTAs that fit at once; CTA c starts on item c of the n_kblk × rows items (in
 // staged_item_coords' order: heaviest first) and claims each next one from a counter (dynamic, as the
 // hardware's block scheduler hands out the blocks of the plain grid: the tail stays short): one
@@ -94,18 +94,15 @@ __device__ __forceinline__ void staged_prologue(const BackwardParams& p, u32 sme
     cp_async_commit();
 }
 
-// pbwd13: the item (and so kb, bh, qb0, the query loop's qb) as a value ptxas knows is warp-uniform, as
+// UNIFORM: the item (and so kb, bh, qb0, the query loop's qb) as a value ptxas knows is warp-uniform, as
 // in the plain grid where they come from blockIdx: broadcast from lane 0 by a full-mask shuffle at the
-// top of every item. Carried as fpab12 had it (the coordinates, updated in the divergent row-constant
-// tail of the last item), ptxas kept the query loop's counters, stage addresses and wgmma descriptors in
-// vector registers and moved them by R2UR before every wgmma: +20 to +40 registers over the plain
-// kernel, 56–96 B of spill in the INT8 kernel at d = 128, a slower tile where items are long. With it the
-// query loop is within −4 to +1 % of the plain kernel's instructions at d = 64 and 128, no spill. Also the
-// claim's gridDim.x is added after the barrier (added at the atomic, warp 0 waited for the atomic right
-// after issuing it, before its part of the last dQ). Measured (pbwd13's call, docs/RESULTS-gpu.md):
-// faster than the plain grid in both runs for the BF16 path at d = 64, 128 and the INT8 path at d = 128
-// (−0.7 to −4.3 %), but for the INT8 path at d = 64 slower than fpab12's form (+0.4 to +1.0 % at causal
-// N 1k, where fpab12's is the default) and than the plain grid at N 4k: there fpab12's form is kept.
+// top of every item. Carried as plain coordinates (updated in the divergent row-constant tail of the
+// last item), ptxas keeps the query loop's counters, stage addresses and wgmma descriptors in
+// vector registers and moves them by R2UR before every wgmma (more registers, spills in the INT8 kernel at
+// d = 128). With it the query loop is about as long as the plain kernel's at d = 64 and 128, with no spill. Also
+// the claim's gridDim.x is added after the barrier (added at the atomic, warp 0 would wait for the atomic right
+// after issuing it, before its part of the last dQ). The INT8 path at d = 64 keeps the plain coordinates, which are
+// faster there (PersistUniformItem below).
 template <class Path>
 struct PersistUniformItem {
     static constexpr bool value = true;
@@ -182,12 +179,12 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
 }
 // The staged paths on the persistent grid, one entry per path (registers are allocated per kernel;
 // sage_bwd_main_mma's code and registers stay as they were).
-// pipe14b: the sage path's type of these kernels (the pipelined loop at d = 64 on sm_90a).
+// The sage path's type of these kernels (the pipelined loop at d = 64 on sm_90a).
 #if SAGE64_PIPELINED_LOOP
 typedef StagedSage64 StagedSageKernel;         // sage_bwd_main_mma_sage
 typedef StagedSage64Persistent StagedSagePersistKernel;  // sage_bwd_main_persist_sage
 #elif SAGE128_PIPELINED_LOOP
-typedef StagedSage128 StagedSageKernel;         // sb128: sage_bwd_main_mma_sage at d = 128
+typedef StagedSage128 StagedSageKernel;         // sage_bwd_main_mma_sage at d = 128
 typedef StagedSage128 StagedSagePersistKernel;  // sage_bwd_main_persist_sage
 #else
 typedef StagedSage StagedSageKernel;
@@ -208,16 +205,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedSagePersistKernel, true>(p, BWD_STAGED_SAGE, smem_raw);
 }
-// pipe14b: the sage path on the plain grid in its own kernel (sage_bwd_main_mma's grid and block order;
-// the host takes it for the sage path at d = 64 on sm_90a), so that sage_bwd_main_mma's registers and
-// code for its other paths stay main 37e5e90's.
+// The sage path on the plain grid in its own kernel (sage_bwd_main_mma's grid and block order; the host takes it
+// for the sage path on sm_90a), so that its pipelined loop does not change sage_bwd_main_mma's registers and code
+// for its other paths.
 #if BWD_WGMMA && (HEAD_DIM == 64 || SAGE128_PIPELINED_LOOP)
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedSageKernel, false>(p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
-// bwd18: sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage64TmaDq; the default at d = 64,
+// sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage64TmaDq; the default at d = 64,
 // SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs selects sage_bwd_main_mma_sage); the same grid, block order and shared memory.
 #if BWD_WGMMA && HEAD_DIM == 64 && SAGE64_PIPELINED_LOOP
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(const __grid_constant__ BwdParamsDqMap pm) {
@@ -226,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(c
 }
 #endif
 #if BWD_WGMMA && SAGE128_PIPELINED_LOOP
-// sb20: sb128's plain-grid kernel with sb16's in-loop stage copies by TMA (StagedSage128TmaStage; the host takes it at d = 128
+// The d = 128 plain-grid kernel with its in-loop stage copies by TMA (StagedSage128TmaStage; the host takes it at d = 128
 // when n_q % 64 == 0).
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_t(const __grid_constant__ BwdParamsStageMaps pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
@@ -244,10 +241,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
     staged_backward_persist<StagedBf16>(p, smem_raw);
 #endif
 }
-// fpab15: the fpa path at d = 128 on the persistent grid with dQ by TMA reduce-adds (StagedBf16Bulk);
+// The BF16 path at d = 128 on the persistent grid with dQ by TMA reduce-adds (StagedBf16Bulk);
 // the host's default for fpa at d = 128 on sm_90a, every N (SAGEBWD_FPA_BULK_DQ=0: sage_bwd_main_persist_bf16).
-// Measured (RESULTS-gpu.md, fpab15): −1.1 to −13.0 % backward time against sage_bwd_main_persist_bf16 at N ≤ 4096,
-// −15.5 / −15.7 % against the plain grid at N 16384. The parameter is the dQ accumulator's tensor map followed
+// The parameter is the dQ accumulator's tensor map followed
 // by BackwardParams (BwdParamsDqMap).
 #if BF16_BWD_EARLY_DV_PATH && HEAD_DIM == 128
 extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16q(const __grid_constant__ BwdParamsDqMap pm) {

@@ -1,7 +1,7 @@
 // ---- The INT8 tile: #3, #4, #6, #7 INT8, #5 BF16 ---------------------------------------------------------
 struct StagedSage {
     // Key block: K̂, K̂ᵀ (BF_KT bytes each), V (2·BF_KT); stage: Q̂, dO (2·BF_QT), dÔᵀ, Q̂ᵀ; dŜ bytes.
-    // (pipe14b: two stages; the pipelined loop's type StagedSage64 below has its own layout.)
+    // (Two stages; the pipelined loop's type StagedSage64 below has its own layout.)
     typedef StagedLayout<4 * BF_KT, 5 * BF_QT, BLOCK_Q * BLOCK_KV> Layout;
     static constexpr int kt = BF_KT, v = 2 * BF_KT;                   // offsets in the key block
     static constexpr int d_o = BF_QT, dot = 3 * BF_QT, qt = 4 * BF_QT;  // offsets in a stage
@@ -71,7 +71,7 @@ struct StagedSage {
         wgmma_commit();
     }
 
-    // pipe14 (d = 64) and sb16 (d = 128): wg_issue_scores_dp's two commit groups as two calls (Sᵀ goes out a
+    // The pipelined loops (d = 64 and d = 128): wg_issue_scores_dp's two commit groups as two calls (Sᵀ goes out a
     // tile ahead, dPᵀ with its tile).
     static __device__ __forceinline__ void wg_issue_scores(int (&s)[8][4], u32 smem_lo, u32 st_lo, int wg) {
         wgmma_fence();  // the accumulators were last read by ordinary instructions
@@ -144,7 +144,7 @@ struct StagedSage {
 
 #if BWD_WGMMA
     // out[nt][e] = fma(float(acc), scale, out) of one 32-column chunk (wg_key_products' dequantization).
-    // I2FP: one I2FP per value at every d (sb128's d = 128 tile), else sage_i2f.
+    // I2FP: one I2FP per value at every d (the d = 128 pipelined tile), else sage_i2f.
     template <bool I2FP = false>
     static __device__ __forceinline__ void dequant_chunk(const int (*acc)[4], float (*out)[4], float scale) {
 #pragma unroll
@@ -161,7 +161,7 @@ struct StagedSage {
                                                          unsigned char* ds_tile, u32 (*pa)[4], u32 (*da)[4]) {
         quantize_words<true>(prob, ds, inv_p, inv_ds, ds_tile, pa, da);
     }
-    // quantize_tile's two halves: sb16's loop (d = 128) issues dV's first chunks between them (sb20), so that those
+    // quantize_tile's two halves: the d = 128 pipelined loop issues dV's first chunks between them, so that those
     // products run while dŜ is quantized and stored.
     static __device__ __forceinline__ void quantize_p(float (*prob)[4], float inv_p, u32 (*pa)[4]) {
 #pragma unroll
@@ -428,7 +428,7 @@ struct QueryStager<StagedSage> {
 };
 #endif
 
-#define SAGE_DQ_STAGING_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded; pipe14b, bulk15, sb128)
+#define SAGE_DQ_STAGING_ROW (HEAD_DIM * 4)  // bytes of one dQ staging row (unpadded)
 // A landed dQ tile of the wgmma layout (the values sage_add_dq adds: fl(float(acc)·scale)) into a
 // staging tile (I2FP: as sage_add_dq's): warp w's rows 16(w mod 4) + lane/4 (+ 8), columns (w div 4)·d/2 + 8n + 2(lane mod 4).
 template <bool I2FP = false>
@@ -444,7 +444,7 @@ __device__ __forceinline__ void pipelined_stage_dq(unsigned char* tile, const in
     }
 }
 
-// bulk15 (ROT; d = 64, and since session 14 d = 128): pipelined_stage_dq's values at
+// ROT_DQ (d = 64 and d = 128): pipelined_stage_dq's values at
 // pipelined_stage_dq's addresses, the order of the stores permuted per row. Rows are 4d bytes (256 or 512),
 // so every row of a 16-row block starts at the same bank and
 // pipelined_stage_dq's STS.64 (8 rows × 32 bytes, n-tile j of every row) takes 8 wavefronts, not 2. Here
@@ -459,9 +459,9 @@ __device__ __forceinline__ void pipelined_sts_f2(u32 addr, float2 v) {
 }
 // ALIGNED = false (d = 128's layout: the tile only 16-byte aligned): the XOR on the offset within the tile,
 // then one add per store; the whole warp's addresses shift by the same amount, so the banks stay distinct.
-// SELECT = false (sb26, d = 128 on sm_90a: SAGE_DQ_ACC_ROT): store j writes n-tile j itself at that address,
+// SELECT = false (d = 128 on sm_90a: SAGE_DQ_ACC_ROT): store j writes n-tile j itself at that address,
 // so row r's n-tile m lands at position m ^ (r mod 4), the layout the accumulator keeps (common.cuh): the
-// same banks, without the 4·NT selects per thread (2 per score at d = 128: 5.6 % of the loop's instructions).
+// same banks, without the 4·NT selects per thread (2 per score at d = 128).
 template <bool I2FP = false, bool ALIGNED = true, bool SELECT = true>
 __device__ __forceinline__ void pipelined_stage_dq_rot(u32 tile, const int (*acc)[4], float scale) {
     constexpr int NT = HEAD_DIM / 16;

@@ -109,7 +109,7 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
         cp_async_wait<0>();  // this thread's copies of block qb are done
 #if BWD_WGMMA
         if (Path::WGMMA) fence_proxy_async();  // cp.async writes and dŜ stores → wgmma's (async proxy) reads
-        if constexpr (Path::BULK_DQ) bulk_wait_read();  // fpab22: the dQ staging area free after (a)
+        if constexpr (Path::BULK_DQ) bulk_wait_read();  // the dQ staging area free after (a)
 #endif
         __syncthreads();     // (a)
         if (has_next && !Path::STAGES_NEXT) stage_next(p, stage(buf ^ 1), bh, qb + 1);
@@ -128,7 +128,7 @@ __device__ __forceinline__ float staged_query_loop(const BackwardParams& p, u32 
     cp_async_wait<0>();
 #if BWD_WGMMA
     fence_proxy_async();  // the dS stores → dQ's wgmma reads
-    if constexpr (Path::BULK_DQ) bulk_wait_read();  // fpab22: the dQ staging area free for the item's last dQ
+    if constexpr (Path::BULK_DQ) bulk_wait_read();  // the dQ staging area free for the item's last dQ
 #endif
     __syncthreads();  // dS of the last block complete
     return dq_scale;
