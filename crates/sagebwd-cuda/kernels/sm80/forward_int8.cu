@@ -474,7 +474,7 @@ __device__ __forceinline__ bool tile_needs_mask(const Dims& d, int row0, int key
 template <bool PERMUTED>
 __device__ __forceinline__ void mask_tile(const Dims& d, float (*t)[4], int row0, int key0, float& sc,
                                           float fill = neg_inf()) {
-    if constexpr (!PERMUTED) {  // the BF16 forward: main's code, so that its SASS stays as it was
+    if constexpr (!PERMUTED) {  // the BF16 forward: its own form (the prefix limits below)
         const int last_row = row0 + 15, last_key = key0 + BLOCK_KV - 1;
         const bool need_mask = last_key >= d.n_k || last_row >= d.n_q || (d.causal && last_key > row0 + (d.n_k - d.n_q));
         if (!need_mask) return;

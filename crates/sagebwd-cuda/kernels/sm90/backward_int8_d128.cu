@@ -49,7 +49,7 @@ __device__ __forceinline__ float sage128_query_loop(const BackwardParams& p, u32
         bar = (u32)__cvta_generic_to_shared(&stage_bar);
         if (threadIdx.x == SAGE128_TMA_THREAD) S::init(p, bar);
     }
-    // amax24: the tile amax's block step by shared atomics (block_max2_atomic, as the d = 64 loop's ATOMIC_AMAX). Its
+    // The tile amax's block step by shared atomics (block_max2_atomic, as the d = 64 loop's ATOMIC_AMAX). Its
     // four slots are zeroed here, before the barrier in pipelined_first_wait, at every entry (the persistent grid enters
     // once per item; the previous item's last slot reads were before its closing barrier).
     static_assert(Lay::dqst0 - Lay::red >= 128 && Lay::red % 32 == 0, "block_max2_atomic needs a 128-byte, 32-byte aligned scratch");

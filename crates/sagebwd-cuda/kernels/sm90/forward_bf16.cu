@@ -336,7 +336,7 @@ __device__ __forceinline__ void fp_rescale(float (*o)[4], const RowState& st) {
 }
 
 // f32_to_bf16(o_normalized(O)) of the thread's pairs (columns 8nt + 2t, + 1 of rows g, g + 8), by
-// pack_bf16x2_nan (epi15): one cvt per pair of products fl(O·fl(1/l)). If a row of the thread has
+// pack_bf16x2_nan: one cvt per pair of products fl(O·fl(1/l)). If a row of the thread has
 // l = 0 (no key: o_normalized's 0) or any product is NaN (only for non-finite O), the thread takes
 // the software rounding of o_normalized for every pair (f32_to_bf16, NaN → 0x7fc0): the same bits
 // either way (sage_bf16_pack_check: the cvt equals f32_to_bf16 on every non-NaN FP32 value).

@@ -236,7 +236,7 @@ __device__ __forceinline__ void wsp_row_offsets(const ForwardParams& p, int bh, 
 // limit per row) instead of mask_permuted. WSP_NO_TURNS: no turns between the consumer warpgroups.
 // (The option bits are defined above, outside SAGE_WGMMA: the entries use them on sm_80 too.)
 
-// mask_permuted's −∞ by one limit per row (the BF16 mask's form, fwd9, for the permuted key order):
+// mask_permuted's −∞ by one limit per row (the BF16 mask's form, for the permuted key order):
 // the key of entry (nt, e) is col0 + c with col0 = key0 + 4·(lane % 4) and the compile-time offset
 // c = 16·(nt / 2) + 2·(nt % 2) + (e % 2) (permuted_key), and visible(d, r, j) ⇔ j < visible_end(d, r)
 // for j ≥ 0 (common.cuh), so an entry is masked iff c ≥ visible_end(d, r) − col0: one compare and one

@@ -162,7 +162,7 @@ struct StagedBf16 {
     // e mod 2, a compile-time offset) of key j_h = wkey0 + g + 8h (h = e div 2), and visible ⇔ first_h ≤
     // o < rows_left, with rows_left = n_q − row0 and first_h = j_h − (n_k − n_q) − row0 (causal), 0 (not),
     // BLOCK_Q (j_h ≥ n_k: above every o). Two compares with an immediate and two selects per entry,
-    // where visible()'s per-entry row and key arithmetic became predicate bitmasks (as in fwd9's forward).
+    // where visible()'s per-entry row and key arithmetic became predicate bitmasks (as in the BF16 forward).
     static __device__ __forceinline__ void ds_masked(const Dims& d, const float* rows, int qb, int kb,
                                                      float (&prob)[8][4], float (&ds)[8][4]) {
         const int t = threadIdx.x & 3;

@@ -64,7 +64,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
     cp_async_commit();
     if (threadIdx.x < BLOCK_Q && qb0 < d.n_qblk) store_row_consts(rows_of(0), load_row_consts(p, bh, qb0, threadIdx.x));
 
-    const QueryStager<Path> stage_next(p, bh);  // stages block qb + 1 (sage11)
+    const QueryStager<Path> stage_next(p, bh);  // stages block qb + 1
     const float dq_scale = staged_query_loop<Path>(p, smem, smem_ptr, stage_next, kb, bh, bh_kv, qb0, dv, dk);
     if (qb0 < d.n_qblk)
         Path::dq(p, smem, smem + Lay::ds0 + ((d.n_qblk - 1 - qb0) & 1) * Lay::ds_bytes, dq_scale, bh, d.n_qblk - 1);
@@ -139,7 +139,7 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
     if (threadIdx.x < BLOCK_Q && query_block_begin(d, at.kb) < d.n_qblk)
         store_row_consts(rows_of(0), load_row_consts(p, at.bh, query_block_begin(d, at.kb), threadIdx.x));
     // Its per-thread parts do not depend on the head (the head goes to each call).
-    const QueryStager<Path> stage_next(p, at.bh);  // stages block qb + 1 (sage11)
+    const QueryStager<Path> stage_next(p, at.bh);  // stages block qb + 1
     for (;;) {
         if (UNIFORM) {
             item = __shfl_sync(0xffffffffu, item, 0);

@@ -344,8 +344,8 @@ __device__ __forceinline__ float sage_i2f(int a) { return HEAD_DIM == 64 ? (floa
 
 // Max of a warp tile's 32 values (|values| with ABS), as 4 independent chains and a 2-level tree:
 // fmax is exact and order-free, so the result is the sequential loop's; the chains cut the latency
-// (one serial FMNMX chain of 32 before).
-// pamax24 (sm_90a, P's amax, ABS = false): P is finite and ≥ +0 (the inputs are checked, §9; masked
+// (instead of one serial FMNMX chain of 32).
+// sm_90a, P's amax (ABS = false): P is finite and ≥ +0 (the inputs are checked, §9; masked
 // entries are +0), and non-negative floats order as their bit patterns, so the integer max of the bits
 // (with 0, as the chains' start) is the fmax, bit for bit: 11 + 4 + 2 three-way integer maxima
 // (VIMNMX3, Hopper's DPX) instead of 32 + 3 FMNMX.
