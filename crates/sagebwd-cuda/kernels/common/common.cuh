@@ -97,8 +97,8 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // (lazy, FlashAttention-4's rescaling) it moves only when row_max exceeds it by more than RESCALE_SLACK
 // (base-2 units), so that almost every block after the first leaves m, and so α = 1 (the O rescale
 // skipped), unchanged; p = exp2(t − m) ≤ 2^8 (times the rounding of fl(m + 8)). fl(−∞ + 8) = −∞: the first
-// visible block always moves it; a NaN row max never does. BF16 #1 keeps the eager max (lazy24: the
-// BF16 d 64 forward measured 4 % slower with the lazy one).
+// visible block always moves it; a NaN row max never does. BF16 #1 keeps the eager max (the BF16 d 64
+// forward is slower with the lazy one).
 #define RESCALE_SLACK 8.0f
 __device__ __forceinline__ float running_max(bool lazy, float m_old, float row_max) {
     if (lazy) return row_max > __fadd_rn(m_old, RESCALE_SLACK) ? row_max : m_old;

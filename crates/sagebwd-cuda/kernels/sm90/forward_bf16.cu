@@ -394,7 +394,7 @@ __device__ void fp_store(const ForwardParams& p, const RowState& st, const float
 #pragma unroll
         for (int nt = 0; nt < O_TILES; ++nt) {
             // o_normalized written out: through the helper ptxas schedules the BF16 persistent kernels
-            // differently (SASS checked, not timed), so they keep the measured form.
+            // differently, so they keep this form.
             const float lo = l == 0.0f ? 0.0f : __fmul_rn(o[nt][2 * h], r_l);
             const float hi = l == 0.0f ? 0.0f : __fmul_rn(o[nt][2 * h + 1], r_l);
             *(u32*)(dst + nt * 8) = pack_bf16x2(lo, hi);
