@@ -4,20 +4,30 @@
     LD_LIBRARY_PATH=.cache/nvrtc/nvidia/cu13/lib \\
         python3 lab/kernels/nvrtc_regs.py quantize.cu sm_90a 128 [-DNAME=VALUE ...] [--cubin out.cubin]
 
-Compiles common.cuh + hopper.cuh + the stage with NVRTC and the library's options (src/runtime.rs `nvrtc_options`)
+Compiles common.cuh + hopper.cuh + the stage's pieces (src/runtime.rs `SOURCES`) with NVRTC and the library's options (src/runtime.rs `nvrtc_options`)
 plus --ptxas-options=-v, and prints ptxas's register line of each kernel and its spill line where it spills. With
 --cubin it also writes the cubin (for nvdisasm, lab/kernels/sass_diff.py). Needs the pip NVRTC that scripts/test.sh
 installs into .cache/nvrtc. Use it to size a kernel's launch bounds or to see whether a change spills."""
-import argparse, ctypes, pathlib, sys
+import argparse, ctypes, pathlib, re, sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "crates/sagebwd-cuda/kernels"
 NVRTC = ROOT / ".cache/nvrtc/nvidia/cu13"
 
 
+def pieces(stage):
+    """The stage's pieces, as src/runtime.rs `SOURCES` composes them (`stage_source!` lists)."""
+    rs = (ROOT / "crates/sagebwd-cuda/src/runtime.rs").read_text()
+    m = re.search(r'\(\s*"' + re.escape(stage) + r'",\s*stage_source!\((.*?)\)', rs, re.S)
+    if not m:
+        sys.exit(f"{stage}: not a stage of src/runtime.rs SOURCES")
+    return re.findall(r'"([^"]+)"', m.group(1))
+
+
 def source(stage):
-    parts = [("common.cuh", KERNELS / "common.cuh"), ("hopper.cuh", KERNELS / "hopper.cuh"), (stage, KERNELS / stage)]
-    return "".join(f'#line 1 "{name}"\n{path.read_text()}\n' for name, path in parts)
+    head = [("common/common.cuh", KERNELS / "common/common.cuh"), ("sm90/hopper.cuh", KERNELS / "sm90/hopper.cuh")]
+    body = "".join(f'#line 1 "{p}"\n{(KERNELS / p).read_text()}' for p in pieces(stage))
+    return "".join(f'#line 1 "{name}"\n{path.read_text()}\n' for name, path in head) + f'#line 1 "{stage}"\n{body}\n'
 
 
 def compile_stage(stage, arch, head_dim, defines):
@@ -43,7 +53,7 @@ def compile_stage(stage, arch, head_dim, defines):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("stage", help="a file of crates/sagebwd-cuda/kernels, e.g. backward_main.cu")
+    ap.add_argument("stage", help="a stage of src/runtime.rs SOURCES, e.g. backward_main.cu")
     ap.add_argument("arch", help="sm_90a, sm_80, ...")
     ap.add_argument("head_dim", type=int, choices=[64, 128])
     ap.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")

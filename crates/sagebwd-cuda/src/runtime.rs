@@ -12,18 +12,55 @@ use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The kernel sources, embedded in the library. Each stage is compiled as `common.cuh` followed by
-/// the stage's file, so NVRTC needs no include path and no CUDA header.
-pub const COMMON: &str = include_str!("../kernels/common.cuh");
+/// One stage's source: its pieces (paths under `kernels/`, see kernels/README.md) concatenated in
+/// order, each after a `#line 1 "piece"` directive so that NVRTC's messages name the right file.
+/// The pieces of a stage form one NVRTC program, hence one module.
+macro_rules! stage_source {
+    ($($piece:literal),+ $(,)?) => {
+        concat!($("#line 1 \"", $piece, "\"\n", include_str!(concat!("../kernels/", $piece))),+)
+    };
+}
+
+/// The kernel sources, embedded in the library. Each stage is compiled as `common.cuh` and
+/// `hopper.cuh` followed by the stage's pieces, so NVRTC needs no include path and no CUDA header.
+pub const COMMON: &str = include_str!("../kernels/common/common.cuh");
 /// Hopper-only helpers (wgmma, descriptors), after `common.cuh`; empty unless compiled for sm_90a.
-pub const HOPPER: &str = include_str!("../kernels/hopper.cuh");
+pub const HOPPER: &str = include_str!("../kernels/sm90/hopper.cuh");
 pub const SOURCES: [(&str, &str); 6] = [
-    ("quantize.cu", include_str!("../kernels/quantize.cu")),
-    ("forward.cu", include_str!("../kernels/forward.cu")),
-    ("backward_pre.cu", include_str!("../kernels/backward_pre.cu")),
-    ("backward_main.cu", include_str!("../kernels/backward_main.cu")),
-    ("backward_post.cu", include_str!("../kernels/backward_post.cu")),
-    ("selftest.cu", include_str!("../kernels/selftest.cu")),
+    ("quantize.cu", stage_source!("generic/quantize.cu")),
+    (
+        "forward.cu",
+        stage_source!(
+            "common/forward_params.cuh",
+            "reference/forward_scalar.cu",
+            "sm80/forward_int8.cu",
+            "sm90/forward_warp_specialized.cuh",
+            "sm80/forward_bf16.cu",
+            "sm90/forward_bf16.cu",
+            "sm90/forward_int8.cu",
+            "sm80/forward_entry.cu",
+        ),
+    ),
+    ("backward_pre.cu", stage_source!("generic/backward_pre.cu")),
+    (
+        "backward_main.cu",
+        stage_source!(
+            "common/backward_params.cuh",
+            "reference/backward_scalar.cu",
+            "sm80/backward_mma.cu",
+            "staged/backward_helpers.cuh",
+            "staged/backward_int8.cu",
+            "sm90/backward_int8_pipelined_types.cuh",
+            "staged/backward_bf16.cu",
+            "staged/backward_loop.cuh",
+            "sm90/backward_int8_pipelined.cuh",
+            "sm90/backward_int8_d64.cu",
+            "sm90/backward_int8_d128.cu",
+            "staged/backward_entry.cu",
+        ),
+    ),
+    ("backward_post.cu", stage_source!("generic/backward_post.cu")),
+    ("selftest.cu", stage_source!("generic/selftest.cu")),
 ];
 
 /// Head dimensions the kernels are compiled for (`-DHEAD_DIM=`).
@@ -96,7 +133,9 @@ pub fn nvrtc_options(arch: &str, head_dim: usize) -> Vec<String> {
 /// `common.cuh` + `hopper.cuh` + the stage's source, with `#line` directives so that NVRTC's
 /// messages name the right file and line.
 pub fn full_source(name: &str, body: &str) -> String {
-    format!("#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"hopper.cuh\"\n{HOPPER}\n#line 1 \"{name}\"\n{body}\n")
+    format!(
+        "#line 1 \"common/common.cuh\"\n{COMMON}\n#line 1 \"sm90/hopper.cuh\"\n{HOPPER}\n#line 1 \"{name}\"\n{body}\n"
+    )
 }
 
 /// Checks that NVRTC can be loaded (cudarc would panic on first use otherwise).

@@ -56,7 +56,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
     };
     int r = chunk * K_MEAN_CHUNK + lr;
     if (vec) {
-        // KM_BATCH rows' 16-byte loads issued before their sums (glue15: the loop unrolled by 4
+        // KM_BATCH rows' 16-byte loads issued before their sums (the loop unrolled by 4
         // interleaved loads and FP64 adds, 2–3 loads in flight per thread with 3 blocks per SM);
         // each column still sums its rows in increasing order, so the same bits.
         constexpr int KM_BATCH = 4;

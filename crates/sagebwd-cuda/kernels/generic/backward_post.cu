@@ -43,9 +43,8 @@ extern "C" __global__ void sage_bwd_post_dq(const float* __restrict__ dq_acc, co
 // The dQ postprocess of the sagebwd path (src/backward.rs; fpa keeps sage_bwd_post_dq): the same
 // arithmetic per element, POST_UNROLL groups of eight elements per thread (group e8 = block's first +
 // k · blockDim.x + thread, so each load instruction stays coalesced) with all their loads issued
-// before the first use. With one group per thread, 74 % of the warps' stall samples sat on the
-// first use of its two loads (ncu, training shape: ~38 KB in flight per SM at 59 % occupancy, 65–70 %
-// of DRAM bandwidth). Launched with PDL after the main kernel: griddepcontrol.wait first.
+// before the first use. With one group per thread most of the warps' stall samples sit on the
+// first use of its two loads (too few bytes in flight per SM to use the DRAM bandwidth). Launched with PDL after the main kernel: griddepcontrol.wait first.
 // SAGE_DQ_ACC_ROT (sm_90a, d = 128): group e8 (row q's chunk e8 mod 16) is read from chunk e8 ^ (q mod 4) of
 // the row (common.cuh), in the same 128 bytes, so the loads stay coalesced.
 #define POST_UNROLL 4

@@ -27,8 +27,8 @@
 // The FP32 dQ accumulator of the sagebwd path at d = 128 on sm_90a (written by backward_main.cu's
 // StagedSage128, read by backward_post.cu's sage_bwd_post_dq_sage) holds query row q's 8-value chunk m
 // of each 64-column half at chunk position m ^ (q mod 4): the order in which the staging tile's
-// bank-conflict-free stores land (sage14_stage_dq_rot), kept instead of undone by register selects in
-// the main kernel's loop (sb26). Every other path and build keeps the natural order.
+// bank-conflict-free stores land (pipelined_stage_dq_rot), kept instead of undone by register selects in
+// the main kernel's loop. Every other path and build keeps the natural order.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && HEAD_DIM == 128
 #define SAGE_DQ_ACC_ROT 1
 #else
@@ -55,7 +55,7 @@ typedef unsigned long long u64;
 #define F_SMOOTH_K 256
 #define F_SMOOTH_Q 512
 #define F_DQ_CORR 1024
-// Launch switch of the persistent INT8 forward (not a method flag): K̂ and Q̂ copied by TMA (fwd22, wsp_producer_tma).
+// Launch switch of the persistent INT8 forward (not a method flag): K̂ and Q̂ copied by TMA (wsp_producer_tma).
 #define F_TMA_KQ 2048
 
 // Programmatic dependent launch (PDL, sm_90+; src/quantize.rs `launch_pdl`; the glue kernels and the
@@ -97,8 +97,8 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // (lazy, FlashAttention-4's rescaling) it moves only when row_max exceeds it by more than RESCALE_SLACK
 // (base-2 units), so that almost every block after the first leaves m, and so α = 1 (the O rescale
 // skipped), unchanged; p = exp2(t − m) ≤ 2^8 (times the rounding of fl(m + 8)). fl(−∞ + 8) = −∞: the first
-// visible block always moves it; a NaN row max never does. BF16 #1 keeps the eager max (lazy24: the
-// BF16 d 64 forward measured 4 % slower with the lazy one).
+// visible block always moves it; a NaN row max never does. BF16 #1 keeps the eager max (the BF16 d 64
+// forward is slower with the lazy one).
 #define RESCALE_SLACK 8.0f
 __device__ __forceinline__ float running_max(bool lazy, float m_old, float row_max) {
     if (lazy) return row_max > __fadd_rn(m_old, RESCALE_SLACK) ? row_max : m_old;
@@ -148,15 +148,15 @@ __device__ __forceinline__ GroupScale group_scale(float amax) {
     return g;
 }
 
-// fl(127/amax), group_scale's inv (0 for amax = 0), without the IEEE division's branches (fwd14):
+// fl(127/amax), group_scale's inv (0 for amax = 0), without the IEEE division's branches:
 // the division's fast path (MUFU.RCP, one Newton step, the quotient, its exact remainder, one
 // correction), applied to b = amax·s with s = 2^32 (amax ≤ 2^62) or 2^-64 (larger), so that b, 1/b
 // and 127/b lie far inside the normal range, where that sequence is correctly rounded; 127/amax =
 // (127/b)·s, and fl(127/b)·s is exactly fl(127/amax) (scaling by a power of two commutes with the
 // rounding; a quotient ≥ 2^128 becomes +∞ in the product as in the division). amax = 0 and +∞ give
 // 0 (the division's 127/+∞), NaN stays NaN. Checked on the device against __fdiv_rn(127, amax) for
-// every non-negative FP32 bit pattern (dev/fwd14/divcheck). Used by the INT8 forward (fwd14) and, opt-in,
-// the INT8 backward's group scales (bwd16's BWD16_SCALES). With `__fdiv_rn` behind group_scale's
+// every non-negative FP32 bit pattern. Used by the INT8 forward and the INT8 backward's branch-free
+// group scales (group_scale_of_amax). With `__fdiv_rn` behind group_scale's
 // `amax == 0` test, ptxas put each row's division (FCHK, the branch to its slow path) between the
 // row max and the exponentials; this form is straight-line and interleaves with them.
 __device__ __forceinline__ float rcp_approx_ftz(float x) {
@@ -284,7 +284,7 @@ __device__ __forceinline__ bool visible(const Dims& d, int r, int j) {
 
 // The same rule as one limit per row: for a key j ≥ 0, visible(d, r, j) ⇔ j < visible_end(d, r)
 // (a row's visible keys are a prefix); the end may be ≤ 0 (nothing visible). The BF16 forward's
-// mask compares against it once per row instead of testing every entry (fwd9).
+// mask compares against it once per row instead of testing every entry.
 __device__ __forceinline__ int visible_end(const Dims& d, int r) {
     if (r >= d.n_q) return 0;
     return d.causal ? min(d.n_k, r + 1 + (d.n_k - d.n_q)) : d.n_k;
@@ -568,7 +568,7 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return r;
 }
 
-// pack_bf16x2 for stores that promise f32_to_bf16's bits (epi15, the INT8 forward's O): the cvt gives
+// pack_bf16x2 for stores that promise f32_to_bf16's bits (the INT8 forward's O): the cvt gives
 // them for every non-NaN input, and `nan` collects whether lo or hi is NaN, where the caller takes
 // f32_to_bf16 instead (its NaN is 0x7fc0). Checked on all 2^32 FP32 patterns in both halves by
 // sage_bf16_pack_check (selftest.cu, sagebwd-gpu-check). One F2FP (+ one FSETP) per pair where

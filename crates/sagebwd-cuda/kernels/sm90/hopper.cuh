@@ -73,7 +73,7 @@ __device__ __forceinline__ void wgmma_s8_ss_n128(int (&d)[64], u64 a_desc, u64 b
         : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 // ---------------------------------------------------------------------------------------------
-// Warp specialization (forward, fwd3): mbarriers, the TMA tile load, register reallocation and
+// Warp specialization (forward): mbarriers, the TMA tile load, register reallocation and
 // named barriers. An mbarrier is 8 bytes of shared memory (8-byte aligned), addressed by its
 // shared-space address; its phase completes when `count` arrivals and the expected transaction
 // bytes (TMA) have all come in; waiters poll the parity of the phase they wait for.
@@ -347,7 +347,7 @@ struct DescWords {
 __device__ __forceinline__ DescWords desc_words(u64 desc) { return {(u32)desc, (u32)(desc >> 32)}; }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// sbwd12: the INT8 backward's dŜ tile by stmatrix at d = 64 (StagedSage, backward_main.cu).
+// The INT8 backward's dŜ tile by stmatrix at d = 64 (StagedSage, staged/backward_int8.cu).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // stmatrix_x4 with .trans: lane (g, t)'s register i goes to matrix i transposed, its lower 16 bits
 // to memory row 2t, its upper 16 bits to row 2t + 1, both at 16-bit element g of the row (lane l

@@ -50,7 +50,7 @@ extern "C" __global__ void sage_ex2_monotone(unsigned long long* counts) {
     if (begin == 0x80000000u && (exp2_ftz(0.0f) != 1.0f || exp2_ftz(-0.0f) != 1.0f)) atomicAdd(&counts[2], 1ull);
 }
 
-// Checks pack_bf16x2_nan (common.cuh; the INT8 persistent forward's O pack, epi15) against
+// Checks pack_bf16x2_nan (common.cuh; the INT8 persistent forward's O pack) against
 // f32_to_bf16 on every FP32 bit pattern in both halves: thread i walks the patterns x of chunk i
 // (BF16_CHUNK of them) as the low half, with y = x·0x9e3779b1 (an odd multiplier: a bijection, so
 // every pattern is a high half once too) as the high half. counts[0]: words whose cvt differs from
