@@ -16,6 +16,7 @@
 
 pub mod backward;
 pub mod energy;
+pub mod external;
 pub mod forward;
 pub mod pool;
 pub mod quantize;
