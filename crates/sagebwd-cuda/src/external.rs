@@ -29,7 +29,7 @@ use std::mem::ManuallyDrop;
 
 /// Opens the GPU with this ordinal for callers that own their memory: the primary context (the one
 /// the CUDA runtime, hence PyTorch, uses), unchecked mode (no poison fills, [`Gpu::set_poison`]),
-/// and no cudarc per-buffer event tracking (the library runs on one cudarc stream, so the events
+/// the memory pool keeping freed memory, and no cudarc per-buffer event tracking (the library runs on one cudarc stream, so the events
 /// would never be waited on; without tracking a wrapped buffer costs no event creation).
 pub fn open(ordinal: usize) -> Result<Gpu> {
     let gpu = Gpu::open(ordinal)?;
@@ -37,6 +37,12 @@ pub fn open(ordinal: usize) -> Result<Gpu> {
     // SAFETY: every buffer of this context is used on the one cudarc stream `gpu.dev.stream`; the
     // library's second stream is raw and ordered explicitly (`Gpu::order`).
     unsafe { gpu.dev.ctx.disable_event_tracking() };
+    // Freed workspaces stay in the pool between calls (as in PyTorch's caching allocator): with the
+    // driver's default release threshold every synchronization would unmap them, and every call map
+    // them afresh. The pool then holds up to the library's peak working set.
+    if let Some(pool) = crate::pool::Pool::of(&gpu)? {
+        pool.keep_freed_memory()?;
+    }
     Ok(gpu)
 }
 

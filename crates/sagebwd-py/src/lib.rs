@@ -131,6 +131,20 @@ impl PyDevice {
         self.gpu.dev.ctx.mem_get_info().map_err(|e| PyRuntimeError::new_err(format!("cuMemGetInfo: {e:?}")))
     }
 
+    /// Peak bytes in use in the device's stream-ordered memory pool (where the library's outputs and
+    /// workspaces live; PyTorch's caching allocator does not draw from it) since the last reset;
+    /// `reset`: start a new peak from what is in use now. None without memory pools.
+    #[pyo3(signature = (reset=false))]
+    fn pool_peak(&self, reset: bool) -> PyResult<Option<u64>> {
+        let pool = sagebwd_cuda::pool::Pool::of(&self.gpu).map_err(runtime_error)?;
+        let Some(pool) = pool else { return Ok(None) };
+        let peak = pool.high().map_err(runtime_error)?;
+        if reset {
+            pool.reset_high().map_err(runtime_error)?;
+        }
+        Ok(Some(peak))
+    }
+
     /// The forward on contiguous BF16 device tensors: `dims` = (B, H_q, H_kv, N_q, N_k, d); O is
     /// written into `o`; queued on the raw stream handle `stream`.
     #[allow(clippy::too_many_arguments)]
