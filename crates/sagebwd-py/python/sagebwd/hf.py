@@ -6,8 +6,6 @@ Supported: causal or full attention over the whole sequence (no padding mask: pa
 instead), GQA, the model's own softmax scale, no attention dropout, no sliding window, no softcap.
 Anything else is refused with a ValueError rather than computed differently."""
 
-import torch
-
 from .ops import attention
 
 NAME = "sagebwd"
@@ -53,4 +51,4 @@ def register(preset="sagebwd", int8=None, bf16=None, smooth_k=None):
         pass
     return NAME
 
-__all__ = ["register", "sagebwd_attention_forward", "NAME", "torch"]
+__all__ = ["register", "sagebwd_attention_forward", "NAME"]
