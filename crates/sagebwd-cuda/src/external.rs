@@ -127,6 +127,30 @@ impl Drop for BorrowedInputs {
     }
 }
 
+/// A `DeviceForward` whose O is the caller's: O is leaked, never freed, whichever way this goes.
+struct BorrowedForward(Option<DeviceForward>);
+
+impl BorrowedForward {
+    fn get(&self) -> &DeviceForward {
+        self.0.as_ref().expect("present until finish")
+    }
+
+    /// The library's own buffers back (O leaked).
+    fn finish(mut self) -> (CudaSlice<f32>, CudaSlice<f32>) {
+        let DeviceForward { o, lse2, lse } = self.0.take().expect("present until finish");
+        o.leak();
+        (lse2, lse)
+    }
+}
+
+impl Drop for BorrowedForward {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f.o.leak();
+        }
+    }
+}
+
 /// Runs `body` on the kernels' stream, ordered after the work queued so far on `caller` and before
 /// the work queued on it later (events, no host wait); nothing to order when `caller` is the
 /// kernels' stream. The caller's stream is made to wait even when `body` fails, so that buffers the
@@ -196,10 +220,9 @@ pub unsafe fn backward(gpu: &Gpu, stream: CUstream, state: &mut ExternalForward,
         let (Some(lse2), Some(lse)) = (state.lse2.take(), state.lse.take()) else {
             return Err(Error::Backend("the forward's saved LSE is missing (an earlier backward failed)".into()));
         };
-        let fwd = DeviceForward { o: o.take(), lse2, lse };
-        let grads = gpu.backward(&x, &fwd, &state.saved, &d_o.0);
-        let DeviceForward { o, lse2, lse } = fwd;
-        o.leak();
+        let fwd = BorrowedForward(Some(DeviceForward { o: o.take(), lse2, lse }));
+        let grads = gpu.backward(&x, fwd.get(), &state.saved, &d_o.0);
+        let (lse2, lse) = fwd.finish();
         state.lse2 = Some(lse2);
         state.lse = Some(lse);
         let g = grads?;
