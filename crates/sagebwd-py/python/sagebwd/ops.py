@@ -31,18 +31,23 @@ def _dims(q: Tensor, k: Tensor) -> Tuple[int, int, int, int, int, int]:
     return b, hq, hk, nq, nk, d
 
 
-def _check_kernel_inputs(*ts: Tensor):
+def _kernel_inputs(*ts: Tensor):
+    """The tensors as the kernels read them: contiguous BF16 CUDA, 16-byte aligned (TMA copies need
+    it; a tensor at an odd storage offset is copied)."""
+    out = []
     for t in ts:
         if t.dtype != torch.bfloat16 or not t.is_cuda or not t.is_contiguous():
             raise ValueError(f"sagebwd kernels take contiguous bfloat16 CUDA tensors, got {t.dtype} on {t.device}"
                              f"{'' if t.is_contiguous() else ' (not contiguous)'}")
+        out.append(t if t.data_ptr() % 16 == 0 else t.clone())
+    return out
 
 
 @torch.library.custom_op("sagebwd::attention_forward", mutates_args=(), device_types="cuda")
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, preset: str, int8: List[str], bf16: List[str],
                       smooth_k: Optional[bool]) -> Tuple[Tensor, Tensor]:
     """O and the natural LSE [B, H_q, N_q] (FP32) of contiguous BF16 [B, H, N, d] inputs."""
-    _check_kernel_inputs(q, k, v)
+    q, k, v = _kernel_inputs(q, k, v)
     cfg = _config(preset, int8, bf16, smooth_k)
     dev = _runtime.device(q.device.index)
     o = torch.empty_like(q)
@@ -68,7 +73,7 @@ def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, 
         raise RuntimeError("sagebwd backward: the LSE tensor is not one returned by sagebwd::attention_forward "
                            "(the forward's saved state is found through it)")
     d_o = d_o.to(torch.bfloat16).contiguous()
-    _check_kernel_inputs(d_o, q, k, v, o)
+    d_o, q, k, v, o = _kernel_inputs(d_o, q, k, v, o)
     dev = _runtime.device(q.device.index)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     stream = torch.cuda.current_stream(q.device).cuda_stream
