@@ -11,9 +11,12 @@ from .ops import attention
 NAME = "sagebwd"
 _options = {"preset": "sagebwd"}
 
-def _no_mask(*args, **kwargs):
+def _no_mask(*args, attention_mask=None, **kwargs):
     """The mask builder registered for the backend: the kernels apply the causal mask themselves, so
-    transformers builds none (a padding mask is checked for and refused in the attention function)."""
+    none is built. A padding mask that masks anything is passed on, for the attention function to
+    refuse (checking it costs one device-to-host read, only when a mask was given)."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        return attention_mask
     return None
 
 def sagebwd_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
