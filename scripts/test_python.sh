@@ -4,7 +4,8 @@
 # need neither a GPU nor PyTorch (crates/sagebwd-py/tests/test_no_gpu.py). PyTorch is not installed:
 # PyPI has only its CUDA build (with ~3 GB of nvidia-* wheels), and the argument checks run on plain
 # values (sagebwd/_validate.py), so they are tested without it; the op itself is tested on the GPU
-# (scripts/gpu/python.sh). Tools pinned; everything from PyPI and crates.io.
+# (scripts/gpu/python.sh). Tools pinned; everything from PyPI and crates.io. Own target dir (target/wheel):
+# the zig linker settings would otherwise change the fingerprints of the workspace build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +19,7 @@ fi
 rm -rf "$dist"
 # maturin finds zig through the venv's python (`python -m ziglang`).
 PATH="$PWD/$tools/bin:$PATH" nice "$tools/bin/maturin" build --release --strip --zig --compatibility manylinux_2_28 \
-  -m crates/sagebwd-py/Cargo.toml -o "$dist" --quiet
+  -m crates/sagebwd-py/Cargo.toml -o "$dist" --quiet --target-dir target/wheel
 wheel=$(ls "$dist"/sagebwd-*-cp39-abi3-manylinux_2_28_x86_64.whl)
 echo "built $wheel ($(du -h "$wheel" | cut -f1))"
 

@@ -21,7 +21,7 @@ if [ "${1:-}" = "--prepare" ]; then
   fi
   rm -rf .whl/dist
   PATH="$PWD/$tools/bin:$PATH" nice "$tools/bin/maturin" build --release --strip --zig --compatibility manylinux_2_28 \
-    -m crates/sagebwd-py/Cargo.toml -o .whl/dist --quiet
+    -m crates/sagebwd-py/Cargo.toml -o .whl/dist --quiet --target-dir target/wheel
   rm -rf .whl/extra
   python3 -m pip download --quiet transformers==4.57.1 -d .whl/extra --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64
