@@ -4,7 +4,6 @@
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use sagebwd::{Config, Precision, Product, Shape};
 use sagebwd_cuda::external::{self, ExternalForward};
 use sagebwd_cuda::Gpu;
@@ -94,7 +93,7 @@ struct PyDevice {
 }
 
 /// What the forward saved for the backward (quantized operands, scales, K mean, row offsets,
-/// LSE). Exposes the natural LSE `[B, H_q, N_q]` (FP32) through `__cuda_array_interface__`, so that
+/// LSE). Exposes the natural LSE `[B, H_q, N_q]` (FP32) as DLPack ([`PySaved::lse_dlpack`]), so that
 /// a tensor made from it keeps this object, hence the whole state, alive.
 #[pyclass(name = "Saved", module = "sagebwd._native", frozen, weakref)]
 struct PySaved {
@@ -178,25 +177,118 @@ impl PyDevice {
 
 #[pymethods]
 impl PySaved {
-    /// The natural LSE `[B, H_q, N_q]`, FP32, as CUDA Array Interface v2 (no stream: it is ready on the
-    /// stream the forward was queued on, which is the consumer's).
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let state = self.state.lock().map_err(|_| PyRuntimeError::new_err("saved state lock poisoned"))?;
+    /// The natural LSE `[B, H_q, N_q]` (FP32, on CUDA device `device_index`) as a DLPack capsule for
+    /// `torch.utils.dlpack.from_dlpack`. The tensor made from it holds a reference to this object:
+    /// the saved state lives as long as that tensor's storage (and is freed with it).
+    fn lse_dlpack(slf: &Bound<'_, Self>, device_index: i32) -> PyResult<Py<PyAny>> {
+        let this = slf.get();
+        let state = this.state.lock().map_err(|_| PyRuntimeError::new_err("saved state lock poisoned"))?;
         let s = state.shape;
-        let d = PyDict::new(py);
-        d.set_item("shape", (s.batch, s.heads_q, s.n_q))?;
-        d.set_item("typestr", "<f4")?;
-        d.set_item("data", (state.lse_ptr(&self.gpu), false))?;
-        d.set_item("strides", py.None())?;
-        d.set_item("version", 2)?;
-        Ok(d)
+        let data = state.lse_ptr(&this.gpu);
+        drop(state);
+        dlpack::lse_capsule(slf.py(), slf.clone().unbind(), data, [s.batch as i64, s.heads_q as i64, s.n_q as i64],
+                            device_index)
     }
 
     #[getter]
     fn label(&self) -> PyResult<String> {
         let state = self.state.lock().map_err(|_| PyRuntimeError::new_err("saved state lock poisoned"))?;
         Ok(state.config().label())
+    }
+}
+
+/// A DLPack (v0.x, `DLManagedTensor`) view of device memory that keeps a Python object alive.
+mod dlpack {
+    use pyo3::prelude::*;
+    use std::ffi::{c_void, CStr};
+
+    #[repr(C)]
+    struct DlDevice {
+        device_type: i32,
+        device_id: i32,
+    }
+
+    #[repr(C)]
+    struct DlDataType {
+        code: u8,
+        bits: u8,
+        lanes: u16,
+    }
+
+    #[repr(C)]
+    struct DlTensor {
+        data: *mut c_void,
+        device: DlDevice,
+        ndim: i32,
+        dtype: DlDataType,
+        shape: *mut i64,
+        strides: *mut i64,
+        byte_offset: u64,
+    }
+
+    #[repr(C)]
+    struct DlManagedTensor {
+        dl_tensor: DlTensor,
+        manager_ctx: *mut c_void,
+        deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+    }
+
+    /// What the managed tensor owns: the shape array and a reference to the memory's owner.
+    struct Holder {
+        shape: [i64; 3],
+        _owner: Py<PyAny>,
+    }
+
+    const KDL_CUDA: i32 = 2;
+    const KDL_FLOAT: u8 = 2;
+    const NAME: &CStr = c"dltensor";
+
+    /// Frees the managed tensor and its holder. The owner's reference is released through PyO3,
+    /// which defers it when the calling thread is not attached to the interpreter.
+    unsafe extern "C" fn deleter(m: *mut DlManagedTensor) {
+        if m.is_null() {
+            return;
+        }
+        let m = unsafe { Box::from_raw(m) };
+        drop(unsafe { Box::from_raw(m.manager_ctx as *mut Holder) });
+    }
+
+    /// The capsule's destructor: frees the tensor only if no consumer took it (a consumer renames the
+    /// capsule `used_dltensor` and calls the deleter itself when done).
+    unsafe extern "C" fn capsule_destructor(capsule: *mut pyo3::ffi::PyObject) {
+        unsafe {
+            if pyo3::ffi::PyCapsule_IsValid(capsule, NAME.as_ptr()) == 1 {
+                let m = pyo3::ffi::PyCapsule_GetPointer(capsule, NAME.as_ptr()) as *mut DlManagedTensor;
+                deleter(m);
+            }
+        }
+    }
+
+    /// A capsule of a contiguous FP32 tensor of `shape` at `data` on CUDA device `device_id`.
+    pub fn lse_capsule(py: Python<'_>, owner: Py<super::PySaved>, data: u64, shape: [i64; 3], device_id: i32)
+                       -> PyResult<Py<PyAny>> {
+        let holder = Box::into_raw(Box::new(Holder { shape, _owner: owner.into_any() }));
+        let m = Box::into_raw(Box::new(DlManagedTensor {
+            dl_tensor: DlTensor {
+                data: data as *mut c_void,
+                device: DlDevice { device_type: KDL_CUDA, device_id },
+                ndim: 3,
+                dtype: DlDataType { code: KDL_FLOAT, bits: 32, lanes: 1 },
+                shape: unsafe { (*holder).shape.as_mut_ptr() },
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: holder as *mut c_void,
+            deleter: Some(deleter),
+        }));
+        unsafe {
+            let cap = pyo3::ffi::PyCapsule_New(m as *mut c_void, NAME.as_ptr(), Some(capsule_destructor));
+            if cap.is_null() {
+                deleter(m);
+                return Err(PyErr::fetch(py));
+            }
+            Ok(Py::from_owned_ptr(py, cap))
+        }
     }
 }
 

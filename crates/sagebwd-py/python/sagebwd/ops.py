@@ -5,6 +5,7 @@ import weakref
 from typing import List, Optional, Tuple
 
 import torch
+import torch.utils.dlpack
 from torch import Tensor
 
 from . import _native, _runtime, _validate
@@ -53,7 +54,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, preset: str
     o = torch.empty_like(q)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     saved = dev.forward(stream, _dims(q, k), causal, cfg, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
-    lse = torch.as_tensor(saved, device=q.device)
+    lse = torch.utils.dlpack.from_dlpack(saved.lse_dlpack(q.device.index))
     _saved[lse.data_ptr()] = saved
     return o, lse
 
