@@ -2,7 +2,7 @@
 (custom op, autograd, fake implementation), so that torch.compile traces it without graph breaks."""
 
 import weakref
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.utils.dlpack
@@ -17,11 +17,14 @@ _saved = weakref.WeakValueDictionary()
 _configs = {}
 
 
-def _config(preset: str, int8: List[str], bf16: List[str], smooth_k: Optional[bool]):
-    key = (preset, tuple(int8), tuple(bf16), smooth_k)
+def _config(preset: str, int8: str, bf16: str, smooth_k: Optional[bool]):
+    """The method's configuration; int8, bf16: comma-separated product names (the op schema has no
+    list of strings)."""
+    key = (preset, int8, bf16, smooth_k)
     cfg = _configs.get(key)
     if cfg is None:
-        cfg = _native.Config(preset, int8 or None, bf16 or None, smooth_k)  # ValueError for unknown names
+        split = lambda s: [n for n in s.split(",") if n] or None  # noqa: E731
+        cfg = _native.Config(preset, split(int8), split(bf16), smooth_k)  # ValueError for unknown names
         _configs[key] = cfg
     return cfg
 
@@ -45,9 +48,10 @@ def _kernel_inputs(*ts: Tensor):
 
 
 @torch.library.custom_op("sagebwd::attention_forward", mutates_args=(), device_types="cuda")
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, preset: str, int8: List[str], bf16: List[str],
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, preset: str, int8: str, bf16: str,
                       smooth_k: Optional[bool]) -> Tuple[Tensor, Tensor]:
-    """O and the natural LSE [B, H_q, N_q] (FP32) of contiguous BF16 [B, H, N, d] inputs."""
+    """O and the natural LSE [B, H_q, N_q] (FP32) of contiguous BF16 [B, H, N, d] inputs; int8 and bf16:
+    comma-separated product names switched from the preset."""
     q, k, v = _kernel_inputs(q, k, v)
     cfg = _config(preset, int8, bf16, smooth_k)
     dev = _runtime.device(q.device.index)
@@ -136,7 +140,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: O
     if factor is not None:
         q = q * factor
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o, _ = torch.ops.sagebwd.attention_forward(q, k, v, causal, preset, int8_list, bf16_list, smooth_k)
+    o, _ = torch.ops.sagebwd.attention_forward(q, k, v, causal, preset, ",".join(int8_list), ",".join(bf16_list),
+                                               smooth_k)
     if in_dtype != torch.bfloat16:
         o = o.to(in_dtype)
     if layout == "bnhd":
