@@ -21,4 +21,7 @@ cargo run --release --quiet -- train --help > /dev/null
 # The benchmark comparison's parsing (no GPU, standard library only).
 python3 scripts/gpu/test_compare.py
 
+# The Python package: wheel built, installed in a fresh venv, tested without GPU or PyTorch.
+NVRTC_LIB_DIR="$PWD/$nvrtc_dir/nvidia/cu13/lib" scripts/test_python.sh
+
 cargo test --workspace --release "$@"

@@ -35,6 +35,7 @@
 
 pub mod backward;
 pub mod energy;
+pub mod external;
 pub mod forward;
 pub mod plan;
 pub mod pool;

@@ -1,0 +1,149 @@
+"""`sagebwd.attention`: the SageBwd attention op for PyTorch, registered with torch.library
+(custom op, autograd, fake implementation), so that torch.compile traces it without graph breaks."""
+
+import weakref
+from typing import Optional, Tuple
+
+import torch
+import torch.utils.dlpack
+from torch import Tensor
+
+from . import _native, _runtime, _validate
+
+# The forward's saved state, found by the address of the LSE tensor the forward returned: that
+# tensor wraps the state's own LSE buffer and holds a reference to the state, so the entry lives
+# exactly as long as the tensor autograd saved for the backward.
+_saved = weakref.WeakValueDictionary()
+_configs = {}
+
+
+def _config(preset: str, int8: str, bf16: str, smooth_k: Optional[bool]):
+    """The method's configuration; int8, bf16: comma-separated product names (the op schema has no
+    list of strings)."""
+    key = (preset, int8, bf16, smooth_k)
+    cfg = _configs.get(key)
+    if cfg is None:
+        split = lambda s: [n for n in s.split(",") if n] or None  # noqa: E731
+        cfg = _native.Config(preset, split(int8), split(bf16), smooth_k)  # ValueError for unknown names
+        _configs[key] = cfg
+    return cfg
+
+
+def _dims(q: Tensor, k: Tensor) -> Tuple[int, int, int, int, int, int]:
+    b, hq, nq, d = q.shape
+    _, hk, nk, _ = k.shape
+    return b, hq, hk, nq, nk, d
+
+
+def _kernel_inputs(*ts: Tensor):
+    """The tensors as the kernels read them: contiguous BF16 CUDA, 16-byte aligned (TMA copies need
+    it; a tensor at an odd storage offset is copied)."""
+    out = []
+    for t in ts:
+        if t.dtype != torch.bfloat16 or not t.is_cuda or not t.is_contiguous():
+            raise ValueError(f"sagebwd kernels take contiguous bfloat16 CUDA tensors, got {t.dtype} on {t.device}"
+                             f"{'' if t.is_contiguous() else ' (not contiguous)'}")
+        out.append(t if t.data_ptr() % 16 == 0 else t.clone())
+    return out
+
+
+@torch.library.custom_op("sagebwd::attention_forward", mutates_args=(), device_types="cuda")
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, preset: str, int8: str, bf16: str,
+                      smooth_k: Optional[bool]) -> Tuple[Tensor, Tensor]:
+    """O and the natural LSE [B, H_q, N_q] (FP32) of contiguous BF16 [B, H, N, d] inputs; int8 and bf16:
+    comma-separated product names switched from the preset."""
+    q, k, v = _kernel_inputs(q, k, v)
+    cfg = _config(preset, int8, bf16, smooth_k)
+    dev = _runtime.device(q.device.index)
+    o = torch.empty_like(q)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    saved = dev.forward(stream, _dims(q, k), causal, cfg, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+    lse = torch.utils.dlpack.from_dlpack(saved.lse_dlpack(q.device.index))
+    _saved[lse.data_ptr()] = saved
+    return o, lse
+
+
+@attention_forward.register_fake
+def _(q, k, v, causal, preset, int8, bf16, smooth_k):
+    _config(preset, int8, bf16, smooth_k)
+    b, hq, nq, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, hq, nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("sagebwd::attention_backward", mutates_args=(), device_types="cuda")
+def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV from dO and the forward's inputs, output and LSE (which holds the saved state)."""
+    saved = _saved.get(lse.data_ptr())
+    if saved is None:
+        raise RuntimeError("sagebwd backward: the LSE tensor is not one returned by sagebwd::attention_forward "
+                           "(the forward's saved state is found through it)")
+    d_o = d_o.to(torch.bfloat16).contiguous()
+    d_o, q, k, v, o = _kernel_inputs(d_o, q, k, v, o)
+    dev = _runtime.device(q.device.index)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    dev.backward(stream, saved, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(),
+                 dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _(d_o, q, k, v, o, lse):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, d_o, _d_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.sagebwd.attention_backward(d_o, q, k, v, o, lse)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: Optional[float] = None,
+              preset: str = "sagebwd", int8=None, bf16=None, smooth_k: Optional[bool] = None,
+              layout: str = "bhnd") -> Tensor:
+    """Softmax attention softmax(scale·QKᵀ)V with SageBwd's INT8 products, differentiable.
+
+    q: [B, H_q, N_q, d], k and v: [B, H_kv, N_k, d] (layout="bhnd", as SDPA) or [B, N, H, d]
+    (layout="bnhd", as flash-attn); bfloat16 or float16 CUDA tensors; H_q a multiple of H_kv (GQA);
+    d 64 or 128. causal: the mask aligned to the end (query i sees keys up to i + N_k − N_q).
+    scale: default 1/sqrt(d); another value multiplies Q by scale·sqrt(d) first (one elementwise op).
+    preset: "sagebwd" (six products INT8, dP in BF16), "fpa" (all BF16) or "int8-all"; int8, bf16:
+    products to switch (names "qk", "pv", "qk-bwd", "dv", "dp", "dq", "dk"); smooth_k: K-smoothing.
+    float16 inputs are converted to bfloat16 (and O back to float16); bnhd inputs and
+    non-contiguous inputs are copied to contiguous [B, H, N, d]. Returns O in the input's dtype and layout."""
+    dims = _validate.check(tuple(q.shape), tuple(k.shape), tuple(v.shape),
+                           (_validate.dtype_name(q.dtype), _validate.dtype_name(k.dtype), _validate.dtype_name(v.dtype)),
+                           ((q.device.type, q.device.index), (k.device.type, k.device.index),
+                            (v.device.type, v.device.index)),
+                           causal=causal, scale=scale, layout=layout)
+    int8_list, bf16_list = _validate.products(int8, "int8"), _validate.products(bf16, "bf16")
+    if not isinstance(preset, str):
+        raise TypeError(f"preset must be a string, got {type(preset).__name__}")
+    if smooth_k is not None and not isinstance(smooth_k, bool):
+        raise TypeError(f"smooth_k must be a bool or None, got {type(smooth_k).__name__}")
+    in_dtype = q.dtype
+    if layout == "bnhd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if in_dtype != torch.bfloat16:
+        q, k, v = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
+    factor = _validate.q_factor(scale, dims[5])
+    if factor is not None:
+        q = q * factor
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o, _ = torch.ops.sagebwd.attention_forward(q, k, v, causal, preset, ",".join(int8_list), ",".join(bf16_list),
+                                               smooth_k)
+    if in_dtype != torch.bfloat16:
+        o = o.to(in_dtype)
+    if layout == "bnhd":
+        o = o.transpose(1, 2)
+    return o
