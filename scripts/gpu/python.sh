@@ -6,8 +6,9 @@
 #
 # 1. HERE:   bash scripts/gpu/python.sh --prepare
 #            (the wheel into .whl/dist, transformers and its dependencies for CPython 3.12 into
-#            .whl/extra; the kernel cache comes from scripts/gpu/prepare.sh, dev/cache)
-# 2. DEVICE: carrying [".whl/dist", ".whl/extra", "dev/cache"]:  bash scripts/gpu/python.sh
+#            .whl/extra; the kernel cache comes from scripts/gpu/bundle.sh, dev/bundle/cache)
+# 2. DEVICE: carrying [".whl/dist", ".whl/extra", "dev/bundle"]:  bash scripts/gpu/python.sh
+#    (BUNDLE=DIR for another bundle's kernel cache)
 #    Results under $OUT/python/ (summary.json last, also printed).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,7 +41,8 @@ $py -m venv --system-site-packages "$venv"
 if ls .whl/extra/transformers-*.whl > /dev/null 2>&1; then
   "$venv/bin/pip" install --quiet --no-index --find-links .whl/extra transformers 2>&1 | tee -a "$R/install.txt"
 fi
-[ -d dev/cache ] && export SAGEBWD_CACHE_DIR=$PWD/dev/cache
+BUNDLE=${BUNDLE:-dev/bundle}
+[ -d "$BUNDLE/cache" ] && export SAGEBWD_CACHE_DIR=$PWD/$BUNDLE/cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt" 2>&1
 timeout 230 "$venv/bin/python" crates/sagebwd-py/tests/gpu_test.py "$R"
 rc=$?
