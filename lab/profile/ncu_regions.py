@@ -2,7 +2,7 @@
 """Where a kernel's warps wait, by straight-line region of its SASS, from an ncu source export.
 
 On the device (ncu of the CUDA toolkit):
-    ncu --clock-control none --section WarpStateStats --section SourceCounters -k regex:sage_forward \
+    ncu --clock-control none --section WarpStateStats --section SourceCounters -k regex:sage_fwd_reference \
         -o prof <command>
     ncu -i prof.ncu-rep --page source --csv --print-source sass | gzip > prof-source.csv.gz
 Here:

@@ -55,7 +55,7 @@ fn launch_main(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), threads:
     }
 }
 
-/// The kernel parameter of `sage_bwd_main_persist_bf16q` and `sage_bwd_main_mma_sage_q` (`BwdParamsDqMap`):
+/// The kernel parameter of `sage_bwd_main_sm90_bf16_persistent_tma_dq` and `sage_bwd_main_sm90_int8_tma_dq` (`BwdParamsDqMap`):
 /// the dQ accumulator's tensor map, then the parameters.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
@@ -82,7 +82,7 @@ fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize, col_blocks: u
     )
 }
 
-/// The kernel parameter of `sage_bwd_main_mma_sage_t` (`BwdParamsStageMaps`): the maps of
+/// The kernel parameter of `sage_bwd_main_sm90_int8_tma_stage` (`BwdParamsStageMaps`): the maps of
 /// [`sage128_stage_maps`], then the parameters.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
@@ -390,7 +390,7 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         ];
         let post = grid_stride(rows * n_q * d / 8);  // eight elements per thread
         if bp.post_dq_sage {
-            // sage_bwd_post_dq_sage (4 × 8 elements per thread), PDL after the main kernel
+            // sage_bwd_post_dq_int8 (4 × 8 elements per thread), PDL after the main kernel
             crate::quantize::post_dq_sage(gpu, k, rows * n_q * d / 8, stream, &mut args)?;
         } else {
             gpu.launch_raw(k.post_dq.cu_function(), post.grid_dim, THREADS, 0, stream, &mut args)?;

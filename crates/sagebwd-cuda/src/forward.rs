@@ -115,7 +115,7 @@ pub fn scales(head_dim: usize) -> (f32, f32) {
     (c, c * std::f32::consts::LOG2_E)
 }
 
-/// Dynamic shared memory of `sage_forward_mma` on each path (`FAST_SMEM_BYTES`, `BF16_SMEM_BYTES`,
+/// Dynamic shared memory of `sage_fwd_sm80` on each path (`FAST_SMEM_BYTES`, `BF16_SMEM_BYTES`,
 /// `GATHER_SMEM_BYTES` in forward.cu; the kernel traps when launched with less): staged INT8: two
 /// K̂ and two V̂ᵀ tiles of 128 × d bytes, β and Q_m as FP32; staged BF16: two K and one V tile of
 /// 128 × d BF16; gathering: `ForwardMmaShared` (P̂ and bf16(P) per warp, Q_m, β).
@@ -188,7 +188,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     Ok((out, SavedForBackward { quant, cfg: cfg.clone(), plan }))
 }
 
-/// Dynamic shared memory of `sage_forward_ws_bf16` (`WsBf16Ring::kSmemBytes`): BF16 Q of two query
+/// Dynamic shared memory of `sage_fwd_sm90_bf16_pairs` (`WsBf16Ring::kSmemBytes`): BF16 Q of two query
 /// blocks, rings of `FW_STAGES` (2 at d = 128, 4 at d = 64) K and V tiles of 128 × d BF16, the
 /// mbarriers, 1 KiB of alignment slack.
 fn ws_bf16_smem_bytes(head_dim: usize) -> u32 {
@@ -279,7 +279,7 @@ fn int8_v_map(gpu: &Gpu, p: &ForwardParams, quant: &QuantizedDev, head_dim: usiz
 const WS_THREADS: u32 = 384;
 
 /// A BF16 `[heads][rows][head_dim]` tensor as TMA boxes of 64 columns × 128 rows, 128-byte
-/// swizzled (one panel of the K-major / N-major tiles of `sage_forward_ws_bf16`); rows past `rows`
+/// swizzled (one panel of the K-major / N-major tiles of `sage_fwd_sm90_bf16_pairs`); rows past `rows`
 /// read as zero.
 fn bf16_panel_map(addr: u64, heads: i32, rows: i32, head_dim: usize) -> Result<crate::tma::TensorMap> {
     let row_bytes = head_dim as u64 * 2;
@@ -302,7 +302,7 @@ fn ws_bf16_persistent_smem_bytes(head_dim: usize) -> u32 {
     (q_slots * 128 * head_dim * 2 + 2 * stages * 128 * head_dim * 2 + 8 * (2 * stages + 4) + 1024) as u32
 }
 
-/// Launches a kernel of the warp-specialized BF16 forward (`sage_forward_ws_bf16*`): 384 threads
+/// Launches a kernel of the warp-specialized BF16 forward (`sage_fwd_sm90_bf16_pairs*`): 384 threads
 /// per block of 128 query rows, the tensor maps of Q, K and V (the original BF16 inputs) before the
 /// parameters; one block per query-block pair and (batch·head), or a persistent grid.
 fn launch_ws_bf16(

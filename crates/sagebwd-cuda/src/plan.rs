@@ -25,11 +25,8 @@ use std::fmt;
 pub enum ForwardOverride {
     /// `mma`: the `mma.sync` kernel of every sm_80+ GPU, also on sm_90a.
     Mma,
-    /// `int8-turns`: the persistent INT8 kernel whose two consumer warpgroups take turns (ping-pong).
-    Int8Turns,
-    /// `int8-stagger`: the persistent INT8 kernel whose second consumer warpgroup starts each tile once the
-    /// first one's scores are done (the default).
-    Int8Stagger,
+    /// `int8-persistent`: the persistent INT8 kernel (the default where it applies).
+    Int8Persistent,
     /// `bf16-pairs`: the BF16 kernel with one block per pair of query blocks.
     Bf16Pairs,
     /// `bf16-persistent`: the persistent BF16 kernel, tiles in snake order.
@@ -39,10 +36,9 @@ pub enum ForwardOverride {
 }
 
 impl ForwardOverride {
-    const NAMES: [(&'static str, ForwardOverride); 6] = [
+    const NAMES: [(&'static str, ForwardOverride); 5] = [
         ("mma", ForwardOverride::Mma),
-        ("int8-turns", ForwardOverride::Int8Turns),
-        ("int8-stagger", ForwardOverride::Int8Stagger),
+        ("int8-persistent", ForwardOverride::Int8Persistent),
         ("bf16-pairs", ForwardOverride::Bf16Pairs),
         ("bf16-persistent", ForwardOverride::Bf16Persistent),
         ("bf16-head-grouped", ForwardOverride::Bf16HeadGrouped),
@@ -100,7 +96,7 @@ impl GroupPolicy {
 ///
 /// | variable | field | values |
 /// |---|---|---|
-/// | `SAGEBWD_FORWARD_WGMMA` | [`forward`](Tuning::forward) | `mma`, `int8-turns`, `int8-stagger`, `bf16-pairs`, `bf16-persistent`, `bf16-head-grouped` |
+/// | `SAGEBWD_FORWARD_WGMMA` | [`forward`](Tuning::forward) | `mma`, `int8-persistent`, `bf16-pairs`, `bf16-persistent`, `bf16-head-grouped` |
 /// | `SAGEBWD_BWD_GROUPS` | [`backward_groups`](Tuning::backward_groups) | `auto`, `off`, `lean`, n ≥ 1 |
 /// | `SAGEBWD_BWD_PERSIST` | [`backward_persistent`](Tuning::backward_persistent) | `0`, `1` |
 /// | `SAGEBWD_SAGE_TMA_DQ` | [`sage_d64_tma_dq`](Tuning::sage_d64_tma_dq) | `0`, `1` |
@@ -268,7 +264,7 @@ pub(crate) fn flags(cfg: &Config) -> i32 {
     f
 }
 
-/// The three paths of `sage_forward_mma` (`fwd_fast_path` in forward.cu).
+/// The three paths of `sage_fwd_sm80` (`fwd_fast_path` in forward.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ForwardPath {
     /// #1 and #2 INT8: K̂ and V̂ᵀ tiles staged in shared memory (double-buffered), Q̂ fragments in registers.
@@ -292,7 +288,7 @@ pub(crate) fn forward_path(flags: i32) -> ForwardPath {
     }
 }
 
-/// The staged paths of `sage_bwd_main_mma` (`bwd_fast_path` in backward_main.cu); other product mixes take the
+/// The staged paths of `sage_bwd_main_sm80` (`bwd_fast_path` in backward_main.cu); other product mixes take the
 /// gathering path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StagedBackward {
@@ -302,7 +298,7 @@ pub enum StagedBackward {
     Bf16,
 }
 
-/// Which staged path `sage_bwd_main_mma` takes for these flags, if any.
+/// Which staged path `sage_bwd_main_sm80` takes for these flags, if any.
 pub fn staged_backward(flags: i32) -> Option<StagedBackward> {
     let bit = |p: Product| 1 << p.index();
     let products = bit(Product::QkBwd) | bit(Product::Dv) | bit(Product::Dp) | bit(Product::Dq) | bit(Product::Dk);
@@ -461,9 +457,9 @@ pub enum Bf16WsGrid {
 /// The forward kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ForwardKernel {
-    /// `sage_forward`: the scalar reference kernel (dp4a / FP32).
+    /// `sage_fwd_reference`: the scalar reference kernel (dp4a / FP32).
     Scalar,
-    /// `sage_forward_mma`: `mma.sync`, any sm_80+ GPU, on one of its three paths.
+    /// `sage_fwd_sm80`: `mma.sync`, any sm_80+ GPU, on one of its three paths.
     Mma(ForwardPath),
     /// A warp-specialized `wgmma` BF16 kernel (sm_90a, both forward products BF16).
     Bf16Ws { name: &'static CStr, grid: Bf16WsGrid },
@@ -476,8 +472,8 @@ pub enum ForwardKernel {
 impl ForwardKernel {
     pub fn name(&self) -> &'static str {
         match self {
-            ForwardKernel::Scalar => "sage_forward",
-            ForwardKernel::Mma(_) => "sage_forward_mma",
+            ForwardKernel::Scalar => "sage_fwd_reference",
+            ForwardKernel::Mma(_) => "sage_fwd_sm80",
             ForwardKernel::Bf16Ws { name, .. } | ForwardKernel::Int8Persistent { name, .. } => name.to_str().unwrap_or("?"),
         }
     }
@@ -497,9 +493,9 @@ pub struct PreparePlan {
 /// The backward's main kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackwardMain {
-    /// `sage_bwd_main`: the scalar reference kernel.
+    /// `sage_bwd_main_reference`: the scalar reference kernel.
     Scalar,
-    /// `sage_bwd_main_mma`: `mma.sync`, any sm_80+ GPU (staged or gathering, by the product mix).
+    /// `sage_bwd_main_sm80`: `mma.sync`, any sm_80+ GPU (staged or gathering, by the product mix).
     Mma,
     /// A named sm_90a kernel of a staged path.
     Named(&'static CStr),
@@ -508,8 +504,8 @@ pub enum BackwardMain {
 impl BackwardMain {
     pub fn name(&self) -> &'static str {
         match self {
-            BackwardMain::Scalar => "sage_bwd_main",
-            BackwardMain::Mma => "sage_bwd_main_mma",
+            BackwardMain::Scalar => "sage_bwd_main_reference",
+            BackwardMain::Mma => "sage_bwd_main_sm80",
             BackwardMain::Named(n) => n.to_str().unwrap_or("?"),
         }
     }
@@ -537,7 +533,7 @@ pub struct BackwardPlan {
     pub main_pdl: bool,
     /// Head groups (the staged sagebwd path without GQA; one group elsewhere).
     pub groups: GroupPlan,
-    /// The dQ postprocess `sage_bwd_post_dq_sage` (PDL after the main kernel), else `sage_bwd_post_dq`.
+    /// The dQ postprocess `sage_bwd_post_dq_int8` (PDL after the main kernel), else `sage_bwd_post_dq`.
     pub post_dq_sage: bool,
     /// D, dÔ and the zeroed dQ accumulator in one pass (`sage_bwd_pre_do`) where the buffers allow (one group, every
     /// query block full, aligned buffers; decided at launch from the addresses), else `sage_bwd_delta` + the dO
@@ -599,9 +595,9 @@ impl KernelPlan {
 /// head side by side reuse K, V in L2 at long N. An INT8 override leaves the default; `mma` gives None.
 fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool, forced: Option<ForwardOverride>) -> Option<ForwardKernel> {
     use Bf16WsGrid::{Pairs, Persistent};
-    let persistent = ForwardKernel::Bf16Ws { name: c"sage_forward_ws_bf16_p3s", grid: Persistent };
-    let grouped = ForwardKernel::Bf16Ws { name: c"sage_forward_ws_bf16_p3g", grid: Persistent };
-    let pairs = ForwardKernel::Bf16Ws { name: c"sage_forward_ws_bf16", grid: Pairs };
+    let persistent = ForwardKernel::Bf16Ws { name: c"sage_fwd_sm90_bf16_persistent", grid: Persistent };
+    let grouped = ForwardKernel::Bf16Ws { name: c"sage_fwd_sm90_bf16_persistent_grouped", grid: Persistent };
+    let pairs = ForwardKernel::Bf16Ws { name: c"sage_fwd_sm90_bf16_pairs", grid: Pairs };
     Some(match forced {
         Some(ForwardOverride::Mma) => return None,
         Some(ForwardOverride::Bf16Pairs) => pairs,
@@ -613,14 +609,13 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool, forced: Option<Forw
     })
 }
 
-/// The persistent INT8 forward: the staggered kernel at every shape (no turns between the consumer warpgroups:
-/// their barriers cost more than the overlap they bought once the producer's copies moved to TMA). `mma` gives
-/// None; a BF16 override leaves the default.
+/// The persistent INT8 forward at every shape where it applies (its second consumer warpgroup starts each tile once
+/// the first one's scores are done: no ping-pong turns, whose barriers cost more than the overlap they bought once the
+/// producer's copies moved to TMA). `mma` gives None; a BF16 override leaves the default.
 fn int8_persistent_kernel(forced: Option<ForwardOverride>) -> Option<&'static CStr> {
     match forced {
         Some(ForwardOverride::Mma) => None,
-        Some(ForwardOverride::Int8Turns) => Some(c"sage_forward_ws_p3s_x"),
-        _ => Some(c"sage_forward_ws_p3s_sx"),
+        _ => Some(c"sage_fwd_sm90_int8_persistent"),
     }
 }
 
@@ -655,18 +650,18 @@ fn choose_backward(hopper: bool, fl: i32, s: &Shape, causal: bool, t: &Tuning, p
     let sage_tma_stage = sage_plain && d == 128 && s.n_q % BLOCK_Q == 0 && rows * s.n_q < 1 << 31 && t.sage_d128_tma_stage;
     let main = if persistent {
         BackwardMain::Named(if sage {
-            c"sage_bwd_main_persist_sage"
+            c"sage_bwd_main_sm90_int8_persistent"
         } else if bf16_tma_dq {
-            c"sage_bwd_main_persist_bf16q"
+            c"sage_bwd_main_sm90_bf16_persistent_tma_dq"
         } else {
-            c"sage_bwd_main_persist_bf16"
+            c"sage_bwd_main_sm90_bf16_persistent"
         })
     } else if sage_tma_stage {
-        BackwardMain::Named(c"sage_bwd_main_mma_sage_t")
+        BackwardMain::Named(c"sage_bwd_main_sm90_int8_tma_stage")
     } else if sage_tma_dq {
-        BackwardMain::Named(c"sage_bwd_main_mma_sage_q")
+        BackwardMain::Named(c"sage_bwd_main_sm90_int8_tma_dq")
     } else if sage_plain {
-        BackwardMain::Named(c"sage_bwd_main_mma_sage")
+        BackwardMain::Named(c"sage_bwd_main_sm90_int8")
     } else if t.tensor_cores {
         BackwardMain::Mma
     } else {
@@ -735,7 +730,7 @@ pub fn sage_staging_bytes(head_dim: usize, path: StagedBackward) -> usize {
     }
 }
 
-/// The dQ staging area of `sage_bwd_main_persist_bf16q` (`Bf16BulkLayout` in backward_main.cu): the staged layout's
+/// The dQ staging area of `sage_bwd_main_sm90_bf16_persistent_tma_dq` (`Bf16BulkLayout` in backward_main.cu): the staged layout's
 /// end rounded up to 1024 bytes, then 8 warps × 16 rows × 64 FP32, beyond the staged bytes.
 pub fn bf16_bulk_staging_bytes(head_dim: usize) -> usize {
     let base = staged_backward_smem_bytes(head_dim, StagedBackward::Bf16) - 1024; // less the alignment slack
@@ -797,7 +792,7 @@ impl fmt::Display for KernelPlan {
         if b.groups.count > 1 {
             writeln!(f, "head groups    {} of {} (batch, head) rows, two streams", b.groups.count, b.groups.rows)?;
         }
-        write!(f, "backward post  {}{}", if b.post_dq_sage { "sage_bwd_post_dq_sage" } else { "sage_bwd_post_dq" },
+        write!(f, "backward post  {}{}", if b.post_dq_sage { "sage_bwd_post_dq_int8" } else { "sage_bwd_post_dq" },
                yes(!b.direct_dkdv, " + sage_bwd_post_dkdv"))
     }
 }
@@ -857,20 +852,20 @@ mod tests {
         // (preset, arch, N, d, causal, forward, backward main, head groups)
         type Case = (&'static str, &'static str, usize, usize, bool, &'static str, &'static str, usize);
         let cases: &[Case] = &[
-            ("sagebwd", "sm_90a", 4096, 128, true, "sage_forward_ws_p3s_sx", "sage_bwd_main_mma_sage_t", 1),
-            ("sagebwd", "sm_90a", 16384, 128, false, "sage_forward_ws_p3s_sx", "sage_bwd_main_mma_sage_t", 0),
-            ("sagebwd", "sm_90a", 1024, 64, true, "sage_forward_ws_p3s_sx", "sage_bwd_main_mma_sage_q", 1),
-            ("sagebwd", "sm_80", 4096, 128, true, "sage_forward_mma", "sage_bwd_main_mma", 1),
-            ("fpa", "sm_90a", 1024, 128, false, "sage_forward_ws_bf16_p3g", "sage_bwd_main_persist_bf16q", 1),
-            ("fpa", "sm_90a", 8192, 128, false, "sage_forward_ws_bf16", "sage_bwd_main_persist_bf16q", 1),
-            ("fpa", "sm_90a", 4096, 128, true, "sage_forward_ws_bf16_p3s", "sage_bwd_main_persist_bf16q", 1),
-            ("fpa", "sm_90a", 2048, 128, true, "sage_forward_ws_bf16_p3g", "sage_bwd_main_persist_bf16q", 1),
-            ("fpa", "sm_90a", 16384, 128, true, "sage_forward_ws_bf16_p3s", "sage_bwd_main_persist_bf16q", 1),
-            ("fpa", "sm_90a", 16384, 64, false, "sage_forward_ws_bf16_p3s", "sage_bwd_main_mma", 1),
-            ("fpa", "sm_90a", 4096, 64, false, "sage_forward_ws_bf16_p3s", "sage_bwd_main_persist_bf16", 1),
-            ("fpa", "sm_90a", 8192, 64, false, "sage_forward_ws_bf16_p3s", "sage_bwd_main_mma", 1),
-            ("fpa", "sm_80", 1024, 64, false, "sage_forward_mma", "sage_bwd_main_mma", 1),
-            ("int8-all", "sm_90a", 4096, 128, false, "sage_forward_ws_p3s_sx", "sage_bwd_main_mma", 1),
+            ("sagebwd", "sm_90a", 4096, 128, true, "sage_fwd_sm90_int8_persistent", "sage_bwd_main_sm90_int8_tma_stage", 1),
+            ("sagebwd", "sm_90a", 16384, 128, false, "sage_fwd_sm90_int8_persistent", "sage_bwd_main_sm90_int8_tma_stage", 0),
+            ("sagebwd", "sm_90a", 1024, 64, true, "sage_fwd_sm90_int8_persistent", "sage_bwd_main_sm90_int8_tma_dq", 1),
+            ("sagebwd", "sm_80", 4096, 128, true, "sage_fwd_sm80", "sage_bwd_main_sm80", 1),
+            ("fpa", "sm_90a", 1024, 128, false, "sage_fwd_sm90_bf16_persistent_grouped", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
+            ("fpa", "sm_90a", 8192, 128, false, "sage_fwd_sm90_bf16_pairs", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
+            ("fpa", "sm_90a", 4096, 128, true, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
+            ("fpa", "sm_90a", 2048, 128, true, "sage_fwd_sm90_bf16_persistent_grouped", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
+            ("fpa", "sm_90a", 16384, 128, true, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
+            ("fpa", "sm_90a", 16384, 64, false, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm80", 1),
+            ("fpa", "sm_90a", 4096, 64, false, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm90_bf16_persistent", 1),
+            ("fpa", "sm_90a", 8192, 64, false, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm80", 1),
+            ("fpa", "sm_80", 1024, 64, false, "sage_fwd_sm80", "sage_bwd_main_sm80", 1),
+            ("int8-all", "sm_90a", 4096, 128, false, "sage_fwd_sm90_int8_persistent", "sage_bwd_main_sm80", 1),
         ];
         for &(preset, arch, n, d, causal, fwd, bwd, groups) in cases {
             let p = plan(preset, arch, n, d, causal);
@@ -898,7 +893,7 @@ mod tests {
         // N_q not a multiple of the query block: the d 128 kernel without TMA staging
         let ragged = Shape { n_q: 1000, ..shape(1024, 128, 1) };
         let p = KernelPlan::choose("sm_90a", &Config::sagebwd(), &ragged, false, &Tuning::default());
-        assert_eq!(p.backward.main.name(), "sage_bwd_main_mma_sage");
+        assert_eq!(p.backward.main.name(), "sage_bwd_main_sm90_int8");
     }
 
     #[test]
@@ -906,7 +901,7 @@ mod tests {
         let t = Tuning { forward: Some(ForwardOverride::Mma), backward_persistent: Some(true), ..Tuning::default() };
         let p = KernelPlan::choose("sm_90a", &Config::sagebwd(), &shape(4096, 128, 1), false, &t);
         assert_eq!(p.forward, ForwardKernel::Mma(ForwardPath::StagedInt8));
-        assert_eq!(p.backward.main.name(), "sage_bwd_main_persist_sage");
+        assert_eq!(p.backward.main.name(), "sage_bwd_main_sm90_int8_persistent");
         let scalar = Tuning { tensor_cores: false, ..Tuning::default() };
         let p = KernelPlan::choose("sm_90a", &Config::sagebwd(), &shape(4096, 128, 1), false, &scalar);
         assert_eq!((p.forward, p.backward.main), (ForwardKernel::Scalar, BackwardMain::Scalar));
@@ -971,7 +966,7 @@ mod tests {
         let t = Tuning { sage_d64_tma_dq: false, ..Tuning::default() };
         let p = |n, causal| KernelPlan::choose("sm_90a", &Config::sagebwd(), &shape(n, 64, 1), causal, &t).backward;
         assert!(p(1024, true).persistent && !p(4096, true).persistent && !p(1024, false).persistent);
-        assert_eq!(p(4096, true).main.name(), "sage_bwd_main_mma_sage");
+        assert_eq!(p(4096, true).main.name(), "sage_bwd_main_sm90_int8");
         // Never off Hopper.
         assert!(!plan("fpa", "sm_80", 1024, 128, false).backward.persistent);
     }
@@ -992,10 +987,10 @@ mod tests {
     #[test]
     fn the_plan_prints_every_stage() {
         let text = plan("sagebwd", "sm_90a", 4096, 128, true).to_string();
-        for stage in ["preparation", "forward", "backward pre", "backward main", "backward post", "sage_forward_ws_p3s_sx"] {
+        for stage in ["preparation", "forward", "backward pre", "backward main", "backward post", "sage_fwd_sm90_int8_persistent"] {
             assert!(text.contains(stage), "{stage} missing in\n{text}");
         }
         let map = kernel_map_markdown();
-        assert!(map.contains("| `sagebwd` | sm_90a | 128 | yes | 1k–16k | `sage_forward_ws_p3s_sx` | `sage_bwd_main_mma_sage_t` |"), "{map}");
+        assert!(map.contains("| `sagebwd` | sm_90a | 128 | yes | 1k–16k | `sage_fwd_sm90_int8_persistent` | `sage_bwd_main_sm90_int8_tma_stage` |"), "{map}");
     }
 }

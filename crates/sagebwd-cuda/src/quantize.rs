@@ -255,14 +255,14 @@ pub(crate) fn launch_pdl(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32)
     })
 }
 
-/// The dQ postprocess of the sagebwd path, `sage_bwd_post_dq_sage` (backward_post.cu: the arithmetic of
+/// The dQ postprocess of the sagebwd path, `sage_bwd_post_dq_int8` (backward_post.cu: the arithmetic of
 /// `sage_bwd_post_dq`, four groups of eight elements per thread, loads first), over `groups8` groups
 /// of eight elements, launched with PDL after the main kernel (it waits for it first). `args`: the
 /// seven parameters of `sage_bwd_post_dq`.
 pub(crate) fn post_dq_sage(gpu: &Gpu, k: &Kernels, groups8: usize, stream: sys::CUstream,
                            args: &mut [*mut std::ffi::c_void]) -> Result<()> {
     const UNROLL: usize = 4; // POST_UNROLL in backward_post.cu
-    let func = k.backward_post_function(c"sage_bwd_post_dq_sage")?;
+    let func = k.backward_post_function(c"sage_bwd_post_dq_int8")?;
     let blocks = groups8.div_ceil(THREADS as usize * UNROLL).max(1) as u32;
     launch_pdl(gpu, func, (blocks, 1, 1), THREADS, 0, stream, args)
 }

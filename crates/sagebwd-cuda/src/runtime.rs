@@ -416,7 +416,7 @@ impl Kernels {
         sibling_function(&self.bwd_main_mma, "backward module", name)
     }
 
-    /// A kernel of the backward-postprocess module by name (`sage_bwd_post_dq_sage`, launched with PDL
+    /// A kernel of the backward-postprocess module by name (`sage_bwd_post_dq_int8`, launched with PDL
     /// through the driver, so `load` does not take it), as `forward_function`.
     pub fn backward_post_function(&self, name: &std::ffi::CStr) -> Result<cudarc::driver::sys::CUfunction> {
         sibling_function(&self.post_dq, "backward post module", name)
@@ -435,11 +435,11 @@ impl Kernels {
             quantize_rows: f(0, "sage_quantize_rows")?,
             transpose_qk_hat: f(0, "sage_transpose_qk_hat")?,
             fill_u32: f(0, "sage_fill_u32")?,
-            forward: f(1, "sage_forward")?,
-            forward_mma: f(1, "sage_forward_mma")?,
+            forward: f(1, "sage_fwd_reference")?,
+            forward_mma: f(1, "sage_fwd_sm80")?,
             bwd_delta: f(2, "sage_bwd_delta")?,
-            bwd_main: f(3, "sage_bwd_main")?,
-            bwd_main_mma: f(3, "sage_bwd_main_mma")?,
+            bwd_main: f(3, "sage_bwd_main_reference")?,
+            bwd_main_mma: f(3, "sage_bwd_main_sm80")?,
             mma_selftest: f(5, "sage_mma_selftest")?,
             ex2_monotone: f(5, "sage_ex2_monotone")?,
             bf16_pack_check: f(5, "sage_bf16_pack_check")?,

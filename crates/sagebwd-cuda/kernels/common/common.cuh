@@ -25,7 +25,7 @@
 #define THREADS 256
 
 // The FP32 dQ accumulator of the sagebwd path at d = 128 on sm_90a (written by backward_main.cu's
-// StagedSage128, read by backward_post.cu's sage_bwd_post_dq_sage) holds query row q's 8-value chunk m
+// StagedSage128, read by backward_post.cu's sage_bwd_post_dq_int8) holds query row q's 8-value chunk m
 // of each 64-column half at chunk position m ^ (q mod 4): the order in which the staging tile's
 // bank-conflict-free stores land (pipelined_stage_dq_rot), kept instead of undone by register selects in
 // the main kernel's loop. Every other path and build keeps the natural order.

@@ -48,7 +48,7 @@ extern "C" __global__ void sage_bwd_post_dq(const float* __restrict__ dq_acc, co
 // SAGE_DQ_ACC_ROT (sm_90a, d = 128): group e8 (row q's chunk e8 mod 16) is read from chunk e8 ^ (q mod 4) of
 // the row (common.cuh), in the same 128 bytes, so the loads stay coalesced.
 #define POST_UNROLL 4
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_post_dq_sage(const float* __restrict__ dq_acc,
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_post_dq_int8(const float* __restrict__ dq_acc,
                                                                            const float* __restrict__ ds_rowsum,
                                                                            const float* __restrict__ k_mean,
                                                                            u16* __restrict__ dq, Dims d, float c,

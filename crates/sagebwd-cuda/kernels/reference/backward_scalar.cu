@@ -146,7 +146,7 @@ __device__ void tile_dq(const BackwardParams& p, BackwardShared& s, const TileSc
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main(BackwardParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_reference(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     require_dynamic_smem((u32)sizeof(BackwardShared));
     BackwardShared& s = *reinterpret_cast<BackwardShared*>(smem_raw);

@@ -104,7 +104,7 @@ __device__ void forward_store(const ForwardParams& p, ForwardShared& s, const fl
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) sage_forward(ForwardParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_fwd_reference(ForwardParams p) {
     __shared__ ForwardShared s;
     const int qb = blockIdx.x, bh = blockIdx.y;
     const int bh_kv = kv_head_of(p.dims, bh);

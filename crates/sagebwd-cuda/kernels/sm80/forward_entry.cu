@@ -1,4 +1,4 @@
-extern "C" __global__ void __launch_bounds__(256) sage_forward_mma(ForwardParams p) {
+extern "C" __global__ void __launch_bounds__(256) sage_fwd_sm80(ForwardParams p) {
     extern __shared__ __align__(128) unsigned char fwd_smem[];
     const int fwd_products = p.flags & (F_QK | F_PV);
     if (fwd_products == (F_QK | F_PV)) {

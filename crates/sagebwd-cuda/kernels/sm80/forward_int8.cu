@@ -1,5 +1,5 @@
 // ---------------------------------------------------------------------------------------------
-// Forward attention on tensor cores (ALGORITHM.md §4), the same computation as sage_forward: one
+// Forward attention on tensor cores (ALGORITHM.md §4), the same computation as sage_fwd_reference: one
 // thread block of 4 warps per (query block of 64 rows, batch·query head); warp w owns query rows
 // 16w..16w+15 and walks the key blocks of 128 keys. S = Q Kᵀ with mma.sync (m16n8k32 INT8 or
 // m16n8k16 BF16), online softmax in base 2 on the accumulator fragments (a row lives in the 4

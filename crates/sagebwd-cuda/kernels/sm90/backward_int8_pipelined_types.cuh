@@ -19,20 +19,20 @@
 // - atomic_amax (the plain grid's kernels): the tile amax of P and dS by one red.shared.max.u32 per value per warp
 //   into a 2-float slot, then one 8-byte load after the barrier (block_max2_atomic), instead of 8 partials per value
 //   stored, read back and combined after it;
-// - tma_dq (with bulk_dq; sage_bwd_main_mma_sage_q): each warp stores its own landed dQ fragment (16 rows × 32 FP32)
+// - tma_dq (with bulk_dq; sage_bwd_main_sm90_int8_tma_dq): each warp stores its own landed dQ fragment (16 rows × 32 FP32)
 //   into its 2 KB box in the 128-byte swizzle (conflict-free without the rotated order's selects), and after the next
 //   tile's barrier the tile's boxes go out as tensor reduces (dq_box_stage, sage64_tma_reduce_dq); the boxes are
 //   double-buffered like the staging tiles.
-// sage_bwd_main_mma keeps StagedSage with the generic loop.
-struct SagePipelinedPlain {  // sage_bwd_main_mma_sage: the plain grid, dQ by row bulk reduces
+// sage_bwd_main_sm80 keeps StagedSage with the generic loop.
+struct SagePipelinedPlain {  // sage_bwd_main_sm90_int8: the plain grid, dQ by row bulk reduces
     static constexpr bool bulk_dq = true, rows8 = false, dp_ahead = false, rotated_dq = true, split_mask = true;
     static constexpr bool atomic_amax = true, tma_dq = false;
 };
-struct SagePipelinedPersistent {  // sage_bwd_main_persist_sage: the persistent grid
+struct SagePipelinedPersistent {  // sage_bwd_main_sm90_int8_persistent: the persistent grid
     static constexpr bool bulk_dq = true, rows8 = true, dp_ahead = true, rotated_dq = false, split_mask = false;
     static constexpr bool atomic_amax = false, tma_dq = false;
 };
-struct SagePipelinedTmaDq : SagePipelinedPlain {  // sage_bwd_main_mma_sage_q: the plain grid, dQ by tensor reduces
+struct SagePipelinedTmaDq : SagePipelinedPlain {  // sage_bwd_main_sm90_int8_tma_dq: the plain grid, dQ by tensor reduces
     static constexpr bool tma_dq = true;
 };
 template <class Options>
@@ -131,7 +131,7 @@ struct StagedSage128 : StagedSage {
     }
     static constexpr bool TMA_STAGE = false;
 };
-// ---- The d = 128 loop's stage copies by TMA (plain grid: sage_bwd_main_mma_sage_t) -------------------------------
+// ---- The d = 128 loop's stage copies by TMA (plain grid: sage_bwd_main_sm90_int8_tma_stage) -------------------------------
 // With cp.async, after barrier (b) every thread rebuilds the swizzled destinations and guarded sources of its 10
 // chunks (~110 instructions per thread per tile), on the stretch between (b) and the first dV/dK chunk where the
 // tensor pipe has only dQ(qb − 1) to run. Here one thread (SAGE128_TMA_THREAD) issues the same bytes as 5 TMA boxes

@@ -1,5 +1,5 @@
 // ---------------------------------------------------------------------------------------------
-// Warp-specialized BF16 path (sm_90a), kernel `sage_forward_ws_bf16`: the staged BF16 path's
+// Warp-specialized BF16 path (sm_90a), kernel `sage_fwd_sm90_bf16_pairs`: the staged BF16 path's
 // arithmetic (t = fl(cλ·S), staged_softmax, bf16(p), O = fl(fl(O·α) + PV_block), l of the
 // unrounded p; only FP32 summation orders inside S and PV_block differ) on the warp-specialized
 // structure of the INT8 one (WsRing, ws_start, ws_consume: the same ring, roles and ping-pong):
@@ -106,7 +106,7 @@ __device__ void ws_consumer_bf16(const ForwardParams& p, const WsBf16Ring& sm, i
 // by src/forward.rs with 384 threads, WsBf16Ring::kSmemBytes of dynamic shared memory and the
 // tensor maps of Q, K, V.
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
-    sage_forward_ws_bf16(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,
+    sage_fwd_sm90_bf16_pairs(const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam kmap,
                          const __grid_constant__ TmaMapParam vmap, ForwardParams p) {
     extern __shared__ __align__(128) unsigned char ws_smem[];
 #ifdef SAGE_WGMMA
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 
 // ---------------------------------------------------------------------------------------------
 // Persistent BF16 forward, kernels `sage_forward_ws_bf16_p*`: the arithmetic of
-// sage_forward_ws_bf16 except that P·V accumulates straight onto the rescaled O (§4, #2 BF16: one
+// sage_fwd_sm90_bf16_pairs except that P·V accumulates straight onto the rescaled O (§4, #2 BF16: one
 // FP32 sum of O·α and the products, in any order), which frees the PV_block accumulator for
 // FlashAttention-3's in-warpgroup overlap, and a persistent grid:
 // - tiles (query-block pair, batch·head) heaviest first (causal: the longest rows first, so the
@@ -230,7 +230,7 @@ __device__ __forceinline__ int fp_block_tile(int i) {
     return i * (int)gridDim.x + lane;
 }
 
-// Head-grouped order (BF16 kernels only; `sage_forward_ws_bf16_p3g`): the tiles of G (batch·head)s form a group,
+// Head-grouped order (BF16 kernels only; `sage_fwd_sm90_bf16_persistent_grouped`): the tiles of G (batch·head)s form a group,
 // pairs in decreasing order and the group's heads inside, and the groups follow one another. With
 // fp_tile's order the blocks running at once (one round, gridDim.x tiles) hold the same pair of
 // ~gridDim.x different heads, and the next pair of a head comes B·H tiles later: when B·H ≳ gridDim.x
@@ -529,6 +529,6 @@ __device__ __forceinline__ void fp_main(const void* qmap, const void* kmap, cons
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         fp_main<PINGPONG, SNAKE, GROUPED>(&qmap, &kmap, &vmap, p, ws_smem);                                       \
     }
-FP_ENTRY(sage_forward_ws_bf16_p3s, true, true, false)   // ping-pong, the snake tile order
-FP_ENTRY(sage_forward_ws_bf16_p3g, true, true, true)    // the same with head-grouped tiles
+FP_ENTRY(sage_fwd_sm90_bf16_persistent, true, true, false)   // ping-pong, the snake tile order
+FP_ENTRY(sage_fwd_sm90_bf16_persistent_grouped, true, true, true)    // the same with head-grouped tiles
 

@@ -510,18 +510,17 @@ __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParam
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
         wsp_main<SNAKE, V>(WspMaps{&vmap, &kmap, &qmap, &omap}, p, ws_smem);                                      \
     }
-// The two entries (src/forward.rs `int8_persistent_default` picks `sage_forward_ws_p3s_sx` at both head dims):
-// - WSP_INT_MAX_OPTS (both): the integer row max and the one-limit boundary mask.
-// - WSP_ISSUE_OPTS (both): row 1's exponentials after the quantizer inverses, so that ptxas puts the quantization
-//   into the EX2 stream's idle slots; the next stage's early test (with the turns only); the quad maxima on the
+// The entry's options:
+// - WSP_INT_MAX_OPTS: the integer row max and the one-limit boundary mask.
+// - WSP_ISSUE_OPTS: row 1's exponentials after the quantizer inverses, so that ptxas puts the quantization into the
+//   EX2 stream's idle slots; the next stage's early test (active with the turns only); the quad maxima on the
 //   integers; elect.sync.
-// - sage_forward_ws_p3s_x: with the ping-pong turns of the consumer warpgroups (FA3).
-// - sage_forward_ws_p3s_sx: no turns, the once-per-tile stagger (wsp_staggered_tile) instead: once the producer's
-//   copies are off the schedulers the turns' barriers cost more than they save, at both head dims.
+// - WSP_NO_TURNS | WSP_TILE_STAGGER: no ping-pong turns between the consumer warpgroups (FA3's), the once-per-tile
+//   stagger (wsp_staggered_tile) instead: once the producer's copies are off the schedulers the turns' barriers cost
+//   more than they save, at both head dims. (The entry with the turns is in git history, commit a7b23b3.)
 #define WSP_INT_MAX_OPTS (WSP_INT_ROW_MAX | WSP_MASK_BY_LIMIT)
 #define WSP_ISSUE_OPTS (WSP_ROW1_AFTER_INVERSES | WSP_EARLY_STAGE_TEST | WSP_QUAD_INT_MAX | WSP_ELECT_LANE)
-WSP_ENTRY(sage_forward_ws_p3s_x, true, WSP_INT_MAX_OPTS | WSP_ISSUE_OPTS)
-WSP_ENTRY(sage_forward_ws_p3s_sx, true, WSP_INT_MAX_OPTS | WSP_NO_TURNS | WSP_TILE_STAGGER | WSP_ISSUE_OPTS)
+WSP_ENTRY(sage_fwd_sm90_int8_persistent, true, WSP_INT_MAX_OPTS | WSP_NO_TURNS | WSP_TILE_STAGGER | WSP_ISSUE_OPTS)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a

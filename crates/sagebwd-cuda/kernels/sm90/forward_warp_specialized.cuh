@@ -397,7 +397,7 @@ __device__ void ws_consume(const ForwardParams& p, const Ring& sm, Mix& mx, int 
     if (qb < d.n_qblk) mma_store(p, st, o, bh, row0);
 }
 
-// The start of the pairs kernels (one block per query-block pair: `sage_forward_ws_bf16`): checks the launch, initializes the ring's
+// The start of the pairs kernels (one block per query-block pair: `sage_fwd_sm90_bf16_pairs`): checks the launch, initializes the ring's
 // mbarriers, and returns the end of the key blocks the block's two query blocks walk (those of the
 // later one: a block past the earlier one's end is fully masked for it and changes nothing).
 template <class Ring>

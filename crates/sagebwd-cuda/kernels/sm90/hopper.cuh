@@ -201,7 +201,7 @@ __device__ __forceinline__ void wgmma_s8_ss(int (&d)[4][4], u64 a_desc, u64 b_de
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // fpa forward (fpafwd)
-// BF16 wgmma for the warp-specialized fpa forward (forward.cu, sage_forward_ws_bf16): S = Q Kᵀ with
+// BF16 wgmma for the warp-specialized fpa forward (forward.cu, sage_fwd_sm90_bf16_pairs): S = Q Kᵀ with
 // both operands K-major in shared memory, and O_block = P V with P from registers and V natural
 // [key][d], i.e. an N-major B operand (transpose bit 1), which 16-bit wgmma supports.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -387,15 +387,15 @@ struct StagedBf16 {
     }
 };
 
-// ---- The BF16 tile at d = 128 with dV issued early (sage_bwd_main_persist_bf16 only) ---------
+// ---- The BF16 tile at d = 128 with dV issued early (sage_bwd_main_sm90_bf16_persistent only) ---------
 // StagedBf16 with another tile(): dV += bf16(P)ᵀ dO is issued as soon as P is computed and masked (its
 // own commit group), so it runs on the tensor cores while dS = fl(P·fl(dP − D)) is computed; dK after.
 // Issued after dS, both would leave the tensor cores idle from dPᵀ's end to dV's start (and the tile's end full
 // of barrier and drain stalls). Same products, same FP32 operations: the same bits.
-// Only the persistent kernel runs it (sage_bwd_main_mma, which holds the sage instance too, keeps its
+// Only the persistent kernel runs it (sage_bwd_main_sm80, which holds the sage instance too, keeps its
 // SASS); BF16_BWD_EARLY_DV=0 gives that kernel StagedBf16 again.
 // (Staging block qb + 1 inside this tile, or loading the next row constants late, is slower.)
-// sage_bwd_main_persist_bf16q's tile the warpgroup index as warpgroup_index() (warp-uniform to ptxas), for its Sᵀ, dPᵀ
+// sage_bwd_main_sm90_bf16_persistent_tma_dq's tile the warpgroup index as warpgroup_index() (warp-uniform to ptxas), for its Sᵀ, dPᵀ
 // A descriptors and its dQ B descriptor. With threadIdx.x >> 7 ptxas
 // builds those descriptors in vector registers, hoists six of them out of the query loop and, at 255 registers,
 // spills them: each tile reloads them right before the Sᵀ / dPᵀ issue. With warpgroup_index(): 250 registers, no
@@ -403,7 +403,7 @@ struct StagedBf16 {
 #ifndef BF16_BWD_EARLY_DV
 #define BF16_BWD_EARLY_DV (HEAD_DIM == 128)
 #endif
-// The kernels that add dQ by TMA tensor reduces (sage_bwd_main_persist_bf16q at d = 128, sage_bwd_main_mma_sage_q at d = 64) take the
+// The kernels that add dQ by TMA tensor reduces (sage_bwd_main_sm90_bf16_persistent_tma_dq at d = 128, sage_bwd_main_sm90_int8_tma_dq at d = 64) take the
 // dQ accumulator's tensor map in front of BackwardParams in their one __grid_constant__ parameter: the map is at
 // &p − 128 (p sits right after the 128-byte map; BackwardParams is 8-byte aligned).
 struct __align__(64) DqMapParam {
@@ -420,7 +420,7 @@ __device__ __forceinline__ const void* dq_map_of(const BackwardParams& p) {
 }
 #if BWD_WGMMA && BF16_BWD_EARLY_DV && !BF16_BWD_STAGE_AHEAD && !BF16_BWD_STSM_DS
 #define BF16_BWD_EARLY_DV_PATH 1
-// ---- dQ of the d = 128 BF16 tile by TMA reduce-adds (sage_bwd_main_persist_bf16q) ------------
+// ---- dQ of the d = 128 BF16 tile by TMA reduce-adds (sage_bwd_main_sm90_bf16_persistent_tma_dq) ------------
 // The landed dQ tile (warp w: rows 16(w mod 4).., columns (w div 4)·64.., 16 × 64 FP32) goes to the
 // warp's own 4 KB of a staging area instead of 16 red.global.add.v2.f32 per thread; the four boxes of a
 // warpgroup (one column half, rows 0..63 in order) are one 16 KB box of the accumulator's 4-D tensor map
@@ -494,8 +494,8 @@ struct Bf16EarlyLayout<true> {
     typedef Bf16BulkLayout type;
 };
 
-// StagedBf16EarlyT<false> = StagedBf16Early (sage_bwd_main_persist_bf16), <true> = StagedBf16Bulk
-// (dQ by TMA reduce-adds; sage_bwd_main_persist_bf16q). The same tile otherwise.
+// StagedBf16EarlyT<false> = StagedBf16Early (sage_bwd_main_sm90_bf16_persistent), <true> = StagedBf16Bulk
+// (dQ by TMA reduce-adds; sage_bwd_main_sm90_bf16_persistent_tma_dq). The same tile otherwise.
 template <bool BULK>
 struct StagedBf16EarlyT : StagedBf16 {
     typedef typename Bf16EarlyLayout<BULK>::type Layout;

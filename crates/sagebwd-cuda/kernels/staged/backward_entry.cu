@@ -82,7 +82,7 @@ __device__ void staged_backward_main(const BackwardParams& p, unsigned char* sme
 // next item's key block, first query block (cp.async) and row constants are issued before the
 // finished item's dK, dV stores, which go out while those loads fly. The counter is the 32-bit word
 // after the dQ accumulator's rows·n_q·d floats (the host allocates and zeroes it). The plain grid
-// (n_kblk, rows) of sage_bwd_main_mma, one item per CTA, keeps staged_backward_main unchanged.
+// (n_kblk, rows) of sage_bwd_main_sm80, one item per CTA, keeps staged_backward_main unchanged.
 template <class Path>
 __device__ __forceinline__ void staged_prologue(const BackwardParams& p, u32 smem, int kb, int bh) {
     const Dims& d = p.dims;
@@ -178,14 +178,14 @@ __device__ void staged_backward_persist(const BackwardParams& p, unsigned char* 
     }
 }
 // The staged paths on the persistent grid, one entry per path (registers are allocated per kernel;
-// sage_bwd_main_mma's code and registers stay as they were).
+// sage_bwd_main_sm80's code and registers stay as they were).
 // The sage path's type of these kernels (the pipelined loop at d = 64 on sm_90a).
 #if SAGE64_PIPELINED_LOOP
-typedef StagedSage64 StagedSageKernel;         // sage_bwd_main_mma_sage
-typedef StagedSage64Persistent StagedSagePersistKernel;  // sage_bwd_main_persist_sage
+typedef StagedSage64 StagedSageKernel;         // sage_bwd_main_sm90_int8
+typedef StagedSage64Persistent StagedSagePersistKernel;  // sage_bwd_main_sm90_int8_persistent
 #elif SAGE128_PIPELINED_LOOP
-typedef StagedSage128 StagedSageKernel;         // sage_bwd_main_mma_sage at d = 128
-typedef StagedSage128 StagedSagePersistKernel;  // sage_bwd_main_persist_sage
+typedef StagedSage128 StagedSageKernel;         // sage_bwd_main_sm90_int8 at d = 128
+typedef StagedSage128 StagedSagePersistKernel;  // sage_bwd_main_sm90_int8_persistent
 #else
 typedef StagedSage StagedSageKernel;
 typedef StagedSage StagedSagePersistKernel;
@@ -201,23 +201,23 @@ __device__ __forceinline__ void staged_entry(const BackwardParams& p, int path, 
     if constexpr (PERSIST) staged_backward_persist<S>(p, smem);
     else staged_backward_main<S>(p, smem);
 }
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_sage(BackwardParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_sm90_int8_persistent(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedSagePersistKernel, true>(p, BWD_STAGED_SAGE, smem_raw);
 }
-// The sage path on the plain grid in its own kernel (sage_bwd_main_mma's grid and block order; the host takes it
-// for the sage path on sm_90a), so that its pipelined loop does not change sage_bwd_main_mma's registers and code
+// The sage path on the plain grid in its own kernel (sage_bwd_main_sm80's grid and block order; the host takes it
+// for the sage path on sm_90a), so that its pipelined loop does not change sage_bwd_main_sm80's registers and code
 // for its other paths.
 #if BWD_WGMMA && (HEAD_DIM == 64 || SAGE128_PIPELINED_LOOP)
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage(BackwardParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_sm90_int8(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedSageKernel, false>(p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
-// sage_bwd_main_mma_sage at d = 64 with its dQ by TMA tensor reduces (StagedSage64TmaDq; the default at d = 64,
-// SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs selects sage_bwd_main_mma_sage); the same grid, block order and shared memory.
+// sage_bwd_main_sm90_int8 at d = 64 with its dQ by TMA tensor reduces (StagedSage64TmaDq; the default at d = 64,
+// SAGEBWD_SAGE_TMA_DQ=0 in src/backward.rs selects sage_bwd_main_sm90_int8); the same grid, block order and shared memory.
 #if BWD_WGMMA && HEAD_DIM == 64 && SAGE64_PIPELINED_LOOP
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(const __grid_constant__ BwdParamsDqMap pm) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_sm90_int8_tma_dq(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedSage64TmaDq, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
 }
@@ -225,12 +225,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_q(c
 #if BWD_WGMMA && SAGE128_PIPELINED_LOOP
 // The d = 128 plain-grid kernel with its in-loop stage copies by TMA (StagedSage128TmaStage; the host takes it at d = 128
 // when n_q % 64 == 0).
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma_sage_t(const __grid_constant__ BwdParamsStageMaps pm) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_sm90_int8_tma_stage(const __grid_constant__ BwdParamsStageMaps pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedSage128TmaStage, false>(pm.p, BWD_STAGED_SAGE, smem_raw);
 }
 #endif
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16(BackwardParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_sm90_bf16_persistent(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
     if (bwd_fast_path(p.flags) != BWD_STAGED_BF16) __trap();
@@ -242,11 +242,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
 #endif
 }
 // The BF16 path at d = 128 on the persistent grid with dQ by TMA reduce-adds (StagedBf16Bulk);
-// the host's default for fpa at d = 128 on sm_90a, every N (SAGEBWD_FPA_BULK_DQ=0: sage_bwd_main_persist_bf16).
+// the host's default for fpa at d = 128 on sm_90a, every N (SAGEBWD_FPA_BULK_DQ=0: sage_bwd_main_sm90_bf16_persistent).
 // The parameter is the dQ accumulator's tensor map followed
 // by BackwardParams (BwdParamsDqMap).
 #if BF16_BWD_EARLY_DV_PATH && HEAD_DIM == 128
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16q(const __grid_constant__ BwdParamsDqMap pm) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_sm90_bf16_persistent_tma_dq(const __grid_constant__ BwdParamsDqMap pm) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     staged_entry<StagedBf16Bulk, true>(pm.p, BWD_STAGED_BF16, smem_raw);
 }
@@ -255,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_persist_bf16
 // Every path takes its shared memory from the dynamic allocation (`backward_smem_bytes` and
 // `staged_backward_smem_bytes` in src/backward.rs); a launch with less traps rather than corrupt
 // memory.
-extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_mma(BackwardParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS) sage_bwd_main_sm80(BackwardParams p) {
     extern __shared__ __attribute__((aligned(16))) unsigned char smem_raw[];
     pdl_wait();  // launched with PDL after the preprocess (src/backward.rs): no global access before it
     const int path = bwd_fast_path(p.flags);

@@ -57,7 +57,7 @@ struct StagedLayout {
 #define BF_KT (BLOCK_KV * HEAD_DIM)          // bytes of an INT8 [128][d] tile
 #define BF_ROW (2 * HEAD_DIM)                // bytes of one BF16 row of d values
 
-// Which path `sage_bwd_main_mma` takes (the host's `staged_backward` in src/backward.rs).
+// Which path `sage_bwd_main_sm80` takes (the host's `staged_backward` in src/backward.rs).
 #define BWD_GATHER 0
 #define BWD_STAGED_SAGE 1
 #define BWD_STAGED_BF16 2
@@ -628,6 +628,6 @@ __device__ __forceinline__ int warpgroup_index() {
 #define SAGE128_PIPELINED_LOOP 0
 #endif
 #if SAGE128_PIPELINED_LOOP != SAGE_DQ_ACC_ROT
-#error "StagedSage128 writes the dQ accumulator in SAGE_DQ_ACC_ROT's order, which sage_bwd_post_dq_sage reads"
+#error "StagedSage128 writes the dQ accumulator in SAGE_DQ_ACC_ROT's order, which sage_bwd_post_dq_int8 reads"
 #endif
 

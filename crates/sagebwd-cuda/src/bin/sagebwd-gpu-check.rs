@@ -251,7 +251,7 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
         (case(shape(2, 3, 3, 512, 512, 64), true, 2.0), presets()),
         (case(shape(1, 2, 2, 384, 640, 128), false, 3.0), presets()),
         // d = 128, N_q a multiple of 64, causal, GQA, a ragged key block: the plain-grid sage kernel's TMA query
-        // copies (`sage_bwd_main_mma_sage_t`) over several heads, from the first query block to the last.
+        // copies (`sage_bwd_main_sm90_int8_tma_stage`) over several heads, from the first query block to the last.
         (case(shape(2, 4, 2, 448, 320, 128), true, 3.0), presets()),
         // The same kind of shape at d = 64 without a mask: the d = 64 plain-grid kernel (dQ by TMA reduces) with GQA, a
         // ragged key block and N_q a multiple of 64.
