@@ -1072,7 +1072,6 @@ impl<'a> HeadCtx<'a> {
         let mut dk = vec![0.0f32; nk * d];
         let mut dv = vec![0.0f32; nk * d];
         dk.par_chunks_mut(d).zip(dv.par_chunks_mut(d)).enumerate().for_each(|(j, (dkj, dvj))| {
-            let kb = j / bkv;
             let mut terms = vec![0.0f64; s.n_q];
             // One product over all queries; `fmt` INT8 groups are dequantized per segment of rows.
             let product = |out: &mut [f32], q8: &[Quant8], fmt: Format, prec: Precision, hat: &[i8], scale: &[f32], val8: &[f32],
@@ -1115,7 +1114,6 @@ impl<'a> HeadCtx<'a> {
                     }
                 }
             };
-            let _ = kb;
             let r16 = self.r16;
             product(dvj, &pq, pds.p_bwd, cfg.get(Product::Dv), self.do_hat, self.do_scale, &f8.d_o, &|t, k| r16(t.p[k]), self.d_o, &mut terms);
             if cfg.is_int8(Product::Dv) && p_fp8 {
