@@ -11,7 +11,7 @@ pub struct ConfigArgs {
     /// Starting configuration: fpa (all BF16 = FlashAttention), sagebwd (all INT8 but dp),
     /// int8-all (all seven INT8), or a P / dS quantization variant of sagebwd (ALGORITHM.md §10;
     /// simulator only): int8-row128, int8-row64, int8-axis, p-e4m3, p-e4m3-ds-axis, p-e4m3-ds-e4m3,
-    /// p-e4m3-ds-e5m2, fp8-tensor, int8-axis-delta-p, p-e4m3-ds-axis-delta-p.
+    /// p-e4m3-ds-e5m2, fp8-tensor, int8-axis-delta-p, p-e4m3-ds-axis-delta-p, p-e4m3-ds-e4m3-delta-p.
     #[arg(long, default_value = "sagebwd", value_parser = preset_names())]
     pub preset: String,
     /// FP8 tensor-core sum model of the variants (ALGORITHM.md §10.5): significant bits kept per

@@ -242,7 +242,7 @@ pub const PRESETS: [&str; 3] = ["fpa", "sagebwd", "int8-all"];
 
 /// The variants of the P / dS quantization study (ALGORITHM.md §10, docs/QUANTIZATION-DESIGN.md):
 /// `sagebwd`'s precisions and smoothing with another [`PdsQuant`].
-pub const VARIANTS: [&str; 10] = [
+pub const VARIANTS: [&str; 11] = [
     "int8-row128",
     "int8-row64",
     "int8-axis",
@@ -253,6 +253,7 @@ pub const VARIANTS: [&str; 10] = [
     "fp8-tensor",
     "int8-axis-delta-p",
     "p-e4m3-ds-axis-delta-p",
+    "p-e4m3-ds-e4m3-delta-p",
 ];
 
 impl Config {
@@ -292,6 +293,7 @@ impl Config {
                 PdsQuant { ds_dq: axis.ds_dq, ds_dk: axis.ds_dk, delta: DeltaFrom::UnquantizedP, ..p8 }
             }
             "p-e4m3-ds-e4m3" => PdsQuant { ds_dq: e4, ds_dk: e4, ..p8 },
+            "p-e4m3-ds-e4m3-delta-p" => PdsQuant { ds_dq: e4, ds_dk: e4, delta: DeltaFrom::UnquantizedP, ..p8 },
             "p-e4m3-ds-e5m2" => {
                 let e5 = Format::Fp8(Fp8::E5m2);
                 PdsQuant { ds_dq: e5, ds_dk: e5, ..p8 }
