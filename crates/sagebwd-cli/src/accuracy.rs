@@ -111,7 +111,13 @@ pub fn run(a: AccuracyArgs) -> Result<()> {
     } else {
         vec![base.clone()]
     };
-    let backend = Backend::select(a.device)?;
+    let backend = if base.has_kernels() {
+        Backend::select(a.device)?
+    } else if matches!(a.device, DeviceArg::Cuda) {
+        anyhow::bail!("preset {} is a simulated design variant (docs/ALGORITHM.md §10): no GPU kernel implements it; use --device cpu", base.label());
+    } else {
+        Backend::Cpu
+    };
     let want_inter = !a.no_intermediates;
     let bar = ProgressBar::new((a.sigma.len() * (1 + configs.len())) as u64);
     bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}").unwrap());

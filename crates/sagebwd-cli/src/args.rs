@@ -9,9 +9,19 @@ use sagebwd::{Config, Precision, Product};
 #[derive(Args, Clone, Debug)]
 pub struct ConfigArgs {
     /// Starting configuration: fpa (all BF16 = FlashAttention), sagebwd (all INT8 but dp),
-    /// int8-all (all seven INT8).
-    #[arg(long, default_value = "sagebwd", value_parser = ["fpa", "sagebwd", "int8-all"])]
+    /// int8-all (all seven INT8), or a P / dS quantization variant of sagebwd (ALGORITHM.md §10;
+    /// simulator only): int8-row128, int8-row64, int8-axis, p-e4m3, p-e4m3-ds-axis, p-e4m3-ds-e4m3,
+    /// p-e4m3-ds-e5m2, fp8-tensor, int8-axis-delta-p, p-e4m3-ds-axis-delta-p, p-e4m3-ds-e4m3-delta-p.
+    #[arg(long, default_value = "sagebwd", value_parser = preset_names())]
     pub preset: String,
+    /// FP8 tensor-core sum model of the variants (ALGORITHM.md §10.5): significant bits kept per
+    /// k = 32 instruction (0 = exact FP32).
+    #[arg(long, default_value_t = 0)]
+    pub fp8_sum_bits: u32,
+    /// FP8 tensor-core sum model: promote the accumulator into an FP32 register sum every this many
+    /// reduction elements (a multiple of 32; 0 = never).
+    #[arg(long, default_value_t = 0)]
+    pub fp8_promote: usize,
     /// Products to switch to INT8, comma-separated: qk, pv, qk-bwd, dv, dp, dq, dk (or 1..7).
     #[arg(long, value_delimiter = ',', value_name = "PRODUCTS")]
     pub int8: Vec<String>,
@@ -41,9 +51,20 @@ pub enum OnOff {
     Off,
 }
 
+fn preset_names() -> clap::builder::PossibleValuesParser {
+    let names: Vec<&'static str> = sagebwd::config::PRESETS.into_iter().chain(sagebwd::config::VARIANTS).collect();
+    clap::builder::PossibleValuesParser::new(names)
+}
+
 impl ConfigArgs {
     pub fn config(&self) -> Result<Config> {
         let mut cfg = Config::preset(&self.preset)?;
+        if self.fp8_sum_bits > 0 || self.fp8_promote > 0 {
+            if !cfg.pds.any_fp8() {
+                bail!("--fp8-sum-bits / --fp8-promote apply to the FP8 variants only (preset {})", self.preset);
+            }
+            cfg.pds.fp8_sum = sagebwd::fp8::TensorSum { mantissa_bits: self.fp8_sum_bits, promote: self.fp8_promote };
+        }
         for (list, prec) in [(&self.int8, Precision::Int8), (&self.bf16, Precision::Bf16)] {
             for name in list {
                 cfg.set(Product::parse(name)?, prec);

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod error;
+pub mod fp8;
 pub mod inputs;
 pub mod io;
 pub mod metrics;

@@ -2,7 +2,8 @@
 //! rounding, scale order, BF16 rounding of 16-bit operands), so that GPU kernels can be compared with
 //! it value by value.
 
-use crate::config::{Config, Precision, Product};
+use crate::config::{Config, DeltaFrom, Format, Fp8OperandScale, Precision, Product};
+use crate::fp8::Fp8;
 use crate::error::Result;
 use crate::quant::{dequant, dequant_add, quantize_rows, GroupScale};
 use crate::reference::visible_keys;
@@ -108,9 +109,16 @@ pub fn simulate_with(inp: &Inputs, cfg: &Config, want_intermediates: bool, r16: 
         .into_par_iter()
         .map(|bh| {
             let h = HeadCtx::new(&inp, cfg, &prep, bh, r16);
-            let fwd = h.forward();
-            let grads = inp.d_o.as_ref().map(|_| h.backward(&fwd, want_intermediates));
-            (fwd, grads)
+            if cfg.pds.is_default() {
+                let fwd = h.forward();
+                let grads = inp.d_o.as_ref().map(|_| h.backward(&fwd, want_intermediates));
+                (fwd, grads)
+            } else {
+                let v = Fp8Copies::new(&h, &prep, bh);
+                let (fwd, o_prime) = h.forward_pds(&v);
+                let grads = inp.d_o.as_ref().map(|_| h.backward_pds(&v, &fwd, o_prime.as_deref(), want_intermediates));
+                (fwd, grads)
+            }
         })
         .collect();
     Ok(assemble(&inp, prep, heads, want_intermediates, r16))
@@ -709,4 +717,429 @@ fn assemble(
         out.inter = want.then_some(inter);
     }
     out
+}
+
+/// The FP8 copies of V, dO, K_s, Q of one (batch, query head) (ALGORITHM.md §10.1): values `x / s` rounded
+/// to e4m3, one power-of-two scale per channel (or per tensor), `[N, d]` and `[d]`. Empty when no product
+/// of the configuration is FP8.
+struct Fp8Copies {
+    v: Vec<f32>,
+    v_s: Vec<f32>,
+    d_o: Vec<f32>,
+    do_s: Vec<f32>,
+    k: Vec<f32>,
+    k_s: Vec<f32>,
+    q: Vec<f32>,
+    q_s: Vec<f32>,
+}
+
+fn fp8_copy(x: &[f32], d: usize, scale: Fp8OperandScale) -> (Vec<f32>, Vec<f32>) {
+    let mut amax = vec![0.0f32; d];
+    for row in x.chunks(d) {
+        amax.iter_mut().zip(row).for_each(|(m, v)| *m = m.max(v.abs()));
+    }
+    if scale == Fp8OperandScale::Tensor {
+        let t = amax.iter().fold(0.0f32, |m, &v| m.max(v));
+        amax.fill(t);
+    }
+    let s: Vec<f32> = amax.iter().map(|&a| Fp8::E4m3.pow2_scale(a)).collect();
+    let q = x.chunks(d).flat_map(|row| row.iter().zip(&s).map(|(&v, &sc)| Fp8::E4m3.quantize(v, sc))).collect();
+    (q, s)
+}
+
+impl Fp8Copies {
+    fn new(h: &HeadCtx, prep: &Prepared, bh: usize) -> Fp8Copies {
+        let (s, d) = (h.s, h.d());
+        let mut c = Fp8Copies {
+            v: vec![],
+            v_s: vec![],
+            d_o: vec![],
+            do_s: vec![],
+            k: vec![],
+            k_s: vec![],
+            q: vec![],
+            q_s: vec![],
+        };
+        let pds = &h.cfg.pds;
+        let sc = pds.fp8_operand_scale;
+        if pds.p_fwd.is_fp8() {
+            (c.v, c.v_s) = fp8_copy(h.v, d, sc);
+        }
+        if pds.p_bwd.is_fp8() && !h.d_o.is_empty() {
+            (c.d_o, c.do_s) = fp8_copy(h.d_o, d, sc);
+        }
+        if pds.ds_dq.is_fp8() {
+            let kvh = (bh / s.heads_q) * s.heads_kv + (bh % s.heads_q) / s.group();
+            (c.k, c.k_s) = fp8_copy(&prep.k_s[kvh * s.n_k * d..(kvh + 1) * s.n_k * d], d, sc);
+            (c.q, c.q_s) = fp8_copy(h.q, d, sc);
+        }
+        c
+    }
+}
+
+/// One quantized 8-bit operand tile set of the backward (`rows × N_k` of a query block): the values the
+/// product multiplies (INT8 codes, or FP8 values in units of the scale) and, for INT8, each entry's group scale.
+struct Quant8 {
+    val: Vec<f32>,
+    hat: Vec<i8>,
+    scale: Vec<f32>,
+}
+
+/// Quantizes the visible entries of `x` (`rows × nk`, masked entries 0) with `fmt`: INT8 groups of
+/// `rows_g × cols_g` inside each `rows × B_kv` tile (§10.2), or FP8 with the scale `fp8_scale`
+/// (1 for P: its fixed scale is already in P′, §10.2).
+fn quantize_tiles(x: &[f32], rows: usize, nk: usize, bq: usize, bkv: usize, fmt: Format, fp8_scale: f32) -> Quant8 {
+    match fmt {
+        Format::Fp8(f) => Quant8 { val: x.iter().map(|&v| f.quantize(v, fp8_scale)).collect(), hat: vec![], scale: vec![] },
+        Format::Int8 { rows: gr, cols: gc } => {
+            let gr = if gr == 0 { bq } else { gr };
+            let gc = if gc == 0 { bkv } else { gc };
+            let mut hat = vec![0i8; x.len()];
+            let mut scale = vec![0.0f32; x.len()];
+            for j0 in (0..nk).step_by(bkv) {
+                let w = bkv.min(nk - j0);
+                for i0 in (0..rows).step_by(gr) {
+                    for c0 in (0..w).step_by(gc) {
+                        let (i1, c1) = ((i0 + gr).min(rows), (c0 + gc).min(w));
+                        let at = |i: usize, c: usize| i * nk + j0 + c;
+                        let g = GroupScale::of((i0..i1).flat_map(|i| (c0..c1).map(move |c| x[at(i, c)])));
+                        for i in i0..i1 {
+                            for c in c0..c1 {
+                                hat[at(i, c)] = g.quantize(x[at(i, c)]);
+                                scale[at(i, c)] = g.scale;
+                            }
+                        }
+                    }
+                }
+            }
+            Quant8 { val: vec![], hat, scale }
+        }
+    }
+}
+
+/// Phase one of the variant backward for one query block: P′, dS′ (`rows × N_k`, masked 0) and dP.
+struct TileSet {
+    rows: usize,
+    p: Vec<f32>,
+    ds: Vec<f32>,
+    dp: Vec<f32>,
+}
+
+impl<'a> HeadCtx<'a> {
+    /// The forward of ALGORITHM.md §10 (`pds` not the default): §4 with P quantized as `p_fwd` says. Also
+    /// returns O′ (the unquantized-P output, FP32) when §10.4's δ asks for it.
+    fn forward_pds(&self, f8: &Fp8Copies) -> (Forward, Option<Vec<f32>>) {
+        let (s, d, bkv) = (self.s, self.d(), self.cfg.block_kv);
+        let pds = self.cfg.pds;
+        let prec = self.cfg.get(Product::QkFwd);
+        let int8_pv = self.cfg.is_int8(Product::Pv);
+        let fused = prec == Precision::Int8;
+        let want_prime = pds.delta == DeltaFrom::UnquantizedP;
+        // §10.2: e4m3 P is P′ = exp2(t − (m − off)) = 2^off · p, off = log2(448) minus the lazy slack.
+        let fp8 = int8_pv && pds.p_fwd.is_fp8();
+        let off = if !fp8 {
+            0.0
+        } else if fused {
+            448f32.log2() - RESCALE_SLACK
+        } else {
+            448f32.log2()
+        };
+        let cols = match pds.p_fwd {
+            Format::Int8 { cols: 0, .. } => bkv,
+            Format::Int8 { cols, .. } => cols,
+            Format::Fp8(_) => bkv,
+        };
+        let ts = pds.fp8_sum;
+        let mut o = vec![0.0f32; s.n_q * d];
+        let mut o_prime = vec![0.0f32; if want_prime { s.n_q * d } else { 0 }];
+        let mut lse2 = vec![0.0f32; s.n_q];
+        let mut lse = vec![0.0f32; s.n_q];
+        let op_chunks: Vec<&mut [f32]> =
+            if want_prime { o_prime.chunks_mut(d).collect() } else { (0..s.n_q).map(|_| &mut [][..]).collect() };
+        o.par_chunks_mut(d).zip(op_chunks).zip(lse2.par_iter_mut()).zip(lse.par_iter_mut()).enumerate().for_each(
+            |(r, (((orow, oprow), lse2_r), lse_r))| {
+                let vis = visible_keys(&s, self.causal, r);
+                let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
+                let mut t = vec![0.0f32; bkv];
+                let mut a = vec![(0.0f32, 0.0f32); bkv];
+                let mut pv_i = vec![0i32; d];
+                let mut pv_f = vec![0.0f32; d];
+                let mut terms = vec![0.0f64; bkv];
+                for j0 in (0..vis).step_by(bkv) {
+                    let j1 = (j0 + bkv).min(vis);
+                    let t = &mut t[..j1 - j0];
+                    let a = &mut a[..j1 - j0];
+                    for (jj, aj) in a.iter_mut().enumerate() {
+                        *aj = self.score_parts(prec, r, j0 + jj);
+                    }
+                    let row_max = a.iter().fold(f32::NEG_INFINITY, |acc, &(x, sc)| acc.max(x * sc));
+                    let m_new = if fused { next_running_max(m, row_max) } else { m.max(row_max) };
+                    let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+                    let alpha = (m - m_use).exp2();
+                    let shift = m_use - off;
+                    t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| *p = exp2_of_score(x, sc, shift, fused));
+                    l = l * alpha + t.iter().sum::<f32>();
+                    let kb = j0 / bkv;
+                    if want_prime {
+                        pv_f.fill(0.0);
+                        for (jj, &p) in t.iter().enumerate() {
+                            axpy_f32(&mut pv_f, p, self.row(self.v, j0 + jj));
+                        }
+                        oprow.iter_mut().zip(&pv_f).for_each(|(ov, &x)| *ov = *ov * alpha + x);
+                    }
+                    if !int8_pv {
+                        pv_f.fill(0.0);
+                        for (jj, &p) in t.iter().enumerate() {
+                            axpy_f32(&mut pv_f, (self.r16)(p), self.row(self.v, j0 + jj));
+                        }
+                        orow.iter_mut().zip(&pv_f).for_each(|(ov, &x)| *ov = *ov * alpha + x);
+                    } else if fp8 {
+                        let pt: Vec<f32> = t.iter().map(|&p| Fp8::E4m3.round(p)).collect();
+                        for (c, ov) in orow.iter_mut().enumerate() {
+                            let terms = &mut terms[..pt.len()];
+                            for (jj, x) in terms.iter_mut().enumerate() {
+                                *x = pt[jj] as f64 * f8.v[(j0 + jj) * d + c] as f64;
+                            }
+                            let mut acc = ts.start(*ov * alpha);
+                            ts.add(&mut acc, terms, j0);
+                            *ov = ts.finish(acc);
+                        }
+                    } else {
+                        for (si, seg) in t.chunks(cols).enumerate() {
+                            let g = GroupScale::of(seg.iter().copied());
+                            pv_i.fill(0);
+                            for (jj, &p) in seg.iter().enumerate() {
+                                axpy_i8(&mut pv_i, g.quantize(p), self.row(self.v_hat, j0 + si * cols + jj));
+                            }
+                            for (ov, &acc) in orow.iter_mut().zip(&pv_i) {
+                                let base = if si == 0 { *ov * alpha } else { *ov };
+                                *ov = dequant_add(acc, g.scale, self.v_scale[kb], base);
+                            }
+                        }
+                    }
+                    m = m_new;
+                }
+                if l == 0.0 {
+                    orow.fill(0.0);
+                    oprow.fill(0.0);
+                    *lse2_r = f32::INFINITY;
+                    *lse_r = f32::INFINITY;
+                    return;
+                }
+                let r_l = 1.0 / l;
+                if fp8 {
+                    orow.iter_mut().zip(&f8.v_s).for_each(|(x, &sv)| *x = (self.r16)((*x * r_l) * sv));
+                } else {
+                    orow.iter_mut().for_each(|x| *x = (self.r16)(*x * r_l));
+                }
+                oprow.iter_mut().for_each(|x| *x *= r_l);
+                *lse2_r = (m - off) + l.log2();
+                if prec == Precision::Int8 {
+                    *lse2_r += self.row_offset[r];
+                }
+                *lse_r = *lse2_r * LN_2;
+            },
+        );
+        (Forward { o, lse2, lse }, want_prime.then_some(o_prime))
+    }
+
+    /// The backward of ALGORITHM.md §10: §5 with P and dS quantized as `p_bwd`, `ds_dq`, `ds_dk` say.
+    fn backward_pds(&self, f8: &Fp8Copies, fwd: &Forward, o_prime: Option<&[f32]>, want: bool) -> HeadGrads {
+        let (s, d, cfg) = (self.s, self.d(), self.cfg);
+        let pds = cfg.pds;
+        let (bq, bkv, nk) = (cfg.block_q, cfg.block_kv, s.n_k);
+        let o_for_delta = o_prime.unwrap_or(&fwd.o);
+        let delta: Vec<f32> = (0..s.n_q).map(|r| dot_f32(self.row(o_for_delta, r), self.row(self.d_o, r))).collect();
+        let nqb = s.n_q.div_ceil(bq);
+        let nkb = nk.div_ceil(bkv);
+        let p_fp8 = cfg.is_int8(Product::Dv) && pds.p_bwd.is_fp8();
+        // §10.2: with e4m3 P the backward computes P′ = 448·P (the offset in L) and dS′ = 448·dS.
+        let shift = if p_fp8 { 448f32.log2() } else { 0.0 };
+        let inv_g = if p_fp8 { 1.0 / 448.0f32 } else { 1.0 };
+        let (qk, dp_prec) = (cfg.get(Product::QkBwd), cfg.get(Product::Dp));
+        let tiles: Vec<TileSet> = (0..nqb)
+            .into_par_iter()
+            .map(|qb| {
+                let r0 = qb * bq;
+                let rows = bq.min(s.n_q - r0);
+                let mut ts = TileSet { rows, p: vec![0.0; rows * nk], ds: vec![0.0; rows * nk], dp: vec![0.0; rows * nk] };
+                for i in 0..rows {
+                    let r = r0 + i;
+                    let lse2 = match qk {
+                        Precision::Int8 => fwd.lse2[r] - self.row_offset[r],
+                        Precision::Bf16 => fwd.lse2[r],
+                    };
+                    let big_l = lse2 - shift;
+                    for j in 0..visible_keys(&s, self.causal, r) {
+                        let (a, sc) = self.score_parts(qk, r, j);
+                        let p = exp2_of_score(a, sc, big_l, qk == Precision::Int8);
+                        let kb = j / bkv;
+                        let dp = match dp_prec {
+                            Precision::Bf16 => dot_f32(self.row(self.d_o, r), self.row(self.v, j)),
+                            Precision::Int8 => dequant(
+                                dot_i8(self.row(self.do_hat, r), self.row(self.v_hat, j)),
+                                self.do_scale[qb],
+                                self.v_scale[kb],
+                            ),
+                        };
+                        ts.p[i * nk + j] = p;
+                        ts.dp[i * nk + j] = dp;
+                        ts.ds[i * nk + j] = p * (dp - delta[r]);
+                    }
+                }
+                ts
+            })
+            .collect();
+        // §10.3: one power-of-two dS scale per (batch, head) from the amax of the whole dS′.
+        let ds_amax = tiles.iter().flat_map(|t| t.ds.iter()).fold(0.0f32, |m, &v| m.max(v.abs()));
+        let ds_scale = match pds.ds_dq {
+            Format::Fp8(f) => f.pow2_scale(ds_amax),
+            Format::Int8 { .. } => 1.0,
+        };
+        let quant = |t: &TileSet, x: &[f32], fmt: Format, sc: f32| quantize_tiles(x, t.rows, nk, bq, bkv, fmt, sc);
+        let pq: Vec<Quant8> = tiles.par_iter().map(|t| quant(t, &t.p, pds.p_bwd, 1.0)).collect();
+        let dsq: Vec<Quant8> = tiles.par_iter().map(|t| quant(t, &t.ds, pds.ds_dq, ds_scale)).collect();
+        let dsk: Vec<Quant8> = if pds.ds_dk == pds.ds_dq {
+            vec![]
+        } else {
+            tiles.par_iter().map(|t| quant(t, &t.ds, pds.ds_dk, ds_scale)).collect()
+        };
+        let dsk = if dsk.is_empty() { &dsq } else { &dsk };
+        let ts = pds.fp8_sum;
+        let seg_len = |f: Format, along_rows: bool, full: usize| match f {
+            Format::Int8 { rows, cols } => {
+                let n = if along_rows { rows } else { cols };
+                if n == 0 { full } else { n }
+            }
+            Format::Fp8(_) => full,
+        };
+        // #6 dQ, per query block (a tile's partial sum added to dQ).
+        let dq_blocks: Vec<Vec<f32>> = (0..nqb)
+            .into_par_iter()
+            .map(|qb| {
+                let (t, q8) = (&tiles[qb], &dsq[qb]);
+                let r0 = qb * bq;
+                let mut dq = vec![0.0f32; t.rows * d];
+                let mut terms = vec![0.0f64; bkv];
+                for i in 0..t.rows {
+                    let vis = visible_keys(&s, self.causal, r0 + i);
+                    let dqr = &mut dq[i * d..(i + 1) * d];
+                    for kb in 0..nkb {
+                        let j0 = kb * bkv;
+                        let w = bkv.min(nk - j0).min(vis.saturating_sub(j0));
+                        if w == 0 {
+                            continue;
+                        }
+                        if cfg.is_int8(Product::Dq) && !pds.ds_dq.is_fp8() {
+                            let seg = seg_len(pds.ds_dq, false, bkv);
+                            for c0 in (0..w).step_by(seg) {
+                                let c1 = (c0 + seg).min(w);
+                                let sg = q8.scale[i * nk + j0 + c0];
+                                for (c, x) in dqr.iter_mut().enumerate() {
+                                    let acc: i32 = (c0..c1)
+                                        .map(|jj| q8.hat[i * nk + j0 + jj] as i32 * self.k_hat[(j0 + jj) * d + c] as i32)
+                                        .sum();
+                                    *x += dequant(acc, sg, self.k_scale[kb]);
+                                }
+                            }
+                        } else if cfg.is_int8(Product::Dq) {
+                            for (c, x) in dqr.iter_mut().enumerate() {
+                                let terms = &mut terms[..w];
+                                for (jj, y) in terms.iter_mut().enumerate() {
+                                    *y = q8.val[i * nk + j0 + jj] as f64 * f8.k[(j0 + jj) * d + c] as f64;
+                                }
+                                let mut acc = ts.start(0.0);
+                                ts.add(&mut acc, terms, 0);
+                                *x += ts.finish(acc);
+                            }
+                        } else {
+                            for jj in 0..w {
+                                axpy_f32(dqr, (self.r16)(t.ds[i * nk + j0 + jj]), self.row(self.k, j0 + jj));
+                            }
+                        }
+                    }
+                    if cfg.is_int8(Product::Dq) && pds.ds_dq.is_fp8() {
+                        dqr.iter_mut().zip(&f8.k_s).for_each(|(x, &sk)| *x *= ds_scale * sk);
+                    }
+                    if p_fp8 {
+                        dqr.iter_mut().for_each(|x| *x *= inv_g);
+                    }
+                }
+                dq
+            })
+            .collect();
+        // #4 dV and #7 dK, per key.
+        let mut dk = vec![0.0f32; nk * d];
+        let mut dv = vec![0.0f32; nk * d];
+        dk.par_chunks_mut(d).zip(dv.par_chunks_mut(d)).enumerate().for_each(|(j, (dkj, dvj))| {
+            let mut terms = vec![0.0f64; s.n_q];
+            // One product over all queries; `fmt` INT8 groups are dequantized per segment of rows.
+            let product = |out: &mut [f32], q8: &[Quant8], fmt: Format, prec: Precision, hat: &[i8], scale: &[f32], val8: &[f32],
+                           bf: &dyn Fn(&TileSet, usize) -> f32, other: &[f32], terms: &mut Vec<f64>| {
+                if prec == Precision::Bf16 {
+                    for (qb, t) in tiles.iter().enumerate() {
+                        for i in 0..t.rows {
+                            let x = bf(t, i * nk + j);
+                            if x != 0.0 {
+                                axpy_f32(out, x, self.row(other, qb * bq + i));
+                            }
+                        }
+                    }
+                } else if let Format::Fp8(_) = fmt {
+                    for (c, x) in out.iter_mut().enumerate() {
+                        let mut n = 0;
+                        for (qb, t) in tiles.iter().enumerate() {
+                            for i in 0..t.rows {
+                                terms[n] = q8[qb].val[i * nk + j] as f64 * val8[(qb * bq + i) * d + c] as f64;
+                                n += 1;
+                            }
+                        }
+                        let mut acc = ts.start(0.0);
+                        ts.add(&mut acc, &terms[..n], 0);
+                        *x = ts.finish(acc);
+                    }
+                } else {
+                    let seg = seg_len(fmt, true, bq);
+                    for (qb, t) in tiles.iter().enumerate() {
+                        for i0 in (0..t.rows).step_by(seg) {
+                            let i1 = (i0 + seg).min(t.rows);
+                            let sg = q8[qb].scale[i0 * nk + j];
+                            for (c, x) in out.iter_mut().enumerate() {
+                                let acc: i32 = (i0..i1)
+                                    .map(|i| q8[qb].hat[i * nk + j] as i32 * hat[(qb * bq + i) * d + c] as i32)
+                                    .sum();
+                                *x = dequant_add(acc, sg, scale[qb], *x);
+                            }
+                        }
+                    }
+                }
+            };
+            let r16 = self.r16;
+            product(dvj, &pq, pds.p_bwd, cfg.get(Product::Dv), self.do_hat, self.do_scale, &f8.d_o, &|t, k| r16(t.p[k]), self.d_o, &mut terms);
+            if cfg.is_int8(Product::Dv) && p_fp8 {
+                dvj.iter_mut().zip(&f8.do_s).for_each(|(x, &sd)| *x *= sd * inv_g);
+            }
+            product(dkj, dsk, pds.ds_dk, cfg.get(Product::Dk), self.q_hat, self.q_scale, &f8.q, &|t, k| r16(t.ds[k]), self.q, &mut terms);
+            if cfg.is_int8(Product::Dk) && pds.ds_dk.is_fp8() {
+                dkj.iter_mut().zip(&f8.q_s).for_each(|(x, &sq)| *x *= ds_scale * sq);
+            }
+            if p_fp8 {
+                dkj.iter_mut().for_each(|x| *x *= inv_g);
+            }
+        });
+        let inter = want.then(|| {
+            let mut it = Intermediates::default();
+            for (qb, t) in tiles.iter().enumerate() {
+                let deq = |q: &Quant8, k: usize, fp8_s: f32| if q.val.is_empty() { q.hat[k] as f32 * q.scale[k] } else { q.val[k] * fp8_s };
+                for k in 0..t.rows * nk {
+                    it.p.push(if cfg.is_int8(Product::Dv) { deq(&pq[qb], k, 1.0) * inv_g } else { (self.r16)(t.p[k]) * inv_g });
+                    it.dp.push(t.dp[k]);
+                    let ds_int8 = cfg.is_int8(Product::Dq) || cfg.is_int8(Product::Dk);
+                    it.ds.push(if ds_int8 { deq(&dsq[qb], k, ds_scale) * inv_g } else { (self.r16)(t.ds[k]) * inv_g });
+                }
+            }
+            it
+        });
+        HeadGrads { dq: dq_blocks.concat(), dk, dv, delta, inter }
+    }
 }
