@@ -2,7 +2,7 @@
 # The accuracy tables of docs/QUANTIZATION-DESIGN.md: relative L2 of O, dQ, dK, dV against exact f64 for
 # each P / dS quantization variant, sigma 1,3,5,8,10 x d 64,128 x causal and not (the `accuracy`
 # defaults otherwise: B 1, H 4, N 1024, seed 0), on the CPU simulator. Output: one TSV line per
-# (variant, d, mask, sigma). Usage: scripts/design_accuracy.sh [BIN] [EXTRA accuracy OPTIONS...]
+# (variant, d, mask, sigma). Usage: lab/design/accuracy.sh [BIN] [EXTRA accuracy OPTIONS...]
 set -euo pipefail
 bin=${1:-target/release/sagebwd}
 shift || true

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Markdown tables for docs/QUANTIZATION-DESIGN.md from the TSVs of scripts/design_accuracy.sh.
+"""Markdown tables for docs/QUANTIZATION-DESIGN.md from the TSVs of lab/design/accuracy.sh.
 
-Usage: scripts/design_tables.py FILE.tsv...  Prints, per (d, mask), one table of O / dQ / dK / dV relative L2
+Usage: lab/design/tables.py FILE.tsv...  Prints, per (d, mask), one table of O / dQ / dK / dV relative L2
 per variant and sigma; at d 128 non-causal sigma 1 each cell is marked against the target (<= 1.1 x the
 paper's Table 1 row: O .016, dQ .018, dK .022, dV .016)."""
 import csv, sys
