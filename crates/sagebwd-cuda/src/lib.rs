@@ -634,6 +634,13 @@ pub fn check_supported(s: &Shape, cfg: &Config) -> Result<()> {
     if !HEAD_DIMS.contains(&s.head_dim) {
         return Err(Error::HeadDim { got: s.head_dim, supported: "the CUDA kernels support 64 and 128".into() });
     }
+    if !cfg.has_kernels() {
+        return Err(Error::Config(format!(
+            "{}: this P/dS quantization variant is simulated only (docs/ALGORITHM.md §10); no CUDA kernel implements it \
+             yet (run it with --device cpu)",
+            cfg.label()
+        )));
+    }
     if cfg.block_q != BLOCK_Q || cfg.block_kv != BLOCK_KV {
         return Err(Error::Config(format!(
             "the CUDA kernels tile B_q = {BLOCK_Q}, B_kv = {BLOCK_KV}; got B_q = {}, B_kv = {}",

@@ -21,6 +21,15 @@ fn unsupported_head_dims_and_block_sizes_are_clear_errors() {
 }
 
 #[test]
+fn simulated_only_variants_are_refused_by_name() {
+    for name in sagebwd::config::VARIANTS {
+        let cfg = Config::preset(name).unwrap();
+        let e = check_supported(&Shape::square(1, 2, 128, 128), &cfg).unwrap_err();
+        assert!(matches!(e, Error::Config(ref m) if m.contains("simulated only")), "{name}: {e}");
+    }
+}
+
+#[test]
 fn device_memory_estimate_covers_the_inputs_and_grows_with_the_problem() {
     let s = Shape::square(2, 4, 1000, 128);
     let inputs_bf16 = 2 * (s.q_len() + 2 * s.kv_len());
