@@ -15,6 +15,10 @@ export CUDA_HOME="${CUDA_HOME:-$PWD/$nvrtc_dir/nvidia/cu13}"
 # The kernel compile test fails (instead of skipping) when NVRTC cannot be loaded.
 export SAGEBWD_REQUIRE_NVRTC=1
 
+# Formatting (rustfmt.toml) and lints: a diff or a clippy warning fails the suite.
+cargo fmt --all -- --check
+cargo clippy --release --workspace --all-targets --quiet -- -D warnings
+
 # The README's main command must resolve to the `sagebwd` binary from the repository root.
 cargo run --release --quiet -- train --help > /dev/null
 
