@@ -5,6 +5,7 @@ mod accuracy_plot;
 mod args;
 mod attn;
 mod backend;
+mod method_args;
 mod report;
 mod tokenize;
 mod train;

@@ -23,8 +23,16 @@ use std::time::Instant;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
     pub model: ModelConfig,
-    /// `fpa`, `sagebwd`, `int8-all` or `exact`.
+    /// `fpa`, `sagebwd`, `int8-all` or `exact`; with `method`, that configuration's
+    /// [`crate::method::run_label`].
     pub attention: String,
+    /// The exact attention configuration (every product's precision, smoothing, block sizes) when the
+    /// run was given one; None: the preset `attention`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<sagebwd::Config>,
+    /// Trace the attention error per layer at each evaluation ([`crate::trace`]).
+    #[serde(default)]
+    pub trace: bool,
     pub seq_len: usize,
     pub micro_batch: usize,
     pub grad_accum: usize,
@@ -63,7 +71,7 @@ impl TrainConfig {
 
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
-        Attention::parse(&self.attention)?;
+        self.attention_spec()?;
         let positive = [("sequence length", self.seq_len), ("micro-batch", self.micro_batch), ("gradient accumulation", self.grad_accum), ("GPUs", self.gpus)];
         for (name, v) in positive {
             if v == 0 {
@@ -116,7 +124,7 @@ pub enum DeviceChoice {
 /// Builds the engine for `cfg` with initial `weights` on the chosen device: one engine, or with
 /// `cfg.gpus > 1` one GPU engine per GPU in a [`DataParallel`] group.
 pub fn make_engine(cfg: &TrainConfig, weights: Weights, device: DeviceChoice, verbose: bool) -> Result<Box<dyn Engine>> {
-    let attention = Attention::parse(&cfg.attention)?;
+    let attention = cfg.attention_spec()?;
     if cfg.gpus > 1 {
         return data_parallel_gpus(cfg, &weights, device, attention);
     }
@@ -179,6 +187,9 @@ fn data_parallel_gpus(cfg: &TrainConfig, weights: &Weights, device: DeviceChoice
 pub struct RunSummary {
     pub dir: PathBuf,
     pub attention: String,
+    /// The run's exact attention configuration ([`TrainConfig::method`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<sagebwd::Config>,
     pub steps: u64,
     pub tokens_seen: u64,
     pub final_train_loss: f64,
@@ -295,6 +306,9 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
                 time: state.elapsed,
                 ..Default::default()
             })?;
+            if cfg.trace {
+                crate::trace::at_evaluation(cfg, engine.as_ref(), &val, &opts.dir, (state.step, state.tokens_seen, state.elapsed))?;
+            }
         }
         if save_now {
             save(&ckpt_path, cfg, engine.as_ref(), &loader, &state)?;
@@ -314,6 +328,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let summary = RunSummary {
         dir: opts.dir.clone(),
         attention: cfg.attention.clone(),
+        method: cfg.method.clone(),
         steps: state.step,
         tokens_seen: state.tokens_seen,
         final_train_loss: last_loss,
@@ -510,7 +525,7 @@ fn restore(path: &Path, cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut
     let ck = checkpoint::load(path, &Weights::zeros(&cfg.model))?;
     let err = |msg: String| Error::Checkpoint { path: path.into(), msg };
     let saved: TrainConfig = serde_json::from_value(ck.meta["config"].clone()).map_err(|e| err(format!("bad config: {e}")))?;
-    if saved.model != cfg.model || saved.attention != cfg.attention || saved.tokens_per_step() != cfg.tokens_per_step() {
+    if saved.model != cfg.model || saved.attention != cfg.attention || saved.method != cfg.method || saved.tokens_per_step() != cfg.tokens_per_step() {
         return Err(err("the run was started with another model, attention or tokens per step; resume with the same settings".into()));
     }
     let field = |name: &str| ck.meta[name].as_u64().ok_or_else(|| err(format!("metadata `{name}` is missing")));

@@ -1,0 +1,116 @@
+//! The attention method of a run: the preset name or the exact `sagebwd::Config` recorded in its
+//! [`TrainConfig`], and which configurations leave the GPU's fast (staged) kernels.
+
+use crate::backend::Attention;
+use crate::error::{Error, Result};
+use crate::train::TrainConfig;
+use sagebwd::config::{DEFAULT_BLOCK_KV, DEFAULT_BLOCK_Q};
+use sagebwd::{Config, Precision, Product};
+
+impl TrainConfig {
+    /// The attention the run trains with: the recorded configuration when there is one (its label
+    /// must be the run's `attention`), else the preset named by `attention`.
+    pub fn attention_spec(&self) -> Result<Attention> {
+        match &self.method {
+            None => Attention::parse(&self.attention),
+            Some(config) => {
+                config.validate()?;
+                let label = run_label(config);
+                if label != self.attention {
+                    return Err(Error::Config(format!(
+                        "the run's attention `{}` does not name its configuration (`{label}`)",
+                        self.attention
+                    )));
+                }
+                Ok(Attention::Method { name: label, config: config.clone() })
+            }
+        }
+    }
+}
+
+/// The name of a configuration in run directories, tables and legends: [`Config::label`], with the
+/// block sizes appended where they are not the defaults.
+pub fn run_label(cfg: &Config) -> String {
+    let mut s = cfg.label();
+    if cfg.block_q != DEFAULT_BLOCK_Q || cfg.block_kv != DEFAULT_BLOCK_KV {
+        s.push_str(&format!("-bq{}-bkv{}", cfg.block_q, cfg.block_kv));
+    }
+    s
+}
+
+/// `label` made safe as a file name part: `int8[qk,dv]+smoothK` → `int8_qk-dv_+smoothK`.
+pub fn file_label(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| match c {
+            ',' => '-',
+            c if c.is_ascii_alphanumeric() || "+-_.".contains(c) => c,
+            _ => '_',
+        })
+        .collect()
+}
+
+/// Why `cfg` runs slowly on the GPU (or not at all), if it does. The GPU's fast paths are the staged
+/// kernels: the forward when its two products (`qk`, `pv`) are both INT8 or both BF16, the backward
+/// when its five products are all BF16 or exactly the `sagebwd` mix (INT8 except `dp`) without
+/// Q-smoothing and the dQ correction; anything else runs on the general (gather) kernels.
+pub fn kernel_warning(cfg: &Config) -> Option<String> {
+    if cfg.block_q != DEFAULT_BLOCK_Q || cfg.block_kv != DEFAULT_BLOCK_KV {
+        return Some(format!(
+            "the GPU kernels take only B_q = {DEFAULT_BLOCK_Q}, B_kv = {DEFAULT_BLOCK_KV}: this configuration trains on the CPU only"
+        ));
+    }
+    let int8 = |p: Product| cfg.get(p) == Precision::Int8;
+    let mut slow = Vec::new();
+    if int8(Product::QkFwd) != int8(Product::Pv) {
+        slow.push("the forward mixes INT8 and BF16 (qk, pv)".to_string());
+    }
+    let bwd = [Product::QkBwd, Product::Dv, Product::Dp, Product::Dq, Product::Dk];
+    let all_bf16 = bwd.iter().all(|p| !int8(*p));
+    let sage_mix = bwd.iter().all(|p| int8(*p) == (*p != Product::Dp));
+    if !all_bf16 && !(sage_mix && !cfg.smooth_q && !cfg.dq_smooth_k_correction) {
+        let why = if sage_mix {
+            "Q-smoothing or the dQ correction is on"
+        } else {
+            "the backward's products are neither all BF16 nor the sagebwd mix (INT8 but dp)"
+        };
+        slow.push(why.to_string());
+    }
+    (!slow.is_empty()).then(|| {
+        format!("`{}` runs on the GPU's general (slow) attention kernels: {}", run_label(cfg), slow.join("; "))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_paths_have_no_warning_and_others_do() {
+        assert!(kernel_warning(&Config::fpa()).is_none());
+        assert!(kernel_warning(&Config::sagebwd()).is_none());
+        let mut no_smooth = Config::sagebwd();
+        no_smooth.smooth_k = false;
+        assert!(kernel_warning(&no_smooth).is_none(), "K-smoothing does not change the kernel");
+        let mut smooth_q = Config::sagebwd();
+        smooth_q.smooth_q = true;
+        assert!(kernel_warning(&smooth_q).unwrap().contains("Q-smoothing"));
+        let mut bf16_grads = Config::sagebwd();
+        bf16_grads.set(Product::Dq, Precision::Bf16).set(Product::Dk, Precision::Bf16);
+        assert!(kernel_warning(&bf16_grads).unwrap().contains("neither"));
+        assert!(kernel_warning(&Config::int8_all()).is_some());
+        let mut fwd = Config::fpa();
+        fwd.set(Product::QkFwd, Precision::Int8);
+        assert!(kernel_warning(&fwd).unwrap().contains("forward"));
+        let mut blocks = Config::sagebwd();
+        blocks.block_q = 32;
+        assert!(kernel_warning(&blocks).unwrap().contains("CPU only"));
+        assert_eq!(run_label(&blocks), "sagebwd-bq32-bkv128");
+    }
+
+    #[test]
+    fn file_labels_are_plain() {
+        assert_eq!(file_label("int8[qk,dv]+smoothK"), "int8_qk-dv_+smoothK");
+        assert_eq!(file_label("sagebwd"), "sagebwd");
+    }
+}
