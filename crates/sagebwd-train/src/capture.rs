@@ -129,3 +129,25 @@ impl LayerTensors {
         })
     }
 }
+
+/// A checkpoint read without knowing its model first: the run configuration from its metadata, the
+/// weights, and the step it was written at.
+pub struct Trained {
+    pub config: crate::train::TrainConfig,
+    pub weights: Weights,
+    pub step: Option<u64>,
+}
+
+/// Reads the checkpoint at `path` (its metadata names the model, whose shapes the weights must have).
+pub fn load_trained(path: &std::path::Path) -> Result<Trained> {
+    let err = |msg: String| Error::Checkpoint { path: path.into(), msg };
+    let bytes = std::fs::read(path).map_err(crate::error::io_err(path))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| err(format!("not a safetensors file ({e})")))?;
+    let meta = header.metadata().as_ref().and_then(|m| m.get("meta")).ok_or_else(|| err("not a sagebwd-train checkpoint (no run metadata)".into()))?;
+    let meta: serde_json::Value = serde_json::from_str(meta).map_err(|e| err(format!("bad run metadata: {e}")))?;
+    drop(bytes);
+    let config: crate::train::TrainConfig =
+        serde_json::from_value(meta["config"].clone()).map_err(|e| err(format!("bad run configuration: {e}")))?;
+    let ck = crate::checkpoint::load(path, &Weights::zeros(&config.model))?;
+    Ok(Trained { config, weights: ck.weights, step: meta["step"].as_u64() })
+}
