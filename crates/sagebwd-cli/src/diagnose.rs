@@ -358,6 +358,7 @@ where
         chart
             .configure_mesh()
             .x_desc("layer")
+            .x_labels(r.layers.len() + 1)
             .y_label_formatter(&|y| format!("{y:.0e}"))
             .x_label_formatter(&|x| format!("{x:.0}"))
             .label_style(("sans-serif", 13))

@@ -168,6 +168,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
     plot_losses(&curves, &plot, &format!("{name}: loss vs tokens ({} model, {on})", a.model))?;
     println!("{}", crate::report::table(&summaries.iter().map(|s| s.dir.clone()).collect::<Vec<_>>())?);
     println!("loss curves: {}", plot.display());
+    let dirs: Vec<PathBuf> = summaries.iter().map(|s| s.dir.clone()).collect();
+    if let Some(trace) = crate::report::draw_traces(&dirs, &plot, &name)? {
+        println!("attention error per layer: {}", trace.display());
+    }
     Ok(())
 }
 

@@ -245,7 +245,7 @@ where
         builder.caption(name, ("sans-serif", 18)).margin(10).x_label_area_size(35).y_label_area_size(60);
         if log {
             let mut chart = builder.build_cartesian_2d(0.0..x_max, (lo * 0.8..hi * 1.25).log_scale())?;
-            chart.configure_mesh().x_desc("tokens").y_label_formatter(&|y| format!("{y:.0e}")).label_style(("sans-serif", 13)).draw()?;
+            chart.configure_mesh().x_desc("tokens").x_label_formatter(&|x| format!("{x:.0}")).y_label_formatter(&|y| format!("{y:.0e}")).label_style(("sans-serif", 13)).draw()?;
             draw_lines(&mut chart, runs, pick, None, true)?;
             if name.ends_with("dS") && lines <= 16 {
                 chart
@@ -259,7 +259,7 @@ where
         } else {
             let pad = ((hi - lo) * 0.1).max(1e-3);
             let mut chart = builder.build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))?;
-            chart.configure_mesh().x_desc("tokens").label_style(("sans-serif", 13)).draw()?;
+            chart.configure_mesh().x_desc("tokens").x_label_formatter(&|x| format!("{x:.0}")).label_style(("sans-serif", 13)).draw()?;
             draw_lines(&mut chart, runs, pick, Some(k_gain), false)?;
         }
     }
