@@ -56,7 +56,10 @@ impl MethodFlags {
         if let Some(name) = self.int8.iter().find(|n| self.bf16.iter().any(|b| b.trim().eq_ignore_ascii_case(n.trim()))) {
             bail!("product `{name}` is given to both --int8 and --bf16");
         }
-        let mut cfg = Config::preset(preset)?;
+        let Ok(mut cfg) = Config::preset(preset) else {
+            let names = sagebwd_train::backend::ATTENTION_NAMES.join(", ");
+            bail!("unknown attention preset `{}` (expected one of: {names})", preset.trim());
+        };
         for (list, prec) in [(&self.int8, Precision::Int8), (&self.bf16, Precision::Bf16)] {
             for name in list {
                 cfg.set(Product::parse(name)?, prec);

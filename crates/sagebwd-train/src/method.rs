@@ -109,6 +109,38 @@ mod tests {
     }
 
     #[test]
+    fn a_preset_run_and_its_recorded_configuration_are_the_same_attention() {
+        let cfg = |attention: &str, method: Option<Config>| TrainConfig {
+            model: crate::config::ModelConfig::preset("tiny").unwrap(),
+            attention: attention.into(),
+            method,
+            trace: false,
+            seq_len: 16,
+            micro_batch: 1,
+            grad_accum: 1,
+            steps: 1,
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup: 1,
+            adamw: Default::default(),
+            grad_clip: 1.0,
+            eval_every: 1,
+            eval_tokens: 16,
+            checkpoint_every: 1,
+            seed: 1,
+            gpus: 1,
+        };
+        // A run directory written before configurations were recorded resumes under the new command line.
+        let old = cfg("sagebwd", None).attention_spec().unwrap();
+        assert_eq!(old, cfg("sagebwd", Some(Config::sagebwd())).attention_spec().unwrap());
+        let mut off = Config::sagebwd();
+        off.smooth_k = false;
+        assert_ne!(old, cfg("sagebwd-smoothK", Some(off.clone())).attention_spec().unwrap());
+        let e = cfg("sagebwd", Some(off)).attention_spec().unwrap_err().to_string();
+        assert!(e.contains("does not name its configuration"), "{e}");
+    }
+
+    #[test]
     fn file_labels_are_plain() {
         assert_eq!(file_label("int8[qk,dv]+smoothK"), "int8_qk-dv_+smoothK");
         assert_eq!(file_label("sagebwd"), "sagebwd");

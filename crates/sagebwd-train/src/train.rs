@@ -525,7 +525,7 @@ fn restore(path: &Path, cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut
     let ck = checkpoint::load(path, &Weights::zeros(&cfg.model))?;
     let err = |msg: String| Error::Checkpoint { path: path.into(), msg };
     let saved: TrainConfig = serde_json::from_value(ck.meta["config"].clone()).map_err(|e| err(format!("bad config: {e}")))?;
-    if saved.model != cfg.model || saved.attention != cfg.attention || saved.method != cfg.method || saved.tokens_per_step() != cfg.tokens_per_step() {
+    if saved.model != cfg.model || saved.attention_spec()? != cfg.attention_spec()? || saved.tokens_per_step() != cfg.tokens_per_step() {
         return Err(err("the run was started with another model, attention or tokens per step; resume with the same settings".into()));
     }
     let field = |name: &str| ck.meta[name].as_u64().ok_or_else(|| err(format!("metadata `{name}` is missing")));
