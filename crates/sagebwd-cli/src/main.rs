@@ -5,6 +5,8 @@ mod accuracy_plot;
 mod args;
 mod attn;
 mod backend;
+mod diagnose;
+mod method_args;
 mod report;
 mod tokenize;
 mod train;
@@ -41,6 +43,11 @@ enum Command {
     /// one, else on the CPU. With no arguments: the tiny model on the built-in sample, fpa then
     /// sagebwd, with both loss curves.
     Train(train::TrainArgs),
+    /// The attention error on a trained model's real layers (the paper's Table 2): capture each
+    /// layer's Q, K, V and dO from one batch of a checkpoint, compare a configuration and each
+    /// product alone with exact f64 attention (CPU simulator), per layer; --export writes a layer
+    /// for `attn`.
+    Diagnose(diagnose::DiagnoseArgs),
     /// Check the GPU training step against the CPU one: loss, every parameter gradient and a short
     /// training run on small models (needs a GPU; exit code 1 beyond the tolerances).
     TrainCheck(train_check::TrainCheckArgs),
@@ -62,6 +69,7 @@ fn main() -> ExitCode {
         Command::Accuracy(a) => accuracy::run(a),
         Command::Attn(a) => attn::run(a),
         Command::Train(a) => train::run(a),
+        Command::Diagnose(a) => diagnose::run(a),
         Command::TrainCheck(a) => train_check::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Report(a) => report::run(a),

@@ -33,7 +33,20 @@ pub fn run(a: ReportArgs) -> Result<()> {
     plot_losses(&curves, &out, &a.title)?;
     println!("{}", table(&a.runs)?);
     println!("loss curves: {}", out.display());
+    if let Some(trace) = draw_traces(&a.runs, &out, &a.title)? {
+        println!("attention error per layer: {}", trace.display());
+    }
     Ok(())
+}
+
+/// The per-layer attention traces of `runs` (those trained with `--trace`), drawn beside the loss
+/// chart `out`; None when no run has one.
+pub fn draw_traces(runs: &[PathBuf], out: &std::path::Path, title: &str) -> Result<Option<PathBuf>> {
+    use sagebwd_train::trace::{plot_traces, read_traces, trace_chart_path};
+    let traces = runs.iter().map(|d| Ok((label(d), read_traces(d)?))).collect::<Result<Vec<_>>>()?;
+    let path = trace_chart_path(out);
+    let title = format!("{title}: attention error per layer vs exact f64 (one head, first tokens of a validation sequence)");
+    Ok(plot_traces(&traces, &path, &title)?.then_some(path))
 }
 
 fn label(dir: &std::path::Path) -> String {
@@ -44,7 +57,7 @@ fn label(dir: &std::path::Path) -> String {
 /// (the last training session's), steady tokens/s and tokens per joule of board energy (GPU runs).
 pub fn table(runs: &[PathBuf]) -> Result<String> {
     let mut out = format!(
-        "{:<24} {:>9} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6}\n",
+        "{:<24} {:>16} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6}\n",
         "run", "attention", "tok/step", "steps", "tokens", "train loss*", "val loss", "val bpb", "tok/s", "tok/J"
     );
     for dir in runs {
@@ -56,7 +69,7 @@ pub fn table(runs: &[PathBuf]) -> Result<String> {
         let rate = summary.as_ref().map(|s| s.steady_tokens_per_second.unwrap_or(s.tokens_per_second));
         let per_joule = summary.as_ref().and_then(|s| s.steady_joules_per_token).filter(|j| *j > 0.0).map(|j| 1.0 / j);
         out += &format!(
-            "{:<24} {:>9} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6}\n",
+            "{:<24} {:>16} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6}\n",
             label(dir),
             cfg.as_ref().map_or("?".into(), |c| c.attention.clone()),
             cfg.as_ref().map_or("?".into(), |c| c.tokens_per_step().to_string()),

@@ -30,9 +30,18 @@ pub struct TrainArgs {
     /// Document-level split of text inputs: document i is validation iff i % N == 1.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub val_every: usize,
-    /// Attention: fpa, sagebwd, int8-all, exact; several (comma-separated) train one run each.
+    /// Attention: fpa, sagebwd, int8-all, exact; several (comma-separated) train one run each. The
+    /// method flags below (--int8, --bf16, --smooth-k, ...) apply to every listed preset but exact;
+    /// each run is named RUNS_DIR/NAME-LABEL by its configuration's label (e.g. sagebwd-smoothK).
     #[arg(long, value_delimiter = ',', default_value = "fpa,sagebwd")]
     pub preset: Vec<String>,
+    #[command(flatten)]
+    pub method: crate::method_args::MethodFlags,
+    /// At each evaluation, also trace the attention error per layer (dS, dQ, dK cosine of the run's
+    /// configuration against exact f64 attention, one head of the first 256 tokens of one validation
+    /// sequence, on the CPU) and the QK-norm gains' RMS into metrics.jsonl; `report` draws them.
+    #[arg(long)]
+    pub trace: bool,
     /// Model size: tiny (~3.4M with the GPT-2 embedding, 0.2M in the blocks), small (~30M),
     /// base (~124M), medium (~360M).
     #[arg(long, default_value = "tiny")]
@@ -150,8 +159,16 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let corpus = load_corpus(&a)?;
     let mut summaries = Vec::new();
     for cfg in configs {
-        let dir = a.runs_dir.join(format!("{name}-{}", cfg.attention));
+        let dir = a.runs_dir.join(format!("{name}-{}", sagebwd_train::method::file_label(&cfg.attention)));
         eprintln!("\n== {} → {}", cfg.attention, dir.display());
+        if let Some(c) = &cfg.method {
+            eprintln!("attention: {}", crate::args::describe(c));
+            if a.device != DeviceArg::Cpu {
+                if let Some(w) = sagebwd_train::method::kernel_warning(c) {
+                    eprintln!("note: {w}");
+                }
+            }
+        }
         let device = match a.device {
             DeviceArg::Auto => DeviceChoice::Auto,
             DeviceArg::Cpu => DeviceChoice::Cpu,
@@ -171,6 +188,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
     plot_losses(&curves, &plot, &format!("{name}: loss vs tokens ({} model, {on})", a.model))?;
     println!("{}", crate::report::table(&summaries.iter().map(|s| s.dir.clone()).collect::<Vec<_>>())?);
     println!("loss curves: {}", plot.display());
+    let dirs: Vec<PathBuf> = summaries.iter().map(|s| s.dir.clone()).collect();
+    if let Some(trace) = crate::report::draw_traces(&dirs, &plot, &name)? {
+        println!("attention error per layer: {}", trace.display());
+    }
     Ok(())
 }
 
@@ -225,9 +246,12 @@ fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
         "base" => 6e-4,
         _ => 3e-4,
     });
+    let method = a.method.config(preset)?;
     let cfg = TrainConfig {
         model,
-        attention: preset.trim().to_ascii_lowercase(),
+        attention: method.as_ref().map_or_else(|| preset.trim().to_ascii_lowercase(), sagebwd_train::method::run_label),
+        method,
+        trace: a.trace,
         seq_len: a.seq,
         micro_batch: a.batch,
         grad_accum: a.accum,
@@ -279,7 +303,7 @@ fn list(paths: &[PathBuf]) -> String {
 }
 
 /// Reads text files (tokenized and split), shard files and shard directories.
-fn read_inputs(paths: &[PathBuf], val_every: usize) -> Result<(Vec<u16>, Vec<u16>)> {
+pub(crate) fn read_inputs(paths: &[PathBuf], val_every: usize) -> Result<(Vec<u16>, Vec<u16>)> {
     let (mut train, mut val) = (Vec::new(), Vec::new());
     let mut texts: Vec<&Path> = Vec::new();
     for p in paths {
@@ -314,6 +338,7 @@ mod tests {
         RunSummary {
             dir: "runs/x".into(),
             attention: "sagebwd".into(),
+            method: None,
             steps: 500,
             tokens_seen: 8_192_000,
             final_train_loss: 4.0412,

@@ -14,6 +14,7 @@
 //!   metrics; [`plot`]: loss curves; [`sample`]: the built-in sample corpus.
 
 pub mod backend;
+pub mod capture;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
@@ -22,6 +23,7 @@ pub mod error;
 pub mod gpu;
 pub mod layers;
 pub mod loader;
+pub mod method;
 pub mod metrics;
 pub mod model;
 pub mod optim;
@@ -34,6 +36,7 @@ pub mod sample;
 pub mod signals;
 pub mod shards;
 pub mod tokenizer;
+pub mod trace;
 pub mod train;
 
 pub use error::{Error, Result};

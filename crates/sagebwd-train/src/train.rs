@@ -24,8 +24,16 @@ use std::time::Instant;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
     pub model: ModelConfig,
-    /// `fpa`, `sagebwd`, `int8-all` or `exact`.
+    /// `fpa`, `sagebwd`, `int8-all` or `exact`; with `method`, that configuration's
+    /// [`crate::method::run_label`].
     pub attention: String,
+    /// The exact attention configuration (every product's precision, smoothing, block sizes) when the
+    /// run was given one; None: the preset `attention`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<sagebwd::Config>,
+    /// Trace the attention error per layer at each evaluation ([`crate::trace`]).
+    #[serde(default)]
+    pub trace: bool,
     pub seq_len: usize,
     pub micro_batch: usize,
     pub grad_accum: usize,
@@ -64,7 +72,7 @@ impl TrainConfig {
 
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
-        Attention::parse(&self.attention)?;
+        self.attention_spec()?;
         let positive = [("sequence length", self.seq_len), ("micro-batch", self.micro_batch), ("gradient accumulation", self.grad_accum), ("GPUs", self.gpus)];
         for (name, v) in positive {
             if v == 0 {
@@ -135,7 +143,7 @@ pub enum DeviceChoice {
 /// Builds the engine for `cfg` with initial `weights` on the chosen device: one engine, or with
 /// `cfg.gpus > 1` one GPU engine per GPU in a [`DataParallel`] group.
 pub fn make_engine(cfg: &TrainConfig, weights: Weights, device: DeviceChoice, verbose: bool) -> Result<Box<dyn Engine>> {
-    let attention = Attention::parse(&cfg.attention)?;
+    let attention = cfg.attention_spec()?;
     if cfg.gpus > 1 {
         return data_parallel_gpus(cfg, &weights, device, attention);
     }
@@ -198,6 +206,9 @@ fn data_parallel_gpus(cfg: &TrainConfig, weights: &Weights, device: DeviceChoice
 pub struct RunSummary {
     pub dir: PathBuf,
     pub attention: String,
+    /// The run's exact attention configuration ([`TrainConfig::method`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<sagebwd::Config>,
     pub steps: u64,
     pub tokens_seen: u64,
     pub final_train_loss: f64,
@@ -352,6 +363,9 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
                 time: state.elapsed,
                 ..Default::default()
             })?;
+            if cfg.trace {
+                crate::trace::at_evaluation(cfg, engine.as_ref(), &val, &opts.dir, (state.step, state.tokens_seen, state.elapsed))?;
+            }
         }
         if save_now {
             save(&ckpt_path, cfg, &data, engine.as_ref(), &loader, &state)?;
@@ -382,6 +396,7 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let summary = RunSummary {
         dir: opts.dir.clone(),
         attention: cfg.attention.clone(),
+        method: cfg.method.clone(),
         steps: state.step,
         tokens_seen: state.tokens_seen,
         final_train_loss: last_loss,

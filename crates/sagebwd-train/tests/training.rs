@@ -27,6 +27,8 @@ fn config(attention: &str, steps: u64) -> TrainConfig {
             tied_embeddings: true,
         },
         attention: attention.into(),
+        method: None,
+        trace: false,
         seq_len: 32,
         micro_batch: 4,
         grad_accum: 2,

@@ -9,6 +9,8 @@ pub fn one_step_config(model: ModelConfig, attention: &str) -> TrainConfig {
     TrainConfig {
         model,
         attention: attention.into(),
+        method: None,
+        trace: false,
         seq_len: 16,
         micro_batch: 1,
         grad_accum: 1,
