@@ -1,7 +1,7 @@
 //! `sagebwd accuracy`: error of a configuration against exact f64 attention on random inputs.
 
-use crate::args::{describe, ConfigArgs, DeviceArg};
 use crate::accuracy_plot::{plot, Series};
+use crate::args::{describe, ConfigArgs, DeviceArg};
 use crate::backend::Backend;
 use anyhow::Result;
 use clap::Args;
@@ -93,7 +93,10 @@ pub fn run(a: AccuracyArgs) -> Result<()> {
     };
     shape.validate()?;
     if !(a.k_offset.is_finite() && a.k_offset >= 0.0) {
-        anyhow::bail!("--k-offset must be a finite standard deviation >= 0, got {}", a.k_offset);
+        anyhow::bail!(
+            "--k-offset must be a finite standard deviation >= 0, got {}",
+            a.k_offset
+        );
     }
     if a.sigma.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
         anyhow::bail!("--sigma values must be positive and finite, got {:?}", a.sigma);
@@ -144,10 +147,19 @@ pub fn run(a: AccuracyArgs) -> Result<()> {
                 ("D", &g.delta, &eg.delta),
             ];
             if let (Some(it), Some(eit)) = (&out.inter, &ex.inter) {
-                pairs.extend([("P", &it.p[..], &eit.p[..]), ("dP", &it.dp, &eit.dp), ("dS", &it.ds, &eit.ds)]);
+                pairs.extend([
+                    ("P", &it.p[..], &eit.p[..]),
+                    ("dP", &it.dp, &eit.dp),
+                    ("dS", &it.ds, &eit.ds),
+                ]);
             }
             for (tensor, x, r) in pairs {
-                records.push(Record { config: cfg.label(), sigma, tensor, metrics: compare(x, r) });
+                records.push(Record {
+                    config: cfg.label(),
+                    sigma,
+                    tensor,
+                    metrics: compare(x, r),
+                });
             }
         }
     }
@@ -157,12 +169,20 @@ pub fn run(a: AccuracyArgs) -> Result<()> {
             .iter()
             .map(|c| Series {
                 label: c.label(),
-                points: records.iter().filter(|r| r.config == c.label()).map(|r| (r.tensor, r.sigma, r.metrics.rel_l2)).collect(),
+                points: records
+                    .iter()
+                    .filter(|r| r.config == c.label())
+                    .map(|r| (r.tensor, r.sigma, r.metrics.rel_l2))
+                    .collect(),
             })
             .collect();
         let title = format!(
             "{} vs exact f64: N={}, d={}, {} ({})",
-            if a.isolate { "each product INT8 alone".to_string() } else { base.label() },
+            if a.isolate {
+                "each product INT8 alone".to_string()
+            } else {
+                base.label()
+            },
             shape.n_q,
             shape.head_dim,
             if a.causal { "causal" } else { "non-causal" },
@@ -177,7 +197,10 @@ pub fn run(a: AccuracyArgs) -> Result<()> {
         println!("config,sigma,tensor,cos,rel_l2,rel_l1,rmse");
         for r in &records {
             let m = r.metrics;
-            println!("{},{},{},{},{},{},{}", r.config, r.sigma, r.tensor, m.cos, m.rel_l2, m.rel_l1, m.rmse);
+            println!(
+                "{},{},{},{},{},{},{}",
+                r.config, r.sigma, r.tensor, m.cos, m.rel_l2, m.rel_l1, m.rmse
+            );
         }
     } else {
         print_tables(&a, shape, &configs, &backend, &records);
@@ -186,7 +209,11 @@ pub fn run(a: AccuracyArgs) -> Result<()> {
 }
 
 fn print_tables(a: &AccuracyArgs, s: Shape, configs: &[Config], backend: &Backend, records: &[Record]) {
-    let what = if a.isolate { "each product INT8 alone (isolation)".to_string() } else { describe(&configs[0]) };
+    let what = if a.isolate {
+        "each product INT8 alone (isolation)".to_string()
+    } else {
+        describe(&configs[0])
+    };
     println!("sagebwd accuracy: {what}");
     println!(
         "shape B={} H={} (kv {}) N={} (keys {}) d={}, {}, K channel offset σ={}, seed {}; {} vs exact f64",
@@ -203,7 +230,10 @@ fn print_tables(a: &AccuracyArgs, s: Shape, configs: &[Config], backend: &Backen
     );
     let width = configs.iter().map(|c| c.label().len()).max().unwrap_or(6).max(6);
     for (title, pick) in [
-        ("cosine similarity", (|m: &Metrics| format!("{:.6}", m.cos)) as fn(&Metrics) -> String),
+        (
+            "cosine similarity",
+            (|m: &Metrics| format!("{:.6}", m.cos)) as fn(&Metrics) -> String,
+        ),
         ("relative L2 error", |m: &Metrics| format!("{:.2e}", m.rel_l2)),
     ] {
         println!("\n{title}");

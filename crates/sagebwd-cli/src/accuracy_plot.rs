@@ -31,7 +31,11 @@ pub fn plot(series: &[Series], path: &Path, title: &str) -> Result<()> {
 type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
 fn color(i: usize) -> RGBColor {
-    if i < COLORS.len() { COLORS[i] } else { RGBColor(40, 40, 40) }
+    if i < COLORS.len() {
+        COLORS[i]
+    } else {
+        RGBColor(40, 40, 40)
+    }
 }
 
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, series: &[Series], title: &str) -> DrawResult
@@ -41,14 +45,25 @@ where
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 22))?;
     let finite = |v: f64| v.is_finite() && v > 0.0;
-    let all: Vec<(f32, f64)> =
-        series.iter().flat_map(|s| s.points.iter().map(|p| (p.1, p.2))).filter(|p| finite(p.1)).collect();
+    let all: Vec<(f32, f64)> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| (p.1, p.2)))
+        .filter(|p| finite(p.1))
+        .collect();
     if all.is_empty() {
         return Err("no finite, positive errors to plot".into());
     }
-    let (x_min, x_max) = all.iter().fold((f32::MAX, f32::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (x_lo, x_hi) = if x_min == x_max { (x_min - 0.5, x_max + 0.5) } else { (x_min, x_max) };
-    let (y_min, y_max) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let (x_min, x_max) = all
+        .iter()
+        .fold((f32::MAX, f32::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (x_lo, x_hi) = if x_min == x_max {
+        (x_min - 0.5, x_max + 0.5)
+    } else {
+        (x_min, x_max)
+    };
+    let (y_min, y_max) = all
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
     for (panel, area) in PANELS.iter().zip(root.split_evenly((2, 2))) {
         let mut chart = ChartBuilder::on(&area)
             .caption(*panel, ("sans-serif", 18))
@@ -64,8 +79,12 @@ where
             .label_style(("sans-serif", 13))
             .draw()?;
         for (i, s) in series.iter().enumerate() {
-            let pts: Vec<(f32, f64)> =
-                s.points.iter().filter(|p| p.0 == *panel && finite(p.2)).map(|p| (p.1, p.2)).collect();
+            let pts: Vec<(f32, f64)> = s
+                .points
+                .iter()
+                .filter(|p| p.0 == *panel && finite(p.2))
+                .map(|p| (p.1, p.2))
+                .collect();
             let c = color(i);
             chart
                 .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?

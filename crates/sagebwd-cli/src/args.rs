@@ -52,7 +52,10 @@ pub enum OnOff {
 }
 
 fn preset_names() -> clap::builder::PossibleValuesParser {
-    let names: Vec<&'static str> = sagebwd::config::PRESETS.into_iter().chain(sagebwd::config::VARIANTS).collect();
+    let names: Vec<&'static str> = sagebwd::config::PRESETS
+        .into_iter()
+        .chain(sagebwd::config::VARIANTS)
+        .collect();
     clap::builder::PossibleValuesParser::new(names)
 }
 
@@ -61,9 +64,15 @@ impl ConfigArgs {
         let mut cfg = Config::preset(&self.preset)?;
         if self.fp8_sum_bits > 0 || self.fp8_promote > 0 {
             if !cfg.pds.any_fp8() {
-                bail!("--fp8-sum-bits / --fp8-promote apply to the FP8 variants only (preset {})", self.preset);
+                bail!(
+                    "--fp8-sum-bits / --fp8-promote apply to the FP8 variants only (preset {})",
+                    self.preset
+                );
             }
-            cfg.pds.fp8_sum = sagebwd::fp8::TensorSum { mantissa_bits: self.fp8_sum_bits, promote: self.fp8_promote };
+            cfg.pds.fp8_sum = sagebwd::fp8::TensorSum {
+                mantissa_bits: self.fp8_sum_bits,
+                promote: self.fp8_promote,
+            };
         }
         for (list, prec) in [(&self.int8, Precision::Int8), (&self.bf16, Precision::Bf16)] {
             for name in list {
@@ -99,8 +108,16 @@ pub enum DeviceArg {
 /// Describes a configuration in words, for table headers.
 pub fn describe(cfg: &Config) -> String {
     let list = |p: Precision| {
-        let v: Vec<&str> = Product::ALL.into_iter().filter(|x| cfg.get(*x) == p).map(|x| x.name()).collect();
-        if v.is_empty() { "-".to_string() } else { v.join(",") }
+        let v: Vec<&str> = Product::ALL
+            .into_iter()
+            .filter(|x| cfg.get(*x) == p)
+            .map(|x| x.name())
+            .collect();
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(",")
+        }
     };
     format!(
         "{} (int8: {}; bf16: {}), K-smoothing {}{}{}, B_q={}, B_kv={}",
@@ -109,7 +126,11 @@ pub fn describe(cfg: &Config) -> String {
         list(Precision::Bf16),
         if cfg.smooth_k { "on" } else { "off" },
         if cfg.smooth_q { ", Q-smoothing on" } else { "" },
-        if cfg.dq_smooth_k_correction { ", dQ correction on" } else { "" },
+        if cfg.dq_smooth_k_correction {
+            ", dQ correction on"
+        } else {
+            ""
+        },
         cfg.block_q,
         cfg.block_kv
     )

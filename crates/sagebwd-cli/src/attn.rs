@@ -39,7 +39,10 @@ pub struct AttnArgs {
 
 pub fn run(a: AttnArgs) -> Result<()> {
     if a.output.exists() && a.input.canonicalize().ok() == a.output.canonicalize().ok() {
-        bail!("--output {} is the input file; refusing to overwrite it", a.output.display());
+        bail!(
+            "--output {} is the input file; refusing to overwrite it",
+            a.output.display()
+        );
     }
     let cfg = a.config.config()?;
     let inp = read_inputs(&a.input, a.causal)?;
@@ -57,7 +60,11 @@ pub fn run(a: AttnArgs) -> Result<()> {
         outs.push(("o", qd.clone(), to32(&ex.o)));
         outs.push(("lse", ld, to32(&ex.lse)));
         if let Some(g) = &ex.grads {
-            outs.extend([("dq", qd, to32(&g.dq)), ("dk", kd.clone(), to32(&g.dk)), ("dv", kd, to32(&g.dv))]);
+            outs.extend([
+                ("dq", qd, to32(&g.dq)),
+                ("dk", kd.clone(), to32(&g.dk)),
+                ("dv", kd, to32(&g.dv)),
+            ]);
         }
     } else {
         let backend = Backend::select(a.device)?;
@@ -73,7 +80,10 @@ pub fn run(a: AttnArgs) -> Result<()> {
             }
             for (name, x, r) in pairs {
                 let m = compare(x, r);
-                println!("  {name:>3}: cos {:.6}  rel L2 {:.3e}  rel L1 {:.3e}  RMSE {:.3e}", m.cos, m.rel_l2, m.rel_l1, m.rmse);
+                println!(
+                    "  {name:>3}: cos {:.6}  rel L2 {:.3e}  rel L1 {:.3e}  RMSE {:.3e}",
+                    m.cos, m.rel_l2, m.rel_l1, m.rmse
+                );
             }
         }
         outs.push(("o", qd.clone(), out.fwd.o));

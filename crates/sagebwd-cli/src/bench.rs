@@ -20,8 +20,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sagebwd::inputs::random;
 use sagebwd::{Config, Shape};
 use sagebwd_cuda::energy::EnergyMeter;
-use sagebwd_cuda::quantize::{quantize_do, quantize_inputs};
 use sagebwd_cuda::pool::Pool;
+use sagebwd_cuda::quantize::{quantize_do, quantize_inputs};
 use sagebwd_cuda::{DeviceInputs, Gpu, GroupPolicy};
 use serde::Serialize;
 use std::io::IsTerminal;
@@ -36,7 +36,12 @@ pub struct BenchArgs {
     #[arg(short = 'd', long, value_delimiter = ',', default_value = "64,128")]
     pub head_dim: Vec<usize>,
     /// Sequence lengths N to run, comma-separated (B = tokens / N).
-    #[arg(short = 'n', long, value_delimiter = ',', default_value = "1024,2048,4096,8192,16384")]
+    #[arg(
+        short = 'n',
+        long,
+        value_delimiter = ',',
+        default_value = "1024,2048,4096,8192,16384"
+    )]
     pub n: Vec<usize>,
     /// Causal mask: on, off, or both.
     #[arg(long, value_enum, default_value_t = CausalArg::Both)]
@@ -125,26 +130,55 @@ impl Point {
     fn fwd_flops(&self) -> f64 {
         let s = &self.shape;
         let full = 4.0 * (s.batch * s.heads_q) as f64 * s.n_q as f64 * s.n_k as f64 * s.head_dim as f64;
-        if self.causal { full / 2.0 } else { full }
+        if self.causal {
+            full / 2.0
+        } else {
+            full
+        }
     }
 
     fn label(&self) -> String {
         let s = &self.shape;
-        format!("D={} N={} B={} H={} {}", s.head_dim, s.n_q, s.batch, s.heads_q, if self.causal { "causal" } else { "full" })
+        format!(
+            "D={} N={} B={} H={} {}",
+            s.head_dim,
+            s.n_q,
+            s.batch,
+            s.heads_q,
+            if self.causal { "causal" } else { "full" }
+        )
     }
 }
 
 /// The sweep in run order (D, then causal, then N), each shape checked against tokens and hidden.
 fn sweep(a: &BenchArgs) -> Result<Vec<Point>> {
-    ensure!(!a.head_dim.is_empty() && !a.n.is_empty(), "--head-dim and --n need at least one value");
+    ensure!(
+        !a.head_dim.is_empty() && !a.n.is_empty(),
+        "--head-dim and --n need at least one value"
+    );
     let mut points = Vec::new();
     for &d in &a.head_dim {
-        ensure!(d > 0 && a.hidden % d == 0, "--hidden {} is not a multiple of head dim {d}", a.hidden);
+        ensure!(
+            d > 0 && a.hidden % d == 0,
+            "--hidden {} is not a multiple of head dim {d}",
+            a.hidden
+        );
         for &causal in a.causal.values() {
             for &n in &a.n {
-                ensure!(n > 0 && a.tokens % n == 0, "--tokens {} is not a multiple of N = {n}", a.tokens);
+                ensure!(
+                    n > 0 && a.tokens % n == 0,
+                    "--tokens {} is not a multiple of N = {n}",
+                    a.tokens
+                );
                 let heads = a.hidden / d;
-                let shape = Shape { batch: a.tokens / n, heads_q: heads, heads_kv: heads, n_q: n, n_k: n, head_dim: d };
+                let shape = Shape {
+                    batch: a.tokens / n,
+                    heads_q: heads,
+                    heads_kv: heads,
+                    n_q: n,
+                    n_k: n,
+                    head_dim: d,
+                };
                 points.push(Point { shape, causal });
             }
         }
@@ -157,7 +191,11 @@ fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let m = s.len() / 2;
-    if s.len() % 2 == 0 { (s[m - 1] + s[m]) / 2.0 } else { s[m] }
+    if s.len() % 2 == 0 {
+        (s[m - 1] + s[m]) / 2.0
+    } else {
+        s[m]
+    }
 }
 
 /// Tera-operations per second of `flops` done in `ms` milliseconds.
@@ -174,7 +212,10 @@ fn cuda<T>(what: &str, r: std::result::Result<T, cudarc::driver::DriverError>) -
 
 /// An event that can time (cudarc's default events have timing disabled).
 fn mark(gpu: &Gpu) -> Result<CudaEvent> {
-    cuda("event record", gpu.dev.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)))
+    cuda(
+        "event record",
+        gpu.dev.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+    )
 }
 
 fn sync(gpu: &Gpu) -> Result<()> {
@@ -236,7 +277,12 @@ struct Reps {
 /// times over the rotating input sets, keeping one repetition queued ahead of the one being read
 /// so the GPU never idles between them, and stops early once the finished repetitions took
 /// `reps.max_ms` (with at least `reps.min`). Returns per repetition (stage 1 ms, stage 2 ms).
-fn time_stages<F>(sets: &[DeviceInputs], reps: Reps, mut tick: impl FnMut(usize), mut body: F) -> Result<Vec<(f64, f64)>>
+fn time_stages<F>(
+    sets: &[DeviceInputs],
+    reps: Reps,
+    mut tick: impl FnMut(usize),
+    mut body: F,
+) -> Result<Vec<(f64, f64)>>
 where
     F: FnMut(&DeviceInputs) -> Result<[CudaEvent; 3]>,
 {
@@ -292,16 +338,31 @@ fn quant_only(gpu: &Gpu, x: &DeviceInputs, cfg: &Config) -> Result<[CudaEvent; 3
 /// Back-to-back forward + backward for `secs` between two synchronized reads of the energy counter;
 /// the SM clock is sampled half-way, when a power cap has had time to pull it down (in the first
 /// tens of ms it still reads the maximum).
-fn energy_phase(gpu: &Gpu, sets: &[DeviceInputs], cfg: &Config, meter: &EnergyMeter, secs: f64) -> Result<EnergyRecord> {
+fn energy_phase(
+    gpu: &Gpu,
+    sets: &[DeviceInputs],
+    cfg: &Config,
+    meter: &EnergyMeter,
+    secs: f64,
+) -> Result<EnergyRecord> {
     sync(gpu)?;
     let span = meter.start()?;
-    let reps = Reps { max: usize::MAX, min: 1, max_ms: secs * 1e3 };
+    let reps = Reps {
+        max: usize::MAX,
+        min: 1,
+        max_ms: secs * 1e3,
+    };
     let mut clock = None;
-    let passes = time_stages(sets, reps, |_| {
-        if clock.is_none() && span.elapsed_secs() >= secs / 2.0 {
-            clock = meter.sm_clock_mhz().ok();
-        }
-    }, |x| fwd_bwd(gpu, x, cfg))?
+    let passes = time_stages(
+        sets,
+        reps,
+        |_| {
+            if clock.is_none() && span.elapsed_secs() >= secs / 2.0 {
+                clock = meter.sm_clock_mhz().ok();
+            }
+        },
+        |x| fwd_bwd(gpu, x, cfg),
+    )?
     .len();
     sync(gpu)?;
     let e = meter.since(&span)?;
@@ -393,7 +454,11 @@ fn run_point(b: &Bench, sets: &[DeviceInputs], p: &Point) -> Result<Record> {
     let timed_unix_s = [t_start, unix_seconds()];
     b.bar.set_message(format!("{label}: quantization alone"));
     // Memory-bound and short: a quarter of the time budget is plenty.
-    let quant_reps = Reps { max: reps.max, min: reps.min.min(3), max_ms: reps.max_ms / 4.0 };
+    let quant_reps = Reps {
+        max: reps.max,
+        min: reps.min.min(3),
+        max_ms: reps.max_ms / 4.0,
+    };
     let quant = time_stages(sets, quant_reps, |_| {}, |x| quant_only(gpu, x, cfg))?;
 
     let energy = match &b.energy {
@@ -438,7 +503,9 @@ fn run_point(b: &Bench, sets: &[DeviceInputs], p: &Point) -> Result<Record> {
 
 /// Seconds since the Unix epoch (0 if the system clock is before it).
 fn unix_seconds() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -447,11 +514,18 @@ fn unix_seconds() -> f64 {
 /// `count` random input sets for `shape`, generated on parallel host threads and uploaded.
 fn input_sets(gpu: &Gpu, shape: Shape, count: usize, seed: u64) -> Result<Vec<DeviceInputs>> {
     let hosts = std::thread::scope(|scope| {
-        let jobs: Vec<_> = (0..count as u64).map(|i| scope.spawn(move || random(shape, false, 1.0, seed + i, true))).collect();
-        jobs.into_iter().map(|j| j.join()).collect::<std::result::Result<Vec<_>, _>>()
+        let jobs: Vec<_> = (0..count as u64)
+            .map(|i| scope.spawn(move || random(shape, false, 1.0, seed + i, true)))
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join())
+            .collect::<std::result::Result<Vec<_>, _>>()
     })
     .map_err(|_| anyhow::anyhow!("input generation thread panicked"))?;
-    hosts.iter().map(|h| gpu.upload(h).context("uploading an input set")).collect()
+    hosts
+        .iter()
+        .map(|h| gpu.upload(h).context("uploading an input set"))
+        .collect()
 }
 
 /// Points the input sets at another shape of the same element counts (the standard sweep keeps
@@ -471,19 +545,38 @@ fn table(records: &[Record]) -> String {
     let mut out = String::from(
         "| D | N | B | H | causal | fwd ms | bwd ms | fwd+bwd ms | fwd TOPS | bwd TOPS | fwd+bwd TOPS | quant QKV ms | quant dO ms | peak MiB | reps |",
     );
-    out.push_str(if energy { " J / fwd+bwd | board W | SM MHz |\n" } else { "\n" });
+    out.push_str(if energy {
+        " J / fwd+bwd | board W | SM MHz |\n"
+    } else {
+        "\n"
+    });
     out.push_str(&"|---".repeat(if energy { 18 } else { 15 }));
     out.push_str("|\n");
     for r in records {
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.0} | {} |",
-            r.head_dim, r.n, r.batch, r.heads, if r.causal { "yes" } else { "no" },
-            r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd_tops, r.bwd_tops, r.fwdbwd_tops,
-            r.quant_ms, r.quant_do_ms, r.peak_mem_bytes as f64 / (1u64 << 20) as f64, r.reps
+            r.head_dim,
+            r.n,
+            r.batch,
+            r.heads,
+            if r.causal { "yes" } else { "no" },
+            r.fwd_ms,
+            r.bwd_ms,
+            r.fwdbwd_ms,
+            r.fwd_tops,
+            r.bwd_tops,
+            r.fwdbwd_tops,
+            r.quant_ms,
+            r.quant_do_ms,
+            r.peak_mem_bytes as f64 / (1u64 << 20) as f64,
+            r.reps
         ));
         match (energy, r.energy) {
             (false, _) => {}
-            (true, Some(e)) => out.push_str(&format!(" {:.4} | {:.0} | {} |", e.joules_per_fwdbwd, e.watts, e.sm_clock_mhz)),
+            (true, Some(e)) => out.push_str(&format!(
+                " {:.4} | {:.0} | {} |",
+                e.joules_per_fwdbwd, e.watts, e.sm_clock_mhz
+            )),
             (true, None) => out.push_str(" – | – | – |"),
         }
         out.push('\n');
@@ -535,7 +628,11 @@ const MEM_FREE: &str = "one input set (Q,K,V,dO) + drop of free device memory (c
 // ---------------------------------------------------------------------------------------------
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    ensure!(a.energy.is_finite() && a.energy >= 0.0, "--energy takes seconds ≥ 0 (0: off), got {}", a.energy);
+    ensure!(
+        a.energy.is_finite() && a.energy >= 0.0,
+        "--energy takes seconds ≥ 0 (0: off), got {}",
+        a.energy
+    );
     let cfg = a.config.config()?;
     let points = sweep(&a)?;
     if let Some(arch) = &a.precompile {
@@ -554,15 +651,31 @@ pub fn run(a: BenchArgs) -> Result<()> {
         gpu.set_backward_groups(GroupPolicy::Lean);
     }
     let kernels = if gpu.tensor_cores() { "tensor-core" } else { "scalar" };
-    let name = format!("ours-{}{}{}", cfg.label(), if a.scalar { "-scalar" } else { "" }, if a.lean_memory { "-lean" } else { "" });
-    eprintln!("device: {}; config: {}; {kernels} kernels", gpu.describe(), describe(&cfg));
+    let name = format!(
+        "ours-{}{}{}",
+        cfg.label(),
+        if a.scalar { "-scalar" } else { "" },
+        if a.lean_memory { "-lean" } else { "" }
+    );
+    eprintln!(
+        "device: {}; config: {}; {kernels} kernels",
+        gpu.describe(),
+        describe(&cfg)
+    );
     // A failing point ends the sweep, but the points already measured are still reported.
     let (records, failure) = run_sweep(&gpu, &cfg, &a, &points, &name)?;
     let pool_used = Pool::of(&gpu)?.is_some();
 
-    println!("# sagebwd bench: {}, {kernels} kernels, on {}\n", describe(&cfg), gpu.describe());
+    println!(
+        "# sagebwd bench: {}, {kernels} kernels, on {}\n",
+        describe(&cfg),
+        gpu.describe()
+    );
     print!("{}", table(&records));
-    println!("\nTOPS: {FLOPS}. Times: {TIMING}. Peak memory: {}.", if pool_used { MEM_POOL } else { MEM_FREE });
+    println!(
+        "\nTOPS: {FLOPS}. Times: {TIMING}. Peak memory: {}.",
+        if pool_used { MEM_POOL } else { MEM_FREE }
+    );
     if let Some(path) = &a.json {
         let report = Report {
             tool: "sagebwd bench",
@@ -575,8 +688,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
             flops: FLOPS,
             mem_method: if pool_used { MEM_POOL } else { MEM_FREE },
             settings: Settings {
-                tokens: a.tokens, hidden: a.hidden, reps: a.reps, min_reps: a.min_reps, warmup: a.warmup,
-                max_time_s: a.max_time, input_sets: a.input_sets, seed: a.seed, lean_memory: a.lean_memory,
+                tokens: a.tokens,
+                hidden: a.hidden,
+                reps: a.reps,
+                min_reps: a.min_reps,
+                warmup: a.warmup,
+                max_time_s: a.max_time,
+                input_sets: a.input_sets,
+                seed: a.seed,
+                lean_memory: a.lean_memory,
                 energy_s: a.energy,
             },
             results: &records,
@@ -589,22 +709,41 @@ pub fn run(a: BenchArgs) -> Result<()> {
 
 /// Every point, with a progress bar weighted by each point's FLOPs (cost grows with N).
 /// Returns the records and, if a point failed, its error (the sweep stops there).
-fn run_sweep(gpu: &Gpu, cfg: &Config, a: &BenchArgs, points: &[Point], name: &str)
-    -> Result<(Vec<Record>, Option<anyhow::Error>)> {
+fn run_sweep(
+    gpu: &Gpu,
+    cfg: &Config,
+    a: &BenchArgs,
+    points: &[Point],
+    name: &str,
+) -> Result<(Vec<Record>, Option<anyhow::Error>)> {
     let pool = Pool::of(gpu)?;
     if let Some(p) = &pool {
         p.keep_freed_memory()?;
     }
     let work: Vec<u64> = points.iter().map(|p| (p.fwd_flops() / 1e9).ceil() as u64).collect();
     let bar = ProgressBar::new(work.iter().sum());
-    bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {percent:>3}% eta {eta} {msg}")?);
+    bar.set_style(ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:30} {percent:>3}% eta {eta} {msg}",
+    )?);
     let energy = match a.energy {
-        s if s > 0.0 => Some((EnergyMeter::open(&gpu.dev).context("--energy reads the GPU's energy counter through NVML")?, s)),
+        s if s > 0.0 => Some((
+            EnergyMeter::open(&gpu.dev).context("--energy reads the GPU's energy counter through NVML")?,
+            s,
+        )),
         _ => None,
     };
     let bench = Bench {
-        gpu, pool, cfg, name, bar, energy,
-        reps: Reps { max: a.reps as usize, min: a.min_reps.min(a.reps) as usize, max_ms: a.max_time * 1e3 },
+        gpu,
+        pool,
+        cfg,
+        name,
+        bar,
+        energy,
+        reps: Reps {
+            max: a.reps as usize,
+            min: a.min_reps.min(a.reps) as usize,
+            max_ms: a.max_time * 1e3,
+        },
         warmup: a.warmup as usize,
     };
     let quiet_bar = !std::io::stderr().is_terminal();
@@ -629,10 +768,19 @@ fn run_sweep(gpu: &Gpu, cfg: &Config, a: &BenchArgs, points: &[Point], name: &st
         if quiet_bar {
             // No terminal (logs, the device script): one line per point instead of the bar.
             let energy = r.energy.map_or(String::new(), |e| {
-                format!(", {:.4} J per fwd+bwd at {:.0} W and {} MHz", e.joules_per_fwdbwd, e.watts, e.sm_clock_mhz)
+                format!(
+                    ", {:.4} J per fwd+bwd at {:.0} W and {} MHz",
+                    e.joules_per_fwdbwd, e.watts, e.sm_clock_mhz
+                )
             });
-            eprintln!("{name} {}: fwd+bwd {:.3} ms = {:.2} TOPS, {} reps{energy}, {:.1} s",
-                      p.label(), r.fwdbwd_ms, r.fwdbwd_tops, r.reps, t0.elapsed().as_secs_f64());
+            eprintln!(
+                "{name} {}: fwd+bwd {:.3} ms = {:.2} TOPS, {} reps{energy}, {:.1} s",
+                p.label(),
+                r.fwdbwd_ms,
+                r.fwdbwd_tops,
+                r.reps,
+                t0.elapsed().as_secs_f64()
+            );
         }
         records.push(r);
         bench.bar.inc(w);
@@ -652,8 +800,13 @@ fn ensure_sets(gpu: &Gpu, sets: &mut Vec<DeviceInputs>, p: &Point, a: &BenchArgs
     let need = sagebwd_cuda::device_bytes(&p.shape, true) as u64 + a.input_sets * input_bytes(&p.shape);
     let free = gpu.dev.free_memory()? as u64;
     if need + (512 << 20) > free {
-        bail!("{} needs about {:.2} GiB of device memory with {} input sets, {:.2} GiB are free",
-              p.label(), need as f64 / (1u64 << 30) as f64, a.input_sets, free as f64 / (1u64 << 30) as f64);
+        bail!(
+            "{} needs about {:.2} GiB of device memory with {} input sets, {:.2} GiB are free",
+            p.label(),
+            need as f64 / (1u64 << 30) as f64,
+            a.input_sets,
+            free as f64 / (1u64 << 30) as f64
+        );
     }
     *sets = input_sets(gpu, p.shape, a.input_sets as usize, a.seed)?;
     Ok(())
@@ -661,8 +814,11 @@ fn ensure_sets(gpu: &Gpu, sets: &mut Vec<DeviceInputs>, p: &Point, a: &BenchArgs
 
 /// Kernel loading (NVRTC compile or cache read) happens once per head dimension, never in a timing.
 fn load_kernels(gpu: &Gpu, head_dim: usize, bar: &ProgressBar) -> Result<()> {
-    bar.set_message(format!("loading the D={head_dim} kernels (a cold NVRTC compile takes about a minute)"));
-    gpu.kernels(head_dim).with_context(|| format!("loading the kernels for head dim {head_dim}"))?;
+    bar.set_message(format!(
+        "loading the D={head_dim} kernels (a cold NVRTC compile takes about a minute)"
+    ));
+    gpu.kernels(head_dim)
+        .with_context(|| format!("loading the kernels for head dim {head_dim}"))?;
     Ok(())
 }
 
@@ -671,7 +827,9 @@ fn precompile(arch: &str, head_dims: &[usize]) -> Result<()> {
     for &d in head_dims {
         sagebwd_cuda::runtime::compile_all(arch, d).with_context(|| format!("precompiling {arch}, head dim {d}"))?;
     }
-    let dir = sagebwd_cuda::runtime::cache_dir().map(|p| p.display().to_string()).unwrap_or_else(|| "(no cache dir)".into());
+    let dir = sagebwd_cuda::runtime::cache_dir()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "(no cache dir)".into());
     println!("kernels for {arch}, head dims {head_dims:?}: cached in {dir}");
     Ok(())
 }
@@ -704,7 +862,17 @@ mod tests {
             // One upload serves every point.
             assert_eq!(s.q_len(), 16384 * 2048);
         }
-        assert_eq!(pts[0].shape, Shape { batch: 16, heads_q: 32, heads_kv: 32, n_q: 1024, n_k: 1024, head_dim: 64 });
+        assert_eq!(
+            pts[0].shape,
+            Shape {
+                batch: 16,
+                heads_q: 32,
+                heads_kv: 32,
+                n_q: 1024,
+                n_k: 1024,
+                head_dim: 64
+            }
+        );
         assert!(!pts[0].causal && pts[5].causal);
     }
 
@@ -739,10 +907,27 @@ mod tests {
 
     fn record() -> Record {
         Record {
-            implementation: "ours-sagebwd".into(), head_dim: 128, n: 4096, batch: 4, heads: 16, causal: true,
-            fwd_flops: 1e12, fwd_ms: 1.0, bwd_ms: 2.0, fwdbwd_ms: 3.0, fwd_tops: 1000.0, bwd_tops: 1250.0,
-            fwdbwd_tops: 1166.7, reps: 20, quant_ms: 0.1, quant_do_ms: 0.05, peak_mem_bytes: 3 << 30,
-            peak_mem_reserved_bytes: 3 << 30, energy: None, fwd_ms_all: vec![1.0], bwd_ms_all: vec![2.0],
+            implementation: "ours-sagebwd".into(),
+            head_dim: 128,
+            n: 4096,
+            batch: 4,
+            heads: 16,
+            causal: true,
+            fwd_flops: 1e12,
+            fwd_ms: 1.0,
+            bwd_ms: 2.0,
+            fwdbwd_ms: 3.0,
+            fwd_tops: 1000.0,
+            bwd_tops: 1250.0,
+            fwdbwd_tops: 1166.7,
+            reps: 20,
+            quant_ms: 0.1,
+            quant_do_ms: 0.05,
+            peak_mem_bytes: 3 << 30,
+            peak_mem_reserved_bytes: 3 << 30,
+            energy: None,
+            fwd_ms_all: vec![1.0],
+            bwd_ms_all: vec![2.0],
             timed_unix_s: [1.0, 2.0],
         }
     }
@@ -750,7 +935,13 @@ mod tests {
     #[test]
     fn energy_columns_only_when_measured() {
         let mut with = record();
-        with.energy = Some(EnergyRecord { joules_per_fwdbwd: 0.6721, watts: 631.2, sm_clock_mhz: 1980, passes: 9388, seconds: 10.0 });
+        with.energy = Some(EnergyRecord {
+            joules_per_fwdbwd: 0.6721,
+            watts: 631.2,
+            sm_clock_mhz: 1980,
+            passes: 9388,
+            seconds: 10.0,
+        });
         let t = table(&[with.clone(), record()]);
         let rows: Vec<&str> = t.lines().collect();
         assert!(rows[0].ends_with("| J / fwd+bwd | board W | SM MHz |"), "{t}");
@@ -775,7 +966,10 @@ mod tests {
     fn table_has_one_row_per_record() {
         let t = table(&[record(), record()]);
         assert_eq!(t.lines().count(), 4);
-        assert!(t.contains("| 128 | 4096 | 4 | 16 | yes | 1.000 | 2.000 | 3.000 | 1000.00 |"), "{t}");
+        assert!(
+            t.contains("| 128 | 4096 | 4 | 16 | yes | 1.000 | 2.000 | 3.000 | 1000.00 |"),
+            "{t}"
+        );
         assert!(t.contains("| 3072 | 20 |"), "{t}");
     }
 
@@ -784,10 +978,27 @@ mod tests {
     fn json_has_the_keys_compare_py_reads() {
         let records = [record()];
         let report = Report {
-            tool: "sagebwd bench", version: "0", device: "GPU".into(), implementation: "ours-sagebwd",
-            config: "c".into(), kernels: "scalar", timing: TIMING, flops: FLOPS, mem_method: MEM_POOL,
-            settings: Settings { tokens: 16384, hidden: 2048, reps: 20, min_reps: 3, warmup: 2, max_time_s: 10.0,
-                                 input_sets: 3, seed: 0, lean_memory: false, energy_s: 0.0 },
+            tool: "sagebwd bench",
+            version: "0",
+            device: "GPU".into(),
+            implementation: "ours-sagebwd",
+            config: "c".into(),
+            kernels: "scalar",
+            timing: TIMING,
+            flops: FLOPS,
+            mem_method: MEM_POOL,
+            settings: Settings {
+                tokens: 16384,
+                hidden: 2048,
+                reps: 20,
+                min_reps: 3,
+                warmup: 2,
+                max_time_s: 10.0,
+                input_sets: 3,
+                seed: 0,
+                lean_memory: false,
+                energy_s: 0.0,
+            },
             results: &records,
         };
         let v = serde_json::to_value(&report).unwrap();
@@ -795,8 +1006,22 @@ mod tests {
             assert!(v.get(key).is_some(), "{key}");
         }
         let r = &v["results"][0];
-        for key in ["impl", "head_dim", "n", "causal", "fwd_tops", "bwd_tops", "fwdbwd_tops", "fwd_ms", "bwd_ms",
-                    "fwdbwd_ms", "quant_ms", "quant_do_ms", "peak_mem_bytes", "timed_unix_s"] {
+        for key in [
+            "impl",
+            "head_dim",
+            "n",
+            "causal",
+            "fwd_tops",
+            "bwd_tops",
+            "fwdbwd_tops",
+            "fwd_ms",
+            "bwd_ms",
+            "fwdbwd_ms",
+            "quant_ms",
+            "quant_do_ms",
+            "peak_mem_bytes",
+            "timed_unix_s",
+        ] {
             assert!(r.get(key).is_some(), "{key}");
         }
         assert_eq!(r["impl"], "ours-sagebwd");
@@ -808,8 +1033,14 @@ mod tests {
         if Gpu::new().is_ok() {
             return; // a GPU machine: this would run a real benchmark
         }
-        let err = format!("{:#}", run(args(&["-d", "64", "-n", "1024", "--causal", "off"])).unwrap_err());
-        assert!(err.contains("needs a CUDA GPU") && err.contains("never falls back"), "{err}");
+        let err = format!(
+            "{:#}",
+            run(args(&["-d", "64", "-n", "1024", "--causal", "off"])).unwrap_err()
+        );
+        assert!(
+            err.contains("needs a CUDA GPU") && err.contains("never falls back"),
+            "{err}"
+        );
         assert_eq!(err.lines().count(), 1, "{err}");
     }
 }

@@ -107,7 +107,11 @@ struct Report {
 }
 
 pub fn run(a: DiagnoseArgs) -> Result<()> {
-    let path = if a.checkpoint.is_dir() { a.checkpoint.join(checkpoint::FILE_NAME) } else { a.checkpoint.clone() };
+    let path = if a.checkpoint.is_dir() {
+        a.checkpoint.join(checkpoint::FILE_NAME)
+    } else {
+        a.checkpoint.clone()
+    };
     if !path.exists() {
         bail!("{}: no such checkpoint", path.display());
     }
@@ -117,20 +121,43 @@ pub fn run(a: DiagnoseArgs) -> Result<()> {
     let capture_with = Attention::parse(&a.capture_with)?;
     let seq = a.seq.unwrap_or(run.seq_len);
     if seq == 0 || seq > run.model.max_seq_len {
-        bail!("--seq must be in 1..={} (the model's maximum), got {seq}", run.model.max_seq_len);
+        bail!(
+            "--seq must be in 1..={} (the model's maximum), got {seq}",
+            run.model.max_seq_len
+        );
     }
     let stream = tokens(&a.data)?;
     if stream.len() < a.offset + seq + 1 {
-        bail!("the data has {} tokens: too few for a sequence of {seq} (+1) from --offset {}", stream.len(), a.offset);
+        bail!(
+            "the data has {} tokens: too few for a sequence of {seq} (+1) from --offset {}",
+            stream.len(),
+            a.offset
+        );
     }
     let window: Vec<u32> = stream[a.offset..a.offset + seq + 1].iter().map(|&t| t as u32).collect();
-    let batch = Batch { inputs: &window[..seq], targets: &window[1..], batch: 1, seq };
-    eprintln!("capturing {} layers of {} over {seq} tokens (attention {}, CPU)", run.model.n_layers, run.model.describe(), capture_with.name());
+    let batch = Batch {
+        inputs: &window[..seq],
+        targets: &window[1..],
+        batch: 1,
+        seq,
+    };
+    eprintln!(
+        "capturing {} layers of {} over {seq} tokens (attention {}, CPU)",
+        run.model.n_layers,
+        run.model.describe(),
+        capture_with.name()
+    );
     let captured = capture(&run.model, trained.weights, capture_with.clone(), &batch)?;
     let n = a.tokens.unwrap_or(seq).min(seq);
     let heads = if a.heads.is_empty() { None } else { Some(&a.heads[..]) };
     if let Some(l) = a.export {
-        let layer = captured.layers.get(l).ok_or_else(|| anyhow!("--export {l}: the model has {} layers (0..{})", captured.layers.len(), captured.layers.len()))?;
+        let layer = captured.layers.get(l).ok_or_else(|| {
+            anyhow!(
+                "--export {l}: the model has {} layers (0..{})",
+                captured.layers.len(),
+                captured.layers.len()
+            )
+        })?;
         let out = a.output.as_ref().expect("clap requires -o with --export");
         export(layer, &layer.problem(0, heads, n)?, out, &path)?;
         eprintln!("layer {l}: q, k, v, do written to {}", out.display());
@@ -145,7 +172,11 @@ pub fn run(a: DiagnoseArgs) -> Result<()> {
     }
     let mut layers = Vec::new();
     for layer in &captured.layers {
-        eprintln!("layer {}: exact f64 and {} simulated configurations", layer.layer, configs.len());
+        eprintln!(
+            "layer {}: exact f64 and {} simulated configurations",
+            layer.layer,
+            configs.len()
+        );
         layers.push(diagnose_layer(layer.layer, &layer.problem(0, heads, n)?, &configs)?);
     }
     let report = Report {
@@ -203,11 +234,17 @@ fn visible_rms(x: &[f64], inp: &Inputs) -> f64 {
 
 fn diagnose_layer(layer: usize, inp: &Inputs, configs: &[Config]) -> Result<LayerReport> {
     let ex = exact(inp, true)?;
-    let (eg, ei) = (ex.grads.as_ref().expect("inputs carry dO"), ex.inter.as_ref().expect("intermediates asked for"));
+    let (eg, ei) = (
+        ex.grads.as_ref().expect("inputs carry dO"),
+        ex.inter.as_ref().expect("intermediates asked for"),
+    );
     let mut comparisons = Vec::new();
     for cfg in configs {
         let out = sagebwd::sim::simulate(inp, cfg, true)?;
-        let (g, it) = (out.grads.as_ref().expect("inputs carry dO"), out.inter.as_ref().expect("intermediates asked for"));
+        let (g, it) = (
+            out.grads.as_ref().expect("inputs carry dO"),
+            out.inter.as_ref().expect("intermediates asked for"),
+        );
         let pairs: [(&'static str, &[f32], &[f64]); 8] = [
             ("D", &g.delta, &eg.delta),
             ("P", &it.p, &ei.p),
@@ -219,7 +256,11 @@ fn diagnose_layer(layer: usize, inp: &Inputs, configs: &[Config]) -> Result<Laye
             ("dV", &g.dv, &eg.dv),
         ];
         for (tensor, x, r) in pairs {
-            comparisons.push(Comparison { config: cfg.label(), tensor, metrics: compare(x, r) });
+            comparisons.push(Comparison {
+                config: cfg.label(),
+                tensor,
+                metrics: compare(x, r),
+            });
         }
     }
     Ok(LayerReport {
@@ -239,10 +280,30 @@ fn export(layer: &LayerTensors, inp: &Inputs, out: &Path, from: &Path) -> Result
     let kd = vec![s.batch, s.heads_kv, s.n_k, s.head_dim];
     let d_o = inp.d_o.as_ref().expect("captured problems carry dO");
     let t = [
-        OutTensor { name: "q", dims: qd.clone(), values: &inp.q, dtype: OutDtype::F32 },
-        OutTensor { name: "k", dims: kd.clone(), values: &inp.k, dtype: OutDtype::F32 },
-        OutTensor { name: "v", dims: kd, values: &inp.v, dtype: OutDtype::F32 },
-        OutTensor { name: "do", dims: qd, values: d_o, dtype: OutDtype::F32 },
+        OutTensor {
+            name: "q",
+            dims: qd.clone(),
+            values: &inp.q,
+            dtype: OutDtype::F32,
+        },
+        OutTensor {
+            name: "k",
+            dims: kd.clone(),
+            values: &inp.k,
+            dtype: OutDtype::F32,
+        },
+        OutTensor {
+            name: "v",
+            dims: kd,
+            values: &inp.v,
+            dtype: OutDtype::F32,
+        },
+        OutTensor {
+            name: "do",
+            dims: qd,
+            values: d_o,
+            dtype: OutDtype::F32,
+        },
     ];
     let meta = HashMap::from([
         ("source".to_string(), from.display().to_string()),
@@ -253,26 +314,49 @@ fn export(layer: &LayerTensors, inp: &Inputs, out: &Path, from: &Path) -> Result
 }
 
 fn find<'a>(l: &'a LayerReport, config: &str, tensor: &str) -> Option<&'a Metrics> {
-    l.comparisons.iter().find(|c| c.config == config && c.tensor == tensor).map(|c| &c.metrics)
+    l.comparisons
+        .iter()
+        .find(|c| c.config == config && c.tensor == tensor)
+        .map(|c| &c.metrics)
 }
 
 fn print_tables(r: &Report) {
-    println!("sagebwd diagnose: {} (step {})", r.checkpoint.display(), r.step.map_or("?".into(), |s| s.to_string()));
-    println!("model {}; batch loss {:.4} (captured with attention {})", r.model, r.loss, r.capture_with);
+    println!(
+        "sagebwd diagnose: {} (step {})",
+        r.checkpoint.display(),
+        r.step.map_or("?".into(), |s| s.to_string())
+    );
+    println!(
+        "model {}; batch loss {:.4} (captured with attention {})",
+        r.model, r.loss, r.capture_with
+    );
     println!("configuration: {}", r.config_description);
     println!(
         "{} tokens, heads {}; {}",
         r.tokens,
-        if r.heads.is_empty() { "all".into() } else { format!("{:?}", r.heads) },
+        if r.heads.is_empty() {
+            "all".into()
+        } else {
+            format!("{:?}", r.heads)
+        },
         r.engine
     );
     println!("\nper layer: σ of Q and K, RMS of the exact P, dP, dS (visible entries)");
-    println!("{:>5} {:>9} {:>9} {:>10} {:>10} {:>10}", "layer", "σ_Q", "σ_K", "RMS P", "RMS dP", "RMS dS");
+    println!(
+        "{:>5} {:>9} {:>9} {:>10} {:>10} {:>10}",
+        "layer", "σ_Q", "σ_K", "RMS P", "RMS dP", "RMS dS"
+    );
     for l in &r.layers {
-        println!("{:>5} {:>9.4} {:>9.4} {:>10.3e} {:>10.3e} {:>10.3e}", l.layer, l.sigma_q, l.sigma_k, l.rms_p, l.rms_dp, l.rms_ds);
+        println!(
+            "{:>5} {:>9.4} {:>9.4} {:>10.3e} {:>10.3e} {:>10.3e}",
+            l.layer, l.sigma_q, l.sigma_k, l.rms_p, l.rms_dp, l.rms_ds
+        );
     }
     for (title, pick) in [
-        ("cosine similarity", (|m: &Metrics| format!("{:.6}", m.cos)) as fn(&Metrics) -> String),
+        (
+            "cosine similarity",
+            (|m: &Metrics| format!("{:.6}", m.cos)) as fn(&Metrics) -> String,
+        ),
         ("relative L2 error", |m: &Metrics| format!("{:.3e}", m.rel_l2)),
     ] {
         let configs: Vec<String> = {
@@ -328,8 +412,12 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE)?;
-    let root = root.titled(&format!("{} vs exact f64 per layer ({} tokens)", r.config, r.tokens), ("sans-serif", 22))?;
-    let panels: [(&str, fn(&Metrics) -> f64); 2] = [("relative L2 error", |m| m.rel_l2), ("1 − cosine", |m| 1.0 - m.cos)];
+    let root = root.titled(
+        &format!("{} vs exact f64 per layer ({} tokens)", r.config, r.tokens),
+        ("sans-serif", 22),
+    )?;
+    let panels: [(&str, fn(&Metrics) -> f64); 2] =
+        [("relative L2 error", |m| m.rel_l2), ("1 − cosine", |m| 1.0 - m.cos)];
     let last = r.layers.iter().map(|l| l.layer).max().unwrap_or(0) as f64;
     for ((name, pick), area) in panels.into_iter().zip(root.split_evenly((1, 2))) {
         let series: Vec<(&str, Vec<(f64, f64)>)> = TENSORS

@@ -5,14 +5,14 @@ mod accuracy_plot;
 mod args;
 mod attn;
 mod backend;
+mod bench;
 mod diagnose;
 mod method_args;
+mod plan;
 mod report;
 mod tokenize;
 mod train;
 mod train_check;
-mod bench;
-mod plan;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -79,7 +79,12 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // An interrupted training wrote its final checkpoint: the conventional exit status of SIGINT.
-        Err(e) if matches!(e.downcast_ref::<sagebwd_train::Error>(), Some(sagebwd_train::Error::Interrupted { .. })) => {
+        Err(e)
+            if matches!(
+                e.downcast_ref::<sagebwd_train::Error>(),
+                Some(sagebwd_train::Error::Interrupted { .. })
+            ) =>
+        {
             eprintln!("{e:#}");
             ExitCode::from(130)
         }

@@ -53,12 +53,19 @@ impl MethodFlags {
             }
             return Ok(None);
         }
-        if let Some(name) = self.int8.iter().find(|n| self.bf16.iter().any(|b| b.trim().eq_ignore_ascii_case(n.trim()))) {
+        if let Some(name) = self
+            .int8
+            .iter()
+            .find(|n| self.bf16.iter().any(|b| b.trim().eq_ignore_ascii_case(n.trim())))
+        {
             bail!("product `{name}` is given to both --int8 and --bf16");
         }
         let Ok(mut cfg) = Config::preset(preset) else {
             let names = sagebwd_train::backend::ATTENTION_NAMES.join(", ");
-            bail!("unknown attention preset `{}` (expected one of: {names})", preset.trim());
+            bail!(
+                "unknown attention preset `{}` (expected one of: {names})",
+                preset.trim()
+            );
         };
         for (list, prec) in [(&self.int8, Precision::Int8), (&self.bf16, Precision::Bf16)] {
             for name in list {
@@ -86,14 +93,30 @@ mod tests {
         let none = MethodFlags::default();
         assert_eq!(none.config("sagebwd").unwrap(), Some(Config::sagebwd()));
         assert_eq!(none.config("exact").unwrap(), None);
-        let f = MethodFlags { bf16: vec!["dq".into(), "dk".into()], smooth_k: Some(OnOff::Off), ..Default::default() };
+        let f = MethodFlags {
+            bf16: vec!["dq".into(), "dk".into()],
+            smooth_k: Some(OnOff::Off),
+            ..Default::default()
+        };
         let c = f.config("sagebwd").unwrap().unwrap();
         assert!(!c.is_int8(Product::Dq) && !c.is_int8(Product::Dk) && c.is_int8(Product::Dv) && !c.smooth_k);
         assert!(f.config("exact").is_err());
-        let both = MethodFlags { int8: vec!["dq".into()], bf16: vec!["dq".into()], ..Default::default() };
+        let both = MethodFlags {
+            int8: vec!["dq".into()],
+            bf16: vec!["dq".into()],
+            ..Default::default()
+        };
         assert!(both.config("fpa").is_err());
-        let bad = MethodFlags { block_q: Some(0), ..Default::default() };
+        let bad = MethodFlags {
+            block_q: Some(0),
+            ..Default::default()
+        };
         assert!(bad.config("fpa").is_err());
-        assert!(MethodFlags { int8: vec!["dx".into()], ..Default::default() }.config("fpa").is_err());
+        assert!(MethodFlags {
+            int8: vec!["dx".into()],
+            ..Default::default()
+        }
+        .config("fpa")
+        .is_err());
     }
 }

@@ -49,7 +49,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
     }
     let cfg = a.config.config()?;
     if !a.arch.starts_with("sm_") {
-        bail!("--arch {}: expected an NVRTC architecture such as sm_90a or sm_80", a.arch);
+        bail!(
+            "--arch {}: expected an NVRTC architecture such as sm_90a or sm_80",
+            a.arch
+        );
     }
     let shape = Shape {
         batch: a.batch,
@@ -64,7 +67,14 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let plan = KernelPlan::choose(&a.arch, &cfg, &shape, a.causal, &tuning);
     println!(
         "{} on {}, B {} H {}/{} N {}×{} d {}{}:",
-        cfg.label(), a.arch, shape.batch, shape.heads_q, shape.heads_kv, shape.n_q, shape.n_k, shape.head_dim,
+        cfg.label(),
+        a.arch,
+        shape.batch,
+        shape.heads_q,
+        shape.heads_kv,
+        shape.n_q,
+        shape.n_k,
+        shape.head_dim,
         if a.causal { ", causal" } else { "" }
     );
     println!("{plan}");

@@ -27,9 +27,17 @@ pub fn run(a: ReportArgs) -> Result<()> {
         if !dir.join("metrics.jsonl").exists() {
             bail!("{}: not a run directory (no metrics.jsonl)", dir.display());
         }
-        curves.push(Curve { label: label(dir), records: read_records(dir)? });
+        curves.push(Curve {
+            label: label(dir),
+            records: read_records(dir)?,
+        });
     }
-    let out = a.output.clone().unwrap_or_else(|| a.runs[0].parent().unwrap_or(std::path::Path::new(".")).join("report.png"));
+    let out = a.output.clone().unwrap_or_else(|| {
+        a.runs[0]
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("report.png")
+    });
     plot_losses(&curves, &out, &a.title)?;
     println!("{}", table(&a.runs)?);
     println!("loss curves: {}", out.display());
@@ -43,14 +51,19 @@ pub fn run(a: ReportArgs) -> Result<()> {
 /// chart `out`; None when no run has one.
 pub fn draw_traces(runs: &[PathBuf], out: &std::path::Path, title: &str) -> Result<Option<PathBuf>> {
     use sagebwd_train::trace::{plot_traces, read_traces, trace_chart_path};
-    let traces = runs.iter().map(|d| Ok((label(d), read_traces(d)?))).collect::<Result<Vec<_>>>()?;
+    let traces = runs
+        .iter()
+        .map(|d| Ok((label(d), read_traces(d)?)))
+        .collect::<Result<Vec<_>>>()?;
     let path = trace_chart_path(out);
-    let title = format!("{title}: attention error per layer vs exact f64 (one head, first tokens of a validation sequence)");
+    let title =
+        format!("{title}: attention error per layer vs exact f64 (one head, first tokens of a validation sequence)");
     Ok(plot_traces(&traces, &path, &title)?.then_some(path))
 }
 
 fn label(dir: &std::path::Path) -> String {
-    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+    dir.file_name()
+        .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// A text table of each run's attention, tokens per step, steps, final losses and, from its `summary.json`
@@ -66,8 +79,14 @@ pub fn table(runs: &[PathBuf]) -> Result<String> {
         let summary = read_summary(dir).ok();
         let last = |f: fn(&Record) -> Option<f64>| records.iter().rev().find_map(f);
         let fmt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |x| format!("{x:.p$}"));
-        let rate = summary.as_ref().map(|s| s.steady_tokens_per_second.unwrap_or(s.tokens_per_second));
-        let per_joule = summary.as_ref().and_then(|s| s.steady_joules_per_token).filter(|j| *j > 0.0).map(|j| 1.0 / j);
+        let rate = summary
+            .as_ref()
+            .map(|s| s.steady_tokens_per_second.unwrap_or(s.tokens_per_second));
+        let per_joule = summary
+            .as_ref()
+            .and_then(|s| s.steady_joules_per_token)
+            .filter(|j| *j > 0.0)
+            .map(|j| 1.0 / j);
         out += &format!(
             "{:<24} {:>16} {:>9} {:>6} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6}\n",
             label(dir),
@@ -88,7 +107,11 @@ pub fn table(runs: &[PathBuf]) -> Result<String> {
 }
 
 fn mean_last_train(records: &[Record], n: usize) -> Option<f64> {
-    let losses: Vec<f64> = records.iter().filter(|r| r.kind == "train").filter_map(|r| r.loss).collect();
+    let losses: Vec<f64> = records
+        .iter()
+        .filter(|r| r.kind == "train")
+        .filter_map(|r| r.loss)
+        .collect();
     let tail = &losses[losses.len().saturating_sub(n)..];
     (!tail.is_empty()).then(|| tail.iter().sum::<f64>() / tail.len() as f64)
 }

@@ -38,7 +38,9 @@ pub struct TokenizeArgs {
 /// The files of `dir` that a tokenization of `split` would write or that `train` would read as the
 /// same split: shards (`*train*.bin`, `*val*.bin`) and info files.
 fn conflicting(dir: &Path, split: &str) -> Result<Vec<PathBuf>> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(Vec::new()) };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
     let mut out = Vec::new();
     for e in entries {
         let e = e.with_context(|| format!("{}", dir.display()))?;
@@ -47,7 +49,10 @@ fn conflicting(dir: &Path, split: &str) -> Result<Vec<PathBuf>> {
         let hit = match split {
             "train" => (shard && name.contains("train")) || name == "info-train.json" || name == "info.json",
             "val" => (shard && name.contains("val")) || name == "info-val.json" || name == "info.json",
-            _ => (shard && (name.contains("train") || name.contains("val"))) || name.starts_with("info") && name.ends_with(".json"),
+            _ => {
+                (shard && (name.contains("train") || name.contains("val")))
+                    || name.starts_with("info") && name.ends_with(".json")
+            }
         };
         if hit {
             out.push(e.path());
@@ -71,7 +76,14 @@ pub fn run(a: TokenizeArgs) -> Result<()> {
         std::mem::swap(&mut s.train_bytes, &mut s.val_bytes);
     }
     if s.train.is_empty() && s.val.is_empty() {
-        bail!("no text in {}", a.inputs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+        bail!(
+            "no text in {}",
+            a.inputs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     let old = conflicting(&a.output, &a.split)?;
     let non_empty = a.split == "auto" && std::fs::read_dir(&a.output).is_ok_and(|mut d| d.next().is_some());
@@ -79,10 +91,21 @@ pub fn run(a: TokenizeArgs) -> Result<()> {
         let what = if old.is_empty() {
             "is not empty".to_string()
         } else {
-            let names: Vec<String> = old.iter().take(5).map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
-            format!("holds an earlier tokenization ({}{})", names.join(", "), if old.len() > 5 { ", …" } else { "" })
+            let names: Vec<String> = old
+                .iter()
+                .take(5)
+                .map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned())
+                .collect();
+            format!(
+                "holds an earlier tokenization ({}{})",
+                names.join(", "),
+                if old.len() > 5 { ", …" } else { "" }
+            )
         };
-        bail!("{} {what}; give --overwrite to replace it, or another --output", a.output.display());
+        bail!(
+            "{} {what}; give --overwrite to replace it, or another --output",
+            a.output.display()
+        );
     }
     for p in &old {
         std::fs::remove_file(p).with_context(|| format!("removing the earlier {}", p.display()))?;
@@ -115,7 +138,11 @@ pub fn run(a: TokenizeArgs) -> Result<()> {
         "shards": listed,
     });
     // One info file per split when the splits are tokenized separately into the same directory.
-    let info_name = if a.split == "auto" { "info.json".to_string() } else { format!("info-{}.json", a.split) };
+    let info_name = if a.split == "auto" {
+        "info.json".to_string()
+    } else {
+        format!("info-{}.json", a.split)
+    };
     let info_path = a.output.join(info_name);
     sagebwd_train::output::write_file(&info_path, serde_json::to_string_pretty(&info)?.as_bytes())?;
     let tokens = s.train.len() + s.val.len();

@@ -2,6 +2,7 @@
 //! attention. With no arguments: the `tiny` model on the built-in sample, `fpa` then `sagebwd`, and a
 //! plot of both loss curves.
 
+use crate::args::DeviceArg;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sagebwd_train::config::ModelConfig;
@@ -12,7 +13,6 @@ use sagebwd_train::plot::{plot_losses, Curve};
 use sagebwd_train::shards::{read_shard, read_shard_dir};
 use sagebwd_train::tokenizer::Tokenizer;
 use sagebwd_train::train::{train, Corpus, DeviceChoice, RunOptions, RunSummary, TrainConfig};
-use crate::args::DeviceArg;
 use sagebwd_train::{sample, Error as TrainError};
 use std::path::{Path, PathBuf};
 
@@ -144,22 +144,40 @@ const HOPPER_BF16_PEAK: f64 = 989e12;
 
 pub fn run(a: TrainArgs) -> Result<()> {
     if let Some(n) = a.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("--threads")?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("--threads")?;
     }
     // Every preset's configuration is checked before the first run starts (and before the data is read).
-    let configs = a.preset.iter().map(|p| train_config(&a, p).with_context(|| format!("--preset {p}"))).collect::<Result<Vec<_>>>()?;
-    let name = a.name.clone().unwrap_or_else(|| if a.data.is_empty() { "sample".into() } else { "run".into() });
+    let configs = a
+        .preset
+        .iter()
+        .map(|p| train_config(&a, p).with_context(|| format!("--preset {p}")))
+        .collect::<Result<Vec<_>>>()?;
+    let name = a.name.clone().unwrap_or_else(|| {
+        if a.data.is_empty() {
+            "sample".into()
+        } else {
+            "run".into()
+        }
+    });
     if name.is_empty() || name.contains('/') || name == "." || name == ".." {
         bail!("--name must be a plain name (no '/'), got {name:?}");
     }
     let mut seen = std::collections::HashSet::new();
     if let Some(dup) = configs.iter().find(|c| !seen.insert(c.attention.clone())) {
-        bail!("--preset lists {} twice: both runs would share one run directory", dup.attention);
+        bail!(
+            "--preset lists {} twice: both runs would share one run directory",
+            dup.attention
+        );
     }
     let corpus = load_corpus(&a)?;
     let mut summaries = Vec::new();
     for cfg in configs {
-        let dir = a.runs_dir.join(format!("{name}-{}", sagebwd_train::method::file_label(&cfg.attention)));
+        let dir = a
+            .runs_dir
+            .join(format!("{name}-{}", sagebwd_train::method::file_label(&cfg.attention)));
         eprintln!("\n== {} → {}", cfg.attention, dir.display());
         if let Some(c) = &cfg.method {
             eprintln!("attention: {}", crate::args::describe(c));
@@ -174,19 +192,47 @@ pub fn run(a: TrainArgs) -> Result<()> {
             DeviceArg::Cpu => DeviceChoice::Cpu,
             DeviceArg::Cuda => DeviceChoice::Cuda,
         };
-        let opts = RunOptions { dir, resume: a.resume, overwrite: a.overwrite, force_resume: a.force_resume, progress: true, stop_after: None, device };
+        let opts = RunOptions {
+            dir,
+            resume: a.resume,
+            overwrite: a.overwrite,
+            force_resume: a.force_resume,
+            progress: true,
+            stop_after: None,
+            device,
+        };
         let s = train(&cfg, &corpus, &opts)?;
         eprintln!("{}", summary_line(&s));
         summaries.push(s);
     }
-    let plot = if summaries.len() > 1 { a.runs_dir.join(format!("{name}-compare.png")) } else { summaries[0].dir.join("loss.png") };
+    let plot = if summaries.len() > 1 {
+        a.runs_dir.join(format!("{name}-compare.png"))
+    } else {
+        summaries[0].dir.join("loss.png")
+    };
     let curves: Vec<Curve> = summaries
         .iter()
-        .map(|s| Ok(Curve { label: s.attention.clone(), records: read_records(&s.dir)? }))
+        .map(|s| {
+            Ok(Curve {
+                label: s.attention.clone(),
+                records: read_records(&s.dir)?,
+            })
+        })
         .collect::<std::result::Result<_, TrainError>>()?;
-    let on = if summaries[0].device.starts_with("cpu") { "CPU" } else { "GPU" };
-    plot_losses(&curves, &plot, &format!("{name}: loss vs tokens ({} model, {on})", a.model))?;
-    println!("{}", crate::report::table(&summaries.iter().map(|s| s.dir.clone()).collect::<Vec<_>>())?);
+    let on = if summaries[0].device.starts_with("cpu") {
+        "CPU"
+    } else {
+        "GPU"
+    };
+    plot_losses(
+        &curves,
+        &plot,
+        &format!("{name}: loss vs tokens ({} model, {on})", a.model),
+    )?;
+    println!(
+        "{}",
+        crate::report::table(&summaries.iter().map(|s| s.dir.clone()).collect::<Vec<_>>())?
+    );
     println!("loss curves: {}", plot.display());
     let dirs: Vec<PathBuf> = summaries.iter().map(|s| s.dir.clone()).collect();
     if let Some(trace) = crate::report::draw_traces(&dirs, &plot, &name)? {
@@ -203,20 +249,34 @@ fn summary_line(s: &RunSummary) -> String {
     let model_flops = s.tokens_per_second * s.flops_per_token;
     let mfu = if s.device.contains("H100") || s.device.contains("H200") {
         let peak = HOPPER_BF16_PEAK * s.gpus.max(1) as f64;
-        let per = if s.gpus > 1 { format!(" ({} GPUs × {:.0})", s.gpus, HOPPER_BF16_PEAK / 1e12) } else { String::new() };
-        let steady = s.steady_tokens_per_second.map_or(String::new(), |r| format!(" (steady {:.1} %)", 100.0 * r * s.flops_per_token / peak));
-        format!(", MFU {:.1} %{steady} of {:.0} TFLOP/s{per}", 100.0 * model_flops / peak, peak / 1e12)
+        let per = if s.gpus > 1 {
+            format!(" ({} GPUs × {:.0})", s.gpus, HOPPER_BF16_PEAK / 1e12)
+        } else {
+            String::new()
+        };
+        let steady = s.steady_tokens_per_second.map_or(String::new(), |r| {
+            format!(" (steady {:.1} %)", 100.0 * r * s.flops_per_token / peak)
+        });
+        format!(
+            ", MFU {:.1} %{steady} of {:.0} TFLOP/s{per}",
+            100.0 * model_flops / peak,
+            peak / 1e12
+        )
     } else {
         String::new()
     };
-    let memory = s.peak_memory.map_or(String::new(), |m| format!(", peak memory {:.2} GiB", m as f64 / (1u64 << 30) as f64));
+    let memory = s.peak_memory.map_or(String::new(), |m| {
+        format!(", peak memory {:.2} GiB", m as f64 / (1u64 << 30) as f64)
+    });
     // Board energy (NVML) over the same steady steps: tokens per joule is the cost figure.
     let energy = match (s.steady_joules_per_token, s.steady_board_watts) {
         (Some(j), Some(w)) if j > 0.0 => format!(", {:.0} tokens/J at {w:.0} W board (steady)", 1.0 / j),
         _ => String::new(),
     };
     // Steady state: the median step after the first 3 (warm-up: kernel loading, product planning).
-    let steady = s.steady_tokens_per_second.map_or(String::new(), |r| format!(", steady {r:.0}"));
+    let steady = s
+        .steady_tokens_per_second
+        .map_or(String::new(), |r| format!(", steady {r:.0}"));
     format!(
         "{}: {} steps, {} tokens in {:.0} s of training steps ({:.0} tokens/s{steady}, {:.1} model TFLOP/s{mfu}{memory}{energy}), last step's train loss {:.4}{val}",
         s.attention,
@@ -249,7 +309,9 @@ fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
     let method = a.method.config(preset)?;
     let cfg = TrainConfig {
         model,
-        attention: method.as_ref().map_or_else(|| preset.trim().to_ascii_lowercase(), sagebwd_train::method::run_label),
+        attention: method
+            .as_ref()
+            .map_or_else(|| preset.trim().to_ascii_lowercase(), sagebwd_train::method::run_label),
         method,
         trace: a.trace,
         seq_len: a.seq,
@@ -259,7 +321,10 @@ fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
         lr,
         min_lr: a.min_lr.unwrap_or(lr / 10.0),
         warmup: a.warmup,
-        adamw: AdamWConfig { weight_decay: a.wd, ..Default::default() },
+        adamw: AdamWConfig {
+            weight_decay: a.wd,
+            ..Default::default()
+        },
         grad_clip: a.clip,
         eval_every: a.eval_every,
         eval_tokens: a.eval_tokens,
@@ -279,8 +344,18 @@ fn load_corpus(a: &TrainArgs) -> Result<Corpus> {
         let text = decode_text(sample::SAMPLE_FILE, sample::SAMPLE_XZ)?;
         let docs = split_documents(&text);
         let s = tokenize_documents(&docs, a.val_every);
-        let description = format!("{} ({} training / {} validation books)", sample::SAMPLE_NAME, s.train_docs, s.val_docs);
-        return Ok(Corpus { train: s.train, val: s.val, token_bytes, description });
+        let description = format!(
+            "{} ({} training / {} validation books)",
+            sample::SAMPLE_NAME,
+            s.train_docs,
+            s.val_docs
+        );
+        return Ok(Corpus {
+            train: s.train,
+            val: s.val,
+            token_bytes,
+            description,
+        });
     }
     let (mut train, mut val) = read_inputs(&a.data, a.val_every)?;
     if !a.val.is_empty() {
@@ -295,11 +370,20 @@ fn load_corpus(a: &TrainArgs) -> Result<Corpus> {
     }
     let description = list(&a.data);
     train.shrink_to_fit();
-    Ok(Corpus { train, val, token_bytes, description })
+    Ok(Corpus {
+        train,
+        val,
+        token_bytes,
+        description,
+    })
 }
 
 fn list(paths: &[PathBuf]) -> String {
-    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Reads text files (tokenized and split), shard files and shard directories.
@@ -320,9 +404,22 @@ pub(crate) fn read_inputs(paths: &[PathBuf], val_every: usize) -> Result<(Vec<u1
         }
     }
     if !texts.is_empty() {
-        let SplitTokens { train: t, val: v, train_bytes, val_bytes, .. } = tokenize_files(&texts, val_every)?;
+        let SplitTokens {
+            train: t,
+            val: v,
+            train_bytes,
+            val_bytes,
+            ..
+        } = tokenize_files(&texts, val_every)?;
         if train_bytes + val_bytes == 0 {
-            bail!("the corpus is empty: no text in {}", texts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+            bail!(
+                "the corpus is empty: no text in {}",
+                texts
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
         train.extend(t);
         val.extend(v);

@@ -37,7 +37,14 @@ pub fn run(a: TrainCheckArgs) -> Result<()> {
         println!("| gradient | CPU L2 norm | rel L2 GPU vs CPU | tolerance | |");
         println!("|---|---|---|---|---|");
         for row in &r.grads {
-            println!("| {} | {:.3e} | {:.2e} | {:.0e} | {} |", row.name, row.cpu_norm, row.rel_l2, row.tolerance, verdict(row.ok()));
+            println!(
+                "| {} | {:.3e} | {:.2e} | {:.0e} | {} |",
+                row.name,
+                row.cpu_norm,
+                row.rel_l2,
+                row.tolerance,
+                verdict(row.ok())
+            );
         }
         println!(
             "after {} training steps: loss cpu {:.4}, gpu {:.4}, relative diff {:.2e} (tolerance {:.0e}) {}",

@@ -10,7 +10,10 @@ use std::process::{Command, Output};
 
 fn cmd(args: &[&str], cwd: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_sagebwd"));
-    c.args(args).current_dir(cwd).env_remove("SAGEBWD_FAULT").env_remove("SAGEBWD_FAULT_AFTER");
+    c.args(args)
+        .current_dir(cwd)
+        .env_remove("SAGEBWD_FAULT")
+        .env_remove("SAGEBWD_FAULT_AFTER");
     c
 }
 
@@ -23,15 +26,43 @@ fn stderr(o: &Output) -> String {
 }
 
 fn write_corpus(dir: &Path, docs: usize) {
-    let docs: Vec<String> = (0..docs).map(|i| format!("Document {i}. The cat sat on the mat, and the dog sat on the log. Day {i}.\n")).collect();
+    let docs: Vec<String> = (0..docs)
+        .map(|i| format!("Document {i}. The cat sat on the mat, and the dog sat on the log. Day {i}.\n"))
+        .collect();
     std::fs::write(dir.join("corpus.txt"), docs.join("\u{1e}\n")).unwrap();
 }
 
 /// `train corpus.txt --preset exact --name t` on a tiny model, plus `extra`.
 fn train_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
-        "train", "corpus.txt", "--preset", "exact", "--name", "t", "--device", "cpu", "--dim", "16", "--layers", "1", "--heads", "2",
-        "--ffn", "32", "--seq", "16", "--batch", "2", "--eval-every", "2", "--eval-tokens", "64", "--val-every", "5", "--warmup", "2",
+        "train",
+        "corpus.txt",
+        "--preset",
+        "exact",
+        "--name",
+        "t",
+        "--device",
+        "cpu",
+        "--dim",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--ffn",
+        "32",
+        "--seq",
+        "16",
+        "--batch",
+        "2",
+        "--eval-every",
+        "2",
+        "--eval-tokens",
+        "64",
+        "--val-every",
+        "5",
+        "--warmup",
+        "2",
     ];
     v.extend_from_slice(extra);
     v
@@ -54,7 +85,11 @@ fn train_losses(run_dir: &Path) -> Vec<f64> {
 }
 
 fn temps_in(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp.")).collect()
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp."))
+        .collect()
 }
 
 #[test]
@@ -67,8 +102,15 @@ fn a_used_run_directory_is_refused_and_overwrite_replaces_it() {
     let o = run(&train_args(&["--steps", "3"]), &d);
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.contains("already holds a run") && e.contains("--overwrite") && e.contains("runs/t-exact"), "{e}");
-    assert_eq!(std::fs::read(run_dir.join("metrics.jsonl")).unwrap(), before, "the earlier run's metrics changed");
+    assert!(
+        e.contains("already holds a run") && e.contains("--overwrite") && e.contains("runs/t-exact"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read(run_dir.join("metrics.jsonl")).unwrap(),
+        before,
+        "the earlier run's metrics changed"
+    );
     let o = run(&train_args(&["--steps", "3", "--overwrite"]), &d);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(train_losses(&run_dir).len(), 3);
@@ -83,7 +125,10 @@ fn a_second_process_is_refused_with_the_holder_named() {
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains(&format!("in use by pid {}", std::process::id())), "{e}");
-    assert!(!run_dir.join("metrics.jsonl").exists(), "the refused run wrote into the directory");
+    assert!(
+        !run_dir.join("metrics.jsonl").exists(),
+        "the refused run wrote into the directory"
+    );
     drop(held);
     assert!(run(&train_args(&["--steps", "2"]), &d).status.success());
 }
@@ -91,27 +136,52 @@ fn a_second_process_is_refused_with_the_holder_named() {
 #[test]
 fn kills_during_checkpoint_and_metrics_writes_lose_nothing() {
     let (_t, d) = setup();
-    let whole = run(&train_args(&["--steps", "6", "--ckpt-every", "2", "--runs-dir", "whole"]), &d);
+    let whole = run(
+        &train_args(&["--steps", "6", "--ckpt-every", "2", "--runs-dir", "whole"]),
+        &d,
+    );
     assert!(whole.status.success(), "{}", stderr(&whole));
     let expected = train_losses(&d.join("whole/t-exact"));
 
     // Killed just before the second checkpoint (step 4) is renamed into place: step 2's stays whole.
-    let o = cmd(&train_args(&["--steps", "6", "--ckpt-every", "2"]), &d).env("SAGEBWD_FAULT", "checkpoint").env("SAGEBWD_FAULT_AFTER", "1").output().unwrap();
+    let o = cmd(&train_args(&["--steps", "6", "--ckpt-every", "2"]), &d)
+        .env("SAGEBWD_FAULT", "checkpoint")
+        .env("SAGEBWD_FAULT_AFTER", "1")
+        .output()
+        .unwrap();
     assert!(!o.status.success(), "the fault hook did not fire");
     let run_dir = d.join("runs/t-exact");
-    assert!(!temps_in(&run_dir).is_empty(), "the kill should have left the temporary checkpoint");
+    assert!(
+        !temps_in(&run_dir).is_empty(),
+        "the kill should have left the temporary checkpoint"
+    );
     let metrics = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
 
     // Killed in the middle of the metrics rewrite of --resume: the old file is whole.
-    let o = cmd(&train_args(&["--steps", "6", "--ckpt-every", "2", "--resume"]), &d).env("SAGEBWD_FAULT", "metrics-rewrite").output().unwrap();
+    let o = cmd(&train_args(&["--steps", "6", "--ckpt-every", "2", "--resume"]), &d)
+        .env("SAGEBWD_FAULT", "metrics-rewrite")
+        .output()
+        .unwrap();
     assert!(!o.status.success(), "the fault hook did not fire");
-    assert_eq!(std::fs::read(run_dir.join("metrics.jsonl")).unwrap(), metrics, "a kill during the rewrite changed metrics.jsonl");
+    assert_eq!(
+        std::fs::read(run_dir.join("metrics.jsonl")).unwrap(),
+        metrics,
+        "a kill during the rewrite changed metrics.jsonl"
+    );
 
     let o = run(&train_args(&["--steps", "6", "--ckpt-every", "2", "--resume"]), &d);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("resuming at step 2"), "{}", stderr(&o));
-    assert_eq!(train_losses(&run_dir), expected, "the resumed run differs from the uninterrupted one");
-    assert!(temps_in(&run_dir).is_empty(), "stale temporary files: {:?}", temps_in(&run_dir));
+    assert_eq!(
+        train_losses(&run_dir),
+        expected,
+        "the resumed run differs from the uninterrupted one"
+    );
+    assert!(
+        temps_in(&run_dir).is_empty(),
+        "stale temporary files: {:?}",
+        temps_in(&run_dir)
+    );
 }
 
 #[test]
@@ -129,7 +199,10 @@ fn damaged_checkpoints_and_metrics_are_named() {
     let o = run(&train_args(&["--steps", "4", "--resume"]), &d);
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.contains("checkpoint.safetensors") && e.contains("is damaged") && e.contains("tensor `"), "{e}");
+    assert!(
+        e.contains("checkpoint.safetensors") && e.contains("is damaged") && e.contains("tensor `"),
+        "{e}"
+    );
     // All-zero tensor data.
     let header = 8 + u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
     let mut zero = good.clone();
@@ -145,7 +218,11 @@ fn damaged_checkpoints_and_metrics_are_named() {
     let line = m.lines().count();
     let o = run(&["report", "runs/t-exact", "-o", "r.svg"], &d);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains(&format!("1 damaged line(s) that are not metrics records (line {line})")), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("1 damaged line(s) that are not metrics records (line {line})")),
+        "{}",
+        stderr(&o)
+    );
     let o = run(&train_args(&["--steps", "4", "--resume"]), &d);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains(&format!("(line {line})")), "{}", stderr(&o));
@@ -155,19 +232,32 @@ fn damaged_checkpoints_and_metrics_are_named() {
 fn resume_lists_changed_settings_and_refuses_meaningful_ones() {
     let (_t, d) = setup();
     assert!(run(&train_args(&["--steps", "2"]), &d).status.success());
-    let o = run(&train_args(&["--steps", "4", "--resume", "--lr", "1e-3", "--seed", "7"]), &d);
+    let o = run(
+        &train_args(&["--steps", "4", "--resume", "--lr", "1e-3", "--seed", "7"]),
+        &d,
+    );
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.contains("config.lr") && e.contains("config.seed") && e.contains("--force-resume"), "{e}");
+    assert!(
+        e.contains("config.lr") && e.contains("config.seed") && e.contains("--force-resume"),
+        "{e}"
+    );
     // Other data.
     write_corpus(&d, 31);
     let e = stderr(&run(&train_args(&["--steps", "4", "--resume"]), &d));
     assert!(e.contains("data.train_crc32") || e.contains("data.train_tokens"), "{e}");
     write_corpus(&d, 30);
-    let o = run(&train_args(&["--steps", "4", "--resume", "--lr", "1e-3", "--force-resume"]), &d);
+    let o = run(
+        &train_args(&["--steps", "4", "--resume", "--lr", "1e-3", "--force-resume"]),
+        &d,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/t-exact/config.json")).unwrap()).unwrap();
-    assert!((cfg["lr"].as_f64().unwrap() - 1e-3).abs() < 1e-9, "config.json keeps the old settings: {cfg}");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("runs/t-exact/config.json")).unwrap()).unwrap();
+    assert!(
+        (cfg["lr"].as_f64().unwrap() - 1e-3).abs() < 1e-9,
+        "config.json keeps the old settings: {cfg}"
+    );
 }
 
 #[test]
@@ -203,9 +293,17 @@ fn options_are_checked_before_anything_runs() {
 fn tokenize_refuses_an_earlier_tokenization_and_train_checks_the_shards() {
     let (_t, d) = setup();
     write_corpus(&d, 300);
-    let o = run(&["tokenize", "corpus.txt", "-o", "shards", "--shard-tokens", "2000"], &d);
+    let o = run(
+        &["tokenize", "corpus.txt", "-o", "shards", "--shard-tokens", "2000"],
+        &d,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
-    let shards = || std::fs::read_dir(d.join("shards")).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("train_")).count();
+    let shards = || {
+        std::fs::read_dir(d.join("shards"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("train_"))
+            .count()
+    };
     let many = shards();
     assert!(many > 1);
     write_corpus(&d, 30);
@@ -245,11 +343,18 @@ fn outputs_refuse_devices_write_through_links_and_survive_failures() {
     std::fs::write(d.join("real.svg"), "old").unwrap();
     std::os::unix::fs::symlink("real.svg", d.join("link.svg")).unwrap();
     assert!(run(&["report", "runs/t-exact", "-o", "link.svg"], &d).status.success());
-    assert!(std::fs::symlink_metadata(d.join("link.svg")).unwrap().file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(d.join("link.svg"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
     assert!(std::fs::read_to_string(d.join("real.svg")).unwrap().contains("<svg"));
     // A run without finite losses: the failed plot leaves the old chart alone.
     std::fs::create_dir_all(d.join("runs/empty")).unwrap();
-    std::fs::write(d.join("runs/empty/metrics.jsonl"), "{\"kind\":\"train\",\"step\":1,\"tokens_seen\":32,\"time\":0.1}\n").unwrap();
+    std::fs::write(
+        d.join("runs/empty/metrics.jsonl"),
+        "{\"kind\":\"train\",\"step\":1,\"tokens_seen\":32,\"time\":0.1}\n",
+    )
+    .unwrap();
     std::fs::write(d.join("keep.png"), "precious").unwrap();
     let o = run(&["report", "runs/empty", "-o", "keep.png"], &d);
     assert!(!o.status.success());
@@ -260,13 +365,30 @@ fn outputs_refuse_devices_write_through_links_and_survive_failures() {
     let run_dir = d.join("runs/t-exact");
     let ckpt = std::fs::read(run_dir.join("checkpoint.safetensors")).unwrap();
     let bin = env!("CARGO_BIN_EXE_sagebwd");
-    let line = std::iter::once(bin).chain(train_args(&["--steps", "4", "--resume"])).map(|a| format!("'{a}'")).collect::<Vec<_>>().join(" ");
-    let o = Command::new("sh").arg("-c").arg(format!("trap '' XFSZ; ulimit -f 64; exec {line}")).current_dir(&d).output().unwrap();
+    let line = std::iter::once(bin)
+        .chain(train_args(&["--steps", "4", "--resume"]))
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!("trap '' XFSZ; ulimit -f 64; exec {line}"))
+        .current_dir(&d)
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("error: ") && e.contains("runs/t-exact/"), "{e}");
-    assert_eq!(std::fs::read(run_dir.join("checkpoint.safetensors")).unwrap(), ckpt, "the earlier checkpoint changed");
-    assert!(temps_in(&run_dir).is_empty(), "temporary files left: {:?}", temps_in(&run_dir));
+    assert_eq!(
+        std::fs::read(run_dir.join("checkpoint.safetensors")).unwrap(),
+        ckpt,
+        "the earlier checkpoint changed"
+    );
+    assert!(
+        temps_in(&run_dir).is_empty(),
+        "temporary files left: {:?}",
+        temps_in(&run_dir)
+    );
     let o = run(&train_args(&["--steps", "4", "--resume"]), &d);
     assert!(o.status.success(), "{}", stderr(&o));
 }
@@ -274,22 +396,41 @@ fn outputs_refuse_devices_write_through_links_and_survive_failures() {
 #[test]
 fn sigint_writes_a_final_checkpoint_and_exits_cleanly() {
     let (_t, d) = setup();
-    let child = cmd(&train_args(&["--steps", "100000", "--ckpt-every", "100000"]), &d).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = cmd(&train_args(&["--steps", "100000", "--ckpt-every", "100000"]), &d)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let metrics = d.join("runs/t-exact/metrics.jsonl");
     let start = std::time::Instant::now();
     while std::fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 3 {
         assert!(start.elapsed().as_secs() < 120, "the run did not start");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
     let o = child.wait_with_output().unwrap();
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(130), "{e}");
-    let step: u64 = e.split("after step ").nth(1).and_then(|s| s.split(';').next()).and_then(|s| s.trim().parse().ok()).unwrap_or_else(|| panic!("{e}"));
+    let step: u64 = e
+        .split("after step ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{e}"));
     let next = (step + 1).to_string();
-    let o = run(&train_args(&["--steps", &next, "--ckpt-every", "100000", "--resume"]), &d);
+    let o = run(
+        &train_args(&["--steps", &next, "--ckpt-every", "100000", "--resume"]),
+        &d,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains(&format!("resuming at step {step}")), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("resuming at step {step}")),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -299,7 +440,10 @@ fn extreme_attention_inputs_are_named_never_nan_with_exit_0() {
     sagebwd::io::write_inputs(&d.join("ok.safetensors"), &inp).unwrap();
     inp.q[10] = 1e11;
     sagebwd::io::write_inputs(&d.join("big.safetensors"), &inp).unwrap();
-    let o = run(&["attn", "big.safetensors", "-o", "out.safetensors", "--device", "cpu"], &d);
+    let o = run(
+        &["attn", "big.safetensors", "-o", "out.safetensors", "--device", "cpu"],
+        &d,
+    );
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("input `q`") && e.contains("2^16"), "{e}");
@@ -310,8 +454,17 @@ fn extreme_attention_inputs_are_named_never_nan_with_exit_0() {
     assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
     assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
     // accuracy at σ = 1e6: the validation error, not NaN next to a "perfect" dQ.
-    let o = run(&["accuracy", "--sigma", "1e6", "-n", "64", "-d", "64", "--heads", "1", "--device", "cpu"], &d);
+    let o = run(
+        &[
+            "accuracy", "--sigma", "1e6", "-n", "64", "-d", "64", "--heads", "1", "--device", "cpu",
+        ],
+        &d,
+    );
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(!o.status.success() && stderr(&o).contains("input `q`"), "{out}\n{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("input `q`"),
+        "{out}\n{}",
+        stderr(&o)
+    );
     assert!(!out.to_lowercase().contains("nan"), "{out}");
 }

@@ -1,8 +1,8 @@
 //! Host side of `kernels/backward_{pre,main,post}.cu` (ALGORITHM.md §5, §7).
 
 use crate::forward::{scales, DeviceForward, SavedForBackward, ScoreOperands, Transposed};
-use crate::quantize::{quantize_do_delta, QuantNeeds, QuantizedDo};
 use crate::plan::BackwardMain;
+use crate::quantize::{quantize_do_delta, QuantNeeds, QuantizedDo};
 use crate::runtime::{drv, Dims, Kernels, BLOCK_Q, THREADS};
 use crate::{DeviceInputs, Gpu};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
@@ -39,15 +39,23 @@ const _: () = assert!(std::mem::size_of::<BackwardParams>() == 304);
 
 pub use crate::plan::{
     backward_smem_bytes, bf16_bulk_staging_bytes, choose_groups, free_groups, peak_budget_bytes, sage_peak_bytes,
-    sage_staging_bytes, staged_backward, staged_backward_smem_bytes, GroupPlan, GroupPolicy, StagedBackward, FREE_GROUP_BLOCKS,
-    MAX_GROUPS,
+    sage_staging_bytes, staged_backward, staged_backward_smem_bytes, GroupPlan, GroupPolicy, StagedBackward,
+    FREE_GROUP_BLOCKS, MAX_GROUPS,
 };
 
 /// The main kernel's launch: with PDL after its preprocess (the delta / dO kernels, the transposes or a fill,
 /// each triggering at its start; `pdl_wait` first in every tensor-core main kernel) when `pdl`, else plain.
 #[allow(clippy::too_many_arguments)]
-fn launch_main(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), threads: u32, smem: u32, stream: sys::CUstream,
-               args: &mut [*mut std::ffi::c_void], pdl: bool) -> Result<()> {
+fn launch_main(
+    gpu: &Gpu,
+    func: sys::CUfunction,
+    grid: (u32, u32, u32),
+    threads: u32,
+    smem: u32,
+    stream: sys::CUstream,
+    args: &mut [*mut std::ffi::c_void],
+    pdl: bool,
+) -> Result<()> {
     if pdl {
         crate::quantize::launch_pdl(gpu, func, grid, threads, smem, stream, args)
     } else {
@@ -70,7 +78,14 @@ const _: () = assert!(std::mem::size_of::<BackwardParamsDqMap>() == 448);
 /// block's 64 rows × 64 columns, a warpgroup's four warp boxes, for the d = 128 fpa kernel (2, 64); a query block's
 /// 64 rows × 32 columns, four warps' boxes, for the d = 64 sage kernel (1, 64). Rows past n_q are outside the map (not
 /// written).
-fn dq_acc_map(addr: u64, rows: usize, n_q: usize, head_dim: usize, col_blocks: u32, box_rows: u32) -> Result<crate::tma::TensorMap> {
+fn dq_acc_map(
+    addr: u64,
+    rows: usize,
+    n_q: usize,
+    head_dim: usize,
+    col_blocks: u32,
+    box_rows: u32,
+) -> Result<crate::tma::TensorMap> {
     let row_bytes = (head_dim * 4) as u64;
     crate::tma::encode_tiled(
         crate::tma::TmaElem::F32,
@@ -96,14 +111,26 @@ const _: () = assert!(std::mem::size_of::<BackwardParamsStageMaps>() == 832);
 /// derivation): Q̂ and dO (`rows`·n_q rows of d = 128) as 5-D views {d, e: 2, b: 4, c: 2, a} of row 16a + 4b + 2c + e,
 /// so that a box lands in the tile's permuted row order (128-byte swizzle; dO in two boxes of 64 columns); dÔᵀ and
 /// Q̂ᵀ ([rows][d][n_qpad] bytes) as 3-D, box {64, d, 1}, 64-byte swizzle.
-fn sage128_stage_maps(p: &BackwardParams, rows: usize, n_q: usize, n_qpad: usize) -> Result<[crate::tma::TensorMap; 4]> {
+fn sage128_stage_maps(
+    p: &BackwardParams,
+    rows: usize,
+    n_q: usize,
+    n_qpad: usize,
+) -> Result<[crate::tma::TensorMap; 4]> {
     use crate::tma::{encode_tiled, permuted_rows_map, TmaElem, TmaSwizzle};
     const D: u64 = 128;
     let groups = (rows * n_q / 16) as u64;
     let permuted = |elem, addr, box0| permuted_rows_map(elem, addr, D, groups, box0, 4, TmaSwizzle::B128);
     let transposed = |addr| {
         let pad = n_qpad as u64;
-        encode_tiled(TmaElem::I8, addr, &[pad, D, rows as u64], &[pad, D * pad], &[BLOCK_Q as u32, D as u32, 1], TmaSwizzle::B64)
+        encode_tiled(
+            TmaElem::I8,
+            addr,
+            &[pad, D, rows as u64],
+            &[pad, D * pad],
+            &[BLOCK_Q as u32, D as u32, 1],
+            TmaSwizzle::B64,
+        )
     };
     Ok([
         permuted(TmaElem::I8, p.op.q_hat, 128)?,
@@ -117,7 +144,12 @@ fn sage128_stage_maps(p: &BackwardParams, rows: usize, n_q: usize, n_qpad: usize
 fn bwd_main_function(k: &Kernels, name: &std::ffi::CStr, smem: usize) -> Result<sys::CUfunction> {
     let f = k.backward_main_function(name)?;
     drv("set smem attribute", unsafe {
-        sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).result()
+        sys::cuFuncSetAttribute(
+            f,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .result()
     })?;
     Ok(f)
 }
@@ -133,7 +165,11 @@ pub struct DeviceGradients {
 
 pub(crate) fn grid_stride(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(THREADS as usize).clamp(1, 1 << 16) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// What the preprocess leaves for the head groups.
@@ -149,8 +185,16 @@ struct Preprocessed {
 /// accumulator of all rows when there is one group, zeroed by the same kernel; None for several
 /// groups (each zeroes its own).
 #[allow(clippy::too_many_arguments)]
-fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o: &CudaSlice<u16>, needs: QuantNeeds,
-              one_group: Option<u64>, allow_fused: bool) -> Result<Preprocessed> {
+fn preprocess(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &DeviceInputs,
+    o: &CudaSlice<u16>,
+    d_o: &CudaSlice<u16>,
+    needs: QuantNeeds,
+    one_group: Option<u64>,
+    allow_fused: bool,
+) -> Result<Preprocessed> {
     let s = &x.shape;
     let rows = s.batch * s.heads_q * s.n_q;
     let dq_zero = one_group.unwrap_or(0); // the kernel skips the zeroing on a null address
@@ -158,7 +202,15 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
     // One group: D and the dQ zeroing in the dO quantization's pass where it can (quantize_do_delta).
     let (do_quant, fused) = if one_group.is_none() {
         let do_scale = gpu.alloc_poisoned_f32(s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q))?;
-        (QuantizedDo { do_hat: None, do_scale: Some(do_scale), do_hat_t: None, do_t: None }, false)
+        (
+            QuantizedDo {
+                do_hat: None,
+                do_scale: Some(do_scale),
+                do_hat_t: None,
+                do_t: None,
+            },
+            false,
+        )
     } else {
         quantize_do_delta(gpu, k, x, d_o, o, needs, &delta, dq_zero, allow_fused)?
     };
@@ -173,7 +225,15 @@ fn preprocess(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, o: &CudaSlice<u16>, d_o:
     };
     let rows_i = rows as i64;
     drv("launch sage_bwd_delta", unsafe {
-        gpu.dev.stream.launch_builder(&k.bwd_delta).arg(o).arg(d_o).arg(&delta).arg(&rows_i).arg(&dq_zero).launch(launch)
+        gpu.dev
+            .stream
+            .launch_builder(&k.bwd_delta)
+            .arg(o)
+            .arg(d_o)
+            .arg(&delta)
+            .arg(&rows_i)
+            .arg(&dq_zero)
+            .launch(launch)
     })?;
     Ok(Preprocessed { do_quant, delta })
 }
@@ -197,25 +257,47 @@ impl GroupBuffers {
         let kv_rows = if plan.count == 1 { s.batch * s.heads_kv } else { rows };
         let (pq, pk) = (crate::runtime::padded_q(s.n_q), crate::runtime::padded_k(s.n_k));
         let qk_hat_t = if qk_hat_t {
-            Some((gpu.alloc_poisoned_i8(rows * d * pq)?, gpu.alloc_poisoned_i8(kv_rows * d * pk)?))
+            Some((
+                gpu.alloc_poisoned_i8(rows * d * pq)?,
+                gpu.alloc_poisoned_i8(kv_rows * d * pk)?,
+            ))
         } else {
             None
         };
-        let do_hat_t = if plan.count > 1 { Some(gpu.alloc_poisoned_i8(rows * d * pq)?) } else { None };
+        let do_hat_t = if plan.count > 1 {
+            Some(gpu.alloc_poisoned_i8(rows * d * pq)?)
+        } else {
+            None
+        };
         // + the persistent grid's work counter (and padding to 16 bytes) after the rows.
         let dq_acc = gpu.alloc_f32(rows * s.n_q * d + 4)?;
         let ds_rowsum = gpu.alloc_f32(if dq_corr { rows * s.n_q } else { 1 })?;
-        Ok(GroupBuffers { qk_hat_t, do_hat_t, dq_acc, ds_rowsum })
+        Ok(GroupBuffers {
+            qk_hat_t,
+            do_hat_t,
+            dq_acc,
+            ds_rowsum,
+        })
     }
 }
 
 /// A device address `elems` elements of `size` bytes further, or null for an absent buffer.
 fn at(addr: u64, elems: usize, size: usize) -> u64 {
-    if addr == 0 { 0 } else { addr + (elems * size) as u64 }
+    if addr == 0 {
+        0
+    } else {
+        addr + (elems * size) as u64
+    }
 }
 
-pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, saved: &SavedForBackward,
-                d_o: &CudaSlice<u16>) -> Result<DeviceGradients> {
+pub fn backward(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &DeviceInputs,
+    fwd: &DeviceForward,
+    saved: &SavedForBackward,
+    d_o: &CudaSlice<u16>,
+) -> Result<DeviceGradients> {
     let s = &x.shape;
     let dims = Dims::of(s, x.causal);
     let (c, c_lambda) = scales(s.head_dim);
@@ -226,19 +308,31 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     // Without GQA a staged block holds the whole dK, dV of its keys and writes them in BF16 itself;
     // otherwise per-query-head FP32 partials are summed over each group by the postprocess.
     let direct = bp.direct_dkdv;
-    let (persist, bulk_dq, sage_tma_dq, sage_tma_stage) = (bp.persistent, bp.bf16_tma_dq, bp.sage_tma_dq, bp.sage_tma_stage);
+    let (persist, bulk_dq, sage_tma_dq, sage_tma_stage) =
+        (bp.persistent, bp.bf16_tma_dq, bp.sage_tma_dq, bp.sage_tma_stage);
     let smem = bp.main_smem;
     let optin = gpu.dev.smem_optin;
     if smem > optin {
-        return Err(Error::Backend(format!("backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}")));
+        return Err(Error::Backend(format!(
+            "backward kernel needs {smem} B of shared memory per block, the GPU allows {optin}"
+        )));
     }
     let main_threads = THREADS;
     let main_fn = match bp.main {
         BackwardMain::Named(name) => bwd_main_function(k, name, smem)?,
         BackwardMain::Mma | BackwardMain::Scalar => {
-            let func = if bp.main == BackwardMain::Mma { &k.bwd_main_mma } else { &k.bwd_main };
-            drv("set smem attribute", func.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32))?;
+            let func = if bp.main == BackwardMain::Mma {
+                &k.bwd_main_mma
+            } else {
+                &k.bwd_main
+            };
+            drv(
+                "set smem attribute",
+                func.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                ),
+            )?;
             func.cu_function()
         }
     };
@@ -259,7 +353,9 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     let qk_hat_t = qd.needs.quantized && staged != Some(StagedBackward::Bf16) && fwd_qk_t.is_none();
     // Σ dS is read only with the dQ correction (by the kernels' flag checks): else one unused element.
     let dq_corr = fl & crate::F_DQ_CORR != 0;
-    let sets = (0..plan.buffer_sets()).map(|_| GroupBuffers::new(gpu, s, &plan, qk_hat_t, dq_corr)).collect::<Result<Vec<_>>>()?;
+    let sets = (0..plan.buffer_sets())
+        .map(|_| GroupBuffers::new(gpu, s, &plan, qk_hat_t, dq_corr))
+        .collect::<Result<Vec<_>>>()?;
     // The persistent grid: as many CTAs as fit at once (at most one per work item), and its work
     // counter, the word after the dQ accumulator's rows (zeroed with the accumulator per group when
     // there are several; here for one group, whose accumulator the preprocess zeroes by rows).
@@ -269,7 +365,13 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, main_fn, main_threads as i32, smem).result()
         })?;
         if plan.count == 1 {
-            gpu.fill_on(k, gpu.ptr(&sets[0].dq_acc) + (bh * s.n_q * s.head_dim * 4) as u64, 16, 0, gpu.main_stream())?;
+            gpu.fill_on(
+                k,
+                gpu.ptr(&sets[0].dq_acc) + (bh * s.n_q * s.head_dim * 4) as u64,
+                16,
+                0,
+                gpu.main_stream(),
+            )?;
         }
         per_sm.max(1) as usize * gpu.persistent_sms() as usize
     } else {
@@ -278,7 +380,13 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     // One group: its dQ accumulator covers every row and the preprocess zeroes it.
     let dq_zero = (plan.count == 1).then(|| gpu.ptr(&sets[0].dq_acc));
     let Preprocessed { do_quant, delta } = preprocess(gpu, k, x, &fwd.o, d_o, qd.needs, dq_zero, bp.fused_preprocess)?;
-    let partials = || if direct { Ok(None) } else { gpu.alloc_poisoned_f32(bh * s.n_k * s.head_dim).map(Some) };
+    let partials = || {
+        if direct {
+            Ok(None)
+        } else {
+            gpu.alloc_poisoned_f32(bh * s.n_k * s.head_dim).map(Some)
+        }
+    };
     let (dk_acc, dv_acc) = (partials()?, partials()?);
     let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
     let dv = gpu.alloc_poisoned_u16(s.kv_len())?;
@@ -288,7 +396,11 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     // fills the other's tail and hides its small kernels (transposes, dO quantization, zeroing,
     // dQ postprocess). Both streams start after everything queued so far (the allocations and their
     // poison fills, D); the kernels' stream waits for both before the buffers are freed.
-    let streams = if plan.count > 1 { vec![gpu.main_stream(), gpu.side_stream()?] } else { vec![gpu.main_stream()] };
+    let streams = if plan.count > 1 {
+        vec![gpu.main_stream(), gpu.side_stream()?]
+    } else {
+        vec![gpu.main_stream()]
+    };
     for &side in &streams[1..] {
         gpu.order(streams[0], side)?;
     }
@@ -301,7 +413,19 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
         let rows = plan.rows.min(bh - first);
         // One group: the problem's dims. Several (no GQA): the group's rows as a batch of
         // single-head problems, every per-(batch, head) buffer addressed from the group's first row.
-        let (gd, r0) = if plan.count == 1 { (dims, 0) } else { (Dims { batch: rows as i32, heads_q: 1, heads_kv: 1, ..dims }, first) };
+        let (gd, r0) = if plan.count == 1 {
+            (dims, 0)
+        } else {
+            (
+                Dims {
+                    batch: rows as i32,
+                    heads_q: 1,
+                    heads_kv: 1,
+                    ..dims
+                },
+                first,
+            )
+        };
         let (n_q, n_k, d) = (s.n_q, s.n_k, s.head_dim);
         let (q_rows, k_rows) = (r0 * n_q * d, r0 * n_k * d);
         let (qblk, kblk) = (r0 * dims.n_qblk as usize, r0 * dims.n_kblk as usize);
@@ -313,7 +437,11 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             k_scale: at(op0.k_scale, kblk, 4),
             k: at(op0.k, k_rows, 2),
             k_mean: at(op0.k_mean, r0 * d, 4),
-            q_mean: if cfg.smooth_q { at(op0.q_mean, qblk * d, 4) } else { op0.q_mean },
+            q_mean: if cfg.smooth_q {
+                at(op0.q_mean, qblk * d, 4)
+            } else {
+                op0.q_mean
+            },
             row_offset: at(op0.row_offset, r0 * n_q, 4),
         };
         let mut tr = full;
@@ -325,13 +453,30 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             let kv_rows = if plan.count == 1 { kv_rows_one } else { rows };
             // one group: the 16 × 16 kernel, PDL right after the preprocess (safe by construction: quantize.cu)
             let one_group = plan.count == 1;
-            crate::quantize::transpose_qk_hat(gpu, k, (op.q_hat, op.k_hat), (q_hat_t, k_hat_t), (rows, kv_rows), (n_q, n_k), stream, one_group)?;
+            crate::quantize::transpose_qk_hat(
+                gpu,
+                k,
+                (op.q_hat, op.k_hat),
+                (q_hat_t, k_hat_t),
+                (rows, kv_rows),
+                (n_q, n_k),
+                stream,
+                one_group,
+            )?;
             (tr.q_hat_t, tr.k_hat_t) = (gpu.ptr(q_hat_t), gpu.ptr(k_hat_t));
         }
         let do_scale = at(gpu.ptr(&do_quant.do_scale), qblk, 4);
         if let Some(do_hat_t) = &bufs.do_hat_t {
             // the staged sagebwd path reads dÔᵀ alone of the dO quantization
-            crate::quantize::quantize_do_rows(gpu, k, (at(gpu.ptr(d_o), q_rows, 2), do_scale), do_hat_t, rows, n_q, stream)?;
+            crate::quantize::quantize_do_rows(
+                gpu,
+                k,
+                (at(gpu.ptr(d_o), q_rows, 2), do_scale),
+                do_hat_t,
+                rows,
+                n_q,
+                stream,
+            )?;
             tr.do_hat_t = gpu.ptr(do_hat_t);
         }
         let (dq_acc, ds_rowsum) = (gpu.ptr(&bufs.dq_acc), gpu.ptr(&bufs.ds_rowsum));
@@ -364,31 +509,70 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
             c,
         };
         let items = dims.n_kblk as usize * rows;
-        let grid = if persist { (items.min(persist_ctas).max(1) as u32, 1, 1) } else { (dims.n_kblk as u32, rows as u32, 1) };
+        let grid = if persist {
+            (items.min(persist_ctas).max(1) as u32, 1, 1)
+        } else {
+            (dims.n_kblk as u32, rows as u32, 1)
+        };
         if sage_tma_stage {
             let maps = sage128_stage_maps(&p, rows, n_q, crate::runtime::padded_q(n_q))?;
             let mut pm = BackwardParamsStageMaps { maps, p };
             let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsStageMaps).cast()];
-            launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
+            launch_main(
+                gpu,
+                main_fn,
+                grid,
+                main_threads,
+                smem as u32,
+                stream,
+                &mut args,
+                main_pdl,
+            )?;
         } else if bulk_dq || sage_tma_dq {
             // fpa: one group, the accumulator of every row, 64-row boxes of a column half; sage:
             // the group's accumulator, as p.dq_acc, 64-row boxes of a 32-column block.
-            let map = if bulk_dq { dq_acc_map(dq_acc, rows, n_q, d, 2, 64)? } else { dq_acc_map(dq_acc, rows, n_q, d, 1, 64)? };
+            let map = if bulk_dq {
+                dq_acc_map(dq_acc, rows, n_q, d, 2, 64)?
+            } else {
+                dq_acc_map(dq_acc, rows, n_q, d, 1, 64)?
+            };
             let mut pm = BackwardParamsDqMap { map, p };
             let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsDqMap).cast()];
-            launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
+            launch_main(
+                gpu,
+                main_fn,
+                grid,
+                main_threads,
+                smem as u32,
+                stream,
+                &mut args,
+                main_pdl,
+            )?;
         } else {
             let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
-            launch_main(gpu, main_fn, grid, main_threads, smem as u32, stream, &mut args, main_pdl)?;
+            launch_main(
+                gpu,
+                main_fn,
+                grid,
+                main_threads,
+                smem as u32,
+                stream,
+                &mut args,
+                main_pdl,
+            )?;
         }
         let (mut acc, mut rowsum, mut k_mean) = (dq_acc, ds_rowsum, op.k_mean);
         let (mut dq_rows, mut gd, mut c, mut fl) = (at(gpu.ptr(&dq), q_rows, 2), gd, c, fl);
         let mut args: [*mut std::ffi::c_void; 7] = [
-            (&mut acc as *mut u64).cast(), (&mut rowsum as *mut u64).cast(), (&mut k_mean as *mut u64).cast(),
-            (&mut dq_rows as *mut u64).cast(), (&mut gd as *mut Dims).cast(), (&mut c as *mut f32).cast(),
+            (&mut acc as *mut u64).cast(),
+            (&mut rowsum as *mut u64).cast(),
+            (&mut k_mean as *mut u64).cast(),
+            (&mut dq_rows as *mut u64).cast(),
+            (&mut gd as *mut Dims).cast(),
+            (&mut c as *mut f32).cast(),
             (&mut fl as *mut i32).cast(),
         ];
-        let post = grid_stride(rows * n_q * d / 8);  // eight elements per thread
+        let post = grid_stride(rows * n_q * d / 8); // eight elements per thread
         if bp.post_dq_sage {
             // sage_bwd_post_dq_int8 (4 × 8 elements per thread), PDL after the main kernel
             crate::quantize::post_dq_sage(gpu, k, rows * n_q * d / 8, stream, &mut args)?;
@@ -399,14 +583,28 @@ pub fn backward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, fwd: &DeviceForward, s
     for &side in &streams[1..] {
         gpu.order(side, streams[0])?;
     }
-    drop(sets);  // stream-ordered: returned to the pool once the last group has run
+    drop(sets); // stream-ordered: returned to the pool once the last group has run
     if let (Some(dk_acc), Some(dv_acc)) = (&dk_acc, &dv_acc) {
         drv("launch sage_bwd_post_dkdv", unsafe {
-            gpu.dev.stream.launch_builder(&k.post_dkdv).arg(dk_acc).arg(dv_acc).arg(&dk).arg(&dv)
-                .arg(&dims).arg(&c).launch(grid_stride(s.kv_len()))
+            gpu.dev
+                .stream
+                .launch_builder(&k.post_dkdv)
+                .arg(dk_acc)
+                .arg(dv_acc)
+                .arg(&dk)
+                .arg(&dv)
+                .arg(&dims)
+                .arg(&c)
+                .launch(grid_stride(s.kv_len()))
         })?;
     }
-    Ok(DeviceGradients { dq, dk, dv, delta, do_quant })
+    Ok(DeviceGradients {
+        dq,
+        dk,
+        dv,
+        delta,
+        do_quant,
+    })
 }
 
 /// Device bytes the backward allocates beyond the forward's (for the up-front memory check): an
@@ -445,7 +643,14 @@ mod tests {
     }
 
     fn mha(batch: usize, heads: usize, n: usize, head_dim: usize) -> sagebwd::Shape {
-        sagebwd::Shape { batch, heads_q: heads, heads_kv: heads, n_q: n, n_k: n, head_dim }
+        sagebwd::Shape {
+            batch,
+            heads_q: heads,
+            heads_kv: heads,
+            n_q: n,
+            n_k: n,
+            head_dim,
+        }
     }
     const MIB: usize = 1 << 20;
 
@@ -460,7 +665,10 @@ mod tests {
         for bh in 1..60 {
             for n in 1..=MAX_GROUPS {
                 let p = GroupPlan::split(bh, n);
-                assert!(p.count <= n && (p.count - 1) * p.rows < bh && p.count * p.rows >= bh, "{bh} {n} {p:?}");
+                assert!(
+                    p.count <= n && (p.count - 1) * p.rows < bh && p.count * p.rows >= bh,
+                    "{bh} {n} {p:?}"
+                );
             }
         }
     }
@@ -473,8 +681,16 @@ mod tests {
         // Unsplit, the model is within 2 MiB of main's measured 810 / 805 MiB (which also held the
         // forward's Q̂ᵀ, K̂ᵀ and allocated dQ after the main kernel: the same total).
         let one = |s: &sagebwd::Shape| sage_peak_bytes(s, GroupPlan::one(s.batch * s.heads_q)) as f64 / MIB as f64;
-        assert!((one(&mha(16, 32, 1024, 64)) - 810.0).abs() < 2.0, "{}", one(&mha(16, 32, 1024, 64)));
-        assert!((one(&mha(16, 16, 1024, 128)) - 805.0).abs() < 2.0, "{}", one(&mha(16, 16, 1024, 128)));
+        assert!(
+            (one(&mha(16, 32, 1024, 64)) - 810.0).abs() < 2.0,
+            "{}",
+            one(&mha(16, 32, 1024, 64))
+        );
+        assert!(
+            (one(&mha(16, 16, 1024, 128)) - 805.0).abs() < 2.0,
+            "{}",
+            one(&mha(16, 16, 1024, 128))
+        );
     }
 
     #[test]
@@ -483,7 +699,9 @@ mod tests {
             let bh = s.batch * s.heads_q;
             // from two groups on (one buffer set per stream: from one group to two, two sets of
             // half the rows, rounded up)
-            let peaks: Vec<usize> = (2..=MAX_GROUPS).map(|n| sage_peak_bytes(&s, GroupPlan::split(bh, n))).collect();
+            let peaks: Vec<usize> = (2..=MAX_GROUPS)
+                .map(|n| sage_peak_bytes(&s, GroupPlan::split(bh, n)))
+                .collect();
             assert!(peaks.windows(2).all(|w| w[1] <= w[0]), "{s:?}: {peaks:?}");
         }
     }
@@ -491,8 +709,12 @@ mod tests {
     #[test]
     fn bench_and_training_shapes_fit_the_budget() {
         let shapes = [
-            mha(16, 32, 1024, 64), mha(4, 32, 4096, 64), mha(16, 16, 1024, 128), mha(4, 16, 4096, 128),
-            mha(16, 12, 1024, 64), mha(4, 12, 4096, 64),
+            mha(16, 32, 1024, 64),
+            mha(4, 32, 4096, 64),
+            mha(16, 16, 1024, 128),
+            mha(4, 16, 4096, 128),
+            mha(16, 12, 1024, 64),
+            mha(4, 12, 4096, 64),
         ];
         for s in shapes {
             let plan = choose_groups(&s);
@@ -514,8 +736,14 @@ mod tests {
         // One head: nothing to split.
         assert_eq!(choose_groups(&mha(1, 1, 64, 64)), GroupPlan::one(1));
         assert!(choose_groups(&mha(1, 2, 64, 64)).count <= 2);
-        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), false, GroupPolicy::Count(1)), GroupPlan::one(40));
-        assert_eq!(GroupPlan::of(&mha(1, 40, 64, 64), false, GroupPolicy::Count(3)), GroupPlan { count: 3, rows: 14 });
+        assert_eq!(
+            GroupPlan::of(&mha(1, 40, 64, 64), false, GroupPolicy::Count(1)),
+            GroupPlan::one(40)
+        );
+        assert_eq!(
+            GroupPlan::of(&mha(1, 40, 64, 64), false, GroupPolicy::Count(3)),
+            GroupPlan { count: 3, rows: 14 }
+        );
     }
 
     #[test]
@@ -547,10 +775,16 @@ mod tests {
         // within the H200's opt-in 232 448.
         assert_eq!(sage_staging_bytes(64, StagedBackward::Sage), 36_864);
         assert_eq!(sage_staging_bytes(128, StagedBackward::Sage), 65_536 + 64); // + the second amax scratch
-        assert_eq!(sage_staging_bytes(128, StagedBackward::Bf16) + sage_staging_bytes(64, StagedBackward::Bf16), 0);
+        assert_eq!(
+            sage_staging_bytes(128, StagedBackward::Bf16) + sage_staging_bytes(64, StagedBackward::Bf16),
+            0
+        );
         assert!(staged_backward_smem_bytes(128, StagedBackward::Sage) + 65_536 + 64 + 16 <= 232_448);
         assert!(staged_backward_smem_bytes(64, StagedBackward::Bf16) < 100 * 1024);
         // Bf16BulkLayout at d = 128: 165 888 (the staged layout's end rounded up to 1024) + 32 768 + 1 024.
-        assert_eq!(staged_backward_smem_bytes(128, StagedBackward::Bf16) + bf16_bulk_staging_bytes(128), 199_680);
+        assert_eq!(
+            staged_backward_smem_bytes(128, StagedBackward::Bf16) + bf16_bulk_staging_bytes(128),
+            199_680
+        );
     }
 }

@@ -26,7 +26,9 @@ pub struct EnergyMeter {
 
 impl std::fmt::Debug for EnergyMeter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EnergyMeter").field("index", &self.index).finish_non_exhaustive()
+        f.debug_struct("EnergyMeter")
+            .field("index", &self.index)
+            .finish_non_exhaustive()
     }
 }
 
@@ -48,8 +50,14 @@ impl EnergyMeter {
     /// NVML on `dev`'s GPU; fails (with the reason) without NVML or without an energy counter.
     pub fn open(dev: &Device) -> Result<EnergyMeter> {
         let bus = pci_bus_id(dev)?;
-        let nvml = Nvml::init().map_err(|e| Error::Backend(format!("NVML (libnvidia-ml.so.1, part of the NVIDIA driver) not available: {e}")))?;
-        let index = nvml.device_by_pci_bus_id(bus.as_str()).map_err(nvml_err("device lookup by PCI bus id"))?;
+        let nvml = Nvml::init().map_err(|e| {
+            Error::Backend(format!(
+                "NVML (libnvidia-ml.so.1, part of the NVIDIA driver) not available: {e}"
+            ))
+        })?;
+        let index = nvml
+            .device_by_pci_bus_id(bus.as_str())
+            .map_err(nvml_err("device lookup by PCI bus id"))?;
         let index = index.index().map_err(nvml_err("device index"))?;
         let meter = EnergyMeter { nvml, index };
         meter.millijoules()?;
@@ -58,25 +66,39 @@ impl EnergyMeter {
 
     /// The board's energy counter (mJ since the driver loaded).
     pub fn millijoules(&self) -> Result<u64> {
-        let d = self.nvml.device_by_index(self.index).map_err(nvml_err("device handle"))?;
-        d.total_energy_consumption().map_err(nvml_err("total energy consumption (needs Volta or newer)"))
+        let d = self
+            .nvml
+            .device_by_index(self.index)
+            .map_err(nvml_err("device handle"))?;
+        d.total_energy_consumption()
+            .map_err(nvml_err("total energy consumption (needs Volta or newer)"))
     }
 
     /// The SM clock now (MHz): under the power cap it drops below the maximum.
     pub fn sm_clock_mhz(&self) -> Result<u32> {
-        let d = self.nvml.device_by_index(self.index).map_err(nvml_err("device handle"))?;
-        d.clock_info(nvml_wrapper::enum_wrappers::device::Clock::SM).map_err(nvml_err("SM clock"))
+        let d = self
+            .nvml
+            .device_by_index(self.index)
+            .map_err(nvml_err("device handle"))?;
+        d.clock_info(nvml_wrapper::enum_wrappers::device::Clock::SM)
+            .map_err(nvml_err("SM clock"))
     }
 
     /// Starts a span: the counter and the wall clock now.
     pub fn start(&self) -> Result<EnergySpan> {
-        Ok(EnergySpan { mj: self.millijoules()?, at: Instant::now() })
+        Ok(EnergySpan {
+            mj: self.millijoules()?,
+            at: Instant::now(),
+        })
     }
 
     /// The energy and wall time since `span` started.
     pub fn since(&self, span: &EnergySpan) -> Result<Energy> {
         let mj = self.millijoules()?;
-        Ok(Energy { joules: mj.saturating_sub(span.mj) as f64 * 1e-3, seconds: span.at.elapsed().as_secs_f64() })
+        Ok(Energy {
+            joules: mj.saturating_sub(span.mj) as f64 * 1e-3,
+            seconds: span.at.elapsed().as_secs_f64(),
+        })
     }
 }
 
@@ -104,7 +126,11 @@ pub struct Energy {
 impl Energy {
     /// Mean board power over the interval (W); 0 for an empty interval.
     pub fn watts(&self) -> f64 {
-        if self.seconds > 0.0 { self.joules / self.seconds } else { 0.0 }
+        if self.seconds > 0.0 {
+            self.joules / self.seconds
+        } else {
+            0.0
+        }
     }
 
     /// Energy per unit of work (J each) for `count` units done in the interval.
@@ -119,7 +145,10 @@ mod tests {
 
     #[test]
     fn power_and_energy_per_unit_follow_from_the_interval() {
-        let e = Energy { joules: 1035.0, seconds: 1.5 };
+        let e = Energy {
+            joules: 1035.0,
+            seconds: 1.5,
+        };
         assert_eq!(e.watts(), 690.0);
         assert_eq!(e.per(1035), Some(1.0));
         assert_eq!(e.per(0), None);

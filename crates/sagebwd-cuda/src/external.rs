@@ -77,7 +77,9 @@ impl Borrowed {
         if ptr == 0 {
             return Err(Error::Shape(format!("{what}: null device address")));
         }
-        Ok(Borrowed(ManuallyDrop::new(unsafe { gpu.dev.stream.upgrade_device_ptr::<u16>(ptr, len) })))
+        Ok(Borrowed(ManuallyDrop::new(unsafe {
+            gpu.dev.stream.upgrade_device_ptr::<u16>(ptr, len)
+        })))
     }
 
     fn take(mut self) -> CudaSlice<u16> {
@@ -99,12 +101,25 @@ struct BorrowedInputs(ManuallyDrop<DeviceInputs>);
 
 impl BorrowedInputs {
     /// SAFETY: as [`Borrowed::new`] for each of Q (`B·H_q·N_q·d`), K and V (`B·H_kv·N_k·d`).
-    unsafe fn new(gpu: &Gpu, shape: Shape, causal: bool, q: CUdeviceptr, k: CUdeviceptr, v: CUdeviceptr)
-                  -> Result<BorrowedInputs> {
+    unsafe fn new(
+        gpu: &Gpu,
+        shape: Shape,
+        causal: bool,
+        q: CUdeviceptr,
+        k: CUdeviceptr,
+        v: CUdeviceptr,
+    ) -> Result<BorrowedInputs> {
         let q = unsafe { Borrowed::new(gpu, q, shape.q_len(), "Q")? };
         let k = unsafe { Borrowed::new(gpu, k, shape.kv_len(), "K")? };
         let v = unsafe { Borrowed::new(gpu, v, shape.kv_len(), "V")? };
-        Ok(BorrowedInputs(ManuallyDrop::new(DeviceInputs { shape, causal, q: q.take(), k: k.take(), v: v.take(), d_o: None })))
+        Ok(BorrowedInputs(ManuallyDrop::new(DeviceInputs {
+            shape,
+            causal,
+            q: q.take(),
+            k: k.take(),
+            v: v.take(),
+            d_o: None,
+        })))
     }
 }
 
@@ -174,7 +189,9 @@ fn copy(gpu: &Gpu, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, what: &str)
     if dst == 0 {
         return Err(Error::Shape(format!("{what}: null device address")));
     }
-    drv(what, unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, gpu.main_stream()).result() })
+    drv(what, unsafe {
+        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, gpu.main_stream()).result()
+    })
 }
 
 fn check(shape: &Shape, cfg: &Config) -> Result<()> {
@@ -188,8 +205,17 @@ fn check(shape: &Shape, cfg: &Config) -> Result<()> {
 /// # Safety
 /// The addresses must be device memory of `gpu`'s context holding the tensors of `shape`, alive
 /// until the work queued on `stream` has run; `o` must not overlap the inputs.
-pub unsafe fn forward(gpu: &Gpu, stream: CUstream, shape: Shape, causal: bool, cfg: &Config, q: CUdeviceptr,
-                      k: CUdeviceptr, v: CUdeviceptr, o: CUdeviceptr) -> Result<ExternalForward> {
+pub unsafe fn forward(
+    gpu: &Gpu,
+    stream: CUstream,
+    shape: Shape,
+    causal: bool,
+    cfg: &Config,
+    q: CUdeviceptr,
+    k: CUdeviceptr,
+    v: CUdeviceptr,
+    o: CUdeviceptr,
+) -> Result<ExternalForward> {
     check(&shape, cfg)?;
     on_stream(gpu, stream, || {
         let x = unsafe { BorrowedInputs::new(gpu, shape, causal, q, k, v)? };
@@ -197,7 +223,13 @@ pub unsafe fn forward(gpu: &Gpu, stream: CUstream, shape: Shape, causal: bool, c
         let DeviceForward { o: o_lib, lse2, lse } = fwd;
         copy(gpu, o, gpu.ptr(&o_lib), shape.q_len() * 2, "copy O")?;
         drop(o_lib); // freed stream-ordered, after the copy
-        Ok(ExternalForward { shape, causal, lse2: Some(lse2), lse: Some(lse), saved })
+        Ok(ExternalForward {
+            shape,
+            causal,
+            lse2: Some(lse2),
+            lse: Some(lse),
+            saved,
+        })
     })
 }
 
@@ -208,9 +240,19 @@ pub unsafe fn forward(gpu: &Gpu, stream: CUstream, shape: Shape, causal: bool, c
 /// # Safety
 /// As [`forward`], for every address; Q, K, V must hold the values the forward read.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn backward(gpu: &Gpu, stream: CUstream, state: &mut ExternalForward, q: CUdeviceptr, k: CUdeviceptr,
-                       v: CUdeviceptr, o: CUdeviceptr, d_o: CUdeviceptr, dq: CUdeviceptr, dk: CUdeviceptr,
-                       dv: CUdeviceptr) -> Result<()> {
+pub unsafe fn backward(
+    gpu: &Gpu,
+    stream: CUstream,
+    state: &mut ExternalForward,
+    q: CUdeviceptr,
+    k: CUdeviceptr,
+    v: CUdeviceptr,
+    o: CUdeviceptr,
+    d_o: CUdeviceptr,
+    dq: CUdeviceptr,
+    dk: CUdeviceptr,
+    dv: CUdeviceptr,
+) -> Result<()> {
     let shape = state.shape;
     check(&shape, &state.saved.cfg)?;
     on_stream(gpu, stream, || {
@@ -218,7 +260,9 @@ pub unsafe fn backward(gpu: &Gpu, stream: CUstream, state: &mut ExternalForward,
         let o = unsafe { Borrowed::new(gpu, o, shape.q_len(), "O")? };
         let d_o = unsafe { Borrowed::new(gpu, d_o, shape.q_len(), "dO")? };
         let (Some(lse2), Some(lse)) = (state.lse2.take(), state.lse.take()) else {
-            return Err(Error::Backend("the forward's saved LSE is missing (an earlier backward failed)".into()));
+            return Err(Error::Backend(
+                "the forward's saved LSE is missing (an earlier backward failed)".into(),
+            ));
         };
         let fwd = BorrowedForward(Some(DeviceForward { o: o.take(), lse2, lse }));
         let grads = gpu.backward(&x, fwd.get(), &state.saved, &d_o.0);

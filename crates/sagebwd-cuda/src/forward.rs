@@ -160,11 +160,30 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     let (func, threads, smem) = match plan.forward {
         ForwardKernel::Bf16Ws { name, grid } => {
             launch_ws_bf16(gpu, k, name, grid, &p, s.head_dim)?;
-            return Ok((out, SavedForBackward { quant, cfg: cfg.clone(), plan }));
+            return Ok((
+                out,
+                SavedForBackward {
+                    quant,
+                    cfg: cfg.clone(),
+                    plan,
+                },
+            ));
         }
-        ForwardKernel::Int8Persistent { name, tma_kq, tma_o, pdl } => {
+        ForwardKernel::Int8Persistent {
+            name,
+            tma_kq,
+            tma_o,
+            pdl,
+        } => {
             launch_wsp(gpu, k, name, &p, &quant, s.head_dim, WspOptions { tma_kq, tma_o, pdl })?;
-            return Ok((out, SavedForBackward { quant, cfg: cfg.clone(), plan }));
+            return Ok((
+                out,
+                SavedForBackward {
+                    quant,
+                    cfg: cfg.clone(),
+                    plan,
+                },
+            ));
         }
         ForwardKernel::Mma(path) => {
             let smem = forward_mma_smem_bytes(s.head_dim, path);
@@ -184,8 +203,17 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
         block_dim: (threads, 1, 1),
         shared_mem_bytes: smem,
     };
-    drv("launch forward", unsafe { gpu.dev.stream.launch_builder(func).arg(&p).launch(launch) })?;
-    Ok((out, SavedForBackward { quant, cfg: cfg.clone(), plan }))
+    drv("launch forward", unsafe {
+        gpu.dev.stream.launch_builder(func).arg(&p).launch(launch)
+    })?;
+    Ok((
+        out,
+        SavedForBackward {
+            quant,
+            cfg: cfg.clone(),
+            plan,
+        },
+    ))
 }
 
 /// Dynamic shared memory of `sage_fwd_sm90_bf16_pairs` (`WsBf16Ring::kSmemBytes`): BF16 Q of two query
@@ -217,11 +245,18 @@ struct WspOptions {
 /// Launches a persistent INT8 kernel (`sage_forward_ws_p*`): min(tiles, SMs) blocks of 384 threads,
 /// the tensor maps of V̂ᵀ, K̂, Q̂ and O as its first parameters (`WspMaps`); K̂ and Q̂ are copied by TMA where
 /// the plan says so (`F_TMA_KQ`), O where it does (otherwise their maps are V̂ᵀ's, unused).
-fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams, quant: &QuantizedDev, head_dim: usize,
-              opt: WspOptions) -> Result<()> {
+fn launch_wsp(
+    gpu: &Gpu,
+    k: &Kernels,
+    kernel: &std::ffi::CStr,
+    p: &ForwardParams,
+    quant: &QuantizedDev,
+    head_dim: usize,
+    opt: WspOptions,
+) -> Result<()> {
     let vmap = int8_v_map(gpu, p, quant, head_dim)?;
     let mut p = *p;
-    let omap = if opt.tma_o { o_map(&p, head_dim)? } else { vmap };  // unused at d = 64
+    let omap = if opt.tma_o { o_map(&p, head_dim)? } else { vmap }; // unused at d = 64
     let mut maps = [vmap, vmap, vmap, omap];
     if opt.tma_kq {
         [maps[1], maps[2]] = int8_kq_maps(&p, head_dim)?;
@@ -229,7 +264,12 @@ fn launch_wsp(gpu: &Gpu, k: &Kernels, kernel: &std::ffi::CStr, p: &ForwardParams
     }
     // Programmatic dependent launch after sage_quantize_qkv (which triggers at its start): the blocks
     // start on the SMs its last wave frees and wait (pdl_wait in wsp_main) for it to complete.
-    let shape = WsShape { smem: wsp_smem_bytes(head_dim), grid: persistent_grid(gpu, &p), threads: WS_THREADS, pdl: opt.pdl };
+    let shape = WsShape {
+        smem: wsp_smem_bytes(head_dim),
+        grid: persistent_grid(gpu, &p),
+        threads: WS_THREADS,
+        pdl: opt.pdl,
+    };
     launch_ws_kernel(gpu, k, kernel, &mut maps, &p, shape)
 }
 
@@ -241,7 +281,14 @@ fn o_map(p: &ForwardParams, head_dim: usize) -> Result<crate::tma::TensorMap> {
     let d = &p.dims;
     let row_bytes = head_dim as u64 * 2;
     let dims = [head_dim as u64, d.n_q as u64, (d.batch * d.heads_q) as u64];
-    encode_tiled(TmaElem::U16, p.o, &dims, &[row_bytes, row_bytes * d.n_q as u64], &[64, 16, 1], TmaSwizzle::B128)
+    encode_tiled(
+        TmaElem::U16,
+        p.o,
+        &dims,
+        &[row_bytes, row_bytes * d.n_q as u64],
+        &[64, 16, 1],
+        TmaSwizzle::B128,
+    )
 }
 
 /// The K̂ and Q̂ maps of the TMA producer (`wsp_producer_tma`): K̂ (`[B·H_kv·n_k][d]` i8) as the permuted 5-D view whose box is one key block
@@ -251,12 +298,23 @@ fn int8_kq_maps(p: &ForwardParams, head_dim: usize) -> Result<[crate::tma::Tenso
     use crate::tma::{encode_tiled, permuted_rows_map, TmaElem, TmaSwizzle};
     let d = &p.dims;
     let row = head_dim as u64;
-    let swizzle = if head_dim == 128 { TmaSwizzle::B128 } else { TmaSwizzle::B64 };
+    let swizzle = if head_dim == 128 {
+        TmaSwizzle::B128
+    } else {
+        TmaSwizzle::B64
+    };
     let key_groups = (d.batch * d.heads_kv) as u64 * d.n_k as u64 / 16;
     let q_rows = (d.batch * d.heads_q) as u64 * d.n_q as u64;
     Ok([
         permuted_rows_map(TmaElem::I8, p.op.k_hat, row, key_groups, head_dim as u32, 8, swizzle)?,
-        encode_tiled(TmaElem::I8, p.op.q_hat, &[row, q_rows], &[row], &[head_dim as u32, 128], swizzle)?,
+        encode_tiled(
+            TmaElem::I8,
+            p.op.q_hat,
+            &[row, q_rows],
+            &[row],
+            &[head_dim as u32, 128],
+            swizzle,
+        )?,
     ])
 }
 
@@ -320,10 +378,32 @@ fn launch_ws_bf16(
         bf16_panel_map(p.v, d.batch * d.heads_kv, d.n_k, head_dim)?,
     ];
     match grid {
-        Bf16WsGrid::Pairs => launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_smem_bytes(head_dim), grid: pairs_grid(p), threads: WS_THREADS, pdl: false }),
-        Bf16WsGrid::Persistent => {
-            launch_ws_kernel(gpu, k, kernel, &mut maps, p, WsShape { smem: ws_bf16_persistent_smem_bytes(head_dim), grid: persistent_grid(gpu, p), threads: WS_THREADS, pdl: false })
-        }
+        Bf16WsGrid::Pairs => launch_ws_kernel(
+            gpu,
+            k,
+            kernel,
+            &mut maps,
+            p,
+            WsShape {
+                smem: ws_bf16_smem_bytes(head_dim),
+                grid: pairs_grid(p),
+                threads: WS_THREADS,
+                pdl: false,
+            },
+        ),
+        Bf16WsGrid::Persistent => launch_ws_kernel(
+            gpu,
+            k,
+            kernel,
+            &mut maps,
+            p,
+            WsShape {
+                smem: ws_bf16_persistent_smem_bytes(head_dim),
+                grid: persistent_grid(gpu, p),
+                threads: WS_THREADS,
+                pdl: false,
+            },
+        ),
     }
 }
 
@@ -347,27 +427,53 @@ fn launch_ws_kernel(
     p: &ForwardParams,
     shape: WsShape,
 ) -> Result<()> {
-    let WsShape { smem, grid, threads, pdl } = shape;
+    let WsShape {
+        smem,
+        grid,
+        threads,
+        pdl,
+    } = shape;
     use cudarc::driver::sys;
     drv("bind context", gpu.dev.ctx.bind_to_thread())?;
     let func = k.forward_function(name)?;
     let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-    drv("set forward shared memory", unsafe { sys::cuFuncSetAttribute(func, attr, smem as i32).result() })?;
+    drv("set forward shared memory", unsafe {
+        sys::cuFuncSetAttribute(func, attr, smem as i32).result()
+    })?;
     let mut params = *p;
-    let mut args: Vec<*mut std::ffi::c_void> = maps.iter_mut().map(|m| (m as *mut crate::tma::TensorMap).cast()).collect();
+    let mut args: Vec<*mut std::ffi::c_void> = maps
+        .iter_mut()
+        .map(|m| (m as *mut crate::tma::TensorMap).cast())
+        .collect();
     args.push((&mut params as *mut ForwardParams).cast());
     let stream = gpu.dev.stream.cu_stream();
     if pdl {
         return crate::quantize::launch_pdl(gpu, func, (grid.0, grid.1, 1), threads, smem, stream, &mut args);
     }
     drv("launch forward (warp-specialized)", unsafe {
-        sys::cuLaunchKernel(func, grid.0, grid.1, 1, threads, 1, 1, smem, stream, args.as_mut_ptr(), std::ptr::null_mut()).result()
+        sys::cuLaunchKernel(
+            func,
+            grid.0,
+            grid.1,
+            1,
+            threads,
+            1,
+            1,
+            smem,
+            stream,
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()
     })
 }
 
 /// The grid of the non-persistent warp-specialized kernels: (query-block pairs, B·H_q).
 fn pairs_grid(p: &ForwardParams) -> (u32, u32) {
-    ((p.dims.n_qblk as u32).div_ceil(2), (p.dims.batch * p.dims.heads_q) as u32)
+    (
+        (p.dims.n_qblk as u32).div_ceil(2),
+        (p.dims.batch * p.dims.heads_q) as u32,
+    )
 }
 
 /// The persistent forward kernels' grid: one block per SM (`Gpu::persistent_sms`), fewer when

@@ -145,8 +145,13 @@ impl Gpu {
         let tuning = Tuning::from_env()?;
         let dev = Device::open(ordinal)?;
         runtime::nvrtc_available()?;
-        Ok(Gpu { dev, kernels: Mutex::new(Vec::new()), tuning: Mutex::new(tuning), poison: AtomicBool::new(true),
-                 side: Mutex::new(None) })
+        Ok(Gpu {
+            dev,
+            kernels: Mutex::new(Vec::new()),
+            tuning: Mutex::new(tuning),
+            poison: AtomicBool::new(true),
+            side: Mutex::new(None),
+        })
     }
 
     /// The overrides in force ([`Tuning`]).
@@ -172,7 +177,9 @@ impl Gpu {
     /// [`Tuning::persistent_sms`] asks (so that verification on small shapes runs blocks that walk many work
     /// items: with 132 SMs every verification shape has at most one item per block).
     pub fn persistent_sms(&self) -> u32 {
-        self.tuning().persistent_sms.map_or(self.dev.sms, |n| n.min(self.dev.sms))
+        self.tuning()
+            .persistent_sms
+            .map_or(self.dev.sms, |n| n.min(self.dev.sms))
     }
 
     /// The kernels that run for `cfg` on `shape` on this GPU, under the tuning in force.
@@ -209,10 +216,16 @@ impl Gpu {
         let st = &self.dev.stream;
         let counts = drv("alloc", st.alloc_zeros::<u64>(3))?;
         const CHUNK: u32 = 4096; // EX2_CHUNK in selftest.cu
-        // The negative arguments [−∞, −0], then the positive ones [+0, 16] (selftest.cu).
+                                 // The negative arguments [−∞, −0], then the positive ones [+0, 16] (selftest.cu).
         let threads = (0xff80_0000u32 - 0x8000_0000) / CHUNK + 0x4180_0000u32.div_ceil(CHUNK);
-        let cfg = LaunchConfig { grid_dim: (threads.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        drv("launch sage_ex2_monotone", unsafe { st.launch_builder(&k.ex2_monotone).arg(&counts).launch(cfg) })?;
+        let cfg = LaunchConfig {
+            grid_dim: (threads.div_ceil(256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        drv("launch sage_ex2_monotone", unsafe {
+            st.launch_builder(&k.ex2_monotone).arg(&counts).launch(cfg)
+        })?;
         let c = self.download(&counts, 3)?;
         if c == [0, 0, 0] {
             Ok(())
@@ -234,8 +247,14 @@ impl Gpu {
         let counts = drv("alloc", st.alloc_zeros::<u64>(6))?;
         const CHUNK: u32 = 4096; // BF16_CHUNK in selftest.cu
         let threads = (1u64 << 32) / CHUNK as u64;
-        let cfg = LaunchConfig { grid_dim: ((threads / 256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        drv("launch sage_bf16_pack_check", unsafe { st.launch_builder(&k.bf16_pack_check).arg(&counts).launch(cfg) })?;
+        let cfg = LaunchConfig {
+            grid_dim: ((threads / 256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        drv("launch sage_bf16_pack_check", unsafe {
+            st.launch_builder(&k.bf16_pack_check).arg(&counts).launch(cfg)
+        })?;
         let c = self.download(&counts, 6)?;
         let text = format!(
             "2^32 patterns x 2 halves: cvt != f32_to_bf16 on non-NaN inputs {}, forward's rule != f32_to_bf16 {}, NaN flag wrong {}; \
@@ -263,15 +282,33 @@ impl Gpu {
         let b8: Vec<i8> = (0..8 * 32).map(|_| next() as i8).collect();
         let a16: Vec<f32> = (0..16 * 16).map(|_| (next() % 16) as f32).collect();
         let b16: Vec<f32> = (0..8 * 16).map(|_| (next() % 16) as f32).collect();
-        let bits = |v: &[f32]| v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+        let bits = |v: &[f32]| {
+            v.iter()
+                .map(|&x| half::bf16::from_f32(x).to_bits())
+                .collect::<Vec<u16>>()
+        };
         let st = &self.dev.stream;
         let (da8, db8) = (drv("upload", st.clone_htod(&a8))?, drv("upload", st.clone_htod(&b8))?);
-        let (da16, db16) = (drv("upload", st.clone_htod(&bits(&a16)))?, drv("upload", st.clone_htod(&bits(&b16)))?);
+        let (da16, db16) = (
+            drv("upload", st.clone_htod(&bits(&a16)))?,
+            drv("upload", st.clone_htod(&bits(&b16)))?,
+        );
         let c8 = self.alloc::<i32>(128)?;
         let c16 = self.alloc_poisoned_f32(128)?;
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         drv("launch sage_mma_selftest", unsafe {
-            st.launch_builder(&k.mma_selftest).arg(&da8).arg(&db8).arg(&c8).arg(&da16).arg(&db16).arg(&c16).launch(cfg)
+            st.launch_builder(&k.mma_selftest)
+                .arg(&da8)
+                .arg(&db8)
+                .arg(&c8)
+                .arg(&da16)
+                .arg(&db16)
+                .arg(&c16)
+                .launch(cfg)
         })?;
         let (g8, g16) = (self.download(&c8, 128)?, self.download(&c16, 128)?);
         let mut bad = Vec::new();
@@ -290,8 +327,11 @@ impl Gpu {
         if bad.is_empty() {
             Ok(())
         } else {
-            Err(Error::Backend(format!("mma.sync fragment self-test failed at {} entries: {}", bad.len(),
-                bad.iter().take(8).cloned().collect::<Vec<_>>().join("; "))))
+            Err(Error::Backend(format!(
+                "mma.sync fragment self-test failed at {} entries: {}",
+                bad.len(),
+                bad.iter().take(8).cloned().collect::<Vec<_>>().join("; ")
+            )))
         }
     }
 
@@ -302,7 +342,10 @@ impl Gpu {
 
     /// The kernels for `head_dim`, compiled (or read from the cache) on first use.
     pub fn kernels(&self, head_dim: usize) -> Result<Arc<Kernels>> {
-        let mut loaded = self.kernels.lock().map_err(|_| Error::Backend("kernel cache lock poisoned".into()))?;
+        let mut loaded = self
+            .kernels
+            .lock()
+            .map_err(|_| Error::Backend("kernel cache lock poisoned".into()))?;
         if let Some(k) = loaded.iter().find(|k| k.head_dim == head_dim) {
             return Ok(k.clone());
         }
@@ -330,7 +373,13 @@ impl Gpu {
 
     /// Fills a buffer of 4-byte-multiple size with a 32-bit pattern.
     pub(crate) fn fill<T>(&self, k: &Kernels, s: &CudaSlice<T>, pattern: u32) -> Result<()> {
-        self.fill_on(k, self.ptr(s), s.len() * std::mem::size_of::<T>(), pattern, self.main_stream())
+        self.fill_on(
+            k,
+            self.ptr(s),
+            s.len() * std::mem::size_of::<T>(),
+            pattern,
+            self.main_stream(),
+        )
     }
 
     /// The kernels' stream (the context's default stream) as a driver handle.
@@ -341,14 +390,19 @@ impl Gpu {
     /// The second stream of the backward's head groups ([`SideStream`]), made on first use.
     pub(crate) fn side_stream(&self) -> Result<cudarc::driver::sys::CUstream> {
         use cudarc::driver::sys;
-        let mut side = self.side.lock().map_err(|_| Error::Backend("side stream lock poisoned".into()))?;
+        let mut side = self
+            .side
+            .lock()
+            .map_err(|_| Error::Backend("side stream lock poisoned".into()))?;
         if let Some(s) = side.as_ref() {
             return Ok(s.0);
         }
         drv("bind context", self.dev.ctx.bind_to_thread())?;
         let mut stream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        drv("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, flags).result() })?;
+        drv("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut stream, flags).result()
+        })?;
         *side = Some(SideStream(stream));
         Ok(stream)
     }
@@ -361,7 +415,9 @@ impl Gpu {
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         unsafe {
             drv("cuEventCreate", sys::cuEventCreate(&mut event, flags).result())?;
-            let waited = sys::cuEventRecord(event, from).result().and_then(|_| sys::cuStreamWaitEvent(to, event, 0).result());
+            let waited = sys::cuEventRecord(event, from)
+                .result()
+                .and_then(|_| sys::cuStreamWaitEvent(to, event, 0).result());
             // released once the recorded work completes; the wait already holds its point
             let _ = sys::cuEventDestroy_v2(event);
             drv("stream order", waited)
@@ -369,23 +425,52 @@ impl Gpu {
     }
 
     /// `sage_fill_u32` of `bytes` (a multiple of 4) at `addr` on `stream`: [`Gpu::fill`] for any stream.
-    pub(crate) fn fill_on(&self, k: &Kernels, addr: u64, bytes: usize, pattern: u32, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+    pub(crate) fn fill_on(
+        &self,
+        k: &Kernels,
+        addr: u64,
+        bytes: usize,
+        pattern: u32,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<()> {
         let (mut addr, mut words, mut pattern) = (addr, (bytes / 4) as u64, pattern);
         let blocks = words.div_ceil(256).clamp(1, 1 << 16) as u32;
-        let mut args: [*mut std::ffi::c_void; 3] =
-            [(&mut addr as *mut u64).cast(), (&mut words as *mut u64).cast(), (&mut pattern as *mut u32).cast()];
+        let mut args: [*mut std::ffi::c_void; 3] = [
+            (&mut addr as *mut u64).cast(),
+            (&mut words as *mut u64).cast(),
+            (&mut pattern as *mut u32).cast(),
+        ];
         self.launch_raw(k.fill_u32.cu_function(), (blocks, 1, 1), 256, 0, stream, &mut args)
     }
 
     /// cuLaunchKernel on a driver stream (the side stream's launches, which cudarc's builder,
     /// bound to cudarc streams, cannot make). `args`: addresses of the kernel's parameters.
-    pub(crate) fn launch_raw(&self, func: cudarc::driver::sys::CUfunction, grid: (u32, u32, u32), block: u32, smem: u32,
-                             stream: cudarc::driver::sys::CUstream, args: &mut [*mut std::ffi::c_void]) -> Result<()> {
+    pub(crate) fn launch_raw(
+        &self,
+        func: cudarc::driver::sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        stream: cudarc::driver::sys::CUstream,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
         use cudarc::driver::sys;
         drv("bind context", self.dev.ctx.bind_to_thread())?;
         drv("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(func, grid.0, grid.1, grid.2, block, 1, 1, smem, stream, args.as_mut_ptr(), std::ptr::null_mut())
-                .result()
+            sys::cuLaunchKernel(
+                func,
+                grid.0,
+                grid.1,
+                grid.2,
+                block,
+                1,
+                1,
+                smem,
+                stream,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()
         })
     }
 
@@ -424,7 +509,11 @@ impl Gpu {
     }
 
     /// `download` of a buffer that may not exist (an empty vector then).
-    fn download_some<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, s: &Option<CudaSlice<T>>, n: usize) -> Result<Vec<T>> {
+    fn download_some<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        s: &Option<CudaSlice<T>>,
+        n: usize,
+    ) -> Result<Vec<T>> {
         s.as_ref().map_or(Ok(Vec::new()), |s| self.download(s, n))
     }
 
@@ -499,11 +588,20 @@ impl Gpu {
     /// groups ([`backward::GroupPolicy`], `SAGEBWD_BWD_GROUPS`) so that its peak memory stays within
     /// cuDNN's: by default where that is free (non-causal N ≥ 8k), everywhere with `lean`; then
     /// `DeviceGradients::do_quant` holds s_dO but no dÔ.
-    pub fn backward(&self, x: &DeviceInputs, fwd: &DeviceForward, saved: &SavedForBackward,
-                    d_o: &CudaSlice<u16>) -> Result<DeviceGradients> {
+    pub fn backward(
+        &self,
+        x: &DeviceInputs,
+        fwd: &DeviceForward,
+        saved: &SavedForBackward,
+        d_o: &CudaSlice<u16>,
+    ) -> Result<DeviceGradients> {
         check_supported(&x.shape, &saved.cfg)?;
         if d_o.len() != x.shape.q_len() {
-            return Err(Error::Shape(format!("dO has {} elements, expected {}", d_o.len(), x.shape.q_len())));
+            return Err(Error::Shape(format!(
+                "dO has {} elements, expected {}",
+                d_o.len(),
+                x.shape.q_len()
+            )));
         }
         let k = self.kernels(x.shape.head_dim)?;
         backward::backward(self, &k, x, fwd, saved, d_o)
@@ -533,9 +631,15 @@ impl Gpu {
     /// in several head groups: each quantized its rows into one reused dÔᵀ buffer, so no whole dÔ
     /// is left (s_dO is, and is compared as the backward wrote it; the gradients show that the groups
     /// read the same dÔ). `None` when the backward's dÔ is there or none was computed.
-    fn do_quant_for_check(&self, x: &DeviceInputs, saved: &SavedForBackward, grads: Option<&DeviceGradients>)
-                          -> Result<Option<QuantizedDo>> {
-        let (Some(g), Some(d_o)) = (grads, &x.d_o) else { return Ok(None) };
+    fn do_quant_for_check(
+        &self,
+        x: &DeviceInputs,
+        saved: &SavedForBackward,
+        grads: Option<&DeviceGradients>,
+    ) -> Result<Option<QuantizedDo>> {
+        let (Some(g), Some(d_o)) = (grads, &x.d_o) else {
+            return Ok(None);
+        };
         let kept = g.do_quant.do_hat.is_some() || g.do_quant.do_hat_t.is_some();
         if kept || !saved.quant.needs.quantized {
             return Ok(None);
@@ -547,18 +651,39 @@ impl Gpu {
     /// V̂ `[B, H_kv, N_k, d]` on the host: the natural copy if it was computed, else V̂ᵀ
     /// `[B, H_kv, d, N_k,pad]` transposed back; empty if neither exists.
     fn v_hat_host(&self, s: &Shape, qd: &QuantizedDev) -> Result<Vec<i8>> {
-        self.natural_host(&qd.v_hat, &qd.v_hat_t, s.batch * s.heads_kv, s.n_k, runtime::padded_k(s.n_k), s.head_dim)
+        self.natural_host(
+            &qd.v_hat,
+            &qd.v_hat_t,
+            s.batch * s.heads_kv,
+            s.n_k,
+            runtime::padded_k(s.n_k),
+            s.head_dim,
+        )
     }
 
     /// dÔ `[B, H_q, N_q, d]` on the host, from the natural copy or from dÔᵀ (as [`Gpu::v_hat_host`]).
     fn do_hat_host(&self, s: &Shape, dq: &QuantizedDo) -> Result<Vec<i8>> {
-        self.natural_host(&dq.do_hat, &dq.do_hat_t, s.batch * s.heads_q, s.n_q, runtime::padded_q(s.n_q), s.head_dim)
+        self.natural_host(
+            &dq.do_hat,
+            &dq.do_hat_t,
+            s.batch * s.heads_q,
+            s.n_q,
+            runtime::padded_q(s.n_q),
+            s.head_dim,
+        )
     }
 
     /// An INT8 `[bh, n, d]` tensor on the host from its natural copy if computed, else from its
     /// transposed copy `[bh, d, n_pad]`; empty if neither exists.
-    fn natural_host(&self, natural: &Option<CudaSlice<i8>>, transposed: &Option<CudaSlice<i8>>, bh: usize, n: usize,
-                    n_pad: usize, d: usize) -> Result<Vec<i8>> {
+    fn natural_host(
+        &self,
+        natural: &Option<CudaSlice<i8>>,
+        transposed: &Option<CudaSlice<i8>>,
+        bh: usize,
+        n: usize,
+        n_pad: usize,
+        d: usize,
+    ) -> Result<Vec<i8>> {
         if natural.is_some() {
             return self.download_some(natural, bh * n * d);
         }
@@ -568,8 +693,15 @@ impl Gpu {
 
     /// `grads`: the gradients with the dO quantization to compare (the backward's own, or
     /// [`Gpu::do_quant_for_check`]'s dÔ with the backward's s_dO).
-    fn collect(&self, s: &Shape, cfg: &Config, fwd: &DeviceForward, saved: &SavedForBackward,
-               grads: Option<(&DeviceGradients, &QuantizedDo)>, v_hat: Vec<i8>) -> Result<SimOutput> {
+    fn collect(
+        &self,
+        s: &Shape,
+        cfg: &Config,
+        fwd: &DeviceForward,
+        saved: &SavedForBackward,
+        grads: Option<(&DeviceGradients, &QuantizedDo)>,
+        v_hat: Vec<i8>,
+    ) -> Result<SimOutput> {
         let bf = |v: Vec<u16>| -> Vec<f32> { v.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect() };
         let (bh_q, bh_kv) = (s.batch * s.heads_q, s.batch * s.heads_kv);
         let (nqb, nkb) = (s.n_q.div_ceil(BLOCK_Q), s.n_k.div_ceil(BLOCK_KV));
@@ -584,9 +716,17 @@ impl Gpu {
             k_scale: self.download_some(&qd.k_scale, bh_kv * nkb)?,
             v_hat,
             v_scale: self.download_some(&qd.v_scale, bh_kv * nkb)?,
-            k_mean: if qd.needs.quantized { self.download(&qd.k_mean, bh_kv * s.head_dim)? } else { Vec::new() },
+            k_mean: if qd.needs.quantized {
+                self.download(&qd.k_mean, bh_kv * s.head_dim)?
+            } else {
+                Vec::new()
+            },
             row_offset: self.download_some(&qd.row_offset, rows)?,
-            q_mean: if cfg.smooth_q { self.download_some(&qd.q_mean, bh_q * nqb * s.head_dim)? } else { Vec::new() },
+            q_mean: if cfg.smooth_q {
+                self.download_some(&qd.q_mean, bh_q * nqb * s.head_dim)?
+            } else {
+                Vec::new()
+            },
             do_hat: Vec::new(),
             do_scale: Vec::new(),
         };
@@ -608,7 +748,12 @@ impl Gpu {
             }
             None => None,
         };
-        Ok(SimOutput { quant, fwd: fwd_host, grads: grads_host, inter: None })
+        Ok(SimOutput {
+            quant,
+            fwd: fwd_host,
+            grads: grads_host,
+            inter: None,
+        })
     }
 }
 
@@ -632,7 +777,10 @@ fn untranspose(t: &[i8], bh: usize, n: usize, n_pad: usize, d: usize) -> Vec<i8>
 pub fn check_supported(s: &Shape, cfg: &Config) -> Result<()> {
     s.validate()?;
     if !HEAD_DIMS.contains(&s.head_dim) {
-        return Err(Error::HeadDim { got: s.head_dim, supported: "the CUDA kernels support 64 and 128".into() });
+        return Err(Error::HeadDim {
+            got: s.head_dim,
+            supported: "the CUDA kernels support 64 and 128".into(),
+        });
     }
     if !cfg.has_kernels() {
         return Err(Error::Config(format!(
@@ -649,7 +797,9 @@ pub fn check_supported(s: &Shape, cfg: &Config) -> Result<()> {
     }
     let heads = s.batch * s.heads_q;
     if heads > 65_535 {
-        return Err(Error::Shape(format!("batch × query heads = {heads} exceeds the CUDA grid limit 65535")));
+        return Err(Error::Shape(format!(
+            "batch × query heads = {heads} exceeds the CUDA grid limit 65535"
+        )));
     }
     Ok(())
 }
@@ -658,7 +808,8 @@ pub fn check_supported(s: &Shape, cfg: &Config) -> Result<()> {
 pub fn device_bytes(s: &Shape, with_backward: bool) -> usize {
     let (q, kv) = (s.q_len(), s.kv_len());
     let rows = s.batch * s.heads_q * s.n_q;
-    let blocks = (s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q) + s.batch * s.heads_kv * s.n_k.div_ceil(BLOCK_KV)) * 4 * 2;
+    let blocks =
+        (s.batch * s.heads_q * s.n_q.div_ceil(BLOCK_Q) + s.batch * s.heads_kv * s.n_k.div_ceil(BLOCK_KV)) * 4 * 2;
     let inputs = 2 * (q + 2 * kv);
     // BF16 Qᵀ, Kᵀ, Vᵀ (gathering paths) and V̂ᵀ; Q̂ᵀ, K̂ᵀ are made by the backward (`backward_bytes`)
     let (pq, pk) = (runtime::padded_q(s.n_q), runtime::padded_k(s.n_k));

@@ -45,13 +45,17 @@ impl ForwardOverride {
     ];
 
     pub fn parse(v: &str) -> Result<ForwardOverride> {
-        Self::NAMES.iter().find(|(n, _)| *n == v).map(|&(_, o)| o).ok_or_else(|| {
-            let names: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
-            Error::Backend(format!(
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == v)
+            .map(|&(_, o)| o)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
+                Error::Backend(format!(
                 "SAGEBWD_FORWARD_WGMMA={v}: no such forward kernel; expected one of {} (or unset: the plan's choice)",
                 names.join(", ")
             ))
-        })
+            })
     }
 
     pub fn name(self) -> &'static str {
@@ -217,7 +221,11 @@ impl Tuning {
                 None => None,
                 Some(v) => match v.trim().parse::<u32>() {
                     Ok(n) if n > 0 => Some(n),
-                    _ => return Err(Error::Backend(format!("SAGEBWD_PERSISTENT_SMS must be a positive integer (got {v:?})"))),
+                    _ => {
+                        return Err(Error::Backend(format!(
+                            "SAGEBWD_PERSISTENT_SMS must be a positive integer (got {v:?})"
+                        )))
+                    }
                 },
             },
         })
@@ -230,7 +238,12 @@ impl Tuning {
 }
 
 fn arch_major(arch: &str) -> u32 {
-    arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap_or(0)
+    arch.trim_start_matches("sm_")
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<String>()
+        .parse()
+        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -333,12 +346,20 @@ impl QuantNeeds {
     /// (the scalar kernels and the gathering paths read everything).
     pub(crate) fn for_paths(tensor_cores: bool, f: i32) -> QuantNeeds {
         if !tensor_cores {
-            return QuantNeeds { quantized: true, bf16_transposed: true, natural_v_do: true };
+            return QuantNeeds {
+                quantized: true,
+                bf16_transposed: true,
+                natural_v_do: true,
+            };
         }
         let (fwd, bwd) = (forward_path(f), staged_backward(f));
         let staged = fwd != ForwardPath::Gather && bwd.is_some();
         let all_bf16 = fwd == ForwardPath::StagedBf16 && bwd == Some(StagedBackward::Bf16);
-        QuantNeeds { quantized: !all_bf16, bf16_transposed: !staged, natural_v_do: bwd.is_none() }
+        QuantNeeds {
+            quantized: !all_bf16,
+            bf16_transposed: !staged,
+            natural_v_do: bwd.is_none(),
+        }
     }
 }
 
@@ -368,7 +389,10 @@ impl GroupPlan {
     /// `count` groups as even as whole rows allow (fewer if `count` does not divide B·H well).
     pub fn split(bh: usize, count: usize) -> GroupPlan {
         let rows = bh.div_ceil(count.clamp(1, bh));
-        GroupPlan { count: bh.div_ceil(rows), rows }
+        GroupPlan {
+            count: bh.div_ceil(rows),
+            rows,
+        }
     }
 
     /// The plan for shape `s` (with or without the causal mask) under `policy`.
@@ -466,7 +490,12 @@ pub enum ForwardKernel {
     /// A persistent warp-specialized `wgmma` INT8 kernel (sm_90a, both forward products INT8, no Q-smoothing):
     /// K̂ and Q̂ by TMA where `tma_kq` (else cp.async), O by TMA stores where `tma_o`, launched with PDL after the
     /// quantization where `pdl`.
-    Int8Persistent { name: &'static CStr, tma_kq: bool, tma_o: bool, pdl: bool },
+    Int8Persistent {
+        name: &'static CStr,
+        tma_kq: bool,
+        tma_o: bool,
+        pdl: bool,
+    },
 }
 
 impl ForwardKernel {
@@ -474,7 +503,9 @@ impl ForwardKernel {
         match self {
             ForwardKernel::Scalar => "sage_fwd_reference",
             ForwardKernel::Mma(_) => "sage_fwd_sm80",
-            ForwardKernel::Bf16Ws { name, .. } | ForwardKernel::Int8Persistent { name, .. } => name.to_str().unwrap_or("?"),
+            ForwardKernel::Bf16Ws { name, .. } | ForwardKernel::Int8Persistent { name, .. } => {
+                name.to_str().unwrap_or("?")
+            }
         }
     }
 }
@@ -585,7 +616,14 @@ impl KernelPlan {
             qk_hat_t_in_forward: sage_backward && tuning.qk_hat_t_in_forward.unwrap_or(backward.groups.count == 1),
             v_first: pdl && tuning.quantize_v_first,
         };
-        KernelPlan { arch: arch.to_string(), flags: fl, prepare, forward, backward, pdl }
+        KernelPlan {
+            arch: arch.to_string(),
+            flags: fl,
+            prepare,
+            forward,
+            backward,
+            pdl,
+        }
     }
 }
 
@@ -595,9 +633,18 @@ impl KernelPlan {
 /// head side by side reuse K, V in L2 at long N. An INT8 override leaves the default; `mma` gives None.
 fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool, forced: Option<ForwardOverride>) -> Option<ForwardKernel> {
     use Bf16WsGrid::{Pairs, Persistent};
-    let persistent = ForwardKernel::Bf16Ws { name: c"sage_fwd_sm90_bf16_persistent", grid: Persistent };
-    let grouped = ForwardKernel::Bf16Ws { name: c"sage_fwd_sm90_bf16_persistent_grouped", grid: Persistent };
-    let pairs = ForwardKernel::Bf16Ws { name: c"sage_fwd_sm90_bf16_pairs", grid: Pairs };
+    let persistent = ForwardKernel::Bf16Ws {
+        name: c"sage_fwd_sm90_bf16_persistent",
+        grid: Persistent,
+    };
+    let grouped = ForwardKernel::Bf16Ws {
+        name: c"sage_fwd_sm90_bf16_persistent_grouped",
+        grid: Persistent,
+    };
+    let pairs = ForwardKernel::Bf16Ws {
+        name: c"sage_fwd_sm90_bf16_pairs",
+        grid: Pairs,
+    };
     Some(match forced {
         Some(ForwardOverride::Mma) => return None,
         Some(ForwardOverride::Bf16Pairs) => pairs,
@@ -623,7 +670,10 @@ fn int8_persistent_kernel(forced: Option<ForwardOverride>) -> Option<&'static CS
 /// folds the heads' 16-key groups together) and rows that fit the kernel's 32-bit row arithmetic.
 pub(crate) fn tma_kq_fits(s: &Shape) -> bool {
     let rows = |heads: usize, n: usize| heads as i64 * s.batch as i64 * n as i64;
-    s.n_k % 16 == 0 && s.n_k > 0 && s.n_q > 0 && rows(s.heads_q, s.n_q) + 2 * 64 < 1 << 31
+    s.n_k % 16 == 0
+        && s.n_k > 0
+        && s.n_q > 0
+        && rows(s.heads_q, s.n_q) + 2 * 64 < 1 << 31
         && rows(s.heads_kv, s.n_k) < 1 << 31
 }
 
@@ -647,7 +697,8 @@ fn choose_backward(hopper: bool, fl: i32, s: &Shape, causal: bool, t: &Tuning, p
     let sage_plain = !persistent && sage && hopper && (d == 64 || d == 128);
     let sage_tma_dq = sage_plain && sage_d64_tma_dq;
     let rows = s.batch * s.heads_q;
-    let sage_tma_stage = sage_plain && d == 128 && s.n_q % BLOCK_Q == 0 && rows * s.n_q < 1 << 31 && t.sage_d128_tma_stage;
+    let sage_tma_stage =
+        sage_plain && d == 128 && s.n_q % BLOCK_Q == 0 && rows * s.n_q < 1 << 31 && t.sage_d128_tma_stage;
     let main = if persistent {
         BackwardMain::Named(if sage {
             c"sage_bwd_main_sm90_int8_persistent"
@@ -712,7 +763,11 @@ pub fn staged_backward_smem_bytes(head_dim: usize, path: StagedBackward) -> usiz
         StagedBackward::Sage => (5 * BLOCK_Q * head_dim, BLOCK_Q * BLOCK_KV),
         StagedBackward::Bf16 => (4 * BLOCK_Q * head_dim, 2 * BLOCK_Q * BLOCK_KV),
     };
-    let stages = if path == StagedBackward::Sage && head_dim == 64 { 3 } else { 2 };
+    let stages = if path == StagedBackward::Sage && head_dim == 64 {
+        3
+    } else {
+        2
+    };
     let rows = 2 * BLOCK_Q * 4;
     let red = 2 * (THREADS as usize / 32) * 4;
     let align_slack = 1024;
@@ -746,28 +801,47 @@ impl fmt::Display for KernelPlan {
         let p = &self.prepare;
         let yes = |b: bool, s: &'static str| if b { s } else { "" };
         if p.needs.quantized {
-            let smooth = if self.flags & F_SMOOTH_K != 0 { "sage_k_mean_partial → sage_k_mean → " } else { "" };
-            writeln!(f, "preparation    {smooth}sage_quantize_qkv{}{}",
-                     yes(p.qk_hat_t_in_forward, " (+ Q̂ᵀ, K̂ᵀ for the backward)"),
-                     yes(p.needs.bf16_transposed, " (+ BF16 transposes)"))?;
+            let smooth = if self.flags & F_SMOOTH_K != 0 {
+                "sage_k_mean_partial → sage_k_mean → "
+            } else {
+                ""
+            };
+            writeln!(
+                f,
+                "preparation    {smooth}sage_quantize_qkv{}{}",
+                yes(p.qk_hat_t_in_forward, " (+ Q̂ᵀ, K̂ᵀ for the backward)"),
+                yes(p.needs.bf16_transposed, " (+ BF16 transposes)")
+            )?;
         } else {
             writeln!(f, "preparation    none (every product BF16)")?;
         }
         write!(f, "forward        {}", self.forward.name())?;
         match self.forward {
             ForwardKernel::Scalar => writeln!(f, " (scalar reference)")?,
-            ForwardKernel::Mma(path) => writeln!(f, " (mma.sync, {} path)", match path {
-                ForwardPath::StagedInt8 => "staged INT8",
-                ForwardPath::StagedBf16 => "staged BF16",
-                ForwardPath::Gather => "gathering",
-            })?,
-            ForwardKernel::Bf16Ws { grid, .. } => writeln!(f, " (wgmma, warp-specialized, {})", match grid {
-                Bf16WsGrid::Pairs => "a block per query-block pair",
-                Bf16WsGrid::Persistent => "persistent",
-            })?,
+            ForwardKernel::Mma(path) => writeln!(
+                f,
+                " (mma.sync, {} path)",
+                match path {
+                    ForwardPath::StagedInt8 => "staged INT8",
+                    ForwardPath::StagedBf16 => "staged BF16",
+                    ForwardPath::Gather => "gathering",
+                }
+            )?,
+            ForwardKernel::Bf16Ws { grid, .. } => writeln!(
+                f,
+                " (wgmma, warp-specialized, {})",
+                match grid {
+                    Bf16WsGrid::Pairs => "a block per query-block pair",
+                    Bf16WsGrid::Persistent => "persistent",
+                }
+            )?,
             ForwardKernel::Int8Persistent { tma_kq, tma_o, pdl, .. } => writeln!(
-                f, " (wgmma, warp-specialized, persistent; K̂/Q̂ by {}{}{})",
-                if tma_kq { "TMA" } else { "cp.async" }, yes(tma_o, ", O by TMA"), yes(pdl, ", PDL"))?,
+                f,
+                " (wgmma, warp-specialized, persistent; K̂/Q̂ by {}{}{})",
+                if tma_kq { "TMA" } else { "cp.async" },
+                yes(tma_o, ", O by TMA"),
+                yes(pdl, ", PDL")
+            )?,
         }
         let b = &self.backward;
         let pre = if !p.needs.quantized {
@@ -780,20 +854,39 @@ impl fmt::Display for KernelPlan {
             "sage_bwd_delta (D) + dO quantization"
         };
         writeln!(f, "backward pre   {pre}")?;
-        writeln!(f, "backward main  {} ({}{}{}{}{}, {} B shared memory)", b.main.name(),
-                 match b.staged {
-                     Some(StagedBackward::Sage) => "staged sagebwd path",
-                     Some(StagedBackward::Bf16) => "staged BF16 path",
-                     None if matches!(b.main, BackwardMain::Scalar) => "scalar reference",
-                     None => "gathering path",
-                 },
-                 yes(b.persistent, ", persistent grid"), yes(b.bf16_tma_dq || b.sage_tma_dq, ", dQ by TMA reduces"),
-                 yes(b.sage_tma_stage, ", query blocks by TMA"), yes(b.main_pdl, ", PDL"), b.main_smem)?;
+        writeln!(
+            f,
+            "backward main  {} ({}{}{}{}{}, {} B shared memory)",
+            b.main.name(),
+            match b.staged {
+                Some(StagedBackward::Sage) => "staged sagebwd path",
+                Some(StagedBackward::Bf16) => "staged BF16 path",
+                None if matches!(b.main, BackwardMain::Scalar) => "scalar reference",
+                None => "gathering path",
+            },
+            yes(b.persistent, ", persistent grid"),
+            yes(b.bf16_tma_dq || b.sage_tma_dq, ", dQ by TMA reduces"),
+            yes(b.sage_tma_stage, ", query blocks by TMA"),
+            yes(b.main_pdl, ", PDL"),
+            b.main_smem
+        )?;
         if b.groups.count > 1 {
-            writeln!(f, "head groups    {} of {} (batch, head) rows, two streams", b.groups.count, b.groups.rows)?;
+            writeln!(
+                f,
+                "head groups    {} of {} (batch, head) rows, two streams",
+                b.groups.count, b.groups.rows
+            )?;
         }
-        write!(f, "backward post  {}{}", if b.post_dq_sage { "sage_bwd_post_dq_int8" } else { "sage_bwd_post_dq" },
-               yes(!b.direct_dkdv, " + sage_bwd_post_dkdv"))
+        write!(
+            f,
+            "backward post  {}{}",
+            if b.post_dq_sage {
+                "sage_bwd_post_dq_int8"
+            } else {
+                "sage_bwd_post_dq"
+            },
+            yes(!b.direct_dkdv, " + sage_bwd_post_dkdv")
+        )
     }
 }
 
@@ -810,9 +903,20 @@ pub fn kernel_map_markdown() -> String {
             for d in [64, 128] {
                 for causal in [false, true] {
                     let row = |n: usize| {
-                        let s = Shape { batch: 16384 / n, heads_q: 2048 / d, heads_kv: 2048 / d, n_q: n, n_k: n, head_dim: d };
+                        let s = Shape {
+                            batch: 16384 / n,
+                            heads_q: 2048 / d,
+                            heads_kv: 2048 / d,
+                            n_q: n,
+                            n_k: n,
+                            head_dim: d,
+                        };
                         let p = KernelPlan::choose(arch, &cfg, &s, causal, &Tuning::default());
-                        let groups = if p.backward.groups.count > 1 { format!("{}", p.backward.groups.count) } else { "1".into() };
+                        let groups = if p.backward.groups.count > 1 {
+                            format!("{}", p.backward.groups.count)
+                        } else {
+                            "1".into()
+                        };
                         (p.forward.name(), p.backward.main.name(), groups)
                     };
                     let mut i = 0;
@@ -822,9 +926,18 @@ pub fn kernel_map_markdown() -> String {
                         while j + 1 < ns.len() && row(ns[j + 1]) == r {
                             j += 1;
                         }
-                        let range = if i == j { label(ns[i]) } else { format!("{}–{}", label(ns[i]), label(ns[j])) };
-                        out += &format!("| `{preset}` | {arch} | {d} | {} | {range} | `{}` | `{}` | {} |\n",
-                                        if causal { "yes" } else { "no" }, r.0, r.1, r.2);
+                        let range = if i == j {
+                            label(ns[i])
+                        } else {
+                            format!("{}–{}", label(ns[i]), label(ns[j]))
+                        };
+                        out += &format!(
+                            "| `{preset}` | {arch} | {d} | {} | {range} | `{}` | `{}` | {} |\n",
+                            if causal { "yes" } else { "no" },
+                            r.0,
+                            r.1,
+                            r.2
+                        );
                         i = j + 1;
                     }
                 }
@@ -839,33 +952,181 @@ mod tests {
     use super::*;
 
     fn shape(n: usize, d: usize, gqa: usize) -> Shape {
-        Shape { batch: 16384 / n, heads_q: 2048 / d, heads_kv: 2048 / d / gqa, n_q: n, n_k: n, head_dim: d }
+        Shape {
+            batch: 16384 / n,
+            heads_q: 2048 / d,
+            heads_kv: 2048 / d / gqa,
+            n_q: n,
+            n_k: n,
+            head_dim: d,
+        }
     }
 
     fn plan(preset: &str, arch: &str, n: usize, d: usize, causal: bool) -> KernelPlan {
-        KernelPlan::choose(arch, &Config::preset(preset).unwrap(), &shape(n, d, 1), causal, &Tuning::default())
+        KernelPlan::choose(
+            arch,
+            &Config::preset(preset).unwrap(),
+            &shape(n, d, 1),
+            causal,
+            &Tuning::default(),
+        )
     }
 
     /// The plan as a table: (preset, arch, N, d, causal) → (forward, backward main, head groups; 0: several).
     #[test]
     fn the_plan_table() {
         // (preset, arch, N, d, causal, forward, backward main, head groups)
-        type Case = (&'static str, &'static str, usize, usize, bool, &'static str, &'static str, usize);
+        type Case = (
+            &'static str,
+            &'static str,
+            usize,
+            usize,
+            bool,
+            &'static str,
+            &'static str,
+            usize,
+        );
         let cases: &[Case] = &[
-            ("sagebwd", "sm_90a", 4096, 128, true, "sage_fwd_sm90_int8_persistent", "sage_bwd_main_sm90_int8_tma_stage", 1),
-            ("sagebwd", "sm_90a", 16384, 128, false, "sage_fwd_sm90_int8_persistent", "sage_bwd_main_sm90_int8_tma_stage", 0),
-            ("sagebwd", "sm_90a", 1024, 64, true, "sage_fwd_sm90_int8_persistent", "sage_bwd_main_sm90_int8_tma_dq", 1),
-            ("sagebwd", "sm_80", 4096, 128, true, "sage_fwd_sm80", "sage_bwd_main_sm80", 1),
-            ("fpa", "sm_90a", 1024, 128, false, "sage_fwd_sm90_bf16_persistent_grouped", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
-            ("fpa", "sm_90a", 8192, 128, false, "sage_fwd_sm90_bf16_pairs", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
-            ("fpa", "sm_90a", 4096, 128, true, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
-            ("fpa", "sm_90a", 2048, 128, true, "sage_fwd_sm90_bf16_persistent_grouped", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
-            ("fpa", "sm_90a", 16384, 128, true, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm90_bf16_persistent_tma_dq", 1),
-            ("fpa", "sm_90a", 16384, 64, false, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm80", 1),
-            ("fpa", "sm_90a", 4096, 64, false, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm90_bf16_persistent", 1),
-            ("fpa", "sm_90a", 8192, 64, false, "sage_fwd_sm90_bf16_persistent", "sage_bwd_main_sm80", 1),
-            ("fpa", "sm_80", 1024, 64, false, "sage_fwd_sm80", "sage_bwd_main_sm80", 1),
-            ("int8-all", "sm_90a", 4096, 128, false, "sage_fwd_sm90_int8_persistent", "sage_bwd_main_sm80", 1),
+            (
+                "sagebwd",
+                "sm_90a",
+                4096,
+                128,
+                true,
+                "sage_fwd_sm90_int8_persistent",
+                "sage_bwd_main_sm90_int8_tma_stage",
+                1,
+            ),
+            (
+                "sagebwd",
+                "sm_90a",
+                16384,
+                128,
+                false,
+                "sage_fwd_sm90_int8_persistent",
+                "sage_bwd_main_sm90_int8_tma_stage",
+                0,
+            ),
+            (
+                "sagebwd",
+                "sm_90a",
+                1024,
+                64,
+                true,
+                "sage_fwd_sm90_int8_persistent",
+                "sage_bwd_main_sm90_int8_tma_dq",
+                1,
+            ),
+            (
+                "sagebwd",
+                "sm_80",
+                4096,
+                128,
+                true,
+                "sage_fwd_sm80",
+                "sage_bwd_main_sm80",
+                1,
+            ),
+            (
+                "fpa",
+                "sm_90a",
+                1024,
+                128,
+                false,
+                "sage_fwd_sm90_bf16_persistent_grouped",
+                "sage_bwd_main_sm90_bf16_persistent_tma_dq",
+                1,
+            ),
+            (
+                "fpa",
+                "sm_90a",
+                8192,
+                128,
+                false,
+                "sage_fwd_sm90_bf16_pairs",
+                "sage_bwd_main_sm90_bf16_persistent_tma_dq",
+                1,
+            ),
+            (
+                "fpa",
+                "sm_90a",
+                4096,
+                128,
+                true,
+                "sage_fwd_sm90_bf16_persistent",
+                "sage_bwd_main_sm90_bf16_persistent_tma_dq",
+                1,
+            ),
+            (
+                "fpa",
+                "sm_90a",
+                2048,
+                128,
+                true,
+                "sage_fwd_sm90_bf16_persistent_grouped",
+                "sage_bwd_main_sm90_bf16_persistent_tma_dq",
+                1,
+            ),
+            (
+                "fpa",
+                "sm_90a",
+                16384,
+                128,
+                true,
+                "sage_fwd_sm90_bf16_persistent",
+                "sage_bwd_main_sm90_bf16_persistent_tma_dq",
+                1,
+            ),
+            (
+                "fpa",
+                "sm_90a",
+                16384,
+                64,
+                false,
+                "sage_fwd_sm90_bf16_persistent",
+                "sage_bwd_main_sm80",
+                1,
+            ),
+            (
+                "fpa",
+                "sm_90a",
+                4096,
+                64,
+                false,
+                "sage_fwd_sm90_bf16_persistent",
+                "sage_bwd_main_sm90_bf16_persistent",
+                1,
+            ),
+            (
+                "fpa",
+                "sm_90a",
+                8192,
+                64,
+                false,
+                "sage_fwd_sm90_bf16_persistent",
+                "sage_bwd_main_sm80",
+                1,
+            ),
+            (
+                "fpa",
+                "sm_80",
+                1024,
+                64,
+                false,
+                "sage_fwd_sm80",
+                "sage_bwd_main_sm80",
+                1,
+            ),
+            (
+                "int8-all",
+                "sm_90a",
+                4096,
+                128,
+                false,
+                "sage_fwd_sm90_int8_persistent",
+                "sage_bwd_main_sm80",
+                1,
+            ),
         ];
         for &(preset, arch, n, d, causal, fwd, bwd, groups) in cases {
             let p = plan(preset, arch, n, d, causal);
@@ -886,27 +1147,60 @@ mod tests {
         cfg.smooth_q = true;
         let p = KernelPlan::choose("sm_90a", &cfg, &shape(4096, 128, 1), false, &Tuning::default());
         assert_eq!(p.forward, ForwardKernel::Mma(ForwardPath::StagedInt8));
-        assert_eq!(p.backward.main, BackwardMain::Mma, "Q-smoothing leaves the staged sagebwd backward");
-        let gqa = KernelPlan::choose("sm_90a", &Config::sagebwd(), &shape(16384, 128, 4), false, &Tuning::default());
+        assert_eq!(
+            p.backward.main,
+            BackwardMain::Mma,
+            "Q-smoothing leaves the staged sagebwd backward"
+        );
+        let gqa = KernelPlan::choose(
+            "sm_90a",
+            &Config::sagebwd(),
+            &shape(16384, 128, 4),
+            false,
+            &Tuning::default(),
+        );
         assert_eq!(gqa.backward.groups.count, 1, "GQA runs in one group");
         assert!(!gqa.backward.direct_dkdv);
         // N_q not a multiple of the query block: the d 128 kernel without TMA staging
-        let ragged = Shape { n_q: 1000, ..shape(1024, 128, 1) };
+        let ragged = Shape {
+            n_q: 1000,
+            ..shape(1024, 128, 1)
+        };
         let p = KernelPlan::choose("sm_90a", &Config::sagebwd(), &ragged, false, &Tuning::default());
         assert_eq!(p.backward.main.name(), "sage_bwd_main_sm90_int8");
     }
 
     #[test]
     fn overrides_reach_the_plan() {
-        let t = Tuning { forward: Some(ForwardOverride::Mma), backward_persistent: Some(true), ..Tuning::default() };
+        let t = Tuning {
+            forward: Some(ForwardOverride::Mma),
+            backward_persistent: Some(true),
+            ..Tuning::default()
+        };
         let p = KernelPlan::choose("sm_90a", &Config::sagebwd(), &shape(4096, 128, 1), false, &t);
         assert_eq!(p.forward, ForwardKernel::Mma(ForwardPath::StagedInt8));
         assert_eq!(p.backward.main.name(), "sage_bwd_main_sm90_int8_persistent");
-        let scalar = Tuning { tensor_cores: false, ..Tuning::default() };
+        let scalar = Tuning {
+            tensor_cores: false,
+            ..Tuning::default()
+        };
         let p = KernelPlan::choose("sm_90a", &Config::sagebwd(), &shape(4096, 128, 1), false, &scalar);
-        assert_eq!((p.forward, p.backward.main), (ForwardKernel::Scalar, BackwardMain::Scalar));
-        assert_eq!(p.prepare.needs, QuantNeeds { quantized: true, bf16_transposed: true, natural_v_do: true });
-        let lean = Tuning { backward_groups: GroupPolicy::Lean, ..Tuning::default() };
+        assert_eq!(
+            (p.forward, p.backward.main),
+            (ForwardKernel::Scalar, BackwardMain::Scalar)
+        );
+        assert_eq!(
+            p.prepare.needs,
+            QuantNeeds {
+                quantized: true,
+                bf16_transposed: true,
+                natural_v_do: true
+            }
+        );
+        let lean = Tuning {
+            backward_groups: GroupPolicy::Lean,
+            ..Tuning::default()
+        };
         let p = KernelPlan::choose("sm_90a", &Config::sagebwd(), &shape(1024, 128, 1), false, &lean);
         assert!(p.backward.groups.count > 1 && !p.prepare.qk_hat_t_in_forward);
     }
@@ -917,15 +1211,27 @@ mod tests {
             move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
         };
         assert_eq!(Tuning::from_vars(vars(&[])).unwrap(), Tuning::default());
-        let t = Tuning::from_vars(vars(&[("SAGEBWD_FORWARD_WGMMA", "bf16-pairs"), ("SAGEBWD_BWD_PERSIST", "0"),
-                                         ("SAGEBWD_PDL", "0"), ("SAGEBWD_PERSISTENT_SMS", "4")])).unwrap();
+        let t = Tuning::from_vars(vars(&[
+            ("SAGEBWD_FORWARD_WGMMA", "bf16-pairs"),
+            ("SAGEBWD_BWD_PERSIST", "0"),
+            ("SAGEBWD_PDL", "0"),
+            ("SAGEBWD_PERSISTENT_SMS", "4"),
+        ]))
+        .unwrap();
         assert_eq!(t.forward, Some(ForwardOverride::Bf16Pairs));
         assert_eq!(t.backward_persistent, Some(false));
         assert!(!t.pdl && !t.pdl_on("sm_90a"));
         assert_eq!(t.persistent_sms, Some(4));
-        for bad in [("SAGEBWD_FORWARD_WGMMA", "wsp9"), ("SAGEBWD_PDL", "yes"), ("SAGEBWD_BWD_GROUPS", "0"),
-                    ("SAGEBWD_PERSISTENT_SMS", "0"), ("SAGEBWD_QKT_FWD", "2")] {
-            let e = Tuning::from_vars(|n| (n == bad.0).then(|| bad.1.to_string())).unwrap_err().to_string();
+        for bad in [
+            ("SAGEBWD_FORWARD_WGMMA", "wsp9"),
+            ("SAGEBWD_PDL", "yes"),
+            ("SAGEBWD_BWD_GROUPS", "0"),
+            ("SAGEBWD_PERSISTENT_SMS", "0"),
+            ("SAGEBWD_QKT_FWD", "2"),
+        ] {
+            let e = Tuning::from_vars(|n| (n == bad.0).then(|| bad.1.to_string()))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(bad.0), "{bad:?}: {e}");
         }
         for (name, o) in ForwardOverride::NAMES {
@@ -936,7 +1242,14 @@ mod tests {
 
     #[test]
     fn tma_copies_only_where_the_folded_key_view_holds() {
-        let s = |n_q, n_k| Shape { batch: 2, heads_q: 4, heads_kv: 2, n_q, n_k, head_dim: 128 };
+        let s = |n_q, n_k| Shape {
+            batch: 2,
+            heads_q: 4,
+            heads_kv: 2,
+            n_q,
+            n_k,
+            head_dim: 128,
+        };
         for (n_q, n_k) in [(1024, 1024), (1, 16), (4097, 4096), (100, 48)] {
             assert!(tma_kq_fits(&s(n_q, n_k)), "{n_q} {n_k}");
         }
@@ -946,7 +1259,10 @@ mod tests {
         }
         assert!(!tma_kq_fits(&s(1 << 28, 1024)));
         let p = KernelPlan::choose("sm_90a", &Config::sagebwd(), &s(64, 4097), false, &Tuning::default());
-        assert!(matches!(p.forward, ForwardKernel::Int8Persistent { tma_kq: false, .. }), "{p:?}");
+        assert!(
+            matches!(p.forward, ForwardKernel::Int8Persistent { tma_kq: false, .. }),
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -963,7 +1279,10 @@ mod tests {
             }
         }
         // sagebwd d 64 without the TMA-dQ plain-grid kernel: persistent at causal N ≤ 1k only.
-        let t = Tuning { sage_d64_tma_dq: false, ..Tuning::default() };
+        let t = Tuning {
+            sage_d64_tma_dq: false,
+            ..Tuning::default()
+        };
         let p = |n, causal| KernelPlan::choose("sm_90a", &Config::sagebwd(), &shape(n, 64, 1), causal, &t).backward;
         assert!(p(1024, true).persistent && !p(4096, true).persistent && !p(1024, false).persistent);
         assert_eq!(p(4096, true).main.name(), "sage_bwd_main_sm90_int8");
@@ -987,7 +1306,14 @@ mod tests {
     #[test]
     fn the_plan_prints_every_stage() {
         let text = plan("sagebwd", "sm_90a", 4096, 128, true).to_string();
-        for stage in ["preparation", "forward", "backward pre", "backward main", "backward post", "sage_fwd_sm90_int8_persistent"] {
+        for stage in [
+            "preparation",
+            "forward",
+            "backward pre",
+            "backward main",
+            "backward post",
+            "sage_fwd_sm90_int8_persistent",
+        ] {
             assert!(text.contains(stage), "{stage} missing in\n{text}");
         }
         let map = kernel_map_markdown();

@@ -17,7 +17,9 @@ impl Pool {
             return Ok(None);
         }
         let mut pool = std::ptr::null_mut();
-        drv("cuDeviceGetMemPool", unsafe { sys::cuDeviceGetMemPool(&mut pool, gpu.dev.ctx.cu_device()).result() })?;
+        drv("cuDeviceGetMemPool", unsafe {
+            sys::cuDeviceGetMemPool(&mut pool, gpu.dev.ctx.cu_device()).result()
+        })?;
         Ok(Some(Pool(pool)))
     }
 
@@ -33,8 +35,12 @@ impl Pool {
     pub fn reset_high(&self) -> Result<u64> {
         let mut zero: u64 = 0;
         drv("cuMemPoolSetAttribute", unsafe {
-            sys::cuMemPoolSetAttribute(self.0, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                                       &mut zero as *mut u64 as *mut _).result()
+            sys::cuMemPoolSetAttribute(
+                self.0,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                &mut zero as *mut u64 as *mut _,
+            )
+            .result()
         })?;
         self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
     }
@@ -45,8 +51,12 @@ impl Pool {
     pub fn keep_freed_memory(&self) -> Result<()> {
         let mut max = u64::MAX;
         drv("cuMemPoolSetAttribute", unsafe {
-            sys::cuMemPoolSetAttribute(self.0, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                       &mut max as *mut u64 as *mut _).result()
+            sys::cuMemPoolSetAttribute(
+                self.0,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut max as *mut u64 as *mut _,
+            )
+            .result()
         })
     }
 
@@ -59,7 +69,6 @@ impl Pool {
         self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
     }
 }
-
 
 // The pool handle is a driver object usable from any thread of the context.
 unsafe impl Send for Pool {}

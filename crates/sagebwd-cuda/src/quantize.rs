@@ -1,8 +1,8 @@
 //! Host side of `kernels/quantize.cu`: the K token mean, the row offsets b_r (fused into the Q
 //! quantization), and the per-block INT8 quantization of Q, K, V (forward preparation) and dO (backward preprocess), ALGORITHM.md §3.
 
-use crate::runtime::{drv, padded_k, padded_q, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::plan::KernelPlan;
+use crate::runtime::{drv, padded_k, padded_q, Dims, Kernels, BLOCK_KV, BLOCK_Q, THREADS};
 use crate::{flags, DeviceInputs, Gpu};
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 use sagebwd::{Config, Result};
@@ -128,7 +128,11 @@ struct RowOffsets<'a> {
 fn rows_launch(job: &RowsJob, head_dim: usize) -> (u32, u32) {
     let tiles = job.block_mean.is_none() && job.transposed.1.is_none();
     if tiles {
-        let row_tile = if job.row_offset.is_some() { job.rows_per_block * (head_dim + 8) * 2 } else { 0 };
+        let row_tile = if job.row_offset.is_some() {
+            job.rows_per_block * (head_dim + 8) * 2
+        } else {
+            0
+        };
         (tile_threads(job.rows_per_block, head_dim), row_tile as u32)
     } else {
         (THREADS, (BLOCK_KV * (head_dim + 2) * 2) as u32)
@@ -186,8 +190,16 @@ fn fused_qkv_applies(gpu: &Gpu, jobs: [&RowsJob; 3]) -> bool {
     let tiles = jobs.iter().all(|j| j.block_mean.is_none() && j.transposed.1.is_none());
     let full = kj.n % kj.rows_per_block == 0 && qj.n % (2 * qj.rows_per_block) == 0 && vj.n == kj.n;
     let same_threads = kj.rows_per_block == vj.rows_per_block && kj.rows_per_block == 2 * qj.rows_per_block;
-    let aligned = jobs.iter().all(|j| gpu.ptr(j.x) % 16 == 0 && gpu.ptr(j.x_hat) % 8 == 0 && gpu.ptr(j.transposed.0) % 8 == 0);
-    tiles && full && same_threads && aligned && qj.row_offset.is_some() && kj.transposed.2 % 8 == 0 && qj.transposed.2 % 8 == 0
+    let aligned = jobs
+        .iter()
+        .all(|j| gpu.ptr(j.x) % 16 == 0 && gpu.ptr(j.x_hat) % 8 == 0 && gpu.ptr(j.transposed.0) % 8 == 0);
+    tiles
+        && full
+        && same_threads
+        && aligned
+        && qj.row_offset.is_some()
+        && kj.transposed.2 % 8 == 0
+        && qj.transposed.2 % 8 == 0
 }
 
 /// K, V and Q quantized in one launch (`sage_quantize_qkv`, the same bits as three
@@ -209,9 +221,17 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3], v_first: bool) -> Re
     // groups first so that they run during the K mean: measured 2.2–2.5 µs slower per forward at the
     // training shape.
     let v_first = v_first as i32;
-    let mut p = QuantQkvParams { k: kp, v: vp, q: qp, k_blocks, v_blocks, v_first, pad: 0 };
+    let mut p = QuantQkvParams {
+        k: kp,
+        v: vp,
+        q: qp,
+        k_blocks,
+        v_blocks,
+        v_first,
+        pad: 0,
+    };
     let threads = tile_threads(kj.rows_per_block, k.head_dim);
-    let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32;  // both Q groups' rows for b_r
+    let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32; // both Q groups' rows for b_r
     let func = k.quantize_function(c"sage_quantize_qkv")?;
     let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantQkvParams).cast()];
     let grid = ((k_blocks + v_blocks + q_blocks) as u32, 1, 1);
@@ -232,8 +252,15 @@ pub(crate) fn pdl_enabled(gpu: &Gpu) -> bool {
 /// for it: each reads before its `griddepcontrol.wait` only what was written before its predecessor
 /// started, writes before it only buffers the predecessor does not touch, and executes it in every
 /// thread before exiting (the rules in quantize.cu, `pdl_wait`). Without PDL the plain launch.
-pub(crate) fn launch_pdl(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32), block: u32, smem: u32,
-                         stream: sys::CUstream, args: &mut [*mut std::ffi::c_void]) -> Result<()> {
+pub(crate) fn launch_pdl(
+    gpu: &Gpu,
+    func: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    stream: sys::CUstream,
+    args: &mut [*mut std::ffi::c_void],
+) -> Result<()> {
     if !pdl_enabled(gpu) {
         return gpu.launch_raw(func, grid, block, smem, stream, args);
     }
@@ -247,8 +274,16 @@ pub(crate) fn launch_pdl(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32)
         value,
     };
     let cfg = sys::CUlaunchConfig {
-        gridDimX: grid.0, gridDimY: grid.1, gridDimZ: grid.2, blockDimX: block, blockDimY: 1, blockDimZ: 1,
-        sharedMemBytes: smem, hStream: stream, attrs: &mut attr, numAttrs: 1,
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
     };
     drv("cuLaunchKernelEx (PDL)", unsafe {
         sys::cuLaunchKernelEx(&cfg, func, args.as_mut_ptr(), std::ptr::null_mut()).result()
@@ -259,8 +294,13 @@ pub(crate) fn launch_pdl(gpu: &Gpu, func: sys::CUfunction, grid: (u32, u32, u32)
 /// `sage_bwd_post_dq`, four groups of eight elements per thread, loads first), over `groups8` groups
 /// of eight elements, launched with PDL after the main kernel (it waits for it first). `args`: the
 /// seven parameters of `sage_bwd_post_dq`.
-pub(crate) fn post_dq_sage(gpu: &Gpu, k: &Kernels, groups8: usize, stream: sys::CUstream,
-                           args: &mut [*mut std::ffi::c_void]) -> Result<()> {
+pub(crate) fn post_dq_sage(
+    gpu: &Gpu,
+    k: &Kernels,
+    groups8: usize,
+    stream: sys::CUstream,
+    args: &mut [*mut std::ffi::c_void],
+) -> Result<()> {
     const UNROLL: usize = 4; // POST_UNROLL in backward_post.cu
     let func = k.backward_post_function(c"sage_bwd_post_dq_int8")?;
     let blocks = groups8.div_ceil(THREADS as usize * UNROLL).max(1) as u32;
@@ -274,9 +314,16 @@ fn tile_threads(rows_per_block: usize, head_dim: usize) -> u32 {
 
 /// Launches `sage_quantize_rows` over `bh` (batch, head) rows with (threads, shared bytes).
 fn launch_rows(gpu: &Gpu, k: &Kernels, p: &QuantRowsParams, bh: usize, (threads, smem): (u32, u32)) -> Result<()> {
-    let cfg = LaunchConfig { grid_dim: (p.n_blk as u32, bh as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+    let cfg = LaunchConfig {
+        grid_dim: (p.n_blk as u32, bh as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
+    };
     let stream = &gpu.dev.stream;
-    drv("launch sage_quantize_rows", unsafe { stream.launch_builder(&k.quantize_rows).arg(p).launch(cfg) }).map(drop)
+    drv("launch sage_quantize_rows", unsafe {
+        stream.launch_builder(&k.quantize_rows).arg(p).launch(cfg)
+    })
+    .map(drop)
 }
 
 /// Rows per partial sum of the K mean (`K_MEAN_CHUNK` in quantize.cu).
@@ -289,8 +336,13 @@ pub fn quantize_inputs(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -
 }
 
 /// [`quantize_inputs`] for the stages of `plan`.
-pub(crate) fn quantize_planned(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config, plan: &KernelPlan)
-                               -> Result<QuantizedDev> {
+pub(crate) fn quantize_planned(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &DeviceInputs,
+    cfg: &Config,
+    plan: &KernelPlan,
+) -> Result<QuantizedDev> {
     let s = &x.shape;
     let dims = Dims::of(s, x.causal);
     let (bh_q, bh_kv) = (s.batch * s.heads_q, s.batch * s.heads_kv);
@@ -299,63 +351,136 @@ pub(crate) fn quantize_planned(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &C
     let k_mean = gpu.alloc_poisoned_f32(bh_kv * d)?;
     if !needs.quantized {
         return Ok(QuantizedDev {
-            needs, q_hat: None, q_scale: None, q_mean: None, k_hat: None, k_scale: None, k_mean, row_offset: None,
-            q_hat_t: None, q_t: None, k_hat_t: None, k_t: None, v_hat_t: None, v_t: None, v_hat: None, v_scale: None,
+            needs,
+            q_hat: None,
+            q_scale: None,
+            q_mean: None,
+            k_hat: None,
+            k_scale: None,
+            k_mean,
+            row_offset: None,
+            q_hat_t: None,
+            q_t: None,
+            k_hat_t: None,
+            k_t: None,
+            v_hat_t: None,
+            v_t: None,
+            v_hat: None,
+            v_scale: None,
         });
     }
     let bf16_t = |n: usize| -> Result<Option<CudaSlice<u16>>> {
-        if needs.bf16_transposed { Ok(Some(gpu.alloc_poisoned_u16(n)?)) } else { Ok(None) }
+        if needs.bf16_transposed {
+            Ok(Some(gpu.alloc_poisoned_u16(n)?))
+        } else {
+            Ok(None)
+        }
     };
     let (q_t_len, kv_t_len) = (bh_q * d * padded_q(s.n_q), bh_kv * d * padded_k(s.n_k));
-    let (q_hat, q_scale) = (gpu.alloc_poisoned_i8(s.q_len())?, gpu.alloc_poisoned_f32(bh_q * dims.n_qblk as usize)?);
-    let (k_hat, k_scale) = (gpu.alloc_poisoned_i8(s.kv_len())?, gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?);
-    let v_hat = if needs.natural_v_do { Some(gpu.alloc_poisoned_i8(s.kv_len())?) } else { None };
+    let (q_hat, q_scale) = (
+        gpu.alloc_poisoned_i8(s.q_len())?,
+        gpu.alloc_poisoned_f32(bh_q * dims.n_qblk as usize)?,
+    );
+    let (k_hat, k_scale) = (
+        gpu.alloc_poisoned_i8(s.kv_len())?,
+        gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?,
+    );
+    let v_hat = if needs.natural_v_do {
+        Some(gpu.alloc_poisoned_i8(s.kv_len())?)
+    } else {
+        None
+    };
     let v_scale = gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?;
     let (q_hat, k_hat) = (Some(q_hat), Some(k_hat));
-    let q_mean = gpu.alloc_poisoned_f32(if cfg.smooth_q { bh_q * dims.n_qblk as usize * d } else { 1 })?;
+    let q_mean = gpu.alloc_poisoned_f32(if cfg.smooth_q {
+        bh_q * dims.n_qblk as usize * d
+    } else {
+        1
+    })?;
     let row_offset = gpu.alloc_poisoned_f32(bh_q * s.n_q)?;
     // Q̂ᵀ and K̂ᵀ: only backward products read them; written here when the plan says so (the staged sagebwd
     // backward in one head group: made from the same register tiles as Q̂, K̂, they are the bytes the backward's
     // transposes would write), else the backward transposes Q̂, K̂ per head group (`transpose_qk_hat`), so that no
     // full copy is kept between the passes.
     let qk_t = plan.prepare.qk_hat_t_in_forward;
-    let hat_t = |n: usize| -> Result<Option<CudaSlice<i8>>> { if qk_t { Ok(Some(gpu.alloc_poisoned_i8(n)?)) } else { Ok(None) } };
+    let hat_t = |n: usize| -> Result<Option<CudaSlice<i8>>> {
+        if qk_t {
+            Ok(Some(gpu.alloc_poisoned_i8(n)?))
+        } else {
+            Ok(None)
+        }
+    };
     let (q_hat_t, q_t) = (hat_t(q_t_len)?, bf16_t(q_t_len)?);
     let (k_hat_t, k_t) = (hat_t(kv_t_len)?, bf16_t(kv_t_len)?);
     let (v_hat_t, v_t) = (Some(gpu.alloc_poisoned_i8(kv_t_len)?), bf16_t(kv_t_len)?);
     let stream = &gpu.dev.stream;
     let smooth_k = flags(cfg) & crate::F_SMOOTH_K != 0;
     let (_, c_lambda) = crate::forward::scales(d);
-    let jobs = [RowsJob {
-        x: &x.k, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
-        head_mean: Some((&k_mean, 1)), block_mean: None,
-        x_hat: &k_hat, scale: &k_scale,
-        transposed: (&k_hat_t, &k_t, padded_k(s.n_k)),
-        row_offset: None,
-    }, RowsJob {
-        x: &x.v, bh: bh_kv, n: s.n_k, rows_per_block: BLOCK_KV,
-        head_mean: None, block_mean: None,
-        x_hat: &v_hat, scale: &v_scale,
-        transposed: (&v_hat_t, &v_t, padded_k(s.n_k)),
-        row_offset: None,
-    }, RowsJob {
-        x: &x.q, bh: bh_q, n: s.n_q, rows_per_block: BLOCK_Q,
-        head_mean: None, block_mean: cfg.smooth_q.then_some(&q_mean),
-        x_hat: &q_hat, scale: &q_scale,
-        transposed: (&q_hat_t, &q_t, padded_q(s.n_q)),
-        // b_r = fl(cλ·q_r·K_m) (§3.5) from the staged Q tile
-        row_offset: Some(RowOffsets { k_mean: &k_mean, out: &row_offset, heads_q: s.heads_q, heads_kv: s.heads_kv, c_lambda }),
-    }];
+    let jobs = [
+        RowsJob {
+            x: &x.k,
+            bh: bh_kv,
+            n: s.n_k,
+            rows_per_block: BLOCK_KV,
+            head_mean: Some((&k_mean, 1)),
+            block_mean: None,
+            x_hat: &k_hat,
+            scale: &k_scale,
+            transposed: (&k_hat_t, &k_t, padded_k(s.n_k)),
+            row_offset: None,
+        },
+        RowsJob {
+            x: &x.v,
+            bh: bh_kv,
+            n: s.n_k,
+            rows_per_block: BLOCK_KV,
+            head_mean: None,
+            block_mean: None,
+            x_hat: &v_hat,
+            scale: &v_scale,
+            transposed: (&v_hat_t, &v_t, padded_k(s.n_k)),
+            row_offset: None,
+        },
+        RowsJob {
+            x: &x.q,
+            bh: bh_q,
+            n: s.n_q,
+            rows_per_block: BLOCK_Q,
+            head_mean: None,
+            block_mean: cfg.smooth_q.then_some(&q_mean),
+            x_hat: &q_hat,
+            scale: &q_scale,
+            transposed: (&q_hat_t, &q_t, padded_q(s.n_q)),
+            // b_r = fl(cλ·q_r·K_m) (§3.5) from the staged Q tile
+            row_offset: Some(RowOffsets {
+                k_mean: &k_mean,
+                out: &row_offset,
+                heads_q: s.heads_q,
+                heads_kv: s.heads_kv,
+                c_lambda,
+            }),
+        },
+    ];
     // K_m: FP64 partial sums over chunks of K_MEAN_CHUNK rows (in parallel), then their sum.
     let n_chunks = s.n_k.div_ceil(K_MEAN_CHUNK);
-    let partial = gpu.alloc_f32(if smooth_k { 2 * bh_kv * n_chunks * d } else { 2 })?;  // f64
+    let partial = gpu.alloc_f32(if smooth_k { 2 * bh_kv * n_chunks * d } else { 2 })?; // f64
     let (n_k, n_chunks_i) = (s.n_k as i32, n_chunks as i32);
     if smooth_k {
         // a normal launch: the PDL chain after it (K mean, Q/K/V quantization) relies on everything
         // queued before it being complete once it runs
-        let part_cfg = LaunchConfig { grid_dim: (n_chunks as u32, bh_kv as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let part_cfg = LaunchConfig {
+            grid_dim: (n_chunks as u32, bh_kv as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         drv("launch sage_k_mean_partial", unsafe {
-            stream.launch_builder(&k.k_mean_partial).arg(&x.k).arg(&partial).arg(&n_k).arg(&n_chunks_i).launch(part_cfg)
+            stream
+                .launch_builder(&k.k_mean_partial)
+                .arg(&x.k)
+                .arg(&partial)
+                .arg(&n_k)
+                .arg(&n_chunks_i)
+                .launch(part_cfg)
         })?;
     }
     // With K-smoothing sage_k_mean is launched with PDL after sage_k_mean_partial (which triggers at
@@ -363,26 +488,65 @@ pub(crate) fn quantize_planned(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &C
     // anything, and the Q/K/V quantization, PDL after it, reads V before waiting).
     let pdl_mean = smooth_k;
     let mut smooth_k = smooth_k as i32;
-    let (mut partial_ptr, mut k_mean_ptr, mut n_k, mut n_chunks_i) = (gpu.ptr(&partial), gpu.ptr(&k_mean), n_k, n_chunks_i);
+    let (mut partial_ptr, mut k_mean_ptr, mut n_k, mut n_chunks_i) =
+        (gpu.ptr(&partial), gpu.ptr(&k_mean), n_k, n_chunks_i);
     let mut mean_args: [*mut std::ffi::c_void; 5] = [
-        (&mut partial_ptr as *mut u64).cast(), (&mut k_mean_ptr as *mut u64).cast(), (&mut n_k as *mut i32).cast(),
-        (&mut n_chunks_i as *mut i32).cast(), (&mut smooth_k as *mut i32).cast(),
+        (&mut partial_ptr as *mut u64).cast(),
+        (&mut k_mean_ptr as *mut u64).cast(),
+        (&mut n_k as *mut i32).cast(),
+        (&mut n_chunks_i as *mut i32).cast(),
+        (&mut smooth_k as *mut i32).cast(),
     ];
     if pdl_mean {
-        launch_pdl(gpu, k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
+        launch_pdl(
+            gpu,
+            k.k_mean.cu_function(),
+            (bh_kv as u32, 1, 1),
+            d as u32,
+            0,
+            stream.cu_stream(),
+            &mut mean_args,
+        )?;
     } else {
-        gpu.launch_raw(k.k_mean.cu_function(), (bh_kv as u32, 1, 1), d as u32, 0, stream.cu_stream(), &mut mean_args)?;
+        gpu.launch_raw(
+            k.k_mean.cu_function(),
+            (bh_kv as u32, 1, 1),
+            d as u32,
+            0,
+            stream.cu_stream(),
+            &mut mean_args,
+        )?;
     }
     quantize_qkv(gpu, k, jobs, plan.prepare.v_first)?;
     Ok(QuantizedDev {
-        needs, q_hat, q_scale: Some(q_scale), q_mean: Some(q_mean), k_hat, k_scale: Some(k_scale),
-        k_mean, row_offset: Some(row_offset), q_hat_t, q_t, k_hat_t, k_t, v_hat_t, v_t, v_hat, v_scale: Some(v_scale),
+        needs,
+        q_hat,
+        q_scale: Some(q_scale),
+        q_mean: Some(q_mean),
+        k_hat,
+        k_scale: Some(k_scale),
+        k_mean,
+        row_offset: Some(row_offset),
+        q_hat_t,
+        q_t,
+        k_hat_t,
+        k_t,
+        v_hat_t,
+        v_t,
+        v_hat,
+        v_scale: Some(v_scale),
     })
 }
 
 /// dÔ and s_dO per B_q block (backward preprocess), and the transposed copies, as far as `needs`
 /// (the forward's) asks.
-pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16>, needs: QuantNeeds) -> Result<QuantizedDo> {
+pub fn quantize_do(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &DeviceInputs,
+    d_o: &CudaSlice<u16>,
+    needs: QuantNeeds,
+) -> Result<QuantizedDo> {
     let q = alloc_do(gpu, x, needs)?;
     if needs.quantized {
         quantize_rows(gpu, k, do_job(x, d_o, &q))?;
@@ -393,25 +557,48 @@ pub fn quantize_do(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16
 /// The buffers of [`quantize_do`] (none without `needs.quantized`).
 fn alloc_do(gpu: &Gpu, x: &DeviceInputs, needs: QuantNeeds) -> Result<QuantizedDo> {
     if !needs.quantized {
-        return Ok(QuantizedDo { do_hat: None, do_scale: None, do_hat_t: None, do_t: None });
+        return Ok(QuantizedDo {
+            do_hat: None,
+            do_scale: None,
+            do_hat_t: None,
+            do_t: None,
+        });
     }
     let s = &x.shape;
     let bh_q = s.batch * s.heads_q;
     let t_len = bh_q * s.head_dim * padded_q(s.n_q);
-    let do_hat = if needs.natural_v_do { Some(gpu.alloc_poisoned_i8(s.q_len())?) } else { None };
+    let do_hat = if needs.natural_v_do {
+        Some(gpu.alloc_poisoned_i8(s.q_len())?)
+    } else {
+        None
+    };
     let do_scale = gpu.alloc_poisoned_f32(bh_q * s.n_q.div_ceil(BLOCK_Q))?;
     let do_hat_t = Some(gpu.alloc_poisoned_i8(t_len)?);
-    let do_t = if needs.bf16_transposed { Some(gpu.alloc_poisoned_u16(t_len)?) } else { None };
-    Ok(QuantizedDo { do_hat, do_scale: Some(do_scale), do_hat_t, do_t })
+    let do_t = if needs.bf16_transposed {
+        Some(gpu.alloc_poisoned_u16(t_len)?)
+    } else {
+        None
+    };
+    Ok(QuantizedDo {
+        do_hat,
+        do_scale: Some(do_scale),
+        do_hat_t,
+        do_t,
+    })
 }
 
 /// The `sage_quantize_rows` job of the dO quantization into `q`'s buffers.
 fn do_job<'a>(x: &DeviceInputs, d_o: &'a CudaSlice<u16>, q: &'a QuantizedDo) -> RowsJob<'a> {
     let s = &x.shape;
     RowsJob {
-        x: d_o, bh: s.batch * s.heads_q, n: s.n_q, rows_per_block: BLOCK_Q,
-        head_mean: None, block_mean: None,
-        x_hat: &q.do_hat, scale: q.do_scale.as_ref().expect("s_dO is allocated when quantized"),
+        x: d_o,
+        bh: s.batch * s.heads_q,
+        n: s.n_q,
+        rows_per_block: BLOCK_Q,
+        head_mean: None,
+        block_mean: None,
+        x_hat: &q.do_hat,
+        scale: q.do_scale.as_ref().expect("s_dO is allocated when quantized"),
         transposed: (&q.do_hat_t, &q.do_t, padded_q(s.n_q)),
         row_offset: None,
     }
@@ -425,9 +612,17 @@ fn do_job<'a>(x: &DeviceInputs, d_o: &'a CudaSlice<u16>, q: &'a QuantizedDo) -> 
 /// quantization is queued and the caller runs `sage_bwd_delta`). The same bits either way: the
 /// kernel repeats both kernels' arithmetic.
 #[allow(clippy::too_many_arguments)] // the dO quantization's four plus D's O, D and dQ accumulator, and the plan's switch
-pub(crate) fn quantize_do_delta(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &CudaSlice<u16>, o: &CudaSlice<u16>,
-                                needs: QuantNeeds, delta: &CudaSlice<f32>, dq_zero: u64, allow_fused: bool)
-                                -> Result<(QuantizedDo, bool)> {
+pub(crate) fn quantize_do_delta(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &DeviceInputs,
+    d_o: &CudaSlice<u16>,
+    o: &CudaSlice<u16>,
+    needs: QuantNeeds,
+    delta: &CudaSlice<f32>,
+    dq_zero: u64,
+    allow_fused: bool,
+) -> Result<(QuantizedDo, bool)> {
     let s = &x.shape;
     let q = alloc_do(gpu, x, needs)?;
     if !needs.quantized {
@@ -435,21 +630,36 @@ pub(crate) fn quantize_do_delta(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &
     }
     let mut p = rows_params(gpu, &do_job(x, d_o, &q));
     let off = !allow_fused;
-    let fits = !needs.bf16_transposed && s.n_q % BLOCK_Q == 0 && p.n_pad % 8 == 0
-        && gpu.ptr(d_o) % 16 == 0 && gpu.ptr(o) % 16 == 0 && dq_zero != 0 && dq_zero % 16 == 0
-        && p.x_hat % 8 == 0 && p.x_hat_t % 8 == 0;
+    let fits = !needs.bf16_transposed
+        && s.n_q % BLOCK_Q == 0
+        && p.n_pad % 8 == 0
+        && gpu.ptr(d_o) % 16 == 0
+        && gpu.ptr(o) % 16 == 0
+        && dq_zero != 0
+        && dq_zero % 16 == 0
+        && p.x_hat % 8 == 0
+        && p.x_hat_t % 8 == 0;
     if off || !fits {
         quantize_rows(gpu, k, do_job(x, d_o, &q))?;
         return Ok((q, false));
     }
     let (mut o_ptr, mut delta_ptr, mut dq) = (gpu.ptr(o), gpu.ptr(delta), dq_zero);
     let mut args: [*mut std::ffi::c_void; 4] = [
-        (&mut p as *mut QuantRowsParams).cast(), (&mut o_ptr as *mut u64).cast(), (&mut delta_ptr as *mut u64).cast(),
+        (&mut p as *mut QuantRowsParams).cast(),
+        (&mut o_ptr as *mut u64).cast(),
+        (&mut delta_ptr as *mut u64).cast(),
         (&mut dq as *mut u64).cast(),
     ];
     let func = k.quantize_function(c"sage_bwd_pre_do")?;
     let grid = (p.n_blk as u32, (s.batch * s.heads_q) as u32, 1);
-    gpu.launch_raw(func, grid, tile_threads(BLOCK_Q, k.head_dim), 0, gpu.dev.stream.cu_stream(), &mut args)?;
+    gpu.launch_raw(
+        func,
+        grid,
+        tile_threads(BLOCK_Q, k.head_dim),
+        0,
+        gpu.dev.stream.cu_stream(),
+        &mut args,
+    )?;
     Ok((q, true))
 }
 
@@ -458,19 +668,47 @@ pub(crate) fn quantize_do_delta(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, d_o: &
 /// (which reads dÔᵀ alone). `d_o` and `scale` are the device addresses of the group's first row in
 /// the full dO and s_dO; `do_hat_t` holds the group only. Same kernel and launch as the full
 /// quantization, so the same bits.
-pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64), do_hat_t: &CudaSlice<i8>, rows: usize,
-                               n_q: usize, stream: sys::CUstream) -> Result<()> {
+pub(crate) fn quantize_do_rows(
+    gpu: &Gpu,
+    k: &Kernels,
+    (d_o, scale): (u64, u64),
+    do_hat_t: &CudaSlice<i8>,
+    rows: usize,
+    n_q: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
     let d = k.head_dim;
     let n_blk = n_q.div_ceil(BLOCK_Q);
     let mut p = QuantRowsParams {
-        x: d_o, head_mean: 0, block_mean: 0, x_hat: 0, scale, x_hat_t: gpu.ptr(do_hat_t), x_t: 0, k_mean: 0,
-        row_offset: 0, n: n_q as i32, rows_per_block: BLOCK_Q as i32, n_blk: n_blk as i32, mean_group: 1,
-        n_pad: padded_q(n_q) as i32, heads_q: 1, heads_kv: 1, c_lambda: 0.0,
+        x: d_o,
+        head_mean: 0,
+        block_mean: 0,
+        x_hat: 0,
+        scale,
+        x_hat_t: gpu.ptr(do_hat_t),
+        x_t: 0,
+        k_mean: 0,
+        row_offset: 0,
+        n: n_q as i32,
+        rows_per_block: BLOCK_Q as i32,
+        n_blk: n_blk as i32,
+        mean_group: 1,
+        n_pad: padded_q(n_q) as i32,
+        heads_q: 1,
+        heads_kv: 1,
+        c_lambda: 0.0,
     };
     // the register-tile layout of `rows_launch` (no smoothing, no BF16 copy, no row offsets)
     let threads = tile_threads(BLOCK_Q, d);
     let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantRowsParams).cast()];
-    gpu.launch_raw(k.quantize_rows.cu_function(), (n_blk as u32, rows as u32, 1), threads, 0, stream, &mut args)
+    gpu.launch_raw(
+        k.quantize_rows.cu_function(),
+        (n_blk as u32, rows as u32, 1),
+        threads,
+        0,
+        stream,
+        &mut args,
+    )
 }
 
 /// Q̂ᵀ and K̂ᵀ `[rows, d, N_pad]` of `rows` consecutive (batch, head) rows, byte-transposed from the
@@ -484,21 +722,39 @@ pub(crate) fn quantize_do_rows(gpu: &Gpu, k: &Kernels, (d_o, scale): (u64, u64),
 /// dependent launch: the transposes touch nothing the preprocess reads or writes, so they may
 /// overlap its last wave (the kernel waits for its predecessor before exiting).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64), (q_hat_t, k_hat_t): (&CudaSlice<i8>, &CudaSlice<i8>),
-                               (rows, kv_rows): (usize, usize), (n_q, n_k): (usize, usize), stream: sys::CUstream,
-                               one_group: bool) -> Result<()> {
+pub(crate) fn transpose_qk_hat(
+    gpu: &Gpu,
+    k: &Kernels,
+    (q_hat, k_hat): (u64, u64),
+    (q_hat_t, k_hat_t): (&CudaSlice<i8>, &CudaSlice<i8>),
+    (rows, kv_rows): (usize, usize),
+    (n_q, n_k): (usize, usize),
+    stream: sys::CUstream,
+    one_group: bool,
+) -> Result<()> {
     // Kernel arguments (x, x_t, n, n_pad) of the z = 0 and z = 1 slots.
     let q = (q_hat, gpu.ptr(q_hat_t), n_q as i32, padded_q(n_q) as i32);
     let k_ = (k_hat, gpu.ptr(k_hat_t), n_k as i32, padded_k(n_k) as i32);
     // `rows_per_block` rows of the longer tensor per block in x (blocks past a tensor's end return).
-    let launch = |func: sys::CUfunction, rows_per_block: usize, pdl: bool, slot0: (u64, u64, i32, i32),
-                  slot1: (u64, u64, i32, i32), grid_y: usize, grid_z: u32| -> Result<()> {
+    let launch = |func: sys::CUfunction,
+                  rows_per_block: usize,
+                  pdl: bool,
+                  slot0: (u64, u64, i32, i32),
+                  slot1: (u64, u64, i32, i32),
+                  grid_y: usize,
+                  grid_z: u32|
+     -> Result<()> {
         let (mut x0, mut t0, mut n0, mut p0) = slot0;
         let (mut x1, mut t1, mut n1, mut p1) = slot1;
         let mut args: [*mut std::ffi::c_void; 8] = [
-            (&mut x0 as *mut u64).cast(), (&mut t0 as *mut u64).cast(), (&mut n0 as *mut i32).cast(),
-            (&mut p0 as *mut i32).cast(), (&mut x1 as *mut u64).cast(), (&mut t1 as *mut u64).cast(),
-            (&mut n1 as *mut i32).cast(), (&mut p1 as *mut i32).cast(),
+            (&mut x0 as *mut u64).cast(),
+            (&mut t0 as *mut u64).cast(),
+            (&mut n0 as *mut i32).cast(),
+            (&mut p0 as *mut i32).cast(),
+            (&mut x1 as *mut u64).cast(),
+            (&mut t1 as *mut u64).cast(),
+            (&mut n1 as *mut i32).cast(),
+            (&mut p1 as *mut i32).cast(),
         ];
         let grid = (n_q.max(n_k).div_ceil(rows_per_block) as u32, grid_y as u32, grid_z);
         if pdl {
@@ -514,7 +770,7 @@ pub(crate) fn transpose_qk_hat(gpu: &Gpu, k: &Kernels, (q_hat, k_hat): (u64, u64
             let func16 = k.quantize_function(c"sage_transpose_qk_hat16")?;
             return launch(func16, 256, true, q, k_, rows, 2);
         }
-        return launch(func, 64, false, q, k_, rows, 2);  // z = 0: Q̂, z = 1: K̂
+        return launch(func, 64, false, q, k_, rows, 2); // z = 0: Q̂, z = 1: K̂
     }
     // GQA: Q̂ over the query rows, then K̂ over the key rows, each in slot z = 0.
     launch(func, 64, false, q, k_, rows, 1)?;
@@ -586,7 +842,10 @@ mod tests {
                 for tc in [true, false] {
                     let n = QuantNeeds::for_paths(tc, f);
                     for r in reads(tc, f) {
-                        assert!(provides(n, r), "flags {f:#x}, tensor cores {tc}: {r:?} is read but {n:?}");
+                        assert!(
+                            provides(n, r),
+                            "flags {f:#x}, tensor cores {tc}: {r:?} is read but {n:?}"
+                        );
                     }
                 }
             }
@@ -595,15 +854,32 @@ mod tests {
 
     #[test]
     fn only_the_outputs_the_selected_paths_read() {
-        let all = QuantNeeds { quantized: true, bf16_transposed: true, natural_v_do: true };
+        let all = QuantNeeds {
+            quantized: true,
+            bf16_transposed: true,
+            natural_v_do: true,
+        };
         // Staged all-BF16 passes read no quantized operand; staged INT8 ones no BF16 transposes and
         // (sagebwd's staged backward) no natural V̂ or dÔ.
         assert!(!needs(true, &Config::fpa()).quantized);
-        assert_eq!(needs(true, &Config::sagebwd()), QuantNeeds { quantized: true, bf16_transposed: false, natural_v_do: false });
+        assert_eq!(
+            needs(true, &Config::sagebwd()),
+            QuantNeeds {
+                quantized: true,
+                bf16_transposed: false,
+                natural_v_do: false
+            }
+        );
         // A gathering backward (int8-all's) reads everything, a gathering forward (one INT8
         // forward product) all but the natural V̂ (and its backward, fpa's, no dÔ).
         assert_eq!(needs(true, &Config::int8_all()), all);
-        assert_eq!(needs(true, &Config::isolate(Product::QkFwd)), QuantNeeds { natural_v_do: false, ..all });
+        assert_eq!(
+            needs(true, &Config::isolate(Product::QkFwd)),
+            QuantNeeds {
+                natural_v_do: false,
+                ..all
+            }
+        );
         // INT8 in one backward product: staged BF16 forward, gathering backward.
         assert_eq!(needs(true, &Config::isolate(Product::Dq)), all);
         // The scalar kernels read everything, whatever the preset.

@@ -190,7 +190,9 @@ unsafe fn compile_raw(src: &CString, name: &CString, opts: &[String]) -> Result<
     let mut cubin = Vec::new();
     if compiled.is_ok() {
         let mut size = 0usize;
-        nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size).result().map_err(|e| backend("GetCUBINSize", e))?;
+        nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size)
+            .result()
+            .map_err(|e| backend("GetCUBINSize", e))?;
         cubin = vec![0u8; size];
         nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _)
             .result()
@@ -240,7 +242,13 @@ fn nvrtc_version() -> String {
 pub fn compile_cached(name: &str, body: &str, arch: &str, head_dim: usize) -> Result<Vec<u8>> {
     let what = format!("{name} for {arch}, HEAD_DIM={head_dim}");
     let tag = format!("{arch}-d{head_dim}");
-    compile_program_cached(name, &full_source(name, body), &nvrtc_options(arch, head_dim), &tag, &what)
+    compile_program_cached(
+        name,
+        &full_source(name, body),
+        &nvrtc_options(arch, head_dim),
+        &tag,
+        &what,
+    )
 }
 
 /// [`compile_program`] through the on-disk cache; the file is named `{stem}-{tag}-{hash}.cubin`,
@@ -288,7 +296,10 @@ pub fn compile_all(arch: &str, head_dim: usize) -> Result<Vec<Vec<u8>>> {
             .map(|&(name, body)| scope.spawn(move || compile_cached(name, body, arch, head_dim)))
             .collect();
         jobs.into_iter()
-            .map(|j| j.join().unwrap_or_else(|_| Err(Error::Backend("NVRTC compile thread panicked".into()))))
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err(Error::Backend("NVRTC compile thread panicked".into())))
+            })
             .collect()
     })
 }
@@ -304,7 +315,11 @@ pub fn arch_for(major: i32, minor: i32) -> Result<String> {
             "GPU of compute capability {major}.{minor} is not supported: the kernels need 8.0 or newer"
         )));
     }
-    Ok(if (major, minor) == (9, 0) { "sm_90a".into() } else { format!("sm_{major}{minor}") })
+    Ok(if (major, minor) == (9, 0) {
+        "sm_90a".into()
+    } else {
+        format!("sm_{major}{minor}")
+    })
 }
 
 /// An initialized device: context, stream, target architecture.
@@ -336,7 +351,9 @@ impl Device {
             .map_err(|_| Error::Backend("CUDA driver panicked on initialization".into()))?;
         let count = drv("device count (cuInit)", count)?;
         if count <= ordinal as i32 {
-            return Err(Error::Backend(format!("no CUDA GPU with ordinal {ordinal} ({count} visible)")));
+            return Err(Error::Backend(format!(
+                "no CUDA GPU with ordinal {ordinal} ({count} visible)"
+            )));
         }
         let ctx = drv("context creation", CudaContext::new(ordinal))?;
         let (major, minor) = drv("compute capability", ctx.compute_capability())?;
@@ -347,7 +364,14 @@ impl Device {
         let smem_optin = drv("shared memory limit", ctx.attribute(optin))? as usize;
         let sm_attr = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
         let sms = drv("multiprocessor count", ctx.attribute(sm_attr))? as u32;
-        Ok(Device { ctx, stream, arch, name, smem_optin, sms })
+        Ok(Device {
+            ctx,
+            stream,
+            arch,
+            name,
+            smem_optin,
+            sms,
+        })
     }
 
     /// Free device memory in bytes (cuMemGetInfo).
@@ -384,14 +408,23 @@ pub struct Kernels {
 }
 
 /// The kernel `name` of the module that holds `anchor` (a function `Kernels::load` took).
-fn sibling_function(anchor: &CudaFunction, what: &str, name: &std::ffi::CStr) -> Result<cudarc::driver::sys::CUfunction> {
+fn sibling_function(
+    anchor: &CudaFunction,
+    what: &str,
+    name: &std::ffi::CStr,
+) -> Result<cudarc::driver::sys::CUfunction> {
     use cudarc::driver::sys;
     unsafe {
         let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
-        drv(what, sys::cuFuncGetModule(module.as_mut_ptr(), anchor.cu_function()).result())?;
+        drv(
+            what,
+            sys::cuFuncGetModule(module.as_mut_ptr(), anchor.cu_function()).result(),
+        )?;
         let mut f = std::mem::MaybeUninit::<sys::CUfunction>::uninit();
-        drv(&format!("load function {}", name.to_string_lossy()),
-            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result())?;
+        drv(
+            &format!("load function {}", name.to_string_lossy()),
+            sys::cuModuleGetFunction(f.as_mut_ptr(), module.assume_init(), name.as_ptr()).result(),
+        )?;
         Ok(f.assume_init())
     }
 }
@@ -474,7 +507,10 @@ mod tests {
         write_atomically(&p, b"abc").unwrap();
         write_atomically(&p, b"defg").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"defg");
-        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "{names:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -15,7 +15,10 @@ fn unsupported_head_dims_and_block_sizes_are_clear_errors() {
     }
     let mut small = cfg.clone();
     small.block_kv = 64;
-    assert!(matches!(check_supported(&Shape::square(1, 2, 100, 64), &small), Err(Error::Config(_))));
+    assert!(matches!(
+        check_supported(&Shape::square(1, 2, 100, 64), &small),
+        Err(Error::Config(_))
+    ));
     let e = check_supported(&Shape::square(1, 70_000, 16, 64), &cfg).unwrap_err();
     assert!(matches!(e, Error::Shape(ref m) if m.contains("65535")), "{e}");
 }
@@ -25,7 +28,10 @@ fn simulated_only_variants_are_refused_by_name() {
     for name in sagebwd::config::VARIANTS {
         let cfg = Config::preset(name).unwrap();
         let e = check_supported(&Shape::square(1, 2, 128, 128), &cfg).unwrap_err();
-        assert!(matches!(e, Error::Config(ref m) if m.contains("simulated only")), "{name}: {e}");
+        assert!(
+            matches!(e, Error::Config(ref m) if m.contains("simulated only")),
+            "{name}: {e}"
+        );
     }
 }
 
@@ -49,7 +55,10 @@ fn opening_a_gpu_never_panics() {
         Err(e) => {
             let msg = e.to_string();
             assert!(matches!(e, Error::Backend(_)), "{msg}");
-            assert!(msg.contains("not found") || msg.contains("GPU") || msg.contains("CUDA"), "{msg}");
+            assert!(
+                msg.contains("not found") || msg.contains("GPU") || msg.contains("CUDA"),
+                "{msg}"
+            );
             println!("no GPU here: {msg}");
         }
     }

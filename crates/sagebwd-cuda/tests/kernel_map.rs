@@ -20,7 +20,9 @@ fn architecture_page_holds_the_current_kernel_map() {
             std::fs::write(path, updated).unwrap_or_else(|e| panic!("{path}: {e}"));
             return;
         }
-        panic!("the kernel map in {path} is stale; refresh it with \
-                `SAGEBWD_UPDATE_DOCS=1 cargo test --release -p sagebwd-cuda --test kernel_map`. Expected:\n{generated}");
+        panic!(
+            "the kernel map in {path} is stale; refresh it with \
+                `SAGEBWD_UPDATE_DOCS=1 cargo test --release -p sagebwd-cuda --test kernel_map`. Expected:\n{generated}"
+        );
     }
 }

@@ -28,7 +28,11 @@ fn every_kernel_compiles_cleanly_for_every_variant() {
     }
     let variants: Vec<_> = ARCHS
         .iter()
-        .flat_map(|&arch| HEAD_DIMS.iter().flat_map(move |&d| SOURCES.iter().map(move |&(n, b)| (arch, d, n, b))))
+        .flat_map(|&arch| {
+            HEAD_DIMS
+                .iter()
+                .flat_map(move |&d| SOURCES.iter().map(move |&(n, b)| (arch, d, n, b)))
+        })
         .collect();
     // One thread per variant: NVRTC programs are independent, and CI machines have few cores.
     let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
@@ -43,11 +47,18 @@ fn every_kernel_compiles_cleanly_for_every_variant() {
                 })
             })
             .collect();
-        jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err("compile thread panicked".into()))).collect()
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err("compile thread panicked".into())))
+            .collect()
     });
     let count = results.iter().filter(|r| r.is_ok()).count();
     let failures: Vec<String> = results.into_iter().filter_map(|r| r.err()).collect();
-    assert!(failures.is_empty(), "{} variant(s) failed:\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} variant(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
     println!("compiled {count} kernel variants cleanly");
     assert_eq!(count, ARCHS.len() * HEAD_DIMS.len() * SOURCES.len());
 }
@@ -57,7 +68,9 @@ fn a_bad_head_dim_is_a_compile_error_with_the_log() {
     if !nvrtc_or_skip() {
         return;
     }
-    let err = compile(SOURCES[0].0, SOURCES[0].1, "sm_80", 96).err().expect("HEAD_DIM=96 must not compile");
+    let err = compile(SOURCES[0].0, SOURCES[0].1, "sm_80", 96)
+        .err()
+        .expect("HEAD_DIM=96 must not compile");
     let msg = err.to_string();
     assert!(msg.contains("HEAD_DIM must be 64 or 128"), "{msg}");
 }

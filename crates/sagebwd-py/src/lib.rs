@@ -45,11 +45,19 @@ fn parse_products(names: Option<Vec<String>>, what: &str) -> PyResult<Vec<Produc
 impl PyConfig {
     #[new]
     #[pyo3(signature = (preset="sagebwd", int8=None, bf16=None, smooth_k=None))]
-    fn new(preset: &str, int8: Option<Vec<String>>, bf16: Option<Vec<String>>, smooth_k: Option<bool>) -> PyResult<Self> {
+    fn new(
+        preset: &str,
+        int8: Option<Vec<String>>,
+        bf16: Option<Vec<String>>,
+        smooth_k: Option<bool>,
+    ) -> PyResult<Self> {
         let mut cfg = Config::preset(preset).map_err(value_error)?;
         let (int8, bf16) = (parse_products(int8, "int8")?, parse_products(bf16, "bf16")?);
         if let Some(p) = int8.iter().find(|p| bf16.contains(p)) {
-            return Err(PyValueError::new_err(format!("product `{}` is listed in both int8 and bf16", p.name())));
+            return Err(PyValueError::new_err(format!(
+                "product `{}` is listed in both int8 and bf16",
+                p.name()
+            )));
         }
         for p in int8 {
             cfg.set(p, Precision::Int8);
@@ -73,7 +81,11 @@ impl PyConfig {
     /// The products computed in INT8, by name.
     #[getter]
     fn int8(&self) -> Vec<&'static str> {
-        Product::ALL.into_iter().filter(|p| self.cfg.is_int8(*p)).map(|p| p.name()).collect()
+        Product::ALL
+            .into_iter()
+            .filter(|p| self.cfg.is_int8(*p))
+            .map(|p| p.name())
+            .collect()
     }
 
     #[getter]
@@ -82,7 +94,12 @@ impl PyConfig {
     }
 
     fn __repr__(&self) -> String {
-        format!("Config({}, int8={:?}, smooth_k={})", self.cfg.label(), self.int8(), self.cfg.smooth_k)
+        format!(
+            "Config({}, int8={:?}, smooth_k={})",
+            self.cfg.label(),
+            self.int8(),
+            self.cfg.smooth_k
+        )
     }
 }
 
@@ -103,7 +120,14 @@ struct PySaved {
 
 fn shape_of(dims: (usize, usize, usize, usize, usize, usize)) -> Shape {
     let (batch, heads_q, heads_kv, n_q, n_k, head_dim) = dims;
-    Shape { batch, heads_q, heads_kv, n_q, n_k, head_dim }
+    Shape {
+        batch,
+        heads_q,
+        heads_kv,
+        n_q,
+        n_k,
+        head_dim,
+    }
 }
 
 #[pymethods]
@@ -127,7 +151,11 @@ impl PyDevice {
 
     /// Free and total device memory in bytes (cuMemGetInfo).
     fn mem_info(&self) -> PyResult<(usize, usize)> {
-        self.gpu.dev.ctx.mem_get_info().map_err(|e| PyRuntimeError::new_err(format!("cuMemGetInfo: {e:?}")))
+        self.gpu
+            .dev
+            .ctx
+            .mem_get_info()
+            .map_err(|e| PyRuntimeError::new_err(format!("cuMemGetInfo: {e:?}")))
     }
 
     /// Peak bytes in use in the device's stream-ordered memory pool (where the library's outputs and
@@ -147,28 +175,55 @@ impl PyDevice {
     /// The forward on contiguous BF16 device tensors: `dims` = (B, H_q, H_kv, N_q, N_k, d); O is
     /// written into `o`; queued on the raw stream handle `stream`.
     #[allow(clippy::too_many_arguments)]
-    fn forward(&self, py: Python<'_>, stream: usize, dims: (usize, usize, usize, usize, usize, usize), causal: bool,
-               config: &PyConfig, q: u64, k: u64, v: u64, o: u64) -> PyResult<PySaved> {
+    fn forward(
+        &self,
+        py: Python<'_>,
+        stream: usize,
+        dims: (usize, usize, usize, usize, usize, usize),
+        causal: bool,
+        config: &PyConfig,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+    ) -> PyResult<PySaved> {
         let shape = shape_of(dims);
         let gpu = &self.gpu;
         let cfg = &config.cfg;
         let state = py
             .detach(|| unsafe { external::forward(gpu, stream as _, shape, causal, cfg, q, k, v, o) })
             .map_err(call_error)?;
-        Ok(PySaved { gpu: self.gpu.clone(), state: Mutex::new(state) })
+        Ok(PySaved {
+            gpu: self.gpu.clone(),
+            state: Mutex::new(state),
+        })
     }
 
     /// The backward of `forward`: dQ, dK, dV written into `dq`, `dk`, `dv`.
     #[allow(clippy::too_many_arguments)]
-    fn backward(&self, py: Python<'_>, stream: usize, saved: &PySaved, q: u64, k: u64, v: u64, o: u64, d_o: u64,
-                dq: u64, dk: u64, dv: u64) -> PyResult<()> {
+    fn backward(
+        &self,
+        py: Python<'_>,
+        stream: usize,
+        saved: &PySaved,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        d_o: u64,
+        dq: u64,
+        dk: u64,
+        dv: u64,
+    ) -> PyResult<()> {
         if !Arc::ptr_eq(&self.gpu, &saved.gpu) {
             return Err(PyValueError::new_err("the saved state belongs to another device"));
         }
         let gpu = &self.gpu;
         py.detach(|| {
-            let mut state =
-                saved.state.lock().map_err(|_| sagebwd::Error::Backend("saved state lock poisoned".into()))?;
+            let mut state = saved
+                .state
+                .lock()
+                .map_err(|_| sagebwd::Error::Backend("saved state lock poisoned".into()))?;
             unsafe { external::backward(gpu, stream as _, &mut state, q, k, v, o, d_o, dq, dk, dv) }
         })
         .map_err(call_error)
@@ -182,17 +237,28 @@ impl PySaved {
     /// the saved state lives as long as that tensor's storage (and is freed with it).
     fn lse_dlpack(slf: &Bound<'_, Self>, device_index: i32) -> PyResult<Py<PyAny>> {
         let this = slf.get();
-        let state = this.state.lock().map_err(|_| PyRuntimeError::new_err("saved state lock poisoned"))?;
+        let state = this
+            .state
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("saved state lock poisoned"))?;
         let s = state.shape;
         let data = state.lse_ptr(&this.gpu);
         drop(state);
-        dlpack::lse_capsule(slf.py(), slf.clone().unbind(), data, [s.batch as i64, s.heads_q as i64, s.n_q as i64],
-                            device_index)
+        dlpack::lse_capsule(
+            slf.py(),
+            slf.clone().unbind(),
+            data,
+            [s.batch as i64, s.heads_q as i64, s.n_q as i64],
+            device_index,
+        )
     }
 
     #[getter]
     fn label(&self) -> PyResult<String> {
-        let state = self.state.lock().map_err(|_| PyRuntimeError::new_err("saved state lock poisoned"))?;
+        let state = self
+            .state
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("saved state lock poisoned"))?;
         Ok(state.config().label())
     }
 }
@@ -265,15 +331,30 @@ mod dlpack {
     }
 
     /// A capsule of a contiguous FP32 tensor of `shape` at `data` on CUDA device `device_id`.
-    pub fn lse_capsule(py: Python<'_>, owner: Py<super::PySaved>, data: u64, shape: [i64; 3], device_id: i32)
-                       -> PyResult<Py<PyAny>> {
-        let holder = Box::into_raw(Box::new(Holder { shape, _owner: owner.into_any() }));
+    pub fn lse_capsule(
+        py: Python<'_>,
+        owner: Py<super::PySaved>,
+        data: u64,
+        shape: [i64; 3],
+        device_id: i32,
+    ) -> PyResult<Py<PyAny>> {
+        let holder = Box::into_raw(Box::new(Holder {
+            shape,
+            _owner: owner.into_any(),
+        }));
         let m = Box::into_raw(Box::new(DlManagedTensor {
             dl_tensor: DlTensor {
                 data: data as *mut c_void,
-                device: DlDevice { device_type: KDL_CUDA, device_id },
+                device: DlDevice {
+                    device_type: KDL_CUDA,
+                    device_id,
+                },
                 ndim: 3,
-                dtype: DlDataType { code: KDL_FLOAT, bits: 32, lanes: 1 },
+                dtype: DlDataType {
+                    code: KDL_FLOAT,
+                    bits: 32,
+                    lanes: 1,
+                },
                 shape: unsafe { (*holder).shape.as_mut_ptr() },
                 strides: std::ptr::null_mut(),
                 byte_offset: 0,

@@ -26,7 +26,10 @@ fn main() {
             }
         }
         let s = t.elapsed().as_secs_f64();
-        println!("{name:<18} {m:>6}×{k:>6}×{n:>6}: {:6.1} GFLOP/s", 2.0 * (m * k * n * reps) as f64 / s / 1e9);
+        println!(
+            "{name:<18} {m:>6}×{k:>6}×{n:>6}: {:6.1} GFLOP/s",
+            2.0 * (m * k * n * reps) as f64 / s / 1e9
+        );
     }
     let table = vec![0.5f32; 50257 * 64];
     let t = Instant::now();
@@ -35,4 +38,3 @@ fn main() {
     }
     println!("transpose 50257×64: {:.1} ms", t.elapsed().as_secs_f64() * 100.0);
 }
-

@@ -17,19 +17,30 @@ fn main() {
     let mut rng = Rng::new(1);
     let model = Model::new(cfg.clone(), Weights::init(&cfg, &mut rng));
     let ids: Vec<u32> = (0..tokens + 1).map(|_| rng.below(cfg.vocab_size) as u32).collect();
-    let batch = Batch { inputs: &ids[..tokens], targets: &ids[1..], batch: tokens / seq, seq };
+    let batch = Batch {
+        inputs: &ids[..tokens],
+        targets: &ids[1..],
+        batch: tokens / seq,
+        seq,
+    };
     let mut grads = Weights::zeros(&cfg);
     let reps = 5;
     let t = Instant::now();
     for _ in 0..reps {
-        model.forward_backward(&be, &batch, &mut grads, 1.0 / tokens as f32).unwrap();
+        model
+            .forward_backward(&be, &batch, &mut grads, 1.0 / tokens as f32)
+            .unwrap();
     }
     let step = t.elapsed().as_secs_f64() / reps as f64;
     let hidden = vec![0.1f32; tokens * cfg.dim];
     let (mut dh, mut dt) = (vec![0.0f32; hidden.len()], vec![0.0f32; model.weights.tok_emb.len()]);
     let t = Instant::now();
     for _ in 0..reps {
-        let g = LossGrad { scale: 1.0, d_hidden: &mut dh, d_table: &mut dt };
+        let g = LossGrad {
+            scale: 1.0,
+            d_hidden: &mut dh,
+            d_table: &mut dt,
+        };
         lm_head_loss(&be, &hidden, &model.weights.tok_emb, cfg.dim, &ids[1..], Some(g));
     }
     let head = t.elapsed().as_secs_f64() / reps as f64;

@@ -57,29 +57,51 @@ impl Backend for Recorder<'_> {
         d_o: &[f32],
     ) -> Result<AttnGrads> {
         let tensors = [q.to_vec(), k.to_vec(), v.to_vec(), d_o.to_vec()];
-        self.calls.lock().unwrap_or_else(|e| e.into_inner()).push((shape, tensors));
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((shape, tensors));
         self.inner.attention_backward(shape, q, k, v, o, d_o)
     }
 }
 
 /// Runs `weights` (a model of `model`'s configuration) forward and backward over `batch` on the CPU
 /// with `attention`, and returns each layer's attention inputs. The weights are not changed.
-pub fn capture(model: &crate::config::ModelConfig, weights: Weights, attention: Attention, batch: &Batch) -> Result<Captured> {
+pub fn capture(
+    model: &crate::config::ModelConfig,
+    weights: Weights,
+    attention: Attention,
+    batch: &Batch,
+) -> Result<Captured> {
     let m = Model::new(model.clone(), weights);
     let cpu = CpuBackend::new(attention);
-    let rec = Recorder { inner: &cpu, calls: Mutex::new(Vec::new()) };
+    let rec = Recorder {
+        inner: &cpu,
+        calls: Mutex::new(Vec::new()),
+    };
     let mut grads = Weights::zeros(model);
     let scale = 1.0 / batch.targets.len().max(1) as f32;
     let loss = m.forward_backward(&rec, batch, &mut grads, scale)?;
     let calls = rec.calls.into_inner().unwrap_or_else(|e| e.into_inner());
     if calls.len() != model.n_layers {
-        return Err(Error::Config(format!("captured {} attention calls for {} layers", calls.len(), model.n_layers)));
+        return Err(Error::Config(format!(
+            "captured {} attention calls for {} layers",
+            calls.len(),
+            model.n_layers
+        )));
     }
     let n = calls.len();
     let mut layers: Vec<LayerTensors> = calls
         .into_iter()
         .enumerate()
-        .map(|(i, (shape, [q, k, v, d_o]))| LayerTensors { layer: n - 1 - i, shape, q, k, v, d_o })
+        .map(|(i, (shape, [q, k, v, d_o]))| LayerTensors {
+            layer: n - 1 - i,
+            shape,
+            q,
+            k,
+            v,
+            d_o,
+        })
         .collect();
     layers.reverse();
     Ok(Captured { loss, layers })
@@ -92,7 +114,10 @@ impl LayerTensors {
     pub fn problem(&self, seq: usize, heads: Option<&[usize]>, tokens: usize) -> Result<sagebwd::Inputs> {
         let s = self.shape;
         if seq >= s.batch {
-            return Err(Error::Config(format!("sequence {seq} is beyond the batch of {}", s.batch)));
+            return Err(Error::Config(format!(
+                "sequence {seq} is beyond the batch of {}",
+                s.batch
+            )));
         }
         let n = tokens.min(s.seq);
         if n == 0 {
@@ -102,7 +127,10 @@ impl LayerTensors {
         let all: Vec<usize> = (0..s.heads_q).collect();
         let heads = heads.unwrap_or(&all);
         if let Some(h) = heads.iter().find(|&&h| h >= s.heads_q) {
-            return Err(Error::Config(format!("head {h} is beyond the layer's {} heads", s.heads_q)));
+            return Err(Error::Config(format!(
+                "head {h} is beyond the layer's {} heads",
+                s.heads_q
+            )));
         }
         let hd = s.head_dim;
         let take = |t: &[f32], nh: usize, hs: &mut dyn Iterator<Item = usize>| -> Vec<f32> {
@@ -120,7 +148,14 @@ impl LayerTensors {
             (heads.iter().map(|h| h / group).collect(), heads.len())
         };
         Ok(sagebwd::Inputs {
-            shape: sagebwd::Shape { batch: 1, heads_q: heads.len(), heads_kv, n_q: n, n_k: n, head_dim: hd },
+            shape: sagebwd::Shape {
+                batch: 1,
+                heads_q: heads.len(),
+                heads_kv,
+                n_q: n,
+                n_k: n,
+                head_dim: hd,
+            },
             causal: true,
             q: take(&self.q, s.heads_q, &mut heads.iter().copied()),
             k: take(&self.k, s.heads_kv, &mut kv_heads.iter().copied()),
@@ -142,12 +177,21 @@ pub struct Trained {
 pub fn load_trained(path: &std::path::Path) -> Result<Trained> {
     let err = |msg: String| Error::Checkpoint { path: path.into(), msg };
     let bytes = std::fs::read(path).map_err(crate::error::io_err(path))?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| err(format!("not a safetensors file ({e})")))?;
-    let meta = header.metadata().as_ref().and_then(|m| m.get("meta")).ok_or_else(|| err("not a sagebwd-train checkpoint (no run metadata)".into()))?;
+    let (_, header) =
+        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| err(format!("not a safetensors file ({e})")))?;
+    let meta = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("meta"))
+        .ok_or_else(|| err("not a sagebwd-train checkpoint (no run metadata)".into()))?;
     let meta: serde_json::Value = serde_json::from_str(meta).map_err(|e| err(format!("bad run metadata: {e}")))?;
     drop(bytes);
     let config: crate::train::TrainConfig =
         serde_json::from_value(meta["config"].clone()).map_err(|e| err(format!("bad run configuration: {e}")))?;
     let ck = crate::checkpoint::load(path, &Weights::zeros(&config.model))?;
-    Ok(Trained { config, weights: ck.weights, step: meta["step"].as_u64() })
+    Ok(Trained {
+        config,
+        weights: ck.weights,
+        step: meta["step"].as_u64(),
+    })
 }

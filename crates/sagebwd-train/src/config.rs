@@ -31,10 +31,22 @@ pub struct ModelConfig {
 
 /// Size presets and their approximate parameter counts with the GPT-2 vocabulary (tied embeddings).
 pub const SIZE_PRESETS: [(&str, &str); 4] = [
-    ("tiny", "dim 64, 4 layers, 1 head of 64: 0.2M in the blocks + 3.2M embedding (CPU tests and demo)"),
-    ("small", "dim 384, 6 layers, 6 heads: 10.6M in the blocks + 19.3M embedding ≈ 30M"),
-    ("base", "dim 768, 12 layers, 12 heads: 85M in the blocks + 38.6M embedding ≈ 124M"),
-    ("medium", "dim 1024, 24 layers, 16 heads: 308M in the blocks + 51.5M embedding ≈ 360M"),
+    (
+        "tiny",
+        "dim 64, 4 layers, 1 head of 64: 0.2M in the blocks + 3.2M embedding (CPU tests and demo)",
+    ),
+    (
+        "small",
+        "dim 384, 6 layers, 6 heads: 10.6M in the blocks + 19.3M embedding ≈ 30M",
+    ),
+    (
+        "base",
+        "dim 768, 12 layers, 12 heads: 85M in the blocks + 38.6M embedding ≈ 124M",
+    ),
+    (
+        "medium",
+        "dim 1024, 24 layers, 16 heads: 308M in the blocks + 51.5M embedding ≈ 360M",
+    ),
 ];
 
 impl ModelConfig {
@@ -47,7 +59,10 @@ impl ModelConfig {
             "medium" => (1024, 24, 16, 2816),
             other => {
                 let names: Vec<&str> = SIZE_PRESETS.iter().map(|p| p.0).collect();
-                return Err(Error::Config(format!("unknown model size `{other}` (expected one of: {})", names.join(", "))));
+                return Err(Error::Config(format!(
+                    "unknown model size `{other}` (expected one of: {})",
+                    names.join(", ")
+                )));
             }
         };
         Ok(ModelConfig {
@@ -116,7 +131,10 @@ impl ModelConfig {
             }
         }
         if self.dim % self.n_heads != 0 {
-            return Err(Error::Config(format!("dim {} is not a multiple of heads {}", self.dim, self.n_heads)));
+            return Err(Error::Config(format!(
+                "dim {} is not a multiple of heads {}",
+                self.dim, self.n_heads
+            )));
         }
         if self.n_heads % self.n_kv_heads != 0 {
             return Err(Error::Config(format!(
@@ -150,7 +168,10 @@ mod tests {
             let cfg = ModelConfig::preset(name).unwrap();
             cfg.validate().unwrap();
             let n = ParamLayout::new(&cfg).total as f64 / 1e6;
-            assert!((n - millions).abs() / millions < 0.02, "{name}: {n:.1}M parameters, documented {millions}M");
+            assert!(
+                (n - millions).abs() / millions < 0.02,
+                "{name}: {n:.1}M parameters, documented {millions}M"
+            );
         }
     }
 

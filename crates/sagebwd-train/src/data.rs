@@ -35,7 +35,9 @@ pub fn decode_text(name: &str, bytes: &[u8]) -> Result<String> {
     let fail = |e: std::io::Error| Error::Data(format!("{name}: cannot decompress: {e}"));
     let raw = if name.ends_with(".xz") {
         let mut out = Vec::new();
-        liblzma::read::XzDecoder::new(bytes).read_to_end(&mut out).map_err(fail)?;
+        liblzma::read::XzDecoder::new(bytes)
+            .read_to_end(&mut out)
+            .map_err(fail)?;
         out
     } else if name.ends_with(".zst") || name.ends_with(".zstd") {
         zstd::stream::decode_all(bytes).map_err(fail)?
@@ -111,7 +113,10 @@ mod tests {
     #[test]
     fn documents_split_on_rs_and_drop_the_newline_after_it() {
         assert_eq!(split_documents("a\nb"), vec!["a\nb"]);
-        assert_eq!(split_documents("one\n\u{1e}\ntwo\n\u{1e}three\u{1e}\n"), vec!["one\n", "two\n", "three"]);
+        assert_eq!(
+            split_documents("one\n\u{1e}\ntwo\n\u{1e}three\u{1e}\n"),
+            vec!["one\n", "two\n", "three"]
+        );
         assert_eq!(split_documents(""), vec![""]);
     }
 
@@ -131,7 +136,9 @@ mod tests {
         let zst = zstd::stream::encode_all(text.as_bytes(), 3).unwrap();
         assert_eq!(decode_text("x.txt.zst", &zst).unwrap(), text);
         let mut xz = Vec::new();
-        liblzma::read::XzEncoder::new(text.as_bytes(), 6).read_to_end(&mut xz).unwrap();
+        liblzma::read::XzEncoder::new(text.as_bytes(), 6)
+            .read_to_end(&mut xz)
+            .unwrap();
         assert_eq!(decode_text("x.txt.xz", &xz).unwrap(), text);
         let e = decode_text("bad.xz", b"not xz").unwrap_err().to_string();
         assert!(e.contains("bad.xz") && e.contains("decompress"), "{e}");

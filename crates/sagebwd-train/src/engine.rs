@@ -70,7 +70,12 @@ impl CpuEngine {
         let layout = ParamLayout::new(&model.cfg);
         let opt = AdamW::new(adamw, &layout, Weights::zeros(&model.cfg));
         let grads = Weights::zeros(&model.cfg);
-        CpuEngine { model, opt, grads, backend: CpuBackend::new(attention) }
+        CpuEngine {
+            model,
+            opt,
+            grads,
+            backend: CpuBackend::new(attention),
+        }
     }
 }
 
@@ -85,7 +90,8 @@ impl Engine for CpuEngine {
     }
 
     fn forward_backward(&mut self, b: &Batch, grad_scale: f32) -> Result<f64> {
-        self.model.forward_backward(&self.backend, b, &mut self.grads, grad_scale)
+        self.model
+            .forward_backward(&self.backend, b, &mut self.grads, grad_scale)
     }
 
     fn loss(&mut self, b: &Batch) -> Result<f64> {

@@ -33,5 +33,8 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// Wraps an I/O error with the path it concerns.
 pub fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io { path: path.to_path_buf(), source }
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }

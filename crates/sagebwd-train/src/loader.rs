@@ -36,7 +36,14 @@ impl Loader {
                 seq + 1
             )));
         }
-        let mut l = Loader { tokens, seq, batch, seed, order: Vec::new(), state: LoaderState::default() };
+        let mut l = Loader {
+            tokens,
+            seq,
+            batch,
+            seed,
+            order: Vec::new(),
+            state: LoaderState::default(),
+        };
         l.shuffle_epoch();
         Ok(l)
     }
@@ -55,10 +62,16 @@ impl Loader {
 
     /// The next micro-batch: `(inputs, targets)`, each `[batch, seq]`.
     pub fn next_batch(&mut self) -> (Vec<u32>, Vec<u32>) {
-        let (mut inputs, mut targets) = (Vec::with_capacity(self.batch * self.seq), Vec::with_capacity(self.batch * self.seq));
+        let (mut inputs, mut targets) = (
+            Vec::with_capacity(self.batch * self.seq),
+            Vec::with_capacity(self.batch * self.seq),
+        );
         for _ in 0..self.batch {
             if self.state.index as usize >= self.order.len() {
-                self.state = LoaderState { epoch: self.state.epoch + 1, index: 0 };
+                self.state = LoaderState {
+                    epoch: self.state.epoch + 1,
+                    index: 0,
+                };
                 self.shuffle_epoch();
             }
             let start = self.order[self.state.index as usize] as usize * self.seq;
@@ -77,7 +90,12 @@ impl Loader {
 
 /// The validation set: the first windows of the validation stream, in order, up to `max_tokens`
 /// target tokens, grouped in batches of at most `batch` windows.
-pub fn validation_batches(tokens: &[u16], seq: usize, batch: usize, max_tokens: usize) -> Vec<(Vec<u32>, Vec<u32>, usize)> {
+pub fn validation_batches(
+    tokens: &[u16],
+    seq: usize,
+    batch: usize,
+    max_tokens: usize,
+) -> Vec<(Vec<u32>, Vec<u32>, usize)> {
     let windows = window_count(tokens.len(), seq).min(max_tokens.div_ceil(seq).max(1));
     let mut out = Vec::new();
     for first in (0..windows).step_by(batch.max(1)) {
@@ -101,7 +119,9 @@ mod tests {
     fn an_epoch_visits_every_window_once_and_restore_continues_exactly() {
         let tokens: Vec<u16> = (0..41).collect(); // 10 windows of 4 + 1
         let mut l = Loader::new(tokens.clone(), 4, 2, 9).unwrap();
-        let mut starts: Vec<u32> = (0..5).flat_map(|_| l.next_batch().0.chunks(4).map(|w| w[0]).collect::<Vec<_>>()).collect();
+        let mut starts: Vec<u32> = (0..5)
+            .flat_map(|_| l.next_batch().0.chunks(4).map(|w| w[0]).collect::<Vec<_>>())
+            .collect();
         starts.sort();
         assert_eq!(starts, (0..10).map(|w| w * 4).collect::<Vec<u32>>());
         let (i, t) = l.next_batch();

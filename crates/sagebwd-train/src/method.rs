@@ -22,7 +22,10 @@ impl TrainConfig {
                         self.attention
                     )));
                 }
-                Ok(Attention::Method { name: label, config: config.clone() })
+                Ok(Attention::Method {
+                    name: label,
+                    config: config.clone(),
+                })
             }
         }
     }
@@ -64,7 +67,14 @@ pub fn kernel_warning(cfg: &Config) -> Option<String> {
         ));
     }
     use sagebwd_cuda::plan::{BackwardMain, ForwardKernel, ForwardPath};
-    let shape = sagebwd::Shape { batch: 16, heads_q: 12, heads_kv: 12, n_q: 1024, n_k: 1024, head_dim: 64 };
+    let shape = sagebwd::Shape {
+        batch: 16,
+        heads_q: 12,
+        heads_kv: 12,
+        n_q: 1024,
+        n_k: 1024,
+        head_dim: 64,
+    };
     let plan = sagebwd_cuda::KernelPlan::choose("sm_90a", cfg, &shape, true, &sagebwd_cuda::Tuning::default());
     let mut slow = Vec::new();
     if matches!(plan.forward, ForwardKernel::Mma(ForwardPath::Gather)) {
@@ -83,7 +93,11 @@ pub fn kernel_warning(cfg: &Config) -> Option<String> {
         slow.push(why.to_string());
     }
     (!slow.is_empty()).then(|| {
-        format!("`{}` runs on the GPU's general (slow) attention kernels: {}", run_label(cfg), slow.join("; "))
+        format!(
+            "`{}` runs on the GPU's general (slow) attention kernels: {}",
+            run_label(cfg),
+            slow.join("; ")
+        )
     })
 }
 
@@ -97,12 +111,17 @@ mod tests {
         assert!(kernel_warning(&Config::sagebwd()).is_none());
         let mut no_smooth = Config::sagebwd();
         no_smooth.smooth_k = false;
-        assert!(kernel_warning(&no_smooth).is_none(), "K-smoothing does not change the kernel");
+        assert!(
+            kernel_warning(&no_smooth).is_none(),
+            "K-smoothing does not change the kernel"
+        );
         let mut smooth_q = Config::sagebwd();
         smooth_q.smooth_q = true;
         assert!(kernel_warning(&smooth_q).unwrap().contains("Q-smoothing"));
         let mut bf16_grads = Config::sagebwd();
-        bf16_grads.set(Product::Dq, Precision::Bf16).set(Product::Dk, Precision::Bf16);
+        bf16_grads
+            .set(Product::Dq, Precision::Bf16)
+            .set(Product::Dk, Precision::Bf16);
         assert!(kernel_warning(&bf16_grads).unwrap().contains("neither"));
         assert!(kernel_warning(&Config::int8_all()).is_some());
         let mut fwd = Config::fpa();

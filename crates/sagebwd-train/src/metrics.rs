@@ -49,7 +49,10 @@ pub fn read_lines(path: &Path) -> Result<Lines> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(io_err(path)(e)),
     };
-    let mut out = Lines { records: Vec::new(), damaged: Vec::new() };
+    let mut out = Lines {
+        records: Vec::new(),
+        damaged: Vec::new(),
+    };
     for (i, l) in text.lines().enumerate() {
         if l.trim().is_empty() {
             continue;
@@ -66,7 +69,12 @@ pub fn read_lines(path: &Path) -> Result<Lines> {
 pub fn describe_damaged(path: &Path, damaged: &[usize]) -> String {
     let shown: Vec<String> = damaged.iter().take(20).map(|n| n.to_string()).collect();
     let more = if damaged.len() > 20 { ", …" } else { "" };
-    format!("{}: {} damaged line(s) that are not metrics records (line {}{more})", path.display(), damaged.len(), shown.join(", "))
+    format!(
+        "{}: {} damaged line(s) that are not metrics records (line {}{more})",
+        path.display(),
+        damaged.len(),
+        shown.join(", ")
+    )
 }
 
 impl MetricsLog {
@@ -86,7 +94,10 @@ impl MetricsLog {
         let path = dir.join("metrics.jsonl");
         let lines = read_lines(&path)?;
         if !lines.damaged.is_empty() {
-            eprintln!("warning: {}; they are left out of the resumed log", describe_damaged(&path, &lines.damaged));
+            eprintln!(
+                "warning: {}; they are left out of the resumed log",
+                describe_damaged(&path, &lines.damaged)
+            );
         }
         let drop_any = lines.records.iter().any(|(_, r)| r.step >= keep_before);
         let exists = path.exists();
@@ -110,7 +121,10 @@ impl MetricsLog {
     }
 
     pub fn append(&self, r: &Record) -> Result<()> {
-        let mut f = std::fs::OpenOptions::new().append(true).open(&self.path).map_err(io_err(&self.path))?;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(io_err(&self.path))?;
         // One write per line: a kill cuts at most the last line, which the next resume reports.
         let line = format!("{}\n", serde_json::to_string(r).expect("records serialize"));
         f.write_all(line.as_bytes()).map_err(io_err(&self.path))

@@ -56,7 +56,11 @@ impl ParamLayout {
     pub fn new(cfg: &ModelConfig) -> ParamLayout {
         let (d, hd, f, v) = (cfg.dim, cfg.head_dim(), cfg.ffn_hidden, cfg.vocab_size);
         let (qw, kvw) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
-        let spec = |name: String, shape: Vec<usize>| TensorSpec { decay: shape.len() > 1, name, shape };
+        let spec = |name: String, shape: Vec<usize>| TensorSpec {
+            decay: shape.len() > 1,
+            name,
+            shape,
+        };
         let mut specs = vec![spec("tok_emb".into(), vec![v, d])];
         for l in 0..cfg.n_layers {
             let name = |t: &str| format!("layers.{l}.{t}");
@@ -80,8 +84,16 @@ impl ParamLayout {
         }
         let size = |s: &TensorSpec| s.shape.iter().product::<usize>();
         let total = specs.iter().map(size).sum();
-        let embedding: usize = specs.iter().filter(|s| s.name == "tok_emb" || s.name == "lm_head").map(size).sum();
-        ParamLayout { specs, total, non_embedding: total - embedding }
+        let embedding: usize = specs
+            .iter()
+            .filter(|s| s.name == "tok_emb" || s.name == "lm_head")
+            .map(size)
+            .sum();
+        ParamLayout {
+            specs,
+            total,
+            non_embedding: total - embedding,
+        }
     }
 }
 
@@ -166,7 +178,10 @@ impl Weights {
             ];
             out.extend(fields.into_iter().map(|(f, t)| (format!("layers.{i}.{f}"), t)));
         }
-        out.extend([("final_norm".to_string(), &self.final_norm), ("lm_head".to_string(), &self.lm_head)]);
+        out.extend([
+            ("final_norm".to_string(), &self.final_norm),
+            ("lm_head".to_string(), &self.lm_head),
+        ]);
         out.retain(|(_, t)| !t.is_empty());
         out
     }
@@ -241,7 +256,10 @@ impl Model {
     fn run(&self, be: &dyn Backend, b: &Batch, grads: Option<(&mut Weights, f32)>) -> Result<f64> {
         let (cfg, w) = (&self.cfg, &self.weights);
         check_batch(cfg, b)?;
-        let dims = attention::Dims { batch: b.batch, seq: b.seq };
+        let dims = attention::Dims {
+            batch: b.batch,
+            seq: b.seq,
+        };
         let mut x = embedding::forward(&w.tok_emb, cfg.dim, b.inputs);
         let mut caches = Vec::with_capacity(cfg.n_layers);
         for layer in &w.layers {
@@ -257,14 +275,31 @@ impl Model {
             return Ok(loss::lm_head_loss(be, &hidden, head, cfg.dim, b.targets, None));
         };
         let mut d_hidden = vec![0.0f32; hidden.len()];
-        let d_head = if cfg.tied_embeddings { &mut g.tok_emb } else { &mut g.lm_head };
-        let lg = loss::LossGrad { scale, d_hidden: &mut d_hidden, d_table: d_head };
+        let d_head = if cfg.tied_embeddings {
+            &mut g.tok_emb
+        } else {
+            &mut g.lm_head
+        };
+        let lg = loss::LossGrad {
+            scale,
+            d_hidden: &mut d_hidden,
+            d_table: d_head,
+        };
         let total = loss::lm_head_loss(be, &hidden, head, cfg.dim, b.targets, Some(lg));
         let mut dx = vec![0.0f32; x.len()];
         rmsnorm::backward(&d_hidden, &x, &w.final_norm, &final_rstd, &mut dx, &mut g.final_norm);
         for (l, (attn_cache, mlp_cache)) in caches.into_iter().enumerate().rev() {
             dx = mlp::backward(be, cfg, &w.layers[l], mlp_cache, dx, &mut g.layers[l]);
-            dx = attention::backward(be, cfg, &self.rope, &w.layers[l], attn_cache, dx, &mut g.layers[l], dims)?;
+            dx = attention::backward(
+                be,
+                cfg,
+                &self.rope,
+                &w.layers[l],
+                attn_cache,
+                dx,
+                &mut g.layers[l],
+                dims,
+            )?;
         }
         embedding::backward(&mut g.tok_emb, cfg.dim, b.inputs, &dx);
         Ok(total)
@@ -285,10 +320,21 @@ pub(crate) fn check_batch(cfg: &ModelConfig, b: &Batch) -> Result<()> {
         )));
     }
     if b.seq > cfg.max_seq_len {
-        return Err(Error::Config(format!("sequence length {} exceeds the model's maximum {}", b.seq, cfg.max_seq_len)));
+        return Err(Error::Config(format!(
+            "sequence length {} exceeds the model's maximum {}",
+            b.seq, cfg.max_seq_len
+        )));
     }
-    if let Some(&t) = b.inputs.iter().chain(b.targets).find(|&&t| t as usize >= cfg.vocab_size) {
-        return Err(Error::Data(format!("token id {t} is outside the vocabulary of {} tokens", cfg.vocab_size)));
+    if let Some(&t) = b
+        .inputs
+        .iter()
+        .chain(b.targets)
+        .find(|&&t| t as usize >= cfg.vocab_size)
+    {
+        return Err(Error::Data(format!(
+            "token id {t} is outside the vocabulary of {} tokens",
+            cfg.vocab_size
+        )));
     }
     Ok(())
 }

@@ -14,7 +14,12 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
     }
 }
 
@@ -31,7 +36,13 @@ pub struct AdamW {
 impl AdamW {
     pub fn new(cfg: AdamWConfig, layout: &ParamLayout, zeros: Weights) -> AdamW {
         let decay = ordered_decay_flags(layout, &zeros);
-        AdamW { cfg, m: zeros.clone(), v: zeros, t: 0, decay }
+        AdamW {
+            cfg,
+            m: zeros.clone(),
+            v: zeros,
+            t: 0,
+            decay,
+        }
     }
 
     /// One update with learning rate `lr`: decoupled weight decay on matrices only, bias-corrected
@@ -41,15 +52,24 @@ impl AdamW {
         let c = &self.cfg;
         let bc1 = 1.0 - c.beta1.powi(self.t as i32);
         let bc2 = 1.0 - c.beta2.powi(self.t as i32);
-        let tensors = params.tensors_mut().into_iter().zip(grads.tensors()).zip(self.m.tensors_mut()).zip(self.v.tensors_mut());
+        let tensors = params
+            .tensors_mut()
+            .into_iter()
+            .zip(grads.tensors())
+            .zip(self.m.tensors_mut())
+            .zip(self.v.tensors_mut());
         for ((((p, g), m), v), &decay) in tensors.zip(&self.decay) {
             let wd = if decay { c.weight_decay } else { 0.0 };
-            p.par_iter_mut().zip(g.par_iter()).zip(m.par_iter_mut()).zip(v.par_iter_mut()).for_each(|(((p, &g), m), v)| {
-                *m = c.beta1 * *m + (1.0 - c.beta1) * g;
-                *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
-                let update = (*m / bc1) / ((*v / bc2).sqrt() + c.eps);
-                *p -= lr * (update + wd * *p);
-            });
+            p.par_iter_mut()
+                .zip(g.par_iter())
+                .zip(m.par_iter_mut())
+                .zip(v.par_iter_mut())
+                .for_each(|(((p, &g), m), v)| {
+                    *m = c.beta1 * *m + (1.0 - c.beta1) * g;
+                    *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
+                    let update = (*m / bc1) / ((*v / bc2).sqrt() + c.eps);
+                    *p -= lr * (update + wd * *p);
+                });
         }
     }
 }
@@ -64,7 +84,10 @@ fn ordered_decay_flags(layout: &ParamLayout, zeros: &Weights) -> Vec<bool> {
 pub fn grad_norm(grads: &Weights) -> f64 {
     let mut total = 0.0f64;
     for t in grads.tensors() {
-        let partial: Vec<f64> = t.par_chunks(1 << 14).map(|c| c.iter().map(|&x| x as f64 * x as f64).sum()).collect();
+        let partial: Vec<f64> = t
+            .par_chunks(1 << 14)
+            .map(|c| c.iter().map(|&x| x as f64 * x as f64).sum())
+            .collect();
         total += partial.iter().sum::<f64>();
     }
     total.sqrt()
@@ -79,7 +102,10 @@ pub fn clip(grads: &mut Weights, norm: f64, max_norm: f64) {
 
 /// Multiplies every gradient by `k`.
 pub fn scale(grads: &mut Weights, k: f32) {
-    grads.tensors_mut().into_iter().for_each(|t| t.par_iter_mut().for_each(|g| *g *= k));
+    grads
+        .tensors_mut()
+        .into_iter()
+        .for_each(|t| t.par_iter_mut().for_each(|g| *g *= k));
 }
 
 /// Linear warmup to `max_lr` over `warmup` steps, then cosine decay to `min_lr` at `total`.
@@ -111,7 +137,12 @@ mod tests {
 
     #[test]
     fn schedule_warms_up_then_decays_to_the_minimum() {
-        let s = Schedule { max_lr: 1.0, min_lr: 0.1, warmup: 10, total: 110 };
+        let s = Schedule {
+            max_lr: 1.0,
+            min_lr: 0.1,
+            warmup: 10,
+            total: 110,
+        };
         assert!((s.lr(0) - 0.1).abs() < 1e-6);
         assert!((s.lr(9) - 1.0).abs() < 1e-6);
         assert!((s.lr(10) - 1.0).abs() < 1e-6);
@@ -136,9 +167,19 @@ mod tests {
     /// sign (bias correction makes |m̂/√v̂| = 1), and decays matrices but not gains.
     #[test]
     fn first_adamw_step_has_unit_size_and_decay_only_on_matrices() {
-        let cfg = ModelConfig { vocab_size: 10, ..ModelConfig::preset("tiny").unwrap() };
+        let cfg = ModelConfig {
+            vocab_size: 10,
+            ..ModelConfig::preset("tiny").unwrap()
+        };
         let layout = ParamLayout::new(&cfg);
-        let mut opt = AdamW::new(AdamWConfig { weight_decay: 0.5, ..Default::default() }, &layout, Weights::zeros(&cfg));
+        let mut opt = AdamW::new(
+            AdamWConfig {
+                weight_decay: 0.5,
+                ..Default::default()
+            },
+            &layout,
+            Weights::zeros(&cfg),
+        );
         let mut p = Weights::zeros(&cfg);
         p.final_norm[0] = 1.0;
         p.layers[0].wq[0] = 1.0;
@@ -147,6 +188,10 @@ mod tests {
         g.layers[0].wq[0] = 2.0;
         opt.step(&mut p, &g, 0.01);
         assert!((p.final_norm[0] - 1.01).abs() < 1e-6, "{}", p.final_norm[0]);
-        assert!((p.layers[0].wq[0] - (1.0 - 0.01 - 0.01 * 0.5)).abs() < 1e-6, "{}", p.layers[0].wq[0]);
+        assert!(
+            (p.layers[0].wq[0] - (1.0 - 0.01 - 0.01 * 0.5)).abs() < 1e-6,
+            "{}",
+            p.layers[0].wq[0]
+        );
     }
 }

@@ -19,18 +19,28 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Where a write to `path` really lands: `path` itself, or for a symlink the file it points to.
 /// Errors name the path and what is wrong with it.
 pub fn resolve_target(path: &Path) -> Result<PathBuf> {
-    let refuse = |what: &str| Error::Output { path: path.into(), msg: format!("{what}; refusing to replace it (give a regular file or a new path)") };
+    let refuse = |what: &str| Error::Output {
+        path: path.into(),
+        msg: format!("{what}; refusing to replace it (give a regular file or a new path)"),
+    };
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(path.to_path_buf()),
         Err(e) => Err(io_err(path)(e)),
         Ok(m) if m.file_type().is_symlink() => {
             // Write through to the link's target (which may not exist yet: a dangling link is fine).
             let link = std::fs::read_link(path).map_err(io_err(path))?;
-            let target = if link.is_absolute() { link } else { path.parent().unwrap_or(Path::new(".")).join(link) };
+            let target = if link.is_absolute() {
+                link
+            } else {
+                path.parent().unwrap_or(Path::new(".")).join(link)
+            };
             if std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
                 return Err(refuse("is a symlink to another symlink"));
             }
-            resolve_target(&target).map_err(|e| Error::Output { path: path.into(), msg: format!("symlink target: {e}") })
+            resolve_target(&target).map_err(|e| Error::Output {
+                path: path.into(),
+                msg: format!("symlink target: {e}"),
+            })
         }
         Ok(m) if m.is_file() => Ok(path.to_path_buf()),
         Ok(m) if m.is_dir() => Err(refuse("is a directory")),
@@ -42,14 +52,22 @@ pub fn resolve_target(path: &Path) -> Result<PathBuf> {
 /// by extension, like the PNG encoder, still see it).
 fn temp_path(target: &Path) -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let name = target.file_name().map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
-    let ext = target.extension().map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
+    let name = target
+        .file_name()
+        .map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
+    let ext = target
+        .extension()
+        .map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
     target.with_file_name(format!(".{name}.tmp.{}.{n}{ext}", std::process::id()))
 }
 
 fn sync_dir(dir: &Path) {
     // Best effort: some file systems refuse to fsync a directory; the rename is still atomic.
-    if let Ok(d) = std::fs::File::open(if dir.as_os_str().is_empty() { Path::new(".") } else { dir }) {
+    if let Ok(d) = std::fs::File::open(if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    }) {
         let _ = d.sync_all();
     }
 }
@@ -61,7 +79,10 @@ pub fn write_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Resul
     let tmp = temp_path(&target);
     let result = (|| {
         write(&tmp)?;
-        let f = std::fs::OpenOptions::new().write(true).open(&tmp).map_err(io_err(&tmp))?;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
         f.sync_all().map_err(io_err(&tmp))?;
         drop(f);
         // The target may have become a non-regular file meanwhile; check again right before the rename.
@@ -83,7 +104,11 @@ pub fn write_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Resul
 /// Writes `bytes` to `path` safely (see the module docs).
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     write_with(path, |tmp| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(tmp).map_err(io_err(tmp))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(tmp)
+            .map_err(io_err(tmp))?;
         fault_point("write");
         f.write_all(bytes).map_err(io_err(tmp))
     })
@@ -96,11 +121,16 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Unset (always, outside tests), it does nothing.
 pub fn fault_point(point: &str) {
     static VISITS: AtomicU64 = AtomicU64::new(0);
-    let Ok(want) = std::env::var("SAGEBWD_FAULT") else { return };
+    let Ok(want) = std::env::var("SAGEBWD_FAULT") else {
+        return;
+    };
     if want != point {
         return;
     }
-    let skip: u64 = std::env::var("SAGEBWD_FAULT_AFTER").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let skip: u64 = std::env::var("SAGEBWD_FAULT_AFTER")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     if VISITS.fetch_add(1, Ordering::SeqCst) >= skip {
         // SAFETY: raising a signal at the calling thread has no memory-safety preconditions.
         unsafe {
@@ -132,10 +162,15 @@ mod tests {
         assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
         assert_eq!(std::fs::read(&p).unwrap(), b"three");
         // a failing writer leaves the old file and no temporary file
-        let e = write_with(&p, |_| Err(Error::Data("boom".into()))).unwrap_err().to_string();
+        let e = write_with(&p, |_| Err(Error::Data("boom".into())))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("boom"));
         assert_eq!(std::fs::read(&p).unwrap(), b"three");
-        let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         assert!(names.iter().all(|n| !n.contains(".tmp.")), "{names:?}");
     }
 }

@@ -42,7 +42,11 @@ impl<E: Replica> DataParallel<E> {
             return Err(Error::Config("data parallelism needs at least one replica".into()));
         }
         let group = E::group(&replicas)?;
-        Ok(DataParallel { replicas, group, pending: false })
+        Ok(DataParallel {
+            replicas,
+            group,
+            pending: false,
+        })
     }
 
     pub fn replicas(&self) -> usize {
@@ -77,7 +81,12 @@ impl<E: Replica> DataParallel<E> {
                     scope.spawn(move || {
                         let tokens = n * b.seq;
                         let (from, to) = (first * b.seq, first * b.seq + tokens);
-                        let share = Batch { inputs: &b.inputs[from..to], targets: &b.targets[from..to], batch: n, seq: b.seq };
+                        let share = Batch {
+                            inputs: &b.inputs[from..to],
+                            targets: &b.targets[from..to],
+                            batch: n,
+                            seq: b.seq,
+                        };
                         Ok((f(engine, &share)?, tokens))
                     })
                 })
@@ -100,7 +109,9 @@ impl<E: Replica> DataParallel<E> {
 /// `(first sequence, sequences)` of each of `replicas` shares of `n` sequences: contiguous, sizes
 /// differing by at most one (a short validation batch may leave some replicas without work).
 pub fn shares(n: usize, replicas: usize) -> Vec<(usize, usize)> {
-    (0..replicas).map(|r| (r * n / replicas, (r + 1) * n / replicas - r * n / replicas)).collect()
+    (0..replicas)
+        .map(|r| (r * n / replicas, (r + 1) * n / replicas - r * n / replicas))
+        .collect()
 }
 
 impl<E: Replica> Engine for DataParallel<E> {
@@ -138,7 +149,9 @@ impl<E: Replica> Engine for DataParallel<E> {
 
     fn gradients(&self) -> Result<Weights> {
         if self.pending && self.replicas.len() > 1 {
-            return Err(Error::Config("the replicas' gradients are not summed yet (call grad_norm first)".into()));
+            return Err(Error::Config(
+                "the replicas' gradients are not summed yet (call grad_norm first)".into(),
+            ));
         }
         self.replicas[0].gradients()
     }
@@ -150,7 +163,12 @@ impl<E: Replica> Engine for DataParallel<E> {
     fn import(&mut self, s: EngineState) -> Result<()> {
         let last = self.replicas.len() - 1;
         for r in &mut self.replicas[..last] {
-            r.import(EngineState { weights: s.weights.clone(), adam_m: s.adam_m.clone(), adam_v: s.adam_v.clone(), adam_t: s.adam_t })?;
+            r.import(EngineState {
+                weights: s.weights.clone(),
+                adam_m: s.adam_m.clone(),
+                adam_v: s.adam_v.clone(),
+                adam_t: s.adam_t,
+            })?;
         }
         self.replicas[last].import(s)
     }

@@ -45,13 +45,24 @@ pub fn plot_losses(curves: &[Curve], path: &Path, title: &str) -> Result<()> {
         Some("svg") => true,
         Some("png") => false,
         other => {
-            return Err(Error::Plot(format!("{}: the chart's file name must end in .png or .svg (got {})", path.display(), other.map_or("no extension".into(), |e| format!(".{e}")))))
+            return Err(Error::Plot(format!(
+                "{}: the chart's file name must end in .png or .svg (got {})",
+                path.display(),
+                other.map_or("no extension".into(), |e| format!(".{e}"))
+            )))
         }
     };
-    let finite = curves.iter().flat_map(|c| &c.records).any(|r| r.loss.or(r.val_loss).is_some_and(f64::is_finite));
+    let finite = curves
+        .iter()
+        .flat_map(|c| &c.records)
+        .any(|r| r.loss.or(r.val_loss).is_some_and(f64::is_finite));
     if !finite {
         let names: Vec<&str> = curves.iter().map(|c| c.label.as_str()).collect();
-        return Err(Error::Plot(format!("{}: no finite losses to plot in the runs {}; the file was not written", path.display(), names.join(", "))));
+        return Err(Error::Plot(format!(
+            "{}: no finite losses to plot in the runs {}; the file was not written",
+            path.display(),
+            names.join(", ")
+        )));
     }
     crate::output::write_with(path, |tmp| {
         let result = if is_svg {
@@ -71,19 +82,35 @@ where
 {
     root.fill(&WHITE)?;
     let train = |c: &Curve| -> Vec<(f64, f64)> {
-        c.records.iter().filter(|r| r.kind == "train").filter_map(|r| Some((r.tokens_seen as f64, r.loss?))).collect()
+        c.records
+            .iter()
+            .filter(|r| r.kind == "train")
+            .filter_map(|r| Some((r.tokens_seen as f64, r.loss?)))
+            .collect()
     };
     let val = |c: &Curve| -> Vec<(f64, f64)> {
-        c.records.iter().filter(|r| r.kind == "val").filter_map(|r| Some((r.tokens_seen as f64, r.val_loss?))).collect()
+        c.records
+            .iter()
+            .filter(|r| r.kind == "val")
+            .filter_map(|r| Some((r.tokens_seen as f64, r.val_loss?)))
+            .collect()
     };
-    let all: Vec<(f64, f64)> = curves.iter().flat_map(|c| train(c).into_iter().chain(val(c))).filter(|p| p.1.is_finite()).collect();
+    let all: Vec<(f64, f64)> = curves
+        .iter()
+        .flat_map(|c| train(c).into_iter().chain(val(c)))
+        .filter(|p| p.1.is_finite())
+        .collect();
     if all.is_empty() {
         return Err("no finite losses to plot".into());
     }
     let x_max = all.iter().map(|p| p.0).fold(1.0, f64::max);
     let y_min = all.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
     // The first steps sit near ln(vocab); cap the axis so the interesting part is visible.
-    let y_max = all.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max).min(y_min + 6.0);
+    let y_max = all
+        .iter()
+        .map(|p| p.1)
+        .fold(f64::NEG_INFINITY, f64::max)
+        .min(y_min + 6.0);
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 24))
         .margin(15)
@@ -114,7 +141,12 @@ where
             .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
         chart.draw_series(LineSeries::new(v, color.stroke_width(1)))?;
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).label_font(("sans-serif", 15)).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .draw()?;
     root.present()?;
     Ok(())
 }

@@ -15,7 +15,13 @@ use std::path::{Path, PathBuf};
 pub const LOCK_FILE: &str = "run.lock";
 
 /// The files a training run writes into its directory.
-pub const RUN_FILES: [&str; 5] = ["config.json", "metrics.jsonl", crate::checkpoint::FILE_NAME, crate::train::SUMMARY_FILE, "loss.png"];
+pub const RUN_FILES: [&str; 5] = [
+    "config.json",
+    "metrics.jsonl",
+    crate::checkpoint::FILE_NAME,
+    crate::train::SUMMARY_FILE,
+    "loss.png",
+];
 
 /// How a run enters its directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,15 +58,28 @@ pub fn claim(dir: &Path, how: Claim) -> Result<RunDirLock> {
     let err = |msg: String| Error::RunDir { path: dir.into(), msg };
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let lock_path = dir.join(LOCK_FILE);
-    let mut file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock_path).map_err(io_err(&lock_path))?;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(io_err(&lock_path))?;
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
             let holder = holder.trim();
-            let holder = if holder.is_empty() { "another process".to_string() } else { holder.to_string() };
-            return Err(err(format!("is in use by {holder} (lock {}); wait for it to finish or use another --name", lock_path.display())));
+            let holder = if holder.is_empty() {
+                "another process".to_string()
+            } else {
+                holder.to_string()
+            };
+            return Err(err(format!(
+                "is in use by {holder} (lock {}); wait for it to finish or use another --name",
+                lock_path.display()
+            )));
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(err(format!("cannot lock {}: {e}", lock_path.display()))),
     }
@@ -70,12 +89,10 @@ pub fn claim(dir: &Path, how: Claim) -> Result<RunDirLock> {
     file.write_all(me.as_bytes()).map_err(io_err(&lock_path))?;
     let present = run_files_in(dir);
     match how {
-        Claim::New if !present.is_empty() => {
-            return Err(err(format!(
-                "already holds a run ({}); continue it with --resume, replace it with --overwrite, or use another --name",
-                present.join(", ")
-            )))
-        }
+        Claim::New if !present.is_empty() => return Err(err(format!(
+            "already holds a run ({}); continue it with --resume, replace it with --overwrite, or use another --name",
+            present.join(", ")
+        ))),
         Claim::Overwrite => {
             for f in present {
                 let p = dir.join(f);
@@ -85,7 +102,10 @@ pub fn claim(dir: &Path, how: Claim) -> Result<RunDirLock> {
         _ => {}
     }
     remove_stale_temps(dir)?;
-    Ok(RunDirLock { _file: file, dir: dir.into() })
+    Ok(RunDirLock {
+        _file: file,
+        dir: dir.into(),
+    })
 }
 
 /// Temporary files of earlier processes (`.NAME.tmp.<pid>.<n>`) left by a kill: the lock is held, so no

@@ -19,12 +19,25 @@ mod tests {
     #[test]
     fn built_in_sample_holds_twelve_books() {
         let text = decode_text(SAMPLE_FILE, SAMPLE_XZ).unwrap();
-        assert_eq!(text.len(), 3_638_531, "the sample is valid UTF-8 of the documented size");
+        assert_eq!(
+            text.len(),
+            3_638_531,
+            "the sample is valid UTF-8 of the documented size"
+        );
         assert!(!text.contains('\u{fffd}'));
         let docs = split_documents(&text);
         assert_eq!(docs.len(), 12);
-        let val: Vec<&str> = docs.iter().enumerate().filter(|(i, _)| is_validation(*i, 10)).map(|(_, d)| *d).collect();
+        let val: Vec<&str> = docs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| is_validation(*i, 10))
+            .map(|(_, d)| *d)
+            .collect();
         assert_eq!(val.len(), 2);
-        assert!(val[0].starts_with("[Alice's Adventures in Wonderland by Lewis Carroll 1865]"), "{}", &val[0][..60]);
+        assert!(
+            val[0].starts_with("[Alice's Adventures in Wonderland by Lewis Carroll 1865]"),
+            "{}",
+            &val[0][..60]
+        );
     }
 }

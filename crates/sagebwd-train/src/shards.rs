@@ -22,8 +22,13 @@ pub fn write_shard(path: &Path, tokens: &[u16]) -> Result<()> {
     let mut header = [0i32; HEADER_INTS];
     header[0] = MAGIC;
     header[1] = VERSION;
-    header[2] = i32::try_from(tokens.len())
-        .map_err(|_| Error::Data(format!("{}: {} tokens do not fit one shard", path.display(), tokens.len())))?;
+    header[2] = i32::try_from(tokens.len()).map_err(|_| {
+        Error::Data(format!(
+            "{}: {} tokens do not fit one shard",
+            path.display(),
+            tokens.len()
+        ))
+    })?;
     header.iter().for_each(|h| buf.extend_from_slice(&h.to_le_bytes()));
     tokens.iter().for_each(|t| buf.extend_from_slice(&t.to_le_bytes()));
     crate::output::write_file(path, &buf)
@@ -46,7 +51,10 @@ fn tokens_of(path: &Path, bytes: &[u8]) -> Result<Vec<u16>> {
         }
         let body = &bytes[HEADER_INTS * 4..];
         if body.len() != 2 * n {
-            return Err(bad(format!("header says {n} tokens but the file holds {} bytes of tokens", body.len())));
+            return Err(bad(format!(
+                "header says {n} tokens but the file holds {} bytes of tokens",
+                body.len()
+            )));
         }
         body
     } else if bytes.len() % 2 == 0 {
@@ -60,13 +68,19 @@ fn tokens_of(path: &Path, bytes: &[u8]) -> Result<Vec<u16>> {
 /// The training and validation shards of a directory: `*train*.bin` and `*val*.bin`, sorted by name.
 pub fn find_shards(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     let entries = std::fs::read_dir(dir).map_err(io_err(dir))?;
-    let mut names: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "bin")).collect();
+    let mut names: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .collect();
     names.sort();
     let has = |p: &PathBuf, s: &str| p.file_name().is_some_and(|n| n.to_string_lossy().contains(s));
     let train: Vec<PathBuf> = names.iter().filter(|p| has(p, "train")).cloned().collect();
     let val: Vec<PathBuf> = names.iter().filter(|p| has(p, "val")).cloned().collect();
     if train.is_empty() {
-        return Err(Error::Data(format!("{}: no *train*.bin shards (write some with `sagebwd tokenize`)", dir.display())));
+        return Err(Error::Data(format!(
+            "{}: no *train*.bin shards (write some with `sagebwd tokenize`)",
+            dir.display()
+        )));
     }
     Ok((train, val))
 }
@@ -86,8 +100,16 @@ pub struct ListedShard {
 /// The entry of an info file's `shards` list for a shard just written.
 pub fn listed(path: &Path, tokens: usize) -> Result<ListedShard> {
     let bytes = std::fs::read(path).map_err(io_err(path))?;
-    let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(ListedShard { file, tokens, bytes: bytes.len() as u64, crc32: format!("{:08x}", crc32fast::hash(&bytes)) })
+    let file = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(ListedShard {
+        file,
+        tokens,
+        bytes: bytes.len() as u64,
+        crc32: format!("{:08x}", crc32fast::hash(&bytes)),
+    })
 }
 
 /// The training and validation tokens of a shard directory, checked against its info files: every
@@ -102,12 +124,16 @@ pub fn read_shard_dir(dir: &Path) -> Result<(Vec<u16>, Vec<u16>)> {
     let mut any_info = false;
     for name in INFO_FILES {
         let path = dir.join(name);
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
         any_info = true;
-        let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
+        let info: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
         match info.get("shards") {
             Some(list) => listed.extend(
-                serde_json::from_value::<Vec<ListedShard>>(list.clone()).map_err(|e| Error::Data(format!("{}: bad shard list: {e}", path.display())))?,
+                serde_json::from_value::<Vec<ListedShard>>(list.clone())
+                    .map_err(|e| Error::Data(format!("{}: bad shard list: {e}", path.display())))?,
             ),
             None => {
                 for split in ["train", "val"] {
@@ -122,7 +148,10 @@ pub fn read_shard_dir(dir: &Path) -> Result<(Vec<u16>, Vec<u16>)> {
         let mut out = Vec::new();
         for p in paths {
             let bytes = std::fs::read(p).map_err(io_err(p))?;
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             if any_info && !listed.is_empty() {
                 let Some(l) = listed.iter().find(|l| l.file == name) else {
                     return Err(bad(format!("shard {name} is not listed in the directory's info file: a stale shard of another tokenization? Tokenize again with --overwrite, or remove it")));
@@ -175,6 +204,9 @@ mod tests {
         let (train, val) = find_shards(dir.path()).unwrap();
         assert_eq!((train.len(), val.len()), (1, 1));
         std::fs::write(&path, &bytes[..1030]).unwrap();
-        assert!(read_shard(&path).unwrap_err().to_string().contains("header says 5 tokens"));
+        assert!(read_shard(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("header says 5 tokens"));
     }
 }

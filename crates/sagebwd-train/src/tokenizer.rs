@@ -12,7 +12,9 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     pub fn gpt2() -> Tokenizer {
-        Tokenizer { bpe: tiktoken_rs::r50k_base_singleton() }
+        Tokenizer {
+            bpe: tiktoken_rs::r50k_base_singleton(),
+        }
     }
 
     /// Tokens of `text`, treating any `<|endoftext|>` in it as ordinary text (documents are
@@ -30,7 +32,13 @@ impl Tokenizer {
     /// Bytes of text each token id stands for (EOT: 0, it is not text); used for bits per byte.
     pub fn token_byte_lengths(&self, vocab: usize) -> Vec<u32> {
         (0..vocab as u32)
-            .map(|t| if t == EOT { 0 } else { self.bpe.decode_bytes(&[t]).map(|b| b.len() as u32).unwrap_or(0) })
+            .map(|t| {
+                if t == EOT {
+                    0
+                } else {
+                    self.bpe.decode_bytes(&[t]).map(|b| b.len() as u32).unwrap_or(0)
+                }
+            })
             .collect()
     }
 }
@@ -51,6 +59,9 @@ mod tests {
         let lens = tok.token_byte_lengths(50257);
         assert_eq!(lens[15496], 5);
         assert_eq!(lens[EOT as usize], 0);
-        assert_eq!(ids.iter().map(|&t| lens[t as usize] as usize).sum::<usize>(), text.len());
+        assert_eq!(
+            ids.iter().map(|&t| lens[t as usize] as usize).sum::<usize>(),
+            text.len()
+        );
     }
 }

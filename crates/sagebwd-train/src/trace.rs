@@ -61,13 +61,27 @@ fn rms(x: &[f32]) -> Option<f64> {
 
 /// The trace of `weights` on the sequence `tokens` (inputs and targets, `n + 1` tokens or more) for the
 /// configuration `config`.
-pub fn trace_layers(model: &crate::config::ModelConfig, weights: Weights, config: &sagebwd::Config, tokens: &[u32]) -> Result<Vec<LayerTrace>> {
+pub fn trace_layers(
+    model: &crate::config::ModelConfig,
+    weights: Weights,
+    config: &sagebwd::Config,
+    tokens: &[u32],
+) -> Result<Vec<LayerTrace>> {
     let n = TRACE_TOKENS.min(tokens.len().saturating_sub(1)).min(model.max_seq_len);
     if n == 0 {
         return Err(Error::Data("the trace needs at least 2 tokens".into()));
     }
-    let gains: Vec<(Option<f64>, Option<f64>)> = weights.layers.iter().map(|l| (rms(&l.q_norm), rms(&l.k_norm))).collect();
-    let batch = Batch { inputs: &tokens[..n], targets: &tokens[1..n + 1], batch: 1, seq: n };
+    let gains: Vec<(Option<f64>, Option<f64>)> = weights
+        .layers
+        .iter()
+        .map(|l| (rms(&l.q_norm), rms(&l.k_norm)))
+        .collect();
+    let batch = Batch {
+        inputs: &tokens[..n],
+        targets: &tokens[1..n + 1],
+        batch: 1,
+        seq: n,
+    };
     let captured = capture(model, weights, Attention::Exact, &batch)?;
     let mut out = Vec::new();
     for (l, layer) in captured.layers.iter().enumerate() {
@@ -75,8 +89,14 @@ pub fn trace_layers(model: &crate::config::ModelConfig, weights: Weights, config
         let ex = sagebwd::reference::exact(&inp, true)?;
         let sim = sagebwd::sim::simulate(&inp, config, true)?;
         let missing = || Error::Data("attention returned no gradients although dO was given".into());
-        let (eg, g) = (ex.grads.as_ref().ok_or_else(missing)?, sim.grads.as_ref().ok_or_else(missing)?);
-        let (ei, si) = (ex.inter.as_ref().ok_or_else(missing)?, sim.inter.as_ref().ok_or_else(missing)?);
+        let (eg, g) = (
+            ex.grads.as_ref().ok_or_else(missing)?,
+            sim.grads.as_ref().ok_or_else(missing)?,
+        );
+        let (ei, si) = (
+            ex.inter.as_ref().ok_or_else(missing)?,
+            sim.inter.as_ref().ok_or_else(missing)?,
+        );
         let ds = sagebwd::metrics::compare(&si.ds, &ei.ds);
         out.push(LayerTrace {
             layer: l,
@@ -126,7 +146,11 @@ pub fn at_evaluation(
         layers,
     };
     let path = dir.join("metrics.jsonl");
-    let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&path).map_err(io_err(&path))?;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
     writeln!(f, "{}", serde_json::to_string(&rec).expect("records serialize")).map_err(io_err(&path))
 }
 
@@ -144,8 +168,12 @@ pub fn read_traces(dir: &Path) -> Result<Vec<TraceRecord>> {
 
 /// Where [`plot_traces`] draws for the loss chart `loss_chart`: `NAME-trace.EXT` beside it.
 pub fn trace_chart_path(loss_chart: &Path) -> PathBuf {
-    let stem = loss_chart.file_stem().map_or("report".into(), |s| s.to_string_lossy().into_owned());
-    let ext = loss_chart.extension().map_or("png".into(), |s| s.to_string_lossy().into_owned());
+    let stem = loss_chart
+        .file_stem()
+        .map_or("report".into(), |s| s.to_string_lossy().into_owned());
+    let ext = loss_chart
+        .extension()
+        .map_or("png".into(), |s| s.to_string_lossy().into_owned());
     loss_chart.with_file_name(format!("{stem}-trace.{ext}"))
 }
 
@@ -189,7 +217,13 @@ fn points(recs: &[TraceRecord], layer: usize, f: Pick, log: bool) -> Vec<(f64, f
 }
 
 /// One line per run and layer (a dashed second line from `dashed`, when given).
-fn draw_lines<DB, CT>(chart: &mut ChartContext<'_, DB, CT>, runs: &[(String, Vec<TraceRecord>)], pick: Pick, dashed: Option<Pick>, log: bool) -> DrawResult
+fn draw_lines<DB, CT>(
+    chart: &mut ChartContext<'_, DB, CT>,
+    runs: &[(String, Vec<TraceRecord>)],
+    pick: Pick,
+    dashed: Option<Pick>,
+    log: bool,
+) -> DrawResult
 where
     DB: DrawingBackend,
     DB::ErrorType: 'static,
@@ -213,7 +247,11 @@ where
     Ok(())
 }
 
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, runs: &[(String, Vec<TraceRecord>)], title: &str) -> DrawResult
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    runs: &[(String, Vec<TraceRecord>)],
+    title: &str,
+) -> DrawResult
 where
     DB::ErrorType: 'static,
 {
@@ -226,8 +264,16 @@ where
         ("1 − cos dK", |t| Some(1.0 - t.dk_cos), true),
         ("QK-norm gain RMS (q solid, k dashed)", |t| t.q_gain_rms, false),
     ];
-    let x_max = runs.iter().flat_map(|(_, r)| r.iter().map(|t| t.tokens_seen)).max().unwrap_or(1).max(1) as f64;
-    let lines: usize = runs.iter().map(|(_, r)| r.iter().map(|t| t.layers.len()).max().unwrap_or(0)).sum();
+    let x_max = runs
+        .iter()
+        .flat_map(|(_, r)| r.iter().map(|t| t.tokens_seen))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let lines: usize = runs
+        .iter()
+        .map(|(_, r)| r.iter().map(|t| t.layers.len()).max().unwrap_or(0))
+        .sum();
     for ((name, pick, log), area) in panels.into_iter().zip(root.split_evenly((2, 2))) {
         let mut values: Vec<f64> = Vec::new();
         for t in runs.iter().flat_map(|(_, recs)| recs.iter().flat_map(|r| &r.layers)) {
@@ -240,12 +286,24 @@ where
         if values.is_empty() {
             continue;
         }
-        let (lo, hi) = values.iter().fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        let (lo, hi) = values
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
         let mut builder = ChartBuilder::on(&area);
-        builder.caption(name, ("sans-serif", 18)).margin(10).x_label_area_size(35).y_label_area_size(60);
+        builder
+            .caption(name, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(60);
         if log {
             let mut chart = builder.build_cartesian_2d(0.0..x_max, (lo * 0.8..hi * 1.25).log_scale())?;
-            chart.configure_mesh().x_desc("tokens").x_label_formatter(&|x| format!("{x:.0}")).y_label_formatter(&|y| format!("{y:.0e}")).label_style(("sans-serif", 13)).draw()?;
+            chart
+                .configure_mesh()
+                .x_desc("tokens")
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_label_formatter(&|y| format!("{y:.0e}"))
+                .label_style(("sans-serif", 13))
+                .draw()?;
             draw_lines(&mut chart, runs, pick, None, true)?;
             if name.ends_with("dS") && lines <= 16 {
                 chart
@@ -259,7 +317,12 @@ where
         } else {
             let pad = ((hi - lo) * 0.1).max(1e-3);
             let mut chart = builder.build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))?;
-            chart.configure_mesh().x_desc("tokens").x_label_formatter(&|x| format!("{x:.0}")).label_style(("sans-serif", 13)).draw()?;
+            chart
+                .configure_mesh()
+                .x_desc("tokens")
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .label_style(("sans-serif", 13))
+                .draw()?;
             draw_lines(&mut chart, runs, pick, Some(k_gain), false)?;
         }
     }

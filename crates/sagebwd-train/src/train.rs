@@ -3,10 +3,10 @@
 
 use crate::backend::Attention;
 use crate::checkpoint;
-use crate::engine::{clip_factor, CpuEngine, Engine, EngineState};
-use crate::gpu::GpuEngine;
 use crate::config::ModelConfig;
+use crate::engine::{clip_factor, CpuEngine, Engine, EngineState};
 use crate::error::{io_err, Error, Result};
+use crate::gpu::GpuEngine;
 use crate::loader::{validation_batches, Loader, LoaderState};
 use crate::metrics::{bits_per_byte, MetricsLog, Record};
 use crate::model::{Batch, Model, ParamLayout, Weights};
@@ -14,8 +14,8 @@ use crate::optim::{AdamWConfig, Schedule};
 use crate::parallel::DataParallel;
 use crate::rng::Rng;
 use crate::rundir;
-use sagebwd_cuda::energy::Energy;
 use indicatif::{ProgressBar, ProgressStyle};
+use sagebwd_cuda::energy::Energy;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -73,7 +73,12 @@ impl TrainConfig {
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
         self.attention_spec()?;
-        let positive = [("sequence length", self.seq_len), ("micro-batch", self.micro_batch), ("gradient accumulation", self.grad_accum), ("GPUs", self.gpus)];
+        let positive = [
+            ("sequence length", self.seq_len),
+            ("micro-batch", self.micro_batch),
+            ("gradient accumulation", self.grad_accum),
+            ("GPUs", self.gpus),
+        ];
         for (name, v) in positive {
             if v == 0 {
                 return Err(Error::Config(format!("{name} must be at least 1")));
@@ -83,15 +88,27 @@ impl TrainConfig {
             return Err(Error::Config("steps must be at least 1".into()));
         }
         if self.seq_len > self.model.max_seq_len {
-            return Err(Error::Config(format!("sequence length {} exceeds the model's maximum {}", self.seq_len, self.model.max_seq_len)));
+            return Err(Error::Config(format!(
+                "sequence length {} exceeds the model's maximum {}",
+                self.seq_len, self.model.max_seq_len
+            )));
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
-            return Err(Error::Config(format!("learning rate must be positive, got {}", self.lr)));
+            return Err(Error::Config(format!(
+                "learning rate must be positive, got {}",
+                self.lr
+            )));
         }
         if !(self.min_lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
-            return Err(Error::Config(format!("the final learning rate (--min-lr) must be between 0 and the peak --lr {}, got {}", self.lr, self.min_lr)));
+            return Err(Error::Config(format!(
+                "the final learning rate (--min-lr) must be between 0 and the peak --lr {}, got {}",
+                self.lr, self.min_lr
+            )));
         }
-        let non_negative = [("weight decay (--wd)", self.adamw.weight_decay), ("gradient clip (--clip)", self.grad_clip)];
+        let non_negative = [
+            ("weight decay (--wd)", self.adamw.weight_decay),
+            ("gradient clip (--clip)", self.grad_clip),
+        ];
         for (name, v) in non_negative {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(Error::Config(format!("{name} must be a finite number ≥ 0, got {v}")));
@@ -99,7 +116,10 @@ impl TrainConfig {
         }
         let a = &self.adamw;
         if !((0.0..1.0).contains(&a.beta1) && (0.0..1.0).contains(&a.beta2) && a.eps.is_finite() && a.eps > 0.0) {
-            return Err(Error::Config(format!("AdamW needs 0 ≤ β1, β2 < 1 and ε > 0, got β1 {}, β2 {}, ε {}", a.beta1, a.beta2, a.eps)));
+            return Err(Error::Config(format!(
+                "AdamW needs 0 ≤ β1, β2 < 1 and ε > 0, got β1 {}, β2 {}, ε {}",
+                a.beta1, a.beta2, a.eps
+            )));
         }
         Ok(())
     }
@@ -142,17 +162,31 @@ pub enum DeviceChoice {
 
 /// Builds the engine for `cfg` with initial `weights` on the chosen device: one engine, or with
 /// `cfg.gpus > 1` one GPU engine per GPU in a [`DataParallel`] group.
-pub fn make_engine(cfg: &TrainConfig, weights: Weights, device: DeviceChoice, verbose: bool) -> Result<Box<dyn Engine>> {
+pub fn make_engine(
+    cfg: &TrainConfig,
+    weights: Weights,
+    device: DeviceChoice,
+    verbose: bool,
+) -> Result<Box<dyn Engine>> {
     let attention = cfg.attention_spec()?;
     if cfg.gpus > 1 {
         return data_parallel_gpus(cfg, &weights, device, attention);
     }
     let cpu = |weights: Weights, attention: Attention| -> Box<dyn Engine> {
-        Box::new(CpuEngine::new(Model::new(cfg.model.clone(), weights), cfg.adamw.clone(), attention))
+        Box::new(CpuEngine::new(
+            Model::new(cfg.model.clone(), weights),
+            cfg.adamw.clone(),
+            attention,
+        ))
     };
     match device {
         DeviceChoice::Cpu => Ok(cpu(weights, attention)),
-        DeviceChoice::Cuda => Ok(Box::new(GpuEngine::new(cfg.model.clone(), &weights, cfg.adamw.clone(), attention)?)),
+        DeviceChoice::Cuda => Ok(Box::new(GpuEngine::new(
+            cfg.model.clone(),
+            &weights,
+            cfg.adamw.clone(),
+            attention,
+        )?)),
         DeviceChoice::Auto => {
             let threads = rayon::current_num_threads();
             if let Some(why) = crate::gpu::unsupported_reason(&cfg.model, &attention) {
@@ -165,7 +199,10 @@ pub fn make_engine(cfg: &TrainConfig, weights: Weights, device: DeviceChoice, ve
                 Ok(e) => Ok(Box::new(e)),
                 Err(why) => {
                     if verbose {
-                        eprintln!("note: training on the CPU ({threads} threads): no usable GPU: {}", gpu_reason(why));
+                        eprintln!(
+                            "note: training on the CPU ({threads} threads): no usable GPU: {}",
+                            gpu_reason(why)
+                        );
                     }
                     Ok(cpu(weights, attention))
                 }
@@ -184,10 +221,17 @@ fn gpu_reason(e: Error) -> String {
 
 /// `cfg.gpus` GPU engines (GPUs 0, 1, …) with the same initial weights. Several GPUs were asked
 /// for explicitly, so there is no CPU fallback: any failure is an error.
-fn data_parallel_gpus(cfg: &TrainConfig, weights: &Weights, device: DeviceChoice, attention: Attention) -> Result<Box<dyn Engine>> {
+fn data_parallel_gpus(
+    cfg: &TrainConfig,
+    weights: &Weights,
+    device: DeviceChoice,
+    attention: Attention,
+) -> Result<Box<dyn Engine>> {
     let n = cfg.gpus;
     if device == DeviceChoice::Cpu {
-        return Err(Error::Config(format!("{n} GPUs were asked for with the CPU as the device; use --device cuda (or auto), or --gpus 1")));
+        return Err(Error::Config(format!(
+            "{n} GPUs were asked for with the CPU as the device; use --device cuda (or auto), or --gpus 1"
+        )));
     }
     if let Some(why) = crate::gpu::unsupported_reason(&cfg.model, &attention) {
         return Err(Error::Gpu(why));
@@ -282,15 +326,27 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         _ => rundir::Claim::New,
     };
     if opts.resume && !resuming && opts.progress {
-        eprintln!("note: {} holds no checkpoint: the run starts at step 0", opts.dir.display());
+        eprintln!(
+            "note: {} holds no checkpoint: the run starts at step 0",
+            opts.dir.display()
+        );
     }
     let _lock = rundir::claim(&opts.dir, claim)?;
     let layout = ParamLayout::new(&cfg.model);
     let weights = Weights::init(&cfg.model, &mut Rng::new(cfg.seed));
     let mut engine = make_engine(cfg, weights, opts.device, opts.progress)?;
-    let mut loader = Loader::new(corpus.train.clone(), cfg.seq_len, cfg.sequences_per_micro_step(), cfg.seed)?;
+    let mut loader = Loader::new(
+        corpus.train.clone(),
+        cfg.seq_len,
+        cfg.sequences_per_micro_step(),
+        cfg.seed,
+    )?;
     let data = data_fingerprint(corpus);
-    let mut state = State { step: 0, tokens_seen: 0, elapsed: 0.0 };
+    let mut state = State {
+        step: 0,
+        tokens_seen: 0,
+        elapsed: 0.0,
+    };
     // The checkpoint this run wrote (or resumed from) and verified: the only one a divergence message names.
     let mut last_good: Option<PathBuf> = None;
     let log = if resuming {
@@ -307,11 +363,21 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
     let kept = crate::metrics::read_records(&opts.dir)?;
     let mut last_loss = kept.iter().rev().find_map(|r| r.loss).unwrap_or(f64::NAN);
     let mut last_val = kept.iter().rev().find_map(|r| Some((r.val_loss?, r.val_bpb?)));
-    let val = validation_batches(&corpus.val, cfg.seq_len, cfg.sequences_per_micro_step(), cfg.eval_tokens);
+    let val = validation_batches(
+        &corpus.val,
+        cfg.seq_len,
+        cfg.sequences_per_micro_step(),
+        cfg.eval_tokens,
+    );
     if opts.progress {
         print_header(cfg, &layout, engine.as_ref(), corpus, loader.windows(), &state);
     }
-    let schedule = Schedule { max_lr: cfg.lr, min_lr: cfg.min_lr, warmup: cfg.warmup, total: cfg.steps };
+    let schedule = Schedule {
+        max_lr: cfg.lr,
+        min_lr: cfg.min_lr,
+        warmup: cfg.warmup,
+        total: cfg.steps,
+    };
     let bar = progress_bar(opts.progress, cfg.steps, state.step);
     let session_start = (state.elapsed, state.tokens_seen);
     let end = opts.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
@@ -347,10 +413,17 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         let done = state.step == cfg.steps;
         let eval_now = !val.is_empty() && (state.step % cfg.eval_every.max(1) == 0 || done);
         let interrupted = signals.received();
-        let save_now = state.step % cfg.checkpoint_every.max(1) == 0 || done || Some(state.step) == opts.stop_after || interrupted.is_some();
+        let save_now = state.step % cfg.checkpoint_every.max(1) == 0
+            || done
+            || Some(state.step) == opts.stop_after
+            || interrupted.is_some();
         // The counter is read only around evaluations and checkpoints (the session's last step has both or a
         // checkpoint), never between two steps: an NVML read there would keep the GPU waiting.
-        let before_extra = if eval_now || save_now { read_energy(engine.as_ref()) } else { None };
+        let before_extra = if eval_now || save_now {
+            read_energy(engine.as_ref())
+        } else {
+            None
+        };
         if eval_now {
             let (val_loss, bpb) = evaluate(engine.as_mut(), &val, &corpus.token_bytes)?;
             last_val = Some((val_loss, bpb));
@@ -364,7 +437,13 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
                 ..Default::default()
             })?;
             if cfg.trace {
-                crate::trace::at_evaluation(cfg, engine.as_ref(), &val, &opts.dir, (state.step, state.tokens_seen, state.elapsed))?;
+                crate::trace::at_evaluation(
+                    cfg,
+                    engine.as_ref(),
+                    &val,
+                    &opts.dir,
+                    (state.step, state.tokens_seen, state.elapsed),
+                )?;
             }
         }
         if save_now {
@@ -378,7 +457,10 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
         }
         // Training throughput: step time only (evaluations and checkpoints excluded), as in the summary.
         let rate = (state.tokens_seen - session_start.1) as f64 / (state.elapsed - session_start.0).max(1e-9);
-        bar.set_message(format!("loss {loss:.3} | {rate:.0} tok/s{}", last_val.map_or(String::new(), |(v, _)| format!(" | val {v:.3}"))));
+        bar.set_message(format!(
+            "loss {loss:.3} | {rate:.0} tok/s{}",
+            last_val.map_or(String::new(), |(v, _)| format!(" | val {v:.3}"))
+        ));
         bar.set_position(state.step);
         if let Some(signal) = interrupted {
             bar.finish_and_clear();
@@ -439,7 +521,11 @@ pub fn steady_rate(step_secs: &[f64], tokens_per_step: usize) -> Option<f64> {
     }
     let mut t = step_secs[3..].to_vec();
     t.sort_by(f64::total_cmp);
-    let median = if t.len() % 2 == 1 { t[t.len() / 2] } else { 0.5 * (t[t.len() / 2 - 1] + t[t.len() / 2]) };
+    let median = if t.len() % 2 == 1 {
+        t[t.len() / 2]
+    } else {
+        0.5 * (t[t.len() / 2 - 1] + t[t.len() / 2])
+    };
     Some(tokens_per_step as f64 / median.max(1e-12))
 }
 
@@ -475,7 +561,11 @@ pub struct EnergyWindow {
 impl EnergyWindow {
     /// The window starts (a read at the start of the first steady step; None: no counter, no figure).
     pub fn open(&mut self, at: Option<EnergyRead>) {
-        *self = EnergyWindow { start: at, broken: at.is_none(), ..Default::default() };
+        *self = EnergyWindow {
+            start: at,
+            broken: at.is_none(),
+            ..Default::default()
+        };
     }
 
     /// A step ended (no read).
@@ -493,7 +583,11 @@ impl EnergyWindow {
         }
         match (before, after) {
             (Some(b), Some(a)) => {
-                self.end = Some(WindowEnd { at: b, steps: self.steps, excluded: self.excluded });
+                self.end = Some(WindowEnd {
+                    at: b,
+                    steps: self.steps,
+                    excluded: self.excluded,
+                });
                 self.excluded.0 += a.0.saturating_sub(b.0);
                 self.excluded.1 += (a.1 - b.1).max(0.0);
             }
@@ -506,7 +600,11 @@ impl EnergyWindow {
     /// [`Self::MIN_SECS`] of steps (a handful of counter updates: a figure off by tens of %).
     pub fn per_token(&self, tokens_per_step: usize) -> Option<(f64, f64)> {
         let start = self.start?;
-        let WindowEnd { at: end, steps, excluded } = self.end?;
+        let WindowEnd {
+            at: end,
+            steps,
+            excluded,
+        } = self.end?;
         if self.broken || steps < 2 {
             return None;
         }
@@ -532,7 +630,12 @@ fn step(cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut Loader, lr: f32
     let mut loss = 0.0;
     for _ in 0..cfg.grad_accum {
         let (inputs, targets) = loader.next_batch();
-        let batch = Batch { inputs: &inputs, targets: &targets, batch: cfg.sequences_per_micro_step(), seq: cfg.seq_len };
+        let batch = Batch {
+            inputs: &inputs,
+            targets: &targets,
+            batch: cfg.sequences_per_micro_step(),
+            seq: cfg.seq_len,
+        };
         loss += engine.forward_backward(&batch, scale)? / cfg.grad_accum as f64;
     }
     let norm = engine.grad_norm()?;
@@ -546,7 +649,10 @@ fn step(cfg: &TrainConfig, engine: &mut dyn Engine, loader: &mut Loader, lr: f32
 /// Turns a failure inside a step into the divergence message (non-finite values anywhere in the
 /// step mean the run diverged); other errors pass through.
 fn diverged(e: Error, step: u64, last_good: Option<&Path>) -> Error {
-    let non_finite = matches!(&e, Error::Diverged(_) | Error::Attention(sagebwd::Error::NonFinite { .. }));
+    let non_finite = matches!(
+        &e,
+        Error::Diverged(_) | Error::Attention(sagebwd::Error::NonFinite { .. })
+    );
     if !non_finite {
         return e;
     }
@@ -560,19 +666,38 @@ fn diverged(e: Error, step: u64, last_good: Option<&Path>) -> Error {
 }
 
 /// Mean validation loss (nats per token) and bits per byte.
-pub fn evaluate(engine: &mut dyn Engine, val: &[(Vec<u32>, Vec<u32>, usize)], token_bytes: &[u32]) -> Result<(f64, f64)> {
+pub fn evaluate(
+    engine: &mut dyn Engine,
+    val: &[(Vec<u32>, Vec<u32>, usize)],
+    token_bytes: &[u32],
+) -> Result<(f64, f64)> {
     let (mut nats, mut tokens, mut bytes) = (0.0f64, 0u64, 0u64);
     for (inputs, targets, n) in val {
-        let batch = Batch { inputs, targets, batch: *n, seq: inputs.len() / n };
+        let batch = Batch {
+            inputs,
+            targets,
+            batch: *n,
+            seq: inputs.len() / n,
+        };
         nats += engine.loss(&batch)? * targets.len() as f64;
         tokens += targets.len() as u64;
-        bytes += targets.iter().map(|&t| token_bytes.get(t as usize).copied().unwrap_or(0) as u64).sum::<u64>();
+        bytes += targets
+            .iter()
+            .map(|&t| token_bytes.get(t as usize).copied().unwrap_or(0) as u64)
+            .sum::<u64>();
     }
     let loss = nats / tokens.max(1) as f64;
     Ok((loss, bits_per_byte(loss, tokens, bytes)))
 }
 
-fn save(path: &Path, cfg: &TrainConfig, data: &serde_json::Value, engine: &dyn Engine, loader: &Loader, s: &State) -> Result<()> {
+fn save(
+    path: &Path,
+    cfg: &TrainConfig,
+    data: &serde_json::Value,
+    engine: &dyn Engine,
+    loader: &Loader,
+    s: &State,
+) -> Result<()> {
     let st = engine.export()?;
     let meta = serde_json::json!({
         "config": cfg,
@@ -603,7 +728,11 @@ fn json_diff(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out: &m
             keys.dedup();
             for k in keys {
                 let null = serde_json::Value::Null;
-                let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 json_diff(&p, x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), out);
             }
         }
@@ -621,10 +750,18 @@ fn check_resume_settings(path: &Path, saved: &serde_json::Value, now: &serde_jso
         return Ok(());
     }
     let free = |name: &str| FREE_ON_RESUME.iter().any(|f| name == format!("config.{f}"));
-    let list = diffs.iter().map(|(n, a, b)| format!("{n}: {a} → {b}")).collect::<Vec<_>>().join("; ");
+    let list = diffs
+        .iter()
+        .map(|(n, a, b)| format!("{n}: {a} → {b}"))
+        .collect::<Vec<_>>()
+        .join("; ");
     let binding: Vec<&str> = diffs.iter().filter(|d| !free(&d.0)).map(|d| d.0.as_str()).collect();
     if binding.is_empty() || force {
-        let stretched = if diffs.iter().any(|d| d.0 == "config.steps") { " (the learning-rate decay now spans the new step count)" } else { "" };
+        let stretched = if diffs.iter().any(|d| d.0 == "config.steps") {
+            " (the learning-rate decay now spans the new step count)"
+        } else {
+            ""
+        };
         eprintln!("note: resuming with settings that differ from the recorded ones: {list}{stretched}");
         return Ok(());
     }
@@ -637,21 +774,45 @@ fn check_resume_settings(path: &Path, saved: &serde_json::Value, now: &serde_jso
     })
 }
 
-fn restore(path: &Path, cfg: &TrainConfig, data: &serde_json::Value, force: bool, engine: &mut dyn Engine, loader: &mut Loader) -> Result<State> {
+fn restore(
+    path: &Path,
+    cfg: &TrainConfig,
+    data: &serde_json::Value,
+    force: bool,
+    engine: &mut dyn Engine,
+    loader: &mut Loader,
+) -> Result<State> {
     let ck = checkpoint::load(path, &Weights::zeros(&cfg.model))?;
     let err = |msg: String| Error::Checkpoint { path: path.into(), msg };
-    let saved: TrainConfig = serde_json::from_value(ck.meta["config"].clone()).map_err(|e| err(format!("bad config: {e}")))?;
+    let saved: TrainConfig =
+        serde_json::from_value(ck.meta["config"].clone()).map_err(|e| err(format!("bad config: {e}")))?;
     if saved.model != cfg.model {
-        return Err(err("the run was started with another model; resume with the same model settings".into()));
+        return Err(err(
+            "the run was started with another model; resume with the same model settings".into(),
+        ));
     }
     let recorded = serde_json::json!({ "config": saved, "data": ck.meta["data"] });
     let now = serde_json::json!({ "config": cfg, "data": data });
     check_resume_settings(path, &recorded, &now, force)?;
-    let field = |name: &str| ck.meta[name].as_u64().ok_or_else(|| err(format!("metadata `{name}` is missing")));
-    let loader_state: LoaderState = serde_json::from_value(ck.meta["loader"].clone()).map_err(|e| err(format!("bad loader state: {e}")))?;
-    engine.import(EngineState { weights: ck.weights, adam_m: ck.adam_m, adam_v: ck.adam_v, adam_t: field("adam_t")? })?;
+    let field = |name: &str| {
+        ck.meta[name]
+            .as_u64()
+            .ok_or_else(|| err(format!("metadata `{name}` is missing")))
+    };
+    let loader_state: LoaderState =
+        serde_json::from_value(ck.meta["loader"].clone()).map_err(|e| err(format!("bad loader state: {e}")))?;
+    engine.import(EngineState {
+        weights: ck.weights,
+        adam_m: ck.adam_m,
+        adam_v: ck.adam_v,
+        adam_t: field("adam_t")?,
+    })?;
     loader.restore(loader_state);
-    Ok(State { step: field("step")?, tokens_seen: field("tokens_seen")?, elapsed: ck.meta["elapsed"].as_f64().unwrap_or(0.0) })
+    Ok(State {
+        step: field("step")?,
+        tokens_seen: field("tokens_seen")?,
+        elapsed: ck.meta["elapsed"].as_f64().unwrap_or(0.0),
+    })
 }
 
 fn write_config(dir: &Path, cfg: &TrainConfig) -> Result<()> {
@@ -707,7 +868,8 @@ fn progress_bar(show: bool, total: u64, at: u64) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);
-    let style = ProgressStyle::with_template("{bar:30} {pos}/{len} steps | {msg} | ETA {eta}").unwrap_or_else(|_| ProgressStyle::default_bar());
+    let style = ProgressStyle::with_template("{bar:30} {pos}/{len} steps | {msg} | ETA {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar.set_position(at);
     bar

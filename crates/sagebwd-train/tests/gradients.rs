@@ -34,7 +34,11 @@ fn test_model(cfg: &ModelConfig, seed: u64) -> Model {
     let mut w = Weights::init(cfg, &mut rng);
     for t in w.tensors_mut() {
         for x in t.iter_mut() {
-            *x = if *x == 1.0 { 1.0 + 0.3 * rng.normal() as f32 } else { *x * 15.0 };
+            *x = if *x == 1.0 {
+                1.0 + 0.3 * rng.normal() as f32
+            } else {
+                *x * 15.0
+            };
         }
     }
     Model::new(cfg.clone(), w)
@@ -68,12 +72,25 @@ fn check_gradients(tied: bool, qk_norm: bool) {
     let be = CpuBackend::new(Attention::Exact);
     let mut model = test_model(&cfg, 11);
     let (inputs, targets) = tokens(&cfg, 5);
-    let batch = Batch { inputs: &inputs, targets: &targets, batch: BATCH, seq: SEQ };
+    let batch = Batch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: BATCH,
+        seq: SEQ,
+    };
     let mut grads = Weights::zeros(&cfg);
-    model.forward_backward(&be, &batch, &mut grads, 1.0 / (BATCH * SEQ) as f32).unwrap();
+    model
+        .forward_backward(&be, &batch, &mut grads, 1.0 / (BATCH * SEQ) as f32)
+        .unwrap();
     let layout = ParamLayout::new(&cfg);
     for spec in &layout.specs {
-        let analytic: Vec<f64> = grads.clone().get_mut(&spec.name).unwrap().iter().map(|&g| g as f64).collect();
+        let analytic: Vec<f64> = grads
+            .clone()
+            .get_mut(&spec.name)
+            .unwrap()
+            .iter()
+            .map(|&g| g as f64)
+            .collect();
         let n = analytic.len();
         let mut numeric = vec![0.0f64; n];
         for (i, num) in numeric.iter_mut().enumerate() {
@@ -87,7 +104,11 @@ fn check_gradients(tied: bool, qk_norm: bool) {
         }
         let err = rel_l2(&analytic, &numeric);
         let norm = numeric.iter().map(|x| x * x).sum::<f64>().sqrt();
-        assert!(norm > 1e-3, "{}: the gradient is ~0 ({norm:e}), the check would be vacuous", spec.name);
+        assert!(
+            norm > 1e-3,
+            "{}: the gradient is ~0 ({norm:e}), the check would be vacuous",
+            spec.name
+        );
         assert!(
             err < REL_TOL,
             "{} (tied={tied}, qk_norm={qk_norm}): relative L2 error {err:.2e} of the backward against finite differences",
@@ -126,7 +147,12 @@ fn tied_embedding_gradient_is_the_sum_of_both_uses() {
     untied_w.lm_head = untied_w.tok_emb.clone();
     let untied = Model::new(tiny_config(false, true), untied_w);
     let (inputs, targets) = tokens(&tied.cfg, 9);
-    let batch = Batch { inputs: &inputs, targets: &targets, batch: BATCH, seq: SEQ };
+    let batch = Batch {
+        inputs: &inputs,
+        targets: &targets,
+        batch: BATCH,
+        seq: SEQ,
+    };
     let (mut g_tied, mut g_untied) = (Weights::zeros(&tied.cfg), Weights::zeros(&untied.cfg));
     let l1 = tied.forward_backward(&be, &batch, &mut g_tied, 1.0).unwrap();
     let l2 = untied.forward_backward(&be, &batch, &mut g_untied, 1.0).unwrap();
@@ -144,7 +170,12 @@ fn qk_norm_makes_the_loss_invariant_to_the_scale_of_wq() {
     for qk_norm in [true, false] {
         let mut model = test_model(&tiny_config(true, qk_norm), 4);
         let (inputs, targets) = tokens(&model.cfg, 2);
-        let batch = Batch { inputs: &inputs, targets: &targets, batch: BATCH, seq: SEQ };
+        let batch = Batch {
+            inputs: &inputs,
+            targets: &targets,
+            batch: BATCH,
+            seq: SEQ,
+        };
         let before = model.loss(&be, &batch).unwrap();
         model.weights.layers[0].wq.iter_mut().for_each(|x| *x *= 8.0);
         let after = model.loss(&be, &batch).unwrap();
@@ -164,9 +195,16 @@ fn row_chunked_reductions_cover_every_row() {
     let (b, t) = (3, 30); // 90 tokens: two row chunks
     let mut rng = Rng::new(1);
     let seq: Vec<u32> = (0..b * t + 1).map(|_| rng.below(cfg.vocab_size) as u32).collect();
-    let batch = Batch { inputs: &seq[..b * t], targets: &seq[1..], batch: b, seq: t };
+    let batch = Batch {
+        inputs: &seq[..b * t],
+        targets: &seq[1..],
+        batch: b,
+        seq: t,
+    };
     let mut g = Weights::zeros(&cfg);
-    model.forward_backward(&be, &batch, &mut g, 1.0 / (b * t) as f32).unwrap();
+    model
+        .forward_backward(&be, &batch, &mut g, 1.0 / (b * t) as f32)
+        .unwrap();
     let analytic = g.final_norm[3] as f64;
     let orig = model.weights.final_norm[3];
     model.weights.final_norm[3] = orig + STEP;
@@ -174,5 +212,8 @@ fn row_chunked_reductions_cover_every_row() {
     model.weights.final_norm[3] = orig - STEP;
     let down = model.loss(&be, &batch).unwrap();
     let numeric = (up - down) / (2.0 * STEP as f64);
-    assert!((analytic - numeric).abs() < 2e-2 * numeric.abs().max(1e-2), "{analytic} vs {numeric}");
+    assert!(
+        (analytic - numeric).abs() < 2e-2 * numeric.abs().max(1e-2),
+        "{analytic} vs {numeric}"
+    );
 }

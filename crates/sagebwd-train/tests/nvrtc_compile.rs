@@ -16,7 +16,12 @@ fn training_kernels_compile_cleanly() {
     let mut failures = Vec::new();
     for arch in ["sm_90a", "sm_80"] {
         for (name, body) in SOURCES {
-            match compile_program(name, &full_source(name, body), &options(arch), &format!("{name} for {arch}")) {
+            match compile_program(
+                name,
+                &full_source(name, body),
+                &options(arch),
+                &format!("{name} for {arch}"),
+            ) {
                 Ok(c) if !c.log.is_empty() => failures.push(format!("{name} {arch}: warnings:\n{}", c.log)),
                 Ok(c) if c.cubin.len() < 64 => failures.push(format!("{name} {arch}: empty CUBIN")),
                 Ok(_) => {}

@@ -16,11 +16,24 @@ mod common;
 const SEQ: usize = 16;
 
 fn model() -> ModelConfig {
-    ModelConfig { vocab_size: 97, dim: 32, n_layers: 2, n_heads: 2, n_kv_heads: 1, ffn_hidden: 48, max_seq_len: 32, ..ModelConfig::preset("tiny").unwrap() }
+    ModelConfig {
+        vocab_size: 97,
+        dim: 32,
+        n_layers: 2,
+        n_heads: 2,
+        n_kv_heads: 1,
+        ffn_hidden: 48,
+        max_seq_len: 32,
+        ..ModelConfig::preset("tiny").unwrap()
+    }
 }
 
 fn engine(w: &Weights) -> CpuEngine {
-    CpuEngine::new(Model::new(model(), w.clone()), AdamWConfig::default(), Attention::parse("sagebwd").unwrap())
+    CpuEngine::new(
+        Model::new(model(), w.clone()),
+        AdamWConfig::default(),
+        Attention::parse("sagebwd").unwrap(),
+    )
 }
 
 fn tokens(sequences: usize, seed: u64) -> (Vec<u32>, Vec<u32>) {
@@ -71,13 +84,24 @@ fn replicas_compute_the_single_engine_step_and_stay_identical() {
             let (mut l1, mut l2) = (0.0, 0.0);
             for micro in 0..2 {
                 let (inputs, targets) = tokens(sequences, 100 * step + micro);
-                let b = Batch { inputs: &inputs, targets: &targets, batch: sequences, seq: SEQ };
+                let b = Batch {
+                    inputs: &inputs,
+                    targets: &targets,
+                    batch: sequences,
+                    seq: SEQ,
+                };
                 l1 += single.forward_backward(&b, scale).unwrap();
                 l2 += group.forward_backward(&b, scale).unwrap();
             }
-            assert!((l1 - l2).abs() < 1e-5 * l1.abs(), "{replicas} replicas, step {step}: loss {l1} vs {l2}");
+            assert!(
+                (l1 - l2).abs() < 1e-5 * l1.abs(),
+                "{replicas} replicas, step {step}: loss {l1} vs {l2}"
+            );
             let (n1, n2) = (single.grad_norm().unwrap(), group.grad_norm().unwrap());
-            assert!((n1 - n2).abs() < 1e-4 * n1, "{replicas} replicas, step {step}: gradient norm {n1} vs {n2}");
+            assert!(
+                (n1 - n2).abs() < 1e-4 * n1,
+                "{replicas} replicas, step {step}: gradient norm {n1} vs {n2}"
+            );
             let g = max_rel_diff(&single.gradients().unwrap(), &group.gradients().unwrap());
             assert!(g < 1e-4, "{replicas} replicas, step {step}: gradients differ by {g:e}");
             single.update(1e-2, 0.5).unwrap();
@@ -85,11 +109,20 @@ fn replicas_compute_the_single_engine_step_and_stay_identical() {
         }
         let after = single.export().unwrap().weights;
         let moved = max_rel_diff(&w, &after);
-        assert!(moved > 1e-3, "the steps must move the weights for the comparison to mean anything ({moved:e})");
+        assert!(
+            moved > 1e-3,
+            "the steps must move the weights for the comparison to mean anything ({moved:e})"
+        );
         let d = max_rel_diff(&after, &group.export().unwrap().weights);
-        assert!(d < 1e-4, "{replicas} replicas: weights differ from the single engine's by {d:e}");
+        assert!(
+            d < 1e-4,
+            "{replicas} replicas: weights differ from the single engine's by {d:e}"
+        );
         for i in 1..replicas {
-            let same = max_rel_diff(&group.replica(0).export().unwrap().weights, &group.replica(i).export().unwrap().weights);
+            let same = max_rel_diff(
+                &group.replica(0).export().unwrap().weights,
+                &group.replica(i).export().unwrap().weights,
+            );
             assert_eq!(same, 0.0, "replica {i} drifted from replica 0");
         }
     }
@@ -97,11 +130,22 @@ fn replicas_compute_the_single_engine_step_and_stay_identical() {
 
 #[test]
 fn several_gpus_on_the_cpu_is_an_error_that_says_what_to_do() {
-    let model = ModelConfig { n_heads: 1, n_kv_heads: 1, dim: 64, ..model() };
-    let cfg = TrainConfig { gpus: 2, ..common::one_step_config(model, "sagebwd") };
+    let model = ModelConfig {
+        n_heads: 1,
+        n_kv_heads: 1,
+        dim: 64,
+        ..model()
+    };
+    let cfg = TrainConfig {
+        gpus: 2,
+        ..common::one_step_config(model, "sagebwd")
+    };
     assert_eq!(cfg.tokens_per_step(), 2 * SEQ);
     let w = Weights::init(&cfg.model, &mut Rng::new(1));
-    let err = make_engine(&cfg, w, DeviceChoice::Cpu, false).err().expect("must fail").to_string();
+    let err = make_engine(&cfg, w, DeviceChoice::Cpu, false)
+        .err()
+        .expect("must fail")
+        .to_string();
     assert!(err.contains("--device cuda") && err.contains("--gpus 1"), "{err}");
     let zero = TrainConfig { gpus: 0, ..cfg };
     assert!(zero.validate().unwrap_err().to_string().contains("GPUs"));

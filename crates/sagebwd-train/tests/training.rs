@@ -6,7 +6,7 @@ use sagebwd_train::config::ModelConfig;
 use sagebwd_train::metrics::{read_records, Record};
 use sagebwd_train::optim::AdamWConfig;
 use sagebwd_train::plot::{plot_losses, Curve};
-use sagebwd_train::train::{steady_rate, train, EnergyWindow, Corpus, DeviceChoice, RunOptions, TrainConfig};
+use sagebwd_train::train::{steady_rate, train, Corpus, DeviceChoice, EnergyWindow, RunOptions, TrainConfig};
 use std::path::Path;
 
 const VOCAB: usize = 64;
@@ -50,15 +50,32 @@ fn config(attention: &str, steps: u64) -> TrainConfig {
 fn corpus() -> Corpus {
     let phrase: Vec<u16> = (0..40u32).map(|i| ((i * 37 + 11) % VOCAB as u32) as u16).collect();
     let stream: Vec<u16> = phrase.iter().cycle().take(40 * 30).copied().collect();
-    Corpus { train: stream.clone(), val: stream[..400].to_vec(), token_bytes: vec![1; VOCAB], description: "synthetic".into() }
+    Corpus {
+        train: stream.clone(),
+        val: stream[..400].to_vec(),
+        token_bytes: vec![1; VOCAB],
+        description: "synthetic".into(),
+    }
 }
 
 fn opts(dir: &Path) -> RunOptions {
-    RunOptions { dir: dir.to_path_buf(), resume: false, overwrite: false, force_resume: false, progress: false, stop_after: None, device: DeviceChoice::Cpu }
+    RunOptions {
+        dir: dir.to_path_buf(),
+        resume: false,
+        overwrite: false,
+        force_resume: false,
+        progress: false,
+        stop_after: None,
+        device: DeviceChoice::Cpu,
+    }
 }
 
 fn train_losses(records: &[Record]) -> Vec<f64> {
-    records.iter().filter(|r| r.kind == "train").map(|r| r.loss.unwrap()).collect()
+    records
+        .iter()
+        .filter(|r| r.kind == "train")
+        .map(|r| r.loss.unwrap())
+        .collect()
 }
 
 #[test]
@@ -69,12 +86,21 @@ fn loss_falls_when_overfitting_a_repeated_phrase_with_fpa_and_sagebwd() {
         let losses = train_losses(&read_records(dir.path()).unwrap());
         assert_eq!(losses.len(), 40);
         let first = losses[0];
-        assert!((first - (VOCAB as f64).ln()).abs() < 0.3, "{attention}: initial loss {first} should be near ln {VOCAB}");
+        assert!(
+            (first - (VOCAB as f64).ln()).abs() < 0.3,
+            "{attention}: initial loss {first} should be near ln {VOCAB}"
+        );
         let last = summary.final_train_loss;
         assert!(last < 0.5 * first, "{attention}: loss {first} → {last} did not halve");
         // 40 steps: a steady-state rate exists, from the same steps as the whole-run rate.
-        let steady = summary.steady_tokens_per_second.expect("40 steps give a steady-state rate");
-        assert!(steady > 0.0 && steady.is_finite() && steady > 0.2 * summary.tokens_per_second, "{steady} vs {}", summary.tokens_per_second);
+        let steady = summary
+            .steady_tokens_per_second
+            .expect("40 steps give a steady-state rate");
+        assert!(
+            steady > 0.0 && steady.is_finite() && steady > 0.2 * summary.tokens_per_second,
+            "{steady} vs {}",
+            summary.tokens_per_second
+        );
         let val = summary.final_val_loss.unwrap();
         // bits per byte with 1 byte per token is loss / ln 2
         assert!((summary.final_val_bpb.unwrap() - val / std::f64::consts::LN_2).abs() < 1e-9);
@@ -83,17 +109,40 @@ fn loss_falls_when_overfitting_a_repeated_phrase_with_fpa_and_sagebwd() {
 
 #[test]
 fn resume_reproduces_the_uninterrupted_run_exactly() {
-    let cfg = TrainConfig { checkpoint_every: 4, ..config("sagebwd", 12) };
+    let cfg = TrainConfig {
+        checkpoint_every: 4,
+        ..config("sagebwd", 12)
+    };
     let whole = tempfile::tempdir().unwrap();
     train(&cfg, &corpus(), &opts(whole.path())).unwrap();
     let parts = tempfile::tempdir().unwrap();
     // Interrupted after step 6: the checkpoint holds step 6 (written at the stop); the metrics
     // already hold steps 1..6, and resuming rewrites nothing before them.
-    train(&cfg, &corpus(), &RunOptions { stop_after: Some(6), ..opts(parts.path()) }).unwrap();
-    let resumed = train(&cfg, &corpus(), &RunOptions { resume: true, ..opts(parts.path()) }).unwrap();
+    train(
+        &cfg,
+        &corpus(),
+        &RunOptions {
+            stop_after: Some(6),
+            ..opts(parts.path())
+        },
+    )
+    .unwrap();
+    let resumed = train(
+        &cfg,
+        &corpus(),
+        &RunOptions {
+            resume: true,
+            ..opts(parts.path())
+        },
+    )
+    .unwrap();
     assert_eq!(resumed.steps, 12);
     let (a, b) = (read_records(whole.path()).unwrap(), read_records(parts.path()).unwrap());
-    assert_eq!(train_losses(&a), train_losses(&b), "resumed losses differ from the uninterrupted run");
+    assert_eq!(
+        train_losses(&a),
+        train_losses(&b),
+        "resumed losses differ from the uninterrupted run"
+    );
     let vals = |r: &[Record]| r.iter().filter_map(|r| r.val_loss).collect::<Vec<_>>();
     assert_eq!(vals(&a), vals(&b));
     assert_eq!(a.last().unwrap().tokens_seen, b.last().unwrap().tokens_seen);
@@ -105,7 +154,16 @@ fn resume_refuses_another_model() {
     train(&config("fpa", 2), &corpus(), &opts(dir.path())).unwrap();
     let mut other = config("fpa", 4);
     other.model.dim = 16;
-    let e = train(&other, &corpus(), &RunOptions { resume: true, ..opts(dir.path()) }).unwrap_err().to_string();
+    let e = train(
+        &other,
+        &corpus(),
+        &RunOptions {
+            resume: true,
+            ..opts(dir.path())
+        },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("checkpoint"), "{e}");
 }
 
@@ -113,9 +171,19 @@ fn resume_refuses_another_model() {
 fn divergence_stops_the_run_and_keeps_the_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     // A learning rate of 1e30 turns the weights into ±1e30 after the first update.
-    let cfg = TrainConfig { lr: 1e30, min_lr: 1e30, warmup: 0, grad_clip: 0.0, checkpoint_every: 1, ..config("fpa", 5) };
+    let cfg = TrainConfig {
+        lr: 1e30,
+        min_lr: 1e30,
+        warmup: 0,
+        grad_clip: 0.0,
+        checkpoint_every: 1,
+        ..config("fpa", 5)
+    };
     let e = train(&cfg, &corpus(), &opts(dir.path())).unwrap_err().to_string();
-    assert!(e.contains("diverged at step 2") && e.contains("last good checkpoint"), "{e}");
+    assert!(
+        e.contains("diverged at step 2") && e.contains("last good checkpoint"),
+        "{e}"
+    );
     let ckpt = dir.path().join("checkpoint.safetensors");
     let bytes = std::fs::read(&ckpt).unwrap();
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
@@ -131,7 +199,16 @@ fn empty_validation_split_and_too_little_data_are_handled() {
     let s = train(&config("exact", 2), &c, &opts(dir.path())).unwrap();
     assert!(s.final_val_loss.is_none());
     c.train.truncate(10);
-    let e = train(&config("exact", 2), &c, &RunOptions { overwrite: true, ..opts(dir.path()) }).unwrap_err().to_string();
+    let e = train(
+        &config("exact", 2),
+        &c,
+        &RunOptions {
+            overwrite: true,
+            ..opts(dir.path())
+        },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("needs at least 33"), "{e}");
 }
 
@@ -139,7 +216,10 @@ fn empty_validation_split_and_too_little_data_are_handled() {
 fn loss_plot_is_written_as_png_and_svg() {
     let dir = tempfile::tempdir().unwrap();
     train(&config("fpa", 6), &corpus(), &opts(dir.path())).unwrap();
-    let curve = Curve { label: "fpa".into(), records: read_records(dir.path()).unwrap() };
+    let curve = Curve {
+        label: "fpa".into(),
+        records: read_records(dir.path()).unwrap(),
+    };
     for name in ["loss.png", "loss.svg"] {
         let path = dir.path().join(name);
         plot_losses(std::slice::from_ref(&curve), &path, "test").unwrap();
@@ -154,17 +234,31 @@ fn loss_plot_is_written_as_png_and_svg() {
 /// give the same step (up to f32 summation order), so only tokens per step matters.
 #[test]
 fn accumulation_matches_a_larger_micro_batch() {
-    let one = TrainConfig { micro_batch: 4, grad_accum: 1, ..config("exact", 4) };
-    let two = TrainConfig { micro_batch: 2, grad_accum: 2, ..config("exact", 4) };
+    let one = TrainConfig {
+        micro_batch: 4,
+        grad_accum: 1,
+        ..config("exact", 4)
+    };
+    let two = TrainConfig {
+        micro_batch: 2,
+        grad_accum: 2,
+        ..config("exact", 4)
+    };
     assert_eq!(one.tokens_per_step(), two.tokens_per_step());
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     train(&one, &corpus(), &opts(d1.path())).unwrap();
     train(&two, &corpus(), &opts(d2.path())).unwrap();
-    let (a, b) = (train_losses(&read_records(d1.path()).unwrap()), train_losses(&read_records(d2.path()).unwrap()));
+    let (a, b) = (
+        train_losses(&read_records(d1.path()).unwrap()),
+        train_losses(&read_records(d2.path()).unwrap()),
+    );
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() < 1e-4, "losses {a:?} vs {b:?}");
     }
-    assert!((a[3] - a[0]).abs() > 1e-2, "the steps must change the loss for the comparison to mean anything");
+    assert!(
+        (a[3] - a[0]).abs() > 1e-2,
+        "the steps must change the loss for the comparison to mean anything"
+    );
 }
 
 #[test]
@@ -191,7 +285,10 @@ fn energy_window_is_its_two_end_reads_less_the_work_between_steps() {
     // The evaluation after the last step ends the window.
     w.pause(Some((2_160_000, 4.2)), Some((2_250_000, 4.5)));
     let (per_token, watts) = w.per_token(100).unwrap();
-    assert!((per_token - 2100.0 / 300.0).abs() < 1e-9 && (watts - 700.0).abs() < 1e-6, "{per_token} {watts}");
+    assert!(
+        (per_token - 2100.0 / 300.0).abs() < 1e-9 && (watts - 700.0).abs() < 1e-6,
+        "{per_token} {watts}"
+    );
     let mut no_counter = EnergyWindow::default();
     no_counter.open(None);
     no_counter.step_done();
@@ -211,5 +308,8 @@ fn energy_window_is_its_two_end_reads_less_the_work_between_steps() {
     short.step_done();
     short.pause(Some((1_400, 2.0)), Some((1_400, 2.0)));
     let (per_token, watts) = short.per_token(1).unwrap();
-    assert!((per_token - 1.4 / 3.0).abs() < 1e-12 && (watts - 0.7).abs() < 1e-12, "{per_token} {watts}");
+    assert!(
+        (per_token - 1.4 / 3.0).abs() < 1e-12 && (watts - 0.7).abs() < 1e-12,
+        "{per_token} {watts}"
+    );
 }

@@ -222,14 +222,19 @@ impl PdsQuant {
             parts.push("delta=unquantized-p".into());
         }
         if self.fp8_sum != d.fp8_sum {
-            parts.push(format!("fp8-sum={}b/promote{}", self.fp8_sum.mantissa_bits, self.fp8_sum.promote));
+            parts.push(format!(
+                "fp8-sum={}b/promote{}",
+                self.fp8_sum.mantissa_bits, self.fp8_sum.promote
+            ));
         }
         parts.join(",")
     }
 
     /// Whether a product that needs an FP8 copy of the other operand is FP8 (any of the four).
     pub fn any_fp8(&self) -> bool {
-        [self.p_fwd, self.p_bwd, self.ds_dq, self.ds_dk].iter().any(|f| f.is_fp8())
+        [self.p_fwd, self.p_bwd, self.ds_dq, self.ds_dk]
+            .iter()
+            .any(|f| f.is_fp8())
     }
 }
 
@@ -281,24 +286,67 @@ impl Config {
             ds_dk: Format::Int8 { rows: 0, cols: 1 },
             ..d
         };
-        let p8 = PdsQuant { p_fwd: e4, p_bwd: e4, ..d };
+        let p8 = PdsQuant {
+            p_fwd: e4,
+            p_bwd: e4,
+            ..d
+        };
         Some(match name {
-            "int8-row128" => PdsQuant { p_bwd: row(0), ds_dq: row(0), ds_dk: row(0), ..d },
-            "int8-row64" => PdsQuant { p_fwd: row(64), p_bwd: row(64), ds_dq: row(64), ds_dk: row(64), ..d },
+            "int8-row128" => PdsQuant {
+                p_bwd: row(0),
+                ds_dq: row(0),
+                ds_dk: row(0),
+                ..d
+            },
+            "int8-row64" => PdsQuant {
+                p_fwd: row(64),
+                p_bwd: row(64),
+                ds_dq: row(64),
+                ds_dk: row(64),
+                ..d
+            },
             "int8-axis" => axis,
-            "int8-axis-delta-p" => PdsQuant { delta: DeltaFrom::UnquantizedP, ..axis },
+            "int8-axis-delta-p" => PdsQuant {
+                delta: DeltaFrom::UnquantizedP,
+                ..axis
+            },
             "p-e4m3" => p8,
-            "p-e4m3-ds-axis" => PdsQuant { ds_dq: axis.ds_dq, ds_dk: axis.ds_dk, ..p8 },
-            "p-e4m3-ds-axis-delta-p" => {
-                PdsQuant { ds_dq: axis.ds_dq, ds_dk: axis.ds_dk, delta: DeltaFrom::UnquantizedP, ..p8 }
-            }
-            "p-e4m3-ds-e4m3" => PdsQuant { ds_dq: e4, ds_dk: e4, ..p8 },
-            "p-e4m3-ds-e4m3-delta-p" => PdsQuant { ds_dq: e4, ds_dk: e4, delta: DeltaFrom::UnquantizedP, ..p8 },
+            "p-e4m3-ds-axis" => PdsQuant {
+                ds_dq: axis.ds_dq,
+                ds_dk: axis.ds_dk,
+                ..p8
+            },
+            "p-e4m3-ds-axis-delta-p" => PdsQuant {
+                ds_dq: axis.ds_dq,
+                ds_dk: axis.ds_dk,
+                delta: DeltaFrom::UnquantizedP,
+                ..p8
+            },
+            "p-e4m3-ds-e4m3" => PdsQuant {
+                ds_dq: e4,
+                ds_dk: e4,
+                ..p8
+            },
+            "p-e4m3-ds-e4m3-delta-p" => PdsQuant {
+                ds_dq: e4,
+                ds_dk: e4,
+                delta: DeltaFrom::UnquantizedP,
+                ..p8
+            },
             "p-e4m3-ds-e5m2" => {
                 let e5 = Format::Fp8(Fp8::E5m2);
-                PdsQuant { ds_dq: e5, ds_dk: e5, ..p8 }
+                PdsQuant {
+                    ds_dq: e5,
+                    ds_dk: e5,
+                    ..p8
+                }
             }
-            "fp8-tensor" => PdsQuant { ds_dq: e4, ds_dk: e4, fp8_operand_scale: Fp8OperandScale::Tensor, ..p8 },
+            "fp8-tensor" => PdsQuant {
+                ds_dq: e4,
+                ds_dk: e4,
+                fp8_operand_scale: Fp8OperandScale::Tensor,
+                ..p8
+            },
             _ => return None,
         })
     }
@@ -340,7 +388,10 @@ impl Config {
             "sagebwd" => Ok(Config::sagebwd()),
             "int8-all" | "int8all" => Ok(Config::int8_all()),
             other => match Config::variant_pds(other) {
-                Some(pds) => Ok(Config { pds, ..Config::sagebwd() }),
+                Some(pds) => Ok(Config {
+                    pds,
+                    ..Config::sagebwd()
+                }),
                 None => Err(Error::Config(format!(
                     "unknown preset `{other}` (expected one of: {}, {})",
                     PRESETS.join(", "),
@@ -370,7 +421,12 @@ impl Config {
                 return Err(Error::Config(format!("{name} must be in 1..=1024, got {b}")));
             }
         }
-        for (name, f) in [("p_fwd", self.pds.p_fwd), ("p_bwd", self.pds.p_bwd), ("ds_dq", self.pds.ds_dq), ("ds_dk", self.pds.ds_dk)] {
+        for (name, f) in [
+            ("p_fwd", self.pds.p_fwd),
+            ("p_bwd", self.pds.p_bwd),
+            ("ds_dq", self.pds.ds_dq),
+            ("ds_dk", self.pds.ds_dk),
+        ] {
             if let Format::Int8 { rows, cols } = f {
                 if rows > self.block_q || cols > self.block_kv {
                     return Err(Error::Config(format!(
@@ -381,19 +437,32 @@ impl Config {
             }
         }
         if !matches!(self.pds.p_fwd, Format::Int8 { rows: 1, .. } | Format::Fp8(Fp8::E4m3)) {
-            return Err(Error::Config("p_fwd: the forward quantizes P one row at a time (int8 groups 1xN) or e4m3".into()));
+            return Err(Error::Config(
+                "p_fwd: the forward quantizes P one row at a time (int8 groups 1xN) or e4m3".into(),
+            ));
         }
         if self.pds.p_bwd == Format::Fp8(Fp8::E5m2) {
-            return Err(Error::Config("p_bwd: P in FP8 is e4m3 (P ∈ [0, 1] needs no range)".into()));
+            return Err(Error::Config(
+                "p_bwd: P in FP8 is e4m3 (P ∈ [0, 1] needs no range)".into(),
+            ));
         }
-        if self.pds.ds_dq.is_fp8() != self.pds.ds_dk.is_fp8() || (self.pds.ds_dq.is_fp8() && self.pds.ds_dq != self.pds.ds_dk) {
-            return Err(Error::Config("ds_dq and ds_dk: one FP8 dS serves both, or both are INT8".into()));
+        if self.pds.ds_dq.is_fp8() != self.pds.ds_dk.is_fp8()
+            || (self.pds.ds_dq.is_fp8() && self.pds.ds_dq != self.pds.ds_dk)
+        {
+            return Err(Error::Config(
+                "ds_dq and ds_dk: one FP8 dS serves both, or both are INT8".into(),
+            ));
         }
         if !self.pds.is_default() && (self.smooth_q || self.dq_smooth_k_correction) {
-            return Err(Error::Config("the P / dS variants are simulated without Q-smoothing and the dQ correction".into()));
+            return Err(Error::Config(
+                "the P / dS variants are simulated without Q-smoothing and the dQ correction".into(),
+            ));
         }
         if self.pds.fp8_sum.promote % crate::fp8::WGMMA_K != 0 {
-            return Err(Error::Config(format!("fp8 promotion interval must be a multiple of {}", crate::fp8::WGMMA_K)));
+            return Err(Error::Config(format!(
+                "fp8 promotion interval must be a multiple of {}",
+                crate::fp8::WGMMA_K
+            )));
         }
         Ok(())
     }
@@ -406,11 +475,18 @@ impl Config {
                 return v.to_string();
             }
         }
-        let preset = PRESETS.into_iter().map(|n| (n, Config::preset(n).unwrap())).find(|(_, c)| c.precision == self.precision);
+        let preset = PRESETS
+            .into_iter()
+            .map(|n| (n, Config::preset(n).unwrap()))
+            .find(|(_, c)| c.precision == self.precision);
         let (mut s, smooth_k_default) = match preset {
             Some((name, c)) => (name.to_string(), c.smooth_k),
             None => {
-                let int8: Vec<&str> = Product::ALL.into_iter().filter(|p| self.is_int8(*p)).map(|p| p.name()).collect();
+                let int8: Vec<&str> = Product::ALL
+                    .into_iter()
+                    .filter(|p| self.is_int8(*p))
+                    .map(|p| p.name())
+                    .collect();
                 (format!("int8[{}]", int8.join(",")), false)
             }
         };

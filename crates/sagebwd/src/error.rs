@@ -19,7 +19,12 @@ pub enum Error {
     NonFinite { tensor: String, index: usize, value: f32 },
     /// A finite input value the method cannot represent (see `inputs::check_magnitudes`).
     #[error("input `{tensor}` at flat index {index} (value {value:e}): {bound}")]
-    OutOfRange { tensor: String, index: usize, value: f32, bound: String },
+    OutOfRange {
+        tensor: String,
+        index: usize,
+        value: f32,
+        bound: String,
+    },
     /// Reading or writing a file failed.
     #[error("{path}: {message}")]
     File { path: PathBuf, message: String },

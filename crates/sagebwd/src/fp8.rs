@@ -83,7 +83,11 @@ impl Fp8 {
             max
         } else {
             // The exponent of a (f32 subnormals are far below every FP8 value: clamped like the rest).
-            let e = if a == 0.0 { self.min_normal_exp() } else { a.log2().floor() as i32 };
+            let e = if a == 0.0 {
+                self.min_normal_exp()
+            } else {
+                a.log2().floor() as i32
+            };
             let e = e.max(self.min_normal_exp());
             let quantum = 2f64.powi(e - m);
             ((a / quantum).round_ties_even() * quantum).min(max)
@@ -124,7 +128,11 @@ impl Fp8 {
 
     /// `x / s` rounded to this format (`s` a power of two from [`Fp8::pow2_scale`]; 0 gives 0).
     pub fn quantize(self, x: f32, s: f32) -> f32 {
-        if s == 0.0 { 0.0 } else { self.round((x as f64 / s as f64) as f32) }
+        if s == 0.0 {
+            0.0
+        } else {
+            self.round((x as f64 / s as f64) as f32)
+        }
     }
 }
 
@@ -147,7 +155,10 @@ pub const WGMMA_K: usize = 32;
 
 impl Default for TensorSum {
     fn default() -> Self {
-        TensorSum { mantissa_bits: 0, promote: 0 }
+        TensorSum {
+            mantissa_bits: 0,
+            promote: 0,
+        }
     }
 }
 
@@ -163,7 +174,11 @@ pub struct TcAcc {
 impl TensorSum {
     /// A reduction starting from `init` (the FP32 value the products are added to).
     pub fn start(&self, init: f32) -> TcAcc {
-        if self.promote == 0 { TcAcc { reg: 0.0, tc: init } } else { TcAcc { reg: init, tc: 0.0 } }
+        if self.promote == 0 {
+            TcAcc { reg: 0.0, tc: init }
+        } else {
+            TcAcc { reg: init, tc: 0.0 }
+        }
     }
 
     /// Adds `terms` (exact products), the first of which is reduction element `index0`: instruction
@@ -184,7 +199,11 @@ impl TensorSum {
 
     /// The final FP32 value.
     pub fn finish(&self, acc: TcAcc) -> f32 {
-        if self.promote == 0 { acc.tc } else { acc.reg + acc.tc }
+        if self.promote == 0 {
+            acc.tc
+        } else {
+            acc.reg + acc.tc
+        }
     }
 
     fn chunk(&self, tc: f32, terms: &[f64]) -> f32 {
@@ -250,8 +269,10 @@ mod tests {
     #[test]
     fn rounding_boundaries() {
         for f in [Fp8::E4m3, Fp8::E5m2] {
-            let mut pos: Vec<(u8, f32)> =
-                all_codes(f).into_iter().filter(|(b, v)| b & 0x80 == 0 && v.is_finite()).collect();
+            let mut pos: Vec<(u8, f32)> = all_codes(f)
+                .into_iter()
+                .filter(|(b, v)| b & 0x80 == 0 && v.is_finite())
+                .collect();
             pos.sort_by(|a, b| a.1.partial_cmp(&b.1).unwrap());
             for w in pos.windows(2) {
                 let ((b0, lo), (b1, hi)) = (w[0], w[1]);
@@ -301,12 +322,18 @@ mod tests {
         exact.add(&mut a, &terms, 0);
         assert!((exact.finish(a) as f64 - terms.iter().sum::<f64>()).abs() < 1e-4);
         // 14 bits: a large accumulator swallows small products entirely (truncated, not rounded).
-        let t14 = TensorSum { mantissa_bits: 14, promote: 0 };
+        let t14 = TensorSum {
+            mantissa_bits: 14,
+            promote: 0,
+        };
         let mut a = t14.start(2f32.powi(14));
         t14.add(&mut a, &[0.75; 32], 0);
         assert_eq!(t14.finish(a), 2f32.powi(14));
         // Promotion every 32: each chunk starts from 0, so the products survive.
-        let p = TensorSum { mantissa_bits: 14, promote: 32 };
+        let p = TensorSum {
+            mantissa_bits: 14,
+            promote: 32,
+        };
         let mut a = p.start(2f32.powi(14));
         p.add(&mut a, &[0.75; 32], 0);
         assert_eq!(p.finish(a), 2f32.powi(14) + 24.0);

@@ -32,7 +32,9 @@ pub fn add_key_channel_offset(inp: &mut Inputs, std: f32, seed: u64) {
     for head in inp.k.chunks_mut(inp.shape.n_k * d) {
         let offset = gaussian(&mut rng, d, std);
         for row in head.chunks_mut(d) {
-            row.iter_mut().zip(&offset).for_each(|(x, o)| *x = crate::tensor::bf16(*x + o));
+            row.iter_mut()
+                .zip(&offset)
+                .for_each(|(x, o)| *x = crate::tensor::bf16(*x + o));
         }
     }
 }
@@ -58,7 +60,10 @@ pub const MAX_VALUE_ESTIMATE: f64 = 1.329_228e36; // 2^120
 
 /// The largest value of `t` and its flat index.
 fn max_abs(t: &[f32]) -> (usize, f32) {
-    t.iter().enumerate().fold((0, 0.0f32), |best, (i, &x)| if x.abs() > best.1 { (i, x.abs()) } else { best })
+    t.iter().enumerate().fold(
+        (0, 0.0f32),
+        |best, (i, &x)| if x.abs() > best.1 { (i, x.abs()) } else { best },
+    )
 }
 
 /// Rejects finite inputs that the method cannot represent, naming the tensor, the index and the bound:
@@ -94,14 +99,30 @@ pub fn check_magnitudes(inp: &Inputs) -> crate::Result<()> {
             let base = (b * s.heads_kv + hk) * s.n_k * d;
             let k = &inp.k[base..base + s.n_k * d];
             let mut mean = vec![0.0f64; d];
-            k.chunks(d).for_each(|row| row.iter().zip(&mut mean).for_each(|(&x, m)| *m += x as f64 / s.n_k as f64));
+            k.chunks(d).for_each(|row| {
+                row.iter()
+                    .zip(&mut mean)
+                    .for_each(|(&x, m)| *m += x as f64 / s.n_k as f64)
+            });
             let kn = k
                 .chunks(d)
-                .map(|row| norm(row).max(row.iter().zip(&mean).map(|(&x, m)| (x as f64 - m).powi(2)).sum::<f64>().sqrt()))
+                .map(|row| {
+                    norm(row).max(
+                        row.iter()
+                            .zip(&mean)
+                            .map(|(&x, m)| (x as f64 - m).powi(2))
+                            .sum::<f64>()
+                            .sqrt(),
+                    )
+                })
                 .fold(0.0, f64::max);
             for hq in hk * s.group()..(hk + 1) * s.group() {
                 let qbase = (b * s.heads_q + hq) * s.n_q * d;
-                let (row, qn) = inp.q[qbase..qbase + s.n_q * d].chunks(d).map(norm).enumerate().fold((0, 0.0), |m, (i, n)| if n > m.1 { (i, n) } else { m });
+                let (row, qn) = inp.q[qbase..qbase + s.n_q * d]
+                    .chunks(d)
+                    .map(norm)
+                    .enumerate()
+                    .fold((0, 0.0), |m, (i, n)| if n > m.1 { (i, n) } else { m });
                 let t = qn * kn * c * std::f64::consts::LOG2_E;
                 if t > MAX_SCORE_LOG2 {
                     let (i, v) = max_abs(&inp.q[qbase + row * d..qbase + (row + 1) * d]);
@@ -130,7 +151,12 @@ pub fn check_magnitudes(inp: &Inputs) -> crate::Result<()> {
     };
     let o_acc = 512.0 * nk * v;
     if o_acc > MAX_VALUE_ESTIMATE {
-        return Err(over("v", vi, v, format!("O's accumulator 2^9·N_k·max|v| may reach {o_acc:.3e}")));
+        return Err(over(
+            "v",
+            vi,
+            v,
+            format!("O's accumulator 2^9·N_k·max|v| may reach {o_acc:.3e}"),
+        ));
     }
     if let Some(d_o) = &inp.d_o {
         let (gi, g) = max_abs(d_o);

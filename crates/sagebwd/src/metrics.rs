@@ -31,8 +31,22 @@ pub fn compare<X: Copy + Into<f64>>(x: &[X], r: &[f64]) -> Metrics {
         r1 += ri.abs();
         n += 1;
     }
-    let div = |a: f64, b: f64| if b == 0.0 { if a == 0.0 { 0.0 } else { f64::INFINITY } } else { a / b };
-    let cos = if xx == 0.0 && rr == 0.0 { 1.0 } else { xr / (xx.sqrt() * rr.sqrt()) };
+    let div = |a: f64, b: f64| {
+        if b == 0.0 {
+            if a == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            a / b
+        }
+    };
+    let cos = if xx == 0.0 && rr == 0.0 {
+        1.0
+    } else {
+        xr / (xx.sqrt() * rr.sqrt())
+    };
     Metrics {
         cos,
         rel_l2: div(e2.sqrt(), rr.sqrt()),

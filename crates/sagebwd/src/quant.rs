@@ -16,7 +16,10 @@ impl GroupScale {
         if amax == 0.0 {
             GroupScale { scale: 0.0, inv: 0.0 }
         } else {
-            GroupScale { scale: amax / 127.0, inv: 127.0 / amax }
+            GroupScale {
+                scale: amax / 127.0,
+                inv: 127.0 / amax,
+            }
         }
     }
 
@@ -136,7 +139,15 @@ mod tests {
         assert_eq!(fma_rule_pos(x, g.inv), 3);
         // Exact ties still go to even.
         let one = GroupScale::from_amax(127.0);
-        for (x, q) in [(0.5f32, 0i8), (1.5, 2), (2.5, 2), (126.5, 126), (-0.5, 0), (-1.5, -2), (-126.5, -126)] {
+        for (x, q) in [
+            (0.5f32, 0i8),
+            (1.5, 2),
+            (2.5, 2),
+            (126.5, 126),
+            (-0.5, 0),
+            (-1.5, -2),
+            (-126.5, -126),
+        ] {
             assert_eq!(one.quantize(x), q);
             assert_eq!(fma_rule(x, one.inv), q);
         }
@@ -165,7 +176,7 @@ mod tests {
             assert_eq!(fma_rule_pos(amax, g.inv), 127);
             for _ in 0..200 {
                 let u = (next() >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
-                // Half the entries near a half-integer step, where double rounding can show.
+                                                                     // Half the entries near a half-integer step, where double rounding can show.
                 let x = if next() & 1 == 0 {
                     u * amax
                 } else {

@@ -75,25 +75,28 @@ fn head(s: &Shape, causal: bool, q: &[f64], k: &[f64], v: &[f64], d_o: Option<&[
     // P and lse, row by row.
     let mut p = vec![0.0f64; nq * nk];
     let mut lse = vec![f64::INFINITY; nq];
-    p.par_chunks_mut(nk).zip(lse.par_iter_mut()).enumerate().for_each(|(r, (prow, lse_r))| {
-        let vis = visible_keys(s, causal, r);
-        if vis == 0 {
-            return;
-        }
-        let qr = &q[r * d..(r + 1) * d];
-        let mut m = f64::NEG_INFINITY;
-        for j in 0..vis {
-            prow[j] = c * dot(qr, &k[j * d..(j + 1) * d]);
-            m = m.max(prow[j]);
-        }
-        let mut l = 0.0;
-        for x in &mut prow[..vis] {
-            *x = (*x - m).exp();
-            l += *x;
-        }
-        prow[..vis].iter_mut().for_each(|x| *x /= l);
-        *lse_r = m + l.ln();
-    });
+    p.par_chunks_mut(nk)
+        .zip(lse.par_iter_mut())
+        .enumerate()
+        .for_each(|(r, (prow, lse_r))| {
+            let vis = visible_keys(s, causal, r);
+            if vis == 0 {
+                return;
+            }
+            let qr = &q[r * d..(r + 1) * d];
+            let mut m = f64::NEG_INFINITY;
+            for j in 0..vis {
+                prow[j] = c * dot(qr, &k[j * d..(j + 1) * d]);
+                m = m.max(prow[j]);
+            }
+            let mut l = 0.0;
+            for x in &mut prow[..vis] {
+                *x = (*x - m).exp();
+                l += *x;
+            }
+            prow[..vis].iter_mut().for_each(|x| *x /= l);
+            *lse_r = m + l.ln();
+        });
     let mut o = vec![0.0f64; nq * d];
     o.par_chunks_mut(d).enumerate().for_each(|(r, orow)| {
         for (j, &pj) in p[r * nk..(r + 1) * nk].iter().enumerate() {
@@ -103,9 +106,16 @@ fn head(s: &Shape, causal: bool, q: &[f64], k: &[f64], v: &[f64], d_o: Option<&[
         }
     });
     let Some(d_o) = d_o else {
-        return Head { o, lse, grads: None, inter: want.then(|| (p, vec![], vec![])) };
+        return Head {
+            o,
+            lse,
+            grads: None,
+            inter: want.then(|| (p, vec![], vec![])),
+        };
     };
-    let delta: Vec<f64> = (0..nq).map(|r| dot(&o[r * d..(r + 1) * d], &d_o[r * d..(r + 1) * d])).collect();
+    let delta: Vec<f64> = (0..nq)
+        .map(|r| dot(&o[r * d..(r + 1) * d], &d_o[r * d..(r + 1) * d]))
+        .collect();
     let mut dp = vec![0.0f64; nq * nk];
     let mut ds = vec![0.0f64; nq * nk];
     let mut dq = vec![0.0f64; nq * d];
@@ -125,8 +135,10 @@ fn head(s: &Shape, causal: bool, q: &[f64], k: &[f64], v: &[f64], d_o: Option<&[
     const CHUNK: usize = 16;
     let mut dk = vec![0.0f64; nk * d];
     let mut dv = vec![0.0f64; nk * d];
-    dk.par_chunks_mut(CHUNK * d).zip(dv.par_chunks_mut(CHUNK * d)).enumerate().for_each(
-        |(ci, (dkc, dvc))| {
+    dk.par_chunks_mut(CHUNK * d)
+        .zip(dv.par_chunks_mut(CHUNK * d))
+        .enumerate()
+        .for_each(|(ci, (dkc, dvc))| {
             let j0 = ci * CHUNK;
             for r in 0..nq {
                 let (qr, dor) = (&q[r * d..(r + 1) * d], &d_o[r * d..(r + 1) * d]);
@@ -140,9 +152,13 @@ fn head(s: &Shape, causal: bool, q: &[f64], k: &[f64], v: &[f64], d_o: Option<&[
                     }
                 }
             }
-        },
-    );
-    Head { o, lse, grads: Some((dq, dk, dv, delta)), inter: want.then_some((p, dp, ds)) }
+        });
+    Head {
+        o,
+        lse,
+        grads: Some((dq, dk, dv, delta)),
+        inter: want.then_some((p, dp, ds)),
+    }
 }
 
 /// Exact attention on `inp` (its values taken as they are, in f64).

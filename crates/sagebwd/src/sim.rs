@@ -3,8 +3,8 @@
 //! it value by value.
 
 use crate::config::{Config, DeltaFrom, Format, Fp8OperandScale, Precision, Product};
-use crate::fp8::Fp8;
 use crate::error::Result;
+use crate::fp8::Fp8;
 use crate::quant::{dequant, dequant_add, quantize_rows, GroupScale};
 use crate::reference::visible_keys;
 use crate::tensor::{bf16, Inputs, Shape};
@@ -99,7 +99,11 @@ pub fn simulate_with(inp: &Inputs, cfg: &Config, want_intermediates: bool, r16: 
     cfg.validate()?;
     let mut inp = inp.clone();
     inp.validate()?;
-    inp.q.iter_mut().chain(&mut inp.k).chain(&mut inp.v).for_each(|x| *x = r16(*x));
+    inp.q
+        .iter_mut()
+        .chain(&mut inp.k)
+        .chain(&mut inp.v)
+        .for_each(|x| *x = r16(*x));
     if let Some(d) = &mut inp.d_o {
         d.iter_mut().for_each(|x| *x = r16(*x));
     }
@@ -116,7 +120,10 @@ pub fn simulate_with(inp: &Inputs, cfg: &Config, want_intermediates: bool, r16: 
             } else {
                 let v = Fp8Copies::new(&h, &prep, bh);
                 let (fwd, o_prime) = h.forward_pds(&v);
-                let grads = inp.d_o.as_ref().map(|_| h.backward_pds(&v, &fwd, o_prime.as_deref(), want_intermediates));
+                let grads = inp
+                    .d_o
+                    .as_ref()
+                    .map(|_| h.backward_pds(&v, &fwd, o_prime.as_deref(), want_intermediates));
                 (fwd, grads)
             }
         })
@@ -208,7 +215,11 @@ pub const RESCALE_SLACK: f32 = 8.0;
 /// so the first block with a visible key always moves it; a NaN row max never does.
 #[inline]
 pub fn next_running_max(m_old: f32, row_max: f32) -> f32 {
-    if row_max > m_old + RESCALE_SLACK { row_max } else { m_old }
+    if row_max > m_old + RESCALE_SLACK {
+        row_max
+    } else {
+        m_old
+    }
 }
 
 #[inline]
@@ -345,9 +356,8 @@ impl<'a> HeadCtx<'a> {
             h.beta = (0..nqb)
                 .flat_map(|b| {
                     let qm = &h.q_mean[b * d..(b + 1) * d];
-                    k_s.chunks(d).map(move |kj| {
-                        qm.iter().zip(kj).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32
-                    })
+                    k_s.chunks(d)
+                        .map(move |kj| qm.iter().zip(kj).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32)
                 })
                 .collect();
         }
@@ -394,8 +404,11 @@ impl<'a> HeadCtx<'a> {
         let mut o = vec![0.0f32; s.n_q * d];
         let mut lse2 = vec![0.0f32; s.n_q];
         let mut lse = vec![0.0f32; s.n_q];
-        o.par_chunks_mut(d).zip(lse2.par_iter_mut()).zip(lse.par_iter_mut()).enumerate().for_each(
-            |(r, ((orow, lse2_r), lse_r))| {
+        o.par_chunks_mut(d)
+            .zip(lse2.par_iter_mut())
+            .zip(lse.par_iter_mut())
+            .enumerate()
+            .for_each(|(r, ((orow, lse2_r), lse_r))| {
                 let vis = visible_keys(&s, self.causal, r);
                 let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
                 let mut t = vec![0.0f32; bkv];
@@ -412,7 +425,11 @@ impl<'a> HeadCtx<'a> {
                     // The row max of t = fl(a·sc); then p = exp2(fma(a, sc, −m_new)), one rounding, for
                     // INT8 #1 (§4); BF16 #1: p = exp2(fl(t − m_new)).
                     let row_max = a.iter().fold(f32::NEG_INFINITY, |acc, &(x, sc)| acc.max(x * sc));
-                    let m_new = if fused { next_running_max(m, row_max) } else { m.max(row_max) };
+                    let m_new = if fused {
+                        next_running_max(m, row_max)
+                    } else {
+                        m.max(row_max)
+                    };
                     let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
                     let alpha = (m - m_use).exp2();
                     t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| {
@@ -453,8 +470,7 @@ impl<'a> HeadCtx<'a> {
                     *lse2_r += self.row_offset[r]; // back to the true (unsmoothed) scores
                 }
                 *lse_r = *lse2_r * LN_2;
-            },
-        );
+            });
         Forward { o, lse2, lse }
     }
 
@@ -462,15 +478,23 @@ impl<'a> HeadCtx<'a> {
     /// (parallel over key blocks) accumulates dK and dV from the stored quantized tiles.
     fn backward(&self, fwd: &Forward, want: bool) -> HeadGrads {
         let (s, d) = (self.s, self.d());
-        let delta: Vec<f32> = (0..s.n_q).map(|r| dot_f32(self.row(&fwd.o, r), self.row(self.d_o, r))).collect();
+        let delta: Vec<f32> = (0..s.n_q)
+            .map(|r| dot_f32(self.row(&fwd.o, r), self.row(self.d_o, r)))
+            .collect();
         let nqb = s.n_q.div_ceil(self.cfg.block_q);
-        let blocks: Vec<QBlock> = (0..nqb).into_par_iter().map(|qb| self.q_block(qb, fwd, &delta, want)).collect();
+        let blocks: Vec<QBlock> = (0..nqb)
+            .into_par_iter()
+            .map(|qb| self.q_block(qb, fwd, &delta, want))
+            .collect();
         let mut dk = vec![0.0f32; s.n_k * d];
         let mut dv = vec![0.0f32; s.n_k * d];
         let chunk = self.cfg.block_kv * d;
-        dk.par_chunks_mut(chunk).zip(dv.par_chunks_mut(chunk)).enumerate().for_each(|(kb, (dkb, dvb))| {
-            self.k_block(kb, &blocks, dkb, dvb);
-        });
+        dk.par_chunks_mut(chunk)
+            .zip(dv.par_chunks_mut(chunk))
+            .enumerate()
+            .for_each(|(kb, (dkb, dvb))| {
+                self.k_block(kb, &blocks, dkb, dvb);
+            });
         let mut dq = Vec::with_capacity(s.n_q * d);
         let mut inter = want.then(Intermediates::default);
         for b in blocks {
@@ -481,7 +505,13 @@ impl<'a> HeadCtx<'a> {
                 all.ds.extend(bi.ds);
             }
         }
-        HeadGrads { dq, dk, dv, delta, inter }
+        HeadGrads {
+            dq,
+            dk,
+            dv,
+            delta,
+            inter,
+        }
     }
 
     fn q_block(&self, qb: usize, fwd: &Forward, delta: &[f32], want: bool) -> QBlock {
@@ -490,7 +520,10 @@ impl<'a> HeadCtx<'a> {
         let r0 = qb * bq;
         let rows = bq.min(s.n_q - r0);
         let nkb = nk.div_ceil(bkv);
-        let (p_i8, ds_i8) = (cfg.is_int8(Product::Dv), cfg.is_int8(Product::Dq) || cfg.is_int8(Product::Dk));
+        let (p_i8, ds_i8) = (
+            cfg.is_int8(Product::Dv),
+            cfg.is_int8(Product::Dq) || cfg.is_int8(Product::Dk),
+        );
         let mut out = QBlock {
             rows,
             dq: vec![0.0; rows * d],
@@ -499,8 +532,16 @@ impl<'a> HeadCtx<'a> {
             ds_hat: vec![0; rows * nk],
             ds_scale: vec![0.0; nkb],
             p_bf: if p_i8 { vec![] } else { vec![0.0; rows * nk] },
-            ds_bf: if cfg.is_int8(Product::Dk) { vec![] } else { vec![0.0; rows * nk] },
-            ds_colsum: if cfg.smooth_q && cfg.is_int8(Product::Dk) { vec![0.0; nk] } else { vec![] },
+            ds_bf: if cfg.is_int8(Product::Dk) {
+                vec![]
+            } else {
+                vec![0.0; rows * nk]
+            },
+            ds_colsum: if cfg.smooth_q && cfg.is_int8(Product::Dk) {
+                vec![0.0; nk]
+            } else {
+                vec![]
+            },
             inter: want.then(|| Intermediates {
                 p: vec![0.0; rows * nk],
                 dp: vec![0.0; rows * nk],
@@ -523,7 +564,9 @@ impl<'a> HeadCtx<'a> {
         for kb in 0..nkb {
             let j0 = kb * bkv;
             let w = bkv.min(nk - j0);
-            let vis: Vec<usize> = (0..rows).map(|i| visible_keys(&s, self.causal, r0 + i).saturating_sub(j0).min(w)).collect();
+            let vis: Vec<usize> = (0..rows)
+                .map(|i| visible_keys(&s, self.causal, r0 + i).saturating_sub(j0).min(w))
+                .collect();
             if vis.iter().all(|&v| v == 0) {
                 continue; // a fully masked tile: the kernels skip it, every quantity is 0.
             }
@@ -575,8 +618,16 @@ impl<'a> HeadCtx<'a> {
                         out.ds_colsum[j0 + jj] += y;
                     }
                     if let Some(it) = out.inter.as_mut() {
-                        it.p[at] = if p_i8 { out.p_hat[at] as f32 * gp.scale } else { (self.r16)(x) };
-                        it.ds[at] = if ds_i8 { out.ds_hat[at] as f32 * gs.scale } else { (self.r16)(y) };
+                        it.p[at] = if p_i8 {
+                            out.p_hat[at] as f32 * gp.scale
+                        } else {
+                            (self.r16)(x)
+                        };
+                        it.ds[at] = if ds_i8 {
+                            out.ds_hat[at] as f32 * gs.scale
+                        } else {
+                            (self.r16)(y)
+                        };
                     }
                 }
             }
@@ -621,7 +672,9 @@ impl<'a> HeadCtx<'a> {
             // #4 dV += Pᵀ dO
             if cfg.is_int8(Product::Dv) {
                 self.tile_t_times_i8(&mut acc_i, &blk.p_hat, blk.rows, j0, |i| self.row(self.do_hat, r0 + i));
-                dv.iter_mut().zip(&acc_i).for_each(|(x, &a)| *x = dequant_add(a, blk.p_scale[kb], self.do_scale[qb], *x));
+                dv.iter_mut()
+                    .zip(&acc_i)
+                    .for_each(|(x, &a)| *x = dequant_add(a, blk.p_scale[kb], self.do_scale[qb], *x));
             } else {
                 self.tile_t_times_f32(&mut acc_f, &blk.p_bf, blk.rows, j0, |i| self.row(self.d_o, r0 + i));
                 dv.iter_mut().zip(&acc_f).for_each(|(x, a)| *x += a);
@@ -629,7 +682,9 @@ impl<'a> HeadCtx<'a> {
             // #7 dK += dSᵀ Q
             if cfg.is_int8(Product::Dk) {
                 self.tile_t_times_i8(&mut acc_i, &blk.ds_hat, blk.rows, j0, |i| self.row(self.q_hat, r0 + i));
-                dk.iter_mut().zip(&acc_i).for_each(|(x, &a)| *x = dequant_add(a, blk.ds_scale[kb], self.q_scale[qb], *x));
+                dk.iter_mut()
+                    .zip(&acc_i)
+                    .for_each(|(x, &a)| *x = dequant_add(a, blk.ds_scale[kb], self.q_scale[qb], *x));
                 if cfg.smooth_q {
                     let qm = &self.q_mean[qb * d..(qb + 1) * d];
                     for (jj, dkj) in dk.chunks_mut(d).enumerate() {
@@ -685,7 +740,10 @@ fn assemble(
 ) -> SimOutput {
     let s = inp.shape;
     let c = s.softmax_scale() as f32;
-    let mut out = SimOutput { quant: prep.quant, ..Default::default() };
+    let mut out = SimOutput {
+        quant: prep.quant,
+        ..Default::default()
+    };
     let has_grads = inp.d_o.is_some();
     let mut g = Gradients::default();
     let mut dk_sum = vec![0.0f32; if has_grads { s.kv_len() } else { 0 }];
@@ -743,7 +801,10 @@ fn fp8_copy(x: &[f32], d: usize, scale: Fp8OperandScale) -> (Vec<f32>, Vec<f32>)
         amax.fill(t);
     }
     let s: Vec<f32> = amax.iter().map(|&a| Fp8::E4m3.pow2_scale(a)).collect();
-    let q = x.chunks(d).flat_map(|row| row.iter().zip(&s).map(|(&v, &sc)| Fp8::E4m3.quantize(v, sc))).collect();
+    let q = x
+        .chunks(d)
+        .flat_map(|row| row.iter().zip(&s).map(|(&v, &sc)| Fp8::E4m3.quantize(v, sc)))
+        .collect();
     (q, s)
 }
 
@@ -790,7 +851,11 @@ struct Quant8 {
 /// (1 for P: its fixed scale is already in P′, §10.2).
 fn quantize_tiles(x: &[f32], rows: usize, nk: usize, bq: usize, bkv: usize, fmt: Format, fp8_scale: f32) -> Quant8 {
     match fmt {
-        Format::Fp8(f) => Quant8 { val: x.iter().map(|&v| f.quantize(v, fp8_scale)).collect(), hat: vec![], scale: vec![] },
+        Format::Fp8(f) => Quant8 {
+            val: x.iter().map(|&v| f.quantize(v, fp8_scale)).collect(),
+            hat: vec![],
+            scale: vec![],
+        },
         Format::Int8 { rows: gr, cols: gc } => {
             let gr = if gr == 0 { bq } else { gr };
             let gc = if gc == 0 { bkv } else { gc };
@@ -812,7 +877,11 @@ fn quantize_tiles(x: &[f32], rows: usize, nk: usize, bq: usize, bkv: usize, fmt:
                     }
                 }
             }
-            Quant8 { val: vec![], hat, scale }
+            Quant8 {
+                val: vec![],
+                hat,
+                scale,
+            }
         }
     }
 }
@@ -854,10 +923,17 @@ impl<'a> HeadCtx<'a> {
         let mut o_prime = vec![0.0f32; if want_prime { s.n_q * d } else { 0 }];
         let mut lse2 = vec![0.0f32; s.n_q];
         let mut lse = vec![0.0f32; s.n_q];
-        let op_chunks: Vec<&mut [f32]> =
-            if want_prime { o_prime.chunks_mut(d).collect() } else { (0..s.n_q).map(|_| &mut [][..]).collect() };
-        o.par_chunks_mut(d).zip(op_chunks).zip(lse2.par_iter_mut()).zip(lse.par_iter_mut()).enumerate().for_each(
-            |(r, (((orow, oprow), lse2_r), lse_r))| {
+        let op_chunks: Vec<&mut [f32]> = if want_prime {
+            o_prime.chunks_mut(d).collect()
+        } else {
+            (0..s.n_q).map(|_| &mut [][..]).collect()
+        };
+        o.par_chunks_mut(d)
+            .zip(op_chunks)
+            .zip(lse2.par_iter_mut())
+            .zip(lse.par_iter_mut())
+            .enumerate()
+            .for_each(|(r, (((orow, oprow), lse2_r), lse_r))| {
                 let vis = visible_keys(&s, self.causal, r);
                 let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
                 let mut t = vec![0.0f32; bkv];
@@ -873,11 +949,17 @@ impl<'a> HeadCtx<'a> {
                         *aj = self.score_parts(prec, r, j0 + jj);
                     }
                     let row_max = a.iter().fold(f32::NEG_INFINITY, |acc, &(x, sc)| acc.max(x * sc));
-                    let m_new = if fused { next_running_max(m, row_max) } else { m.max(row_max) };
+                    let m_new = if fused {
+                        next_running_max(m, row_max)
+                    } else {
+                        m.max(row_max)
+                    };
                     let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
                     let alpha = (m - m_use).exp2();
                     let shift = m_use - off;
-                    t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| *p = exp2_of_score(x, sc, shift, fused));
+                    t.iter_mut()
+                        .zip(a.iter())
+                        .for_each(|(p, &(x, sc))| *p = exp2_of_score(x, sc, shift, fused));
                     l = l * alpha + t.iter().sum::<f32>();
                     let kb = j0 / bkv;
                     if want_prime {
@@ -928,7 +1010,9 @@ impl<'a> HeadCtx<'a> {
                 }
                 let r_l = 1.0 / l;
                 if fp8 {
-                    orow.iter_mut().zip(&f8.v_s).for_each(|(x, &sv)| *x = (self.r16)((*x * r_l) * sv));
+                    orow.iter_mut()
+                        .zip(&f8.v_s)
+                        .for_each(|(x, &sv)| *x = (self.r16)((*x * r_l) * sv));
                 } else {
                     orow.iter_mut().for_each(|x| *x = (self.r16)(*x * r_l));
                 }
@@ -938,8 +1022,7 @@ impl<'a> HeadCtx<'a> {
                     *lse2_r += self.row_offset[r];
                 }
                 *lse_r = *lse2_r * LN_2;
-            },
-        );
+            });
         (Forward { o, lse2, lse }, want_prime.then_some(o_prime))
     }
 
@@ -949,7 +1032,9 @@ impl<'a> HeadCtx<'a> {
         let pds = cfg.pds;
         let (bq, bkv, nk) = (cfg.block_q, cfg.block_kv, s.n_k);
         let o_for_delta = o_prime.unwrap_or(&fwd.o);
-        let delta: Vec<f32> = (0..s.n_q).map(|r| dot_f32(self.row(o_for_delta, r), self.row(self.d_o, r))).collect();
+        let delta: Vec<f32> = (0..s.n_q)
+            .map(|r| dot_f32(self.row(o_for_delta, r), self.row(self.d_o, r)))
+            .collect();
         let nqb = s.n_q.div_ceil(bq);
         let nkb = nk.div_ceil(bkv);
         let p_fp8 = cfg.is_int8(Product::Dv) && pds.p_bwd.is_fp8();
@@ -962,7 +1047,12 @@ impl<'a> HeadCtx<'a> {
             .map(|qb| {
                 let r0 = qb * bq;
                 let rows = bq.min(s.n_q - r0);
-                let mut ts = TileSet { rows, p: vec![0.0; rows * nk], ds: vec![0.0; rows * nk], dp: vec![0.0; rows * nk] };
+                let mut ts = TileSet {
+                    rows,
+                    p: vec![0.0; rows * nk],
+                    ds: vec![0.0; rows * nk],
+                    dp: vec![0.0; rows * nk],
+                };
                 for i in 0..rows {
                     let r = r0 + i;
                     let lse2 = match qk {
@@ -991,7 +1081,10 @@ impl<'a> HeadCtx<'a> {
             })
             .collect();
         // §10.3: one power-of-two dS scale per (batch, head) from the amax of the whole dS′.
-        let ds_amax = tiles.iter().flat_map(|t| t.ds.iter()).fold(0.0f32, |m, &v| m.max(v.abs()));
+        let ds_amax = tiles
+            .iter()
+            .flat_map(|t| t.ds.iter())
+            .fold(0.0f32, |m, &v| m.max(v.abs()));
         let ds_scale = match pds.ds_dq {
             Format::Fp8(f) => f.pow2_scale(ds_amax),
             Format::Int8 { .. } => 1.0,
@@ -1009,7 +1102,11 @@ impl<'a> HeadCtx<'a> {
         let seg_len = |f: Format, along_rows: bool, full: usize| match f {
             Format::Int8 { rows, cols } => {
                 let n = if along_rows { rows } else { cols };
-                if n == 0 { full } else { n }
+                if n == 0 {
+                    full
+                } else {
+                    n
+                }
             }
             Format::Fp8(_) => full,
         };
@@ -1037,7 +1134,9 @@ impl<'a> HeadCtx<'a> {
                                 let sg = q8.scale[i * nk + j0 + c0];
                                 for (c, x) in dqr.iter_mut().enumerate() {
                                     let acc: i32 = (c0..c1)
-                                        .map(|jj| q8.hat[i * nk + j0 + jj] as i32 * self.k_hat[(j0 + jj) * d + c] as i32)
+                                        .map(|jj| {
+                                            q8.hat[i * nk + j0 + jj] as i32 * self.k_hat[(j0 + jj) * d + c] as i32
+                                        })
                                         .sum();
                                     *x += dequant(acc, sg, self.k_scale[kb]);
                                 }
@@ -1071,75 +1170,128 @@ impl<'a> HeadCtx<'a> {
         // #4 dV and #7 dK, per key.
         let mut dk = vec![0.0f32; nk * d];
         let mut dv = vec![0.0f32; nk * d];
-        dk.par_chunks_mut(d).zip(dv.par_chunks_mut(d)).enumerate().for_each(|(j, (dkj, dvj))| {
-            let mut terms = vec![0.0f64; s.n_q];
-            // One product over all queries; `fmt` INT8 groups are dequantized per segment of rows.
-            let product = |out: &mut [f32], q8: &[Quant8], fmt: Format, prec: Precision, hat: &[i8], scale: &[f32], val8: &[f32],
-                           bf: &dyn Fn(&TileSet, usize) -> f32, other: &[f32], terms: &mut Vec<f64>| {
-                if prec == Precision::Bf16 {
-                    for (qb, t) in tiles.iter().enumerate() {
-                        for i in 0..t.rows {
-                            let x = bf(t, i * nk + j);
-                            if x != 0.0 {
-                                axpy_f32(out, x, self.row(other, qb * bq + i));
-                            }
-                        }
-                    }
-                } else if let Format::Fp8(_) = fmt {
-                    for (c, x) in out.iter_mut().enumerate() {
-                        let mut n = 0;
+        dk.par_chunks_mut(d)
+            .zip(dv.par_chunks_mut(d))
+            .enumerate()
+            .for_each(|(j, (dkj, dvj))| {
+                let mut terms = vec![0.0f64; s.n_q];
+                // One product over all queries; `fmt` INT8 groups are dequantized per segment of rows.
+                let product = |out: &mut [f32],
+                               q8: &[Quant8],
+                               fmt: Format,
+                               prec: Precision,
+                               hat: &[i8],
+                               scale: &[f32],
+                               val8: &[f32],
+                               bf: &dyn Fn(&TileSet, usize) -> f32,
+                               other: &[f32],
+                               terms: &mut Vec<f64>| {
+                    if prec == Precision::Bf16 {
                         for (qb, t) in tiles.iter().enumerate() {
                             for i in 0..t.rows {
-                                terms[n] = q8[qb].val[i * nk + j] as f64 * val8[(qb * bq + i) * d + c] as f64;
-                                n += 1;
+                                let x = bf(t, i * nk + j);
+                                if x != 0.0 {
+                                    axpy_f32(out, x, self.row(other, qb * bq + i));
+                                }
                             }
                         }
-                        let mut acc = ts.start(0.0);
-                        ts.add(&mut acc, &terms[..n], 0);
-                        *x = ts.finish(acc);
-                    }
-                } else {
-                    let seg = seg_len(fmt, true, bq);
-                    for (qb, t) in tiles.iter().enumerate() {
-                        for i0 in (0..t.rows).step_by(seg) {
-                            let i1 = (i0 + seg).min(t.rows);
-                            let sg = q8[qb].scale[i0 * nk + j];
-                            for (c, x) in out.iter_mut().enumerate() {
-                                let acc: i32 = (i0..i1)
-                                    .map(|i| q8[qb].hat[i * nk + j] as i32 * hat[(qb * bq + i) * d + c] as i32)
-                                    .sum();
-                                *x = dequant_add(acc, sg, scale[qb], *x);
+                    } else if let Format::Fp8(_) = fmt {
+                        for (c, x) in out.iter_mut().enumerate() {
+                            let mut n = 0;
+                            for (qb, t) in tiles.iter().enumerate() {
+                                for i in 0..t.rows {
+                                    terms[n] = q8[qb].val[i * nk + j] as f64 * val8[(qb * bq + i) * d + c] as f64;
+                                    n += 1;
+                                }
+                            }
+                            let mut acc = ts.start(0.0);
+                            ts.add(&mut acc, &terms[..n], 0);
+                            *x = ts.finish(acc);
+                        }
+                    } else {
+                        let seg = seg_len(fmt, true, bq);
+                        for (qb, t) in tiles.iter().enumerate() {
+                            for i0 in (0..t.rows).step_by(seg) {
+                                let i1 = (i0 + seg).min(t.rows);
+                                let sg = q8[qb].scale[i0 * nk + j];
+                                for (c, x) in out.iter_mut().enumerate() {
+                                    let acc: i32 = (i0..i1)
+                                        .map(|i| q8[qb].hat[i * nk + j] as i32 * hat[(qb * bq + i) * d + c] as i32)
+                                        .sum();
+                                    *x = dequant_add(acc, sg, scale[qb], *x);
+                                }
                             }
                         }
                     }
+                };
+                let r16 = self.r16;
+                product(
+                    dvj,
+                    &pq,
+                    pds.p_bwd,
+                    cfg.get(Product::Dv),
+                    self.do_hat,
+                    self.do_scale,
+                    &f8.d_o,
+                    &|t, k| r16(t.p[k]),
+                    self.d_o,
+                    &mut terms,
+                );
+                if cfg.is_int8(Product::Dv) && p_fp8 {
+                    dvj.iter_mut().zip(&f8.do_s).for_each(|(x, &sd)| *x *= sd * inv_g);
                 }
-            };
-            let r16 = self.r16;
-            product(dvj, &pq, pds.p_bwd, cfg.get(Product::Dv), self.do_hat, self.do_scale, &f8.d_o, &|t, k| r16(t.p[k]), self.d_o, &mut terms);
-            if cfg.is_int8(Product::Dv) && p_fp8 {
-                dvj.iter_mut().zip(&f8.do_s).for_each(|(x, &sd)| *x *= sd * inv_g);
-            }
-            product(dkj, dsk, pds.ds_dk, cfg.get(Product::Dk), self.q_hat, self.q_scale, &f8.q, &|t, k| r16(t.ds[k]), self.q, &mut terms);
-            if cfg.is_int8(Product::Dk) && pds.ds_dk.is_fp8() {
-                dkj.iter_mut().zip(&f8.q_s).for_each(|(x, &sq)| *x *= ds_scale * sq);
-            }
-            if p_fp8 {
-                dkj.iter_mut().for_each(|x| *x *= inv_g);
-            }
-        });
+                product(
+                    dkj,
+                    dsk,
+                    pds.ds_dk,
+                    cfg.get(Product::Dk),
+                    self.q_hat,
+                    self.q_scale,
+                    &f8.q,
+                    &|t, k| r16(t.ds[k]),
+                    self.q,
+                    &mut terms,
+                );
+                if cfg.is_int8(Product::Dk) && pds.ds_dk.is_fp8() {
+                    dkj.iter_mut().zip(&f8.q_s).for_each(|(x, &sq)| *x *= ds_scale * sq);
+                }
+                if p_fp8 {
+                    dkj.iter_mut().for_each(|x| *x *= inv_g);
+                }
+            });
         let inter = want.then(|| {
             let mut it = Intermediates::default();
             for (qb, t) in tiles.iter().enumerate() {
-                let deq = |q: &Quant8, k: usize, fp8_s: f32| if q.val.is_empty() { q.hat[k] as f32 * q.scale[k] } else { q.val[k] * fp8_s };
+                let deq = |q: &Quant8, k: usize, fp8_s: f32| {
+                    if q.val.is_empty() {
+                        q.hat[k] as f32 * q.scale[k]
+                    } else {
+                        q.val[k] * fp8_s
+                    }
+                };
                 for k in 0..t.rows * nk {
-                    it.p.push(if cfg.is_int8(Product::Dv) { deq(&pq[qb], k, 1.0) * inv_g } else { (self.r16)(t.p[k]) * inv_g });
+                    it.p.push(if cfg.is_int8(Product::Dv) {
+                        deq(&pq[qb], k, 1.0) * inv_g
+                    } else {
+                        (self.r16)(t.p[k]) * inv_g
+                    });
                     it.dp.push(t.dp[k]);
                     let ds_int8 = cfg.is_int8(Product::Dq) || cfg.is_int8(Product::Dk);
-                    it.ds.push(if ds_int8 { deq(&dsq[qb], k, ds_scale) * inv_g } else { (self.r16)(t.ds[k]) * inv_g });
+                    it.ds.push(if ds_int8 {
+                        deq(&dsq[qb], k, ds_scale) * inv_g
+                    } else {
+                        (self.r16)(t.ds[k]) * inv_g
+                    });
                 }
             }
             it
         });
-        HeadGrads { dq: dq_blocks.concat(), dk, dv, delta, inter }
+        HeadGrads {
+            dq: dq_blocks.concat(),
+            dk,
+            dv,
+            delta,
+            inter,
+        }
     }
 }

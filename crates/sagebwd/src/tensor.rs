@@ -23,7 +23,14 @@ pub const MAX_HEAD_DIM_CPU: usize = 256;
 impl Shape {
     /// `batch × heads × n × d`, the same for queries and keys, no GQA.
     pub fn square(batch: usize, heads: usize, n: usize, head_dim: usize) -> Shape {
-        Shape { batch, heads_q: heads, heads_kv: heads, n_q: n, n_k: n, head_dim }
+        Shape {
+            batch,
+            heads_q: heads,
+            heads_kv: heads,
+            n_q: n,
+            n_k: n,
+            head_dim,
+        }
     }
 
     pub fn q_len(&self) -> usize {
@@ -130,7 +137,11 @@ impl Inputs {
 /// The first NaN or Inf in `t` as an error.
 pub fn check_finite(name: &str, t: &[f32]) -> Result<()> {
     match t.iter().position(|x| !x.is_finite()) {
-        Some(index) => Err(Error::NonFinite { tensor: name.to_string(), index, value: t[index] }),
+        Some(index) => Err(Error::NonFinite {
+            tensor: name.to_string(),
+            index,
+            value: t[index],
+        }),
         None => Ok(()),
     }
 }

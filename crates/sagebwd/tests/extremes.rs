@@ -8,7 +8,14 @@ use sagebwd::sim::simulate;
 use sagebwd::{Config, Error, Inputs, Shape};
 
 fn shape() -> Shape {
-    Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 80, n_k: 96, head_dim: 32 }
+    Shape {
+        batch: 1,
+        heads_q: 2,
+        heads_kv: 1,
+        n_q: 80,
+        n_k: 96,
+        head_dim: 32,
+    }
 }
 
 fn scaled(inp: &Inputs, sq: f32, sk: f32, sv: f32, sdo: f32) -> Inputs {
@@ -24,7 +31,10 @@ fn scaled(inp: &Inputs, sq: f32, sk: f32, sv: f32, sdo: f32) -> Inputs {
 }
 
 fn configs() -> Vec<Config> {
-    ["fpa", "sagebwd", "int8-all"].iter().map(|p| Config::preset(p).unwrap()).collect()
+    ["fpa", "sagebwd", "int8-all"]
+        .iter()
+        .map(|p| Config::preset(p).unwrap())
+        .collect()
 }
 
 /// Checks one problem: the named error, or finite outputs that match the reference.
@@ -33,8 +43,14 @@ fn check(inp: &Inputs, what: &str) -> bool {
     for cfg in configs() {
         match simulate(inp, &cfg, false) {
             Err(Error::OutOfRange { tensor, bound, .. }) => {
-                assert!(["q", "k", "v", "do"].contains(&tensor.as_str()) && !bound.is_empty(), "{what}");
-                assert!(exact(inp, false).is_err(), "{what}: the reference accepts what the method rejects");
+                assert!(
+                    ["q", "k", "v", "do"].contains(&tensor.as_str()) && !bound.is_empty(),
+                    "{what}"
+                );
+                assert!(
+                    exact(inp, false).is_err(),
+                    "{what}: the reference accepts what the method rejects"
+                );
             }
             Err(e) => panic!("{what} ({}): unexpected error {e}", cfg.label()),
             Ok(out) => {
@@ -42,13 +58,28 @@ fn check(inp: &Inputs, what: &str) -> bool {
                 let ex = exact(inp, false).unwrap();
                 let g = out.grads.as_ref().unwrap();
                 let eg = ex.grads.as_ref().unwrap();
-                for (name, x, r) in [("o", &out.fwd.o, &ex.o), ("lse", &out.fwd.lse, &ex.lse), ("dq", &g.dq, &eg.dq), ("dk", &g.dk, &eg.dk), ("dv", &g.dv, &eg.dv)] {
-                    assert!(x.iter().all(|v| v.is_finite()), "{what} ({}): non-finite {name}", cfg.label());
+                for (name, x, r) in [
+                    ("o", &out.fwd.o, &ex.o),
+                    ("lse", &out.fwd.lse, &ex.lse),
+                    ("dq", &g.dq, &eg.dq),
+                    ("dk", &g.dk, &eg.dk),
+                    ("dv", &g.dv, &eg.dv),
+                ] {
+                    assert!(
+                        x.iter().all(|v| v.is_finite()),
+                        "{what} ({}): non-finite {name}",
+                        cfg.label()
+                    );
                     let m = compare(x, r);
                     // A reference below f32's normal range (true values of 1e-60) underflows to 0 in any
                     // f32 computation: finite zeros are the right answer there, with no cosine.
                     let representable = r.iter().any(|v| v.abs() > 1e-30);
-                    assert!(!representable || m.cos > 0.9, "{what} ({}): {name} cos {} against the exact reference", cfg.label(), m.cos);
+                    assert!(
+                        !representable || m.cos > 0.9,
+                        "{what} ({}): {name} cos {} against the exact reference",
+                        cfg.label(),
+                        m.cos
+                    );
                 }
             }
         }
@@ -67,7 +98,10 @@ fn q_and_k_magnitudes_from_tiny_to_huge_give_sane_outputs_or_the_named_error() {
         }
     }
     // Ordinary magnitudes are accepted, huge ones rejected.
-    assert!(accepted.contains(&0) && accepted.contains(&-10) && !accepted.contains(&8), "{accepted:?}");
+    assert!(
+        accepted.contains(&0) && accepted.contains(&-10) && !accepted.contains(&8),
+        "{accepted:?}"
+    );
 }
 
 #[test]
@@ -96,6 +130,8 @@ fn single_extreme_values_are_named() {
     assert!(e.contains("input `k` at flat index 7") && e.contains("2^-120"), "{e}");
     // A whole K block at the smallest accepted magnitude quantizes with a finite scale.
     let mut small = base.clone();
-    small.k[..32 * 64].iter_mut().for_each(|x| *x = if *x >= 0.0 { MIN_MAGNITUDE } else { -MIN_MAGNITUDE });
+    small.k[..32 * 64]
+        .iter_mut()
+        .for_each(|x| *x = if *x >= 0.0 { MIN_MAGNITUDE } else { -MIN_MAGNITUDE });
     assert!(check(&small, "a K block at 2^-120"));
 }

@@ -19,7 +19,20 @@ fn variant_path_with_the_default_groups_is_sagebwd_bit_for_bit() {
     let cases = [
         (Shape::square(1, 2, 300, 64), false, 1.0, 64, 128),
         (Shape::square(1, 2, 300, 64), true, 5.0, 64, 128),
-        (Shape { batch: 1, heads_q: 4, heads_kv: 2, n_q: 150, n_k: 230, head_dim: 32 }, true, 3.0, 32, 64),
+        (
+            Shape {
+                batch: 1,
+                heads_q: 4,
+                heads_kv: 2,
+                n_q: 150,
+                n_k: 230,
+                head_dim: 32,
+            },
+            true,
+            3.0,
+            32,
+            64,
+        ),
     ];
     for (seed, (s, causal, sigma, bq, bkv)) in cases.into_iter().enumerate() {
         let inp = random(s, causal, sigma, 40 + seed as u64, true);
@@ -74,14 +87,28 @@ fn variants_are_accurate_to_their_format() {
         let base = simulate(&inp, &Config::sagebwd(), false).unwrap();
         let err = |o: &sagebwd::sim::SimOutput| {
             let g = o.grads.as_ref().unwrap();
-            [compare(&o.fwd.o, &ex.o).rel_l2, compare(&g.dq, &eg.dq).rel_l2, compare(&g.dk, &eg.dk).rel_l2, compare(&g.dv, &eg.dv).rel_l2]
+            [
+                compare(&o.fwd.o, &ex.o).rel_l2,
+                compare(&g.dq, &eg.dq).rel_l2,
+                compare(&g.dk, &eg.dk).rel_l2,
+                compare(&g.dv, &eg.dv).rel_l2,
+            ]
         };
         let e0 = err(&base);
         for v in VARIANTS {
             let e = err(&simulate(&inp, &Config::preset(v).unwrap(), false).unwrap());
-            let bound = if v.contains("e5m2") { 0.12 } else if v.starts_with("int8") { 1.05 * e0.iter().cloned().fold(0.0, f64::max) } else { 0.08 };
+            let bound = if v.contains("e5m2") {
+                0.12
+            } else if v.starts_with("int8") {
+                1.05 * e0.iter().cloned().fold(0.0, f64::max)
+            } else {
+                0.08
+            };
             for (name, x) in ["O", "dQ", "dK", "dV"].iter().zip(e) {
-                assert!(x.is_finite() && x < bound && x > 1e-4, "{v} causal={causal} {name}: {x} (bound {bound}, sagebwd {e0:?})");
+                assert!(
+                    x.is_finite() && x < bound && x > 1e-4,
+                    "{v} causal={causal} {name}: {x} (bound {bound}, sagebwd {e0:?})"
+                );
             }
         }
     }

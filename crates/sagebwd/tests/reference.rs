@@ -7,7 +7,10 @@ use sagebwd::{Inputs, Shape};
 /// `L = Σ O ∘ dO` in f64, from the exact forward.
 fn loss(inp: &Inputs) -> f64 {
     let e = exact(inp, false).unwrap();
-    e.o.iter().zip(inp.d_o.as_ref().unwrap()).map(|(o, g)| o * *g as f64).sum()
+    e.o.iter()
+        .zip(inp.d_o.as_ref().unwrap())
+        .map(|(o, g)| o * *g as f64)
+        .sum()
 }
 
 /// Central differences of L at `n` random coordinates of Q, K and V, compared with the exact
@@ -41,7 +44,10 @@ fn check_fd(shape: Shape, causal: bool, seed: u64) {
             };
             let err = (fd - an).abs() / (1e-6 + 1e-3 * an.abs().max(fd.abs()).max(1.0));
             worst = worst.max(err);
-            assert!(err < 1.0, "{name}[{idx}] {shape:?} causal={causal}: fd {fd} vs analytic {an}");
+            assert!(
+                err < 1.0,
+                "{name}[{idx}] {shape:?} causal={causal}: fd {fd} vs analytic {an}"
+            );
         }
     }
     assert!(worst.is_finite());
@@ -52,14 +58,28 @@ fn gradients_match_finite_differences() {
     check_fd(Shape::square(1, 2, 9, 8), false, 1);
     check_fd(Shape::square(1, 2, 9, 8), true, 2);
     // GQA (2 query heads per kv head) and N_q != N_k, causal end-aligned.
-    let s = Shape { batch: 2, heads_q: 4, heads_kv: 2, n_q: 5, n_k: 11, head_dim: 16 };
+    let s = Shape {
+        batch: 2,
+        heads_q: 4,
+        heads_kv: 2,
+        n_q: 5,
+        n_k: 11,
+        head_dim: 16,
+    };
     check_fd(s, true, 3);
     check_fd(Shape { n_q: 11, n_k: 5, ..s }, true, 4);
 }
 
 #[test]
 fn softmax_rows_sum_to_one_and_ds_rows_to_zero() {
-    let s = Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 13, n_k: 7, head_dim: 32 };
+    let s = Shape {
+        batch: 1,
+        heads_q: 2,
+        heads_kv: 1,
+        n_q: 13,
+        n_k: 7,
+        head_dim: 32,
+    };
     let inp = random(s, true, 2.0, 5, true);
     let e = exact(&inp, true).unwrap();
     let it = e.inter.unwrap();
@@ -85,12 +105,23 @@ fn softmax_rows_sum_to_one_and_ds_rows_to_zero() {
 
 #[test]
 fn gqa_equals_repeated_kv_heads() {
-    let s = Shape { batch: 1, heads_q: 4, heads_kv: 2, n_q: 10, n_k: 10, head_dim: 8 };
+    let s = Shape {
+        batch: 1,
+        heads_q: 4,
+        heads_kv: 2,
+        n_q: 10,
+        n_k: 10,
+        head_dim: 8,
+    };
     let inp = random(s, false, 1.0, 9, true);
     let mut rep = inp.clone();
     rep.shape.heads_kv = 4;
     let per = s.n_k * s.head_dim;
-    let expand = |t: &[f32]| (0..4).flat_map(|h| t[(h / 2) * per..(h / 2 + 1) * per].to_vec()).collect::<Vec<_>>();
+    let expand = |t: &[f32]| {
+        (0..4)
+            .flat_map(|h| t[(h / 2) * per..(h / 2 + 1) * per].to_vec())
+            .collect::<Vec<_>>()
+    };
     rep.k = expand(&inp.k);
     rep.v = expand(&inp.v);
     let (a, b) = (exact(&inp, false).unwrap(), exact(&rep, false).unwrap());
@@ -113,5 +144,8 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(e.contains("`k`") && e.contains("index 3"), "{e}");
     let mut inp = random(s, false, 1.0, 1, true);
     inp.v.pop();
-    assert!(exact(&inp, false).unwrap_err().to_string().contains("`v` has 31 elements"));
+    assert!(exact(&inp, false)
+        .unwrap_err()
+        .to_string()
+        .contains("`v` has 31 elements"));
 }

@@ -11,9 +11,39 @@ fn shapes() -> Vec<(Shape, bool)> {
         (Shape::square(1, 2, 200, 64), false),
         (Shape::square(1, 2, 200, 64), true),
         // GQA, odd lengths, N_q != N_k both ways, causal end-aligned.
-        (Shape { batch: 2, heads_q: 4, heads_kv: 2, n_q: 77, n_k: 300, head_dim: 32 }, true),
-        (Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 150, n_k: 70, head_dim: 48 }, true),
-        (Shape { batch: 1, heads_q: 3, heads_kv: 3, n_q: 129, n_k: 257, head_dim: 128 }, false),
+        (
+            Shape {
+                batch: 2,
+                heads_q: 4,
+                heads_kv: 2,
+                n_q: 77,
+                n_k: 300,
+                head_dim: 32,
+            },
+            true,
+        ),
+        (
+            Shape {
+                batch: 1,
+                heads_q: 2,
+                heads_kv: 1,
+                n_q: 150,
+                n_k: 70,
+                head_dim: 48,
+            },
+            true,
+        ),
+        (
+            Shape {
+                batch: 1,
+                heads_q: 3,
+                heads_kv: 3,
+                n_q: 129,
+                n_k: 257,
+                head_dim: 128,
+            },
+            false,
+        ),
     ]
 }
 
@@ -56,13 +86,29 @@ fn unrounded_fpa_is_exact_attention() {
 /// the same output and gradients, and an LSE lower by `c·q_r·K_m` (the `b_r` of ALGORITHM.md §3).
 #[test]
 fn k_smoothing_leaves_exact_attention_unchanged() {
-    let s = Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 100, n_k: 130, head_dim: 64 };
+    let s = Shape {
+        batch: 1,
+        heads_q: 2,
+        heads_kv: 1,
+        n_q: 100,
+        n_k: 130,
+        head_dim: 64,
+    };
     let mut inp = random(s, true, 1.0, 11, true);
-    inp.k.iter_mut().enumerate().for_each(|(i, x)| *x += if i % 64 == 3 { 8.0 } else { 0.5 });
+    inp.k
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x += if i % 64 == 3 { 8.0 } else { 0.5 });
     let mut smoothed = inp.clone();
     let d = s.head_dim;
-    let mean: Vec<f64> = (0..d).map(|c| (0..s.n_k).map(|j| inp.k[j * d + c] as f64).sum::<f64>() / s.n_k as f64).collect();
-    smoothed.k.iter_mut().enumerate().for_each(|(i, x)| *x -= mean[i % d] as f32);
+    let mean: Vec<f64> = (0..d)
+        .map(|c| (0..s.n_k).map(|j| inp.k[j * d + c] as f64).sum::<f64>() / s.n_k as f64)
+        .collect();
+    smoothed
+        .k
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x -= mean[i % d] as f32);
     let (a, b) = (exact(&inp, false).unwrap(), exact(&smoothed, false).unwrap());
     assert!(compare(&b.o, &a.o).rel_l2 < 1e-6);
     let (ga, gb) = (a.grads.unwrap(), b.grads.unwrap());
@@ -89,7 +135,11 @@ fn exactly_quantizable(s: Shape, causal: bool, seed: u64, block_q: usize, block_
         for (h, th) in t.chunks_mut(n * d).enumerate() {
             for r in 0..n {
                 for c in 0..d {
-                    let base = if r % 2 == 1 { -th[(r - 1) * d + c] } else { int(th[r * d + c], 100.0) };
+                    let base = if r % 2 == 1 {
+                        -th[(r - 1) * d + c]
+                    } else {
+                        int(th[r * d + c], 100.0)
+                    };
                     th[r * d + c] = base;
                 }
             }
@@ -108,7 +158,13 @@ fn exactly_quantizable(s: Shape, causal: bool, seed: u64, block_q: usize, block_
     };
     paired(&mut inp.k, s.n_k, block_kv, &|_, c| (c % 3) as f32);
     // Column 0 holds the ±127 entries: no offset there, so Q stays exact without Q-smoothing too.
-    paired(&mut inp.q, s.n_q, block_q, &|r, c| if c == 0 { 0.0 } else { ((r / block_q + c) % 2) as f32 });
+    paired(&mut inp.q, s.n_q, block_q, &|r, c| {
+        if c == 0 {
+            0.0
+        } else {
+            ((r / block_q + c) % 2) as f32
+        }
+    });
     paired(&mut inp.v, s.n_k, block_kv, &|_, _| 0.0);
     paired(inp.d_o.as_mut().unwrap(), s.n_q, block_q, &|_, _| 0.0);
     inp
@@ -117,8 +173,28 @@ fn exactly_quantizable(s: Shape, causal: bool, seed: u64, block_q: usize, block_
 #[test]
 fn exactly_quantizable_inputs_make_int8_products_exact() {
     let shapes = [
-        (Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 96, n_k: 160, head_dim: 32 }, true),
-        (Shape { batch: 1, heads_q: 2, heads_kv: 2, n_q: 128, n_k: 64, head_dim: 64 }, false),
+        (
+            Shape {
+                batch: 1,
+                heads_q: 2,
+                heads_kv: 1,
+                n_q: 96,
+                n_k: 160,
+                head_dim: 32,
+            },
+            true,
+        ),
+        (
+            Shape {
+                batch: 1,
+                heads_q: 2,
+                heads_kv: 2,
+                n_q: 128,
+                n_k: 64,
+                head_dim: 64,
+            },
+            false,
+        ),
     ];
     for (i, (s, causal)) in shapes.into_iter().enumerate() {
         let inp = exactly_quantizable(s, causal, 50 + i as u64, 32, 64);
@@ -134,9 +210,16 @@ fn exactly_quantizable_inputs_make_int8_products_exact() {
             }
             let got = simulate_with(&inp, &cfg, false, keep_f32).unwrap();
             let up = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
-            assert!(got.quant.k_scale.iter().all(|&x| x == 1.0 / 16.0), "{:?}", got.quant.k_scale);
+            assert!(
+                got.quant.k_scale.iter().all(|&x| x == 1.0 / 16.0),
+                "{:?}",
+                got.quant.k_scale
+            );
             assert!(got.quant.q_scale.iter().all(|&x| x == 1.0 / 16.0));
-            assert!(got.quant.row_offset.iter().any(|&b| b.abs() > 0.1), "K has a mean to remove");
+            assert!(
+                got.quant.row_offset.iter().any(|&b| b.abs() > 0.1),
+                "K has a mean to remove"
+            );
             let (g, w) = (got.grads.as_ref().unwrap(), want.grads.as_ref().unwrap());
             for (name, x, r) in [
                 ("o", &got.fwd.o, &want.fwd.o),
@@ -156,7 +239,14 @@ fn exactly_quantizable_inputs_make_int8_products_exact() {
 /// entry within half a step of the value it encodes.
 #[test]
 fn quantized_operands_follow_the_quantizer() {
-    let s = Shape { batch: 1, heads_q: 2, heads_kv: 2, n_q: 100, n_k: 200, head_dim: 64 };
+    let s = Shape {
+        batch: 1,
+        heads_q: 2,
+        heads_kv: 2,
+        n_q: 100,
+        n_k: 200,
+        head_dim: 64,
+    };
     let inp = random(s, false, 3.0, 12, true);
     let cfg = Config::sagebwd();
     let out = simulate(&inp, &cfg, false).unwrap();
@@ -197,7 +287,12 @@ fn quantized_presets_are_accurate_at_sigma_one() {
         for cfg in [Config::sagebwd(), Config::int8_all(), Config::fpa()] {
             let out = simulate(&inp, &cfg, false).unwrap();
             let g = out.grads.unwrap();
-            for (name, x, r) in [("o", &out.fwd.o, &ex.o), ("dq", &g.dq, &eg.dq), ("dk", &g.dk, &eg.dk), ("dv", &g.dv, &eg.dv)] {
+            for (name, x, r) in [
+                ("o", &out.fwd.o, &ex.o),
+                ("dq", &g.dq, &eg.dq),
+                ("dk", &g.dk, &eg.dk),
+                ("dv", &g.dv, &eg.dv),
+            ] {
                 let m = compare(x, r);
                 assert!(m.cos > 0.99, "{} {name}: {m:?}", cfg.label());
             }
@@ -218,7 +313,10 @@ fn isolation_changes_only_downstream_results() {
     assert_eq!(g.dv, gb.dv);
     assert_ne!(g.dq, gb.dq);
     assert_ne!(g.dk, gb.dk);
-    let dv_only = simulate(&inp, &Config::isolate(Product::Dv), false).unwrap().grads.unwrap();
+    let dv_only = simulate(&inp, &Config::isolate(Product::Dv), false)
+        .unwrap()
+        .grads
+        .unwrap();
     assert_ne!(dv_only.dv, gb.dv);
     assert_eq!(dv_only.dq, gb.dq);
 }
@@ -227,9 +325,19 @@ fn isolation_changes_only_downstream_results() {
 /// with every product INT8 stays accurate too.
 #[test]
 fn dq_correction_and_q_smoothing_with_int8_products() {
-    let s = Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 130, n_k: 130, head_dim: 64 };
+    let s = Shape {
+        batch: 1,
+        heads_q: 2,
+        heads_kv: 1,
+        n_q: 130,
+        n_k: 130,
+        head_dim: 64,
+    };
     let mut inp = random(s, true, 1.0, 41, true);
-    inp.k.iter_mut().enumerate().for_each(|(i, x)| *x += if i % 64 < 4 { 3.0 } else { 0.0 });
+    inp.k
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x += if i % 64 < 4 { 3.0 } else { 0.0 });
     let ex = exact(&inp, false).unwrap();
     let eg = ex.grads.unwrap();
     let base = simulate(&inp, &Config::int8_all(), false).unwrap().grads.unwrap();
@@ -243,7 +351,11 @@ fn dq_correction_and_q_smoothing_with_int8_products() {
     let bf = simulate(&inp, &cfg, false).unwrap().grads.unwrap();
     let mut off = cfg.clone();
     off.dq_smooth_k_correction = false;
-    assert_eq!(bf.dq, simulate(&inp, &off, false).unwrap().grads.unwrap().dq, "no effect on BF16 dQ");
+    assert_eq!(
+        bf.dq,
+        simulate(&inp, &off, false).unwrap().grads.unwrap().dq,
+        "no effect on BF16 dQ"
+    );
     let mut sq = Config::int8_all();
     sq.smooth_q = true;
     let out = simulate(&inp, &sq, false).unwrap();
@@ -267,7 +379,14 @@ fn bad_configuration_is_an_error() {
 /// exact reference, where their scores are 0 too), and everything stays finite and accurate.
 #[test]
 fn zero_query_block_gives_uniform_attention() {
-    let s = Shape { batch: 1, heads_q: 2, heads_kv: 1, n_q: 200, n_k: 200, head_dim: 64 };
+    let s = Shape {
+        batch: 1,
+        heads_q: 2,
+        heads_kv: 1,
+        n_q: 200,
+        n_k: 200,
+        head_dim: 64,
+    };
     for causal in [true, false] {
         let mut inp = random(s, causal, 2.0, 41, true);
         let d = s.head_dim;
@@ -279,8 +398,17 @@ fn zero_query_block_gives_uniform_attention() {
             let out = simulate(&inp, &cfg, false).unwrap();
             assert_eq!(out.quant.q_scale[1], 0.0, "{}: the zero block's scale", cfg.label());
             let g = out.grads.unwrap();
-            for (name, x, r) in [("o", &out.fwd.o, &ex.o), ("dq", &g.dq, &eg.dq), ("dk", &g.dk, &eg.dk), ("dv", &g.dv, &eg.dv)] {
-                assert!(x.iter().all(|v| v.is_finite()), "{} {name} causal={causal}: not finite", cfg.label());
+            for (name, x, r) in [
+                ("o", &out.fwd.o, &ex.o),
+                ("dq", &g.dq, &eg.dq),
+                ("dk", &g.dk, &eg.dk),
+                ("dv", &g.dv, &eg.dv),
+            ] {
+                assert!(
+                    x.iter().all(|v| v.is_finite()),
+                    "{} {name} causal={causal}: not finite",
+                    cfg.label()
+                );
                 let m = compare(x, r);
                 assert!(m.cos > 0.99, "{} {name} causal={causal}: {m:?}", cfg.label());
             }
@@ -290,7 +418,11 @@ fn zero_query_block_gives_uniform_attention() {
                 for c in [0, d - 1] {
                     let mean = (0..vis).map(|j| inp.v[j * d + c] as f64).sum::<f64>() / vis as f64;
                     let o = out.fwd.o[r * d + c] as f64;
-                    assert!((o - mean).abs() < 2e-2 * (1.0 + mean.abs()), "{} row {r} col {c}: {o} vs {mean}", cfg.label());
+                    assert!(
+                        (o - mean).abs() < 2e-2 * (1.0 + mean.abs()),
+                        "{} row {r} col {c}: {o} vs {mean}",
+                        cfg.label()
+                    );
                 }
             }
         }
@@ -302,8 +434,15 @@ fn zero_query_block_gives_uniform_attention() {
 fn running_max_moves_only_past_the_slack() {
     use sagebwd::sim::{next_running_max, RESCALE_SLACK};
     assert_eq!(RESCALE_SLACK, 8.0);
-    assert_eq!(next_running_max(f32::NEG_INFINITY, -3.0), -3.0, "the first visible block moves it");
-    assert_eq!(next_running_max(f32::NEG_INFINITY, f32::NEG_INFINITY), f32::NEG_INFINITY);
+    assert_eq!(
+        next_running_max(f32::NEG_INFINITY, -3.0),
+        -3.0,
+        "the first visible block moves it"
+    );
+    assert_eq!(
+        next_running_max(f32::NEG_INFINITY, f32::NEG_INFINITY),
+        f32::NEG_INFINITY
+    );
     assert_eq!(next_running_max(1.0, 9.0), 1.0, "a rise of exactly 8 keeps it");
     assert_eq!(next_running_max(1.0, 9.5), 9.5);
     assert_eq!(next_running_max(1.0, -20.0), 1.0);
@@ -328,7 +467,14 @@ fn running_max_moves_only_past_the_slack() {
 fn rising_scores_through_the_lazy_running_max() {
     use sagebwd::sim::next_running_max;
     let (n_q, n_k, d, bkv) = (70, 256, 64, 32);
-    let s = Shape { batch: 1, heads_q: 1, heads_kv: 1, n_q, n_k, head_dim: d };
+    let s = Shape {
+        batch: 1,
+        heads_q: 1,
+        heads_kv: 1,
+        n_q,
+        n_k,
+        head_dim: d,
+    };
     let mut inp = random(s, false, 1.0, 5, true);
     let q0 = 127.0 / 64.0;
     for r in 0..n_q {
@@ -336,7 +482,13 @@ fn rising_scores_through_the_lazy_running_max() {
         inp.q[r * d] = q0;
         inp.q[r * d + 1] = ((r % 5) as f32 - 2.0) / 64.0;
     }
-    let s_b = |b: usize| if b < 6 { (4 + 3 * b) as f32 / 32.0 } else { (54 + b) as f32 / 32.0 };
+    let s_b = |b: usize| {
+        if b < 6 {
+            (4 + 3 * b) as f32 / 32.0
+        } else {
+            (54 + b) as f32 / 32.0
+        }
+    };
     for j in 0..n_k {
         let (b, jl) = (j / bkv, j % bkv);
         let n0 = if jl == bkv - 1 { 127.0 } else { (4 * jl) as f32 };
@@ -351,7 +503,11 @@ fn rising_scores_through_the_lazy_running_max() {
         let row_max = q0 * 127.0 * s_b(b) * c_log2e;
         let m_new = next_running_max(m, row_max);
         if b > 0 {
-            if m_new == m { kept += 1 } else { moved += 1 }
+            if m_new == m {
+                kept += 1
+            } else {
+                moved += 1
+            }
         }
         m = m_new;
     }
@@ -363,11 +519,20 @@ fn rising_scores_through_the_lazy_running_max() {
     let mut cfg = fpa.clone();
     cfg.set(Product::QkFwd, sagebwd::Precision::Int8);
     let got = simulate_with(&inp, &cfg, false, keep_f32).unwrap();
-    assert!(got.quant.k_scale.iter().enumerate().all(|(b, &x)| x == s_b(b)), "{:?}", got.quant.k_scale);
+    assert!(
+        got.quant.k_scale.iter().enumerate().all(|(b, &x)| x == s_b(b)),
+        "{:?}",
+        got.quant.k_scale
+    );
     let up = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
     let (g, w) = (got.grads.as_ref().unwrap(), want.grads.as_ref().unwrap());
-    for (name, x, r, tol) in [("o", &got.fwd.o, &want.fwd.o, 1e-5), ("lse", &got.fwd.lse, &want.fwd.lse, 1e-5),
-                              ("dq", &g.dq, &w.dq, 1e-4), ("dk", &g.dk, &w.dk, 1e-4), ("dv", &g.dv, &w.dv, 1e-4)] {
+    for (name, x, r, tol) in [
+        ("o", &got.fwd.o, &want.fwd.o, 1e-5),
+        ("lse", &got.fwd.lse, &want.fwd.lse, 1e-5),
+        ("dq", &g.dq, &w.dq, 1e-4),
+        ("dk", &g.dk, &w.dk, 1e-4),
+        ("dv", &g.dv, &w.dv, 1e-4),
+    ] {
         let m = compare(x, &up(r));
         assert!(m.rel_l2 < tol, "{name}: {m:?}");
     }

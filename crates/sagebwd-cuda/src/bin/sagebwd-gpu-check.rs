@@ -50,15 +50,35 @@ struct Case {
 impl Case {
     fn label(&self) -> String {
         let s = &self.shape;
-        let n = if s.n_q == s.n_k { format!("N={}", s.n_q) } else { format!("Nq={},Nk={}", s.n_q, s.n_k) };
-        format!("B{} H{}/{} {} d{} {} s{}{}{}", s.batch, s.heads_q, s.heads_kv, n, s.head_dim,
-                if self.causal { "causal" } else { "full" }, self.sigma, if self.with_do { "" } else { " fwd-only" },
-                if self.zero_q { " zero-Q-block" } else { "" })
+        let n = if s.n_q == s.n_k {
+            format!("N={}", s.n_q)
+        } else {
+            format!("Nq={},Nk={}", s.n_q, s.n_k)
+        };
+        format!(
+            "B{} H{}/{} {} d{} {} s{}{}{}",
+            s.batch,
+            s.heads_q,
+            s.heads_kv,
+            n,
+            s.head_dim,
+            if self.causal { "causal" } else { "full" },
+            self.sigma,
+            if self.with_do { "" } else { " fwd-only" },
+            if self.zero_q { " zero-Q-block" } else { "" }
+        )
     }
 }
 
 fn shape(batch: usize, hq: usize, hkv: usize, nq: usize, nk: usize, d: usize) -> Shape {
-    Shape { batch, heads_q: hq, heads_kv: hkv, n_q: nq, n_k: nk, head_dim: d }
+    Shape {
+        batch,
+        heads_q: hq,
+        heads_kv: hkv,
+        n_q: nq,
+        n_k: nk,
+        head_dim: d,
+    }
 }
 
 fn all_configs() -> Vec<Config> {
@@ -129,7 +149,11 @@ fn rel(g: &[f32], s: &[f32]) -> f64 {
     }
     let r: Vec<f64> = s.iter().map(|&x| x as f64).collect();
     let m = compare(g, &r).rel_l2;
-    if m.is_nan() { f64::INFINITY } else { m }
+    if m.is_nan() {
+        f64::INFINITY
+    } else {
+        m
+    }
 }
 
 struct SimRow {
@@ -157,7 +181,9 @@ fn check_against_sim(gpu: &Gpu, case: &Case, cfg: &Config, seed: u64, mma_ok: bo
         let (d, n) = (case.shape.head_dim, case.shape.n_q);
         let heads = case.shape.batch * case.shape.heads_q;
         inp.q[64 * d..128 * d].iter_mut().for_each(|x| *x = 0.0);
-        inp.q[(heads * n - 64) * d..heads * n * d].iter_mut().for_each(|x| *x = 0.0);
+        inp.q[(heads * n - 64) * d..heads * n * d]
+            .iter_mut()
+            .for_each(|x| *x = 0.0);
     }
     let t1 = Instant::now();
     let sim = simulate(&inp, cfg, false);
@@ -173,10 +199,22 @@ fn check_against_sim(gpu: &Gpu, case: &Case, cfg: &Config, seed: u64, mma_ok: bo
                 let (l, p) = sim_metrics(g, s);
                 (format!("{l} | gpu {t_gpu:.2}s sim {t_sim:.2}s"), p)
             }
-            (g, s) => (format!("ERROR gpu: {:?} / sim: {:?}", g.as_ref().err().map(|e| e.to_string()),
-                               s.as_ref().err().map(|e| e.to_string())), false),
+            (g, s) => (
+                format!(
+                    "ERROR gpu: {:?} / sim: {:?}",
+                    g.as_ref().err().map(|e| e.to_string()),
+                    s.as_ref().err().map(|e| e.to_string())
+                ),
+                false,
+            ),
         };
-        rows.push(SimRow { case: case.label(), cfg: cfg.label(), path, line, pass });
+        rows.push(SimRow {
+            case: case.label(),
+            cfg: cfg.label(),
+            path,
+            line,
+            pass,
+        });
     }
     rows
 }
@@ -206,32 +244,56 @@ fn sim_metrics(g: &SimOutput, s: &SimOutput) -> (String, bool) {
     let o = rel(&g.fwd.o, &s.fwd.o);
     let lse2 = rel(&g.fwd.lse2, &s.fwd.lse2);
     let lse = rel(&g.fwd.lse, &s.fwd.lse);
-    let mut nan = [&g.fwd.o, &g.fwd.lse2, &g.fwd.lse].iter().any(|t| t.iter().any(|x| x.is_nan()));
+    let mut nan = [&g.fwd.o, &g.fwd.lse2, &g.fwd.lse]
+        .iter()
+        .any(|t| t.iter().any(|x| x.is_nan()));
     // Forward-only problems (no dO) have no gradients on either side.
     let (dq, dk, dv, delta) = match (&g.grads, &s.grads) {
         (Some(gg), Some(sg)) => {
-            nan |= [&gg.dq, &gg.dk, &gg.dv, &gg.delta].iter().any(|t| t.iter().any(|x| x.is_nan()));
-            (rel(&gg.dq, &sg.dq), rel(&gg.dk, &sg.dk), rel(&gg.dv, &sg.dv), rel(&gg.delta, &sg.delta))
+            nan |= [&gg.dq, &gg.dk, &gg.dv, &gg.delta]
+                .iter()
+                .any(|t| t.iter().any(|x| x.is_nan()));
+            (
+                rel(&gg.dq, &sg.dq),
+                rel(&gg.dk, &sg.dk),
+                rel(&gg.dv, &sg.dv),
+                rel(&gg.delta, &sg.delta),
+            )
         }
         (None, None) => (0.0, 0.0, 0.0, 0.0),
         _ => (f64::INFINITY, f64::INFINITY, f64::INFINITY, f64::INFINITY),
     };
     let total: usize = gq.q_hat.len() + gq.k_hat.len() + gq.v_hat.len() + gq.do_hat.len();
-    let pass = hat_step <= 1 && sc_rel <= 2.5e-7 && !poison && !nan
+    let pass = hat_step <= 1
+        && sc_rel <= 2.5e-7
+        && !poison
+        && !nan
         && [o, dq, dk, dv].iter().all(|&x| x <= TOL_OUT)
-        && lse2 <= TOL_LSE && lse <= TOL_LSE && delta <= TOL_DELTA;
+        && lse2 <= TOL_LSE
+        && lse <= TOL_LSE
+        && delta <= TOL_DELTA;
     let mut line = String::new();
     if total == 0 {
         line.push_str("quantization not run (no kernel path reads it) | ");
     }
-    let _ = write!(line, "hat mism {hat_mis}/{total} step {hat_step} | scale mism {sc_mis} rel {sc_rel:.1e} | \
+    let _ = write!(
+        line,
+        "hat mism {hat_mis}/{total} step {hat_step} | scale mism {sc_mis} rel {sc_rel:.1e} | \
         relL2 O {o:.1e} lse2 {lse2:.1e} lse {lse:.1e} dQ {dq:.1e} dK {dk:.1e} dV {dv:.1e} D {delta:.1e}{}{}",
-        if poison { " POISON" } else { "" }, if nan { " NaN" } else { "" });
+        if poison { " POISON" } else { "" },
+        if nan { " NaN" } else { "" }
+    );
     (line, pass)
 }
 
 fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
-    let case = |shape, causal, sigma| Case { shape, causal, sigma, with_do: true, zero_q: false };
+    let case = |shape, causal, sigma| Case {
+        shape,
+        causal,
+        sigma,
+        with_do: true,
+        zero_q: false,
+    };
     let mut v = vec![
         (case(shape(2, 4, 2, 1000, 1000, 64), true, 1.0), all_configs()),
         (case(shape(1, 2, 2, 700, 1500, 128), true, 5.0), all_configs()),
@@ -241,10 +303,37 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
         // Edge cases: one token; fewer keys than a block with more queries than keys; forward only.
         (case(shape(1, 1, 1, 1, 1, 64), true, 1.0), presets()),
         (case(shape(2, 3, 1, 130, 3, 128), true, 8.0), presets()),
-        (Case { shape: shape(2, 4, 2, 333, 517, 128), causal: false, sigma: 3.0, with_do: false, zero_q: false }, presets()),
+        (
+            Case {
+                shape: shape(2, 4, 2, 333, 517, 128),
+                causal: false,
+                sigma: 3.0,
+                with_do: false,
+                zero_q: false,
+            },
+            presets(),
+        ),
         // All-zero Q̂ blocks (INT8 score scale 0) on causal diagonal and sequence-end tiles.
-        (Case { shape: shape(1, 2, 1, 300, 300, 64), causal: true, sigma: 2.0, with_do: true, zero_q: true }, presets()),
-        (Case { shape: shape(1, 2, 2, 200, 333, 128), causal: true, sigma: 2.0, with_do: true, zero_q: true }, presets()),
+        (
+            Case {
+                shape: shape(1, 2, 1, 300, 300, 64),
+                causal: true,
+                sigma: 2.0,
+                with_do: true,
+                zero_q: true,
+            },
+            presets(),
+        ),
+        (
+            Case {
+                shape: shape(1, 2, 2, 200, 333, 128),
+                causal: true,
+                sigma: 2.0,
+                with_do: true,
+                zero_q: true,
+            },
+            presets(),
+        ),
         // No GQA, N_q a multiple of B_q (the training shapes): the one-group backward's fused preprocess
         // (dO quantization + D + dQ zeroing in one pass, `sage_bwd_pre_do`) and its 16 × 16 transposes,
         // which the shapes above (GQA, or N_q not a multiple of 64) never reach.
@@ -275,7 +364,10 @@ fn sim_cases(quick: bool) -> Vec<(Case, Vec<Config>)> {
 fn sigma_sweep(gpu: &Gpu, n: usize, mma_ok: bool, out: &mut String) -> bool {
     let mut ok = true;
     let _ = writeln!(out, "\n## sigma sweep vs exact f64 reference (B1 H2 N={n} d128 full)\n");
-    let _ = writeln!(out, "| sigma | config | kernels | O cos / relL2 | dQ cos / relL2 | dK cos / relL2 | dV cos / relL2 |");
+    let _ = writeln!(
+        out,
+        "| sigma | config | kernels | O cos / relL2 | dQ cos / relL2 | dK cos / relL2 | dV cos / relL2 |"
+    );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for (i, sigma) in [1.0f32, 3.0, 5.0, 8.0, 10.0].into_iter().enumerate() {
         let inp = random(shape(1, 2, 2, n, n, 128), false, sigma, 1000 + i as u64, true);
@@ -300,8 +392,14 @@ fn sigma_sweep(gpu: &Gpu, n: usize, mma_ok: bool, out: &mut String) -> bool {
                         let c = compare(x, r);
                         format!("{:.5} / {:.2e}", c.cos, c.rel_l2)
                     };
-                    let line = format!("| {sigma} | {} | {path} | {} | {} | {} | {} |", cfg.label(), m(&g.fwd.o, &ex.o),
-                        m(&gg.dq, &eg.dq), m(&gg.dk, &eg.dk), m(&gg.dv, &eg.dv));
+                    let line = format!(
+                        "| {sigma} | {} | {path} | {} | {} | {} | {} |",
+                        cfg.label(),
+                        m(&g.fwd.o, &ex.o),
+                        m(&gg.dq, &eg.dq),
+                        m(&gg.dk, &eg.dk),
+                        m(&gg.dv, &eg.dv)
+                    );
                     println!("{line}");
                     let _ = writeln!(out, "{line}");
                     // FPA must be close to exact (BF16 operands): a gross error here is a bug.
@@ -332,25 +430,35 @@ fn error_paths(gpu: &Gpu, out: &mut String) -> bool {
         let _ = writeln!(out, "- {what}: {} — {msg}", if good { "ok" } else { "FAIL" });
     };
     let inp = random(shape(1, 1, 1, 64, 64, 96), false, 1.0, 1, true);
-    check("head dim 96", gpu.run(&inp, &Config::sagebwd()), |e| matches!(e, Error::HeadDim { .. }));
+    check("head dim 96", gpu.run(&inp, &Config::sagebwd()), |e| {
+        matches!(e, Error::HeadDim { .. })
+    });
     let inp = random(shape(1, 1, 1, 64, 64, 64), false, 1.0, 1, true);
     let mut cfg = Config::sagebwd();
     cfg.block_q = 32;
     check("block_q 32", gpu.run(&inp, &cfg), |e| matches!(e, Error::Config(_)));
     let mut bad = inp.clone();
     bad.k[5] = f32::NAN;
-    check("NaN in K", gpu.run(&bad, &Config::sagebwd()), |e| matches!(e, Error::NonFinite { .. }));
+    check("NaN in K", gpu.run(&bad, &Config::sagebwd()), |e| {
+        matches!(e, Error::NonFinite { .. })
+    });
     let mut short = inp.clone();
     short.v.pop();
-    check("V too short", gpu.run(&short, &Config::sagebwd()), |e| matches!(e, Error::Shape(_)));
+    check("V too short", gpu.run(&short, &Config::sagebwd()), |e| {
+        matches!(e, Error::Shape(_))
+    });
     // 8 × 64 heads × 131072 tokens × d 128: ~320 GiB of buffers, beyond the H200's 141 GB; the
     // check refuses before allocating (only the shape is needed).
     let big = shape(8, 64, 64, 131_072, 131_072, 128);
     let r = gpu.check_fits(&big, true);
     let good = matches!(&r, Err(Error::Backend(m)) if m.contains("device memory"));
     ok &= good;
-    let _ = writeln!(out, "- too large for device memory: {} — {}", if good { "ok" } else { "FAIL" },
-        r.err().map(|e| e.to_string()).unwrap_or_else(|| "no error".into()));
+    let _ = writeln!(
+        out,
+        "- too large for device memory: {} — {}",
+        if good { "ok" } else { "FAIL" },
+        r.err().map(|e| e.to_string()).unwrap_or_else(|| "no error".into())
+    );
     ok
 }
 
@@ -388,18 +496,45 @@ fn extreme_inputs(gpu: &Gpu, out: &mut String) -> bool {
         for (what, inp) in &cases {
             for cfg in [Config::fpa(), Config::sagebwd(), Config::int8_all()] {
                 let (good, msg) = match (gpu.run(inp, &cfg), simulate(inp, &cfg, false)) {
-                    (Err(Error::OutOfRange { tensor, .. }), Err(Error::OutOfRange { .. })) => (true, format!("rejected (`{tensor}`)")),
+                    (Err(Error::OutOfRange { tensor, .. }), Err(Error::OutOfRange { .. })) => {
+                        (true, format!("rejected (`{tensor}`)"))
+                    }
                     (Ok(g), Ok(s)) => {
                         let (gg, sg) = (g.grads.as_ref().unwrap(), s.grads.as_ref().unwrap());
-                        let pairs = [("o", &g.fwd.o, &s.fwd.o), ("lse", &g.fwd.lse, &s.fwd.lse), ("dq", &gg.dq, &sg.dq), ("dk", &gg.dk, &sg.dk), ("dv", &gg.dv, &sg.dv)];
+                        let pairs = [
+                            ("o", &g.fwd.o, &s.fwd.o),
+                            ("lse", &g.fwd.lse, &s.fwd.lse),
+                            ("dq", &gg.dq, &sg.dq),
+                            ("dk", &gg.dk, &sg.dk),
+                            ("dv", &gg.dv, &sg.dv),
+                        ];
                         let finite = pairs.iter().all(|(_, x, _)| x.iter().all(|v| v.is_finite()));
-                        let worst = pairs.iter().filter(|(_, _, r)| r.iter().any(|v| v.abs() > 1e-30)).map(|(_, x, r)| rel(x, r)).fold(0.0, f64::max);
-                        (finite && worst <= 1.0 / 64.0, format!("finite {finite}, worst rel L2 against the simulator {worst:.2e}"))
+                        let worst = pairs
+                            .iter()
+                            .filter(|(_, _, r)| r.iter().any(|v| v.abs() > 1e-30))
+                            .map(|(_, x, r)| rel(x, r))
+                            .fold(0.0, f64::max);
+                        (
+                            finite && worst <= 1.0 / 64.0,
+                            format!("finite {finite}, worst rel L2 against the simulator {worst:.2e}"),
+                        )
                     }
-                    (g, s) => (false, format!("GPU {:?} but simulator {:?}", g.err().map(|e| e.to_string()), s.err().map(|e| e.to_string()))),
+                    (g, s) => (
+                        false,
+                        format!(
+                            "GPU {:?} but simulator {:?}",
+                            g.err().map(|e| e.to_string()),
+                            s.err().map(|e| e.to_string())
+                        ),
+                    ),
                 };
                 ok &= good;
-                let _ = writeln!(out, "- {path} {} {what}: {} — {msg}", cfg.label(), if good { "ok" } else { "FAIL" });
+                let _ = writeln!(
+                    out,
+                    "- {path} {} {what}: {} — {msg}",
+                    cfg.label(),
+                    if good { "ok" } else { "FAIL" }
+                );
             }
         }
     }
@@ -412,9 +547,15 @@ fn extreme_inputs(gpu: &Gpu, out: &mut String) -> bool {
 /// scalar correctness-first kernels, not a tuned number.
 fn bench(gpu: &Gpu, mma_ok: bool, out: &mut String) {
     let _ = writeln!(out, "\n## timing (median of 5, device-resident inputs)\n");
-    let _ = writeln!(out, "| shape | config | kernels | fwd ms | fwd+bwd ms | fwd TOPS | fwd+bwd TOPS |");
+    let _ = writeln!(
+        out,
+        "| shape | config | kernels | fwd ms | fwd+bwd ms | fwd TOPS | fwd+bwd TOPS |"
+    );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|");
-    for (s, causal) in [(shape(1, 16, 16, 4096, 4096, 128), false), (shape(1, 16, 16, 4096, 4096, 64), true)] {
+    for (s, causal) in [
+        (shape(1, 16, 16, 4096, 4096, 128), false),
+        (shape(1, 16, 16, 4096, 4096, 64), true),
+    ] {
         let inp = random(s, causal, 1.0, 5, true);
         let Ok(x) = gpu.upload(&inp) else { continue };
         for (cfg, (path, tc)) in [Config::fpa(), Config::sagebwd()]
@@ -422,7 +563,12 @@ fn bench(gpu: &Gpu, mma_ok: bool, out: &mut String) {
             .flat_map(|c| paths(mma_ok).into_iter().map(move |p| (c.clone(), p)))
         {
             gpu.set_tensor_cores(tc);
-            let sync = || gpu.dev.stream.synchronize().map_err(|e| Error::Backend(format!("{e:?}")));
+            let sync = || {
+                gpu.dev
+                    .stream
+                    .synchronize()
+                    .map_err(|e| Error::Backend(format!("{e:?}")))
+            };
             let time = |with_bwd: bool| -> Result<f64, Error> {
                 let mut t = Vec::new();
                 for rep in 0..6 {
@@ -439,14 +585,29 @@ fn bench(gpu: &Gpu, mma_ok: bool, out: &mut String) {
                 t.sort_by(f64::total_cmp);
                 Ok(t[t.len() / 2])
             };
-            let flops = 4.0 * (s.batch * s.heads_q * s.n_q * s.n_k * s.head_dim) as f64 * if causal { 0.5 } else { 1.0 };
+            let flops =
+                4.0 * (s.batch * s.heads_q * s.n_q * s.n_k * s.head_dim) as f64 * if causal { 0.5 } else { 1.0 };
             match (time(false), time(true)) {
                 (Ok(f), Ok(fb)) => {
-                    let _ = writeln!(out, "| B1 H16 N4096 d{} {} | {} | {path} | {f:.1} | {fb:.1} | {:.1} | {:.1} |", s.head_dim,
-                        if causal { "causal" } else { "full" }, cfg.label(), flops / f / 1e9, 3.5 * flops / fb / 1e9);
+                    let _ = writeln!(
+                        out,
+                        "| B1 H16 N4096 d{} {} | {} | {path} | {f:.1} | {fb:.1} | {:.1} | {:.1} |",
+                        s.head_dim,
+                        if causal { "causal" } else { "full" },
+                        cfg.label(),
+                        flops / f / 1e9,
+                        3.5 * flops / fb / 1e9
+                    );
                 }
                 (a, b) => {
-                    let _ = writeln!(out, "| d{} | {} | {path} | error {:?} {:?} |", s.head_dim, cfg.label(), a.err(), b.err());
+                    let _ = writeln!(
+                        out,
+                        "| d{} | {} | {path} | error {:?} {:?} |",
+                        s.head_dim,
+                        cfg.label(),
+                        a.err(),
+                        b.err()
+                    );
                 }
             }
         }
@@ -456,8 +617,16 @@ fn bench(gpu: &Gpu, mma_ok: bool, out: &mut String) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let out_dir = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
-    if let Some(arch) = args.iter().position(|a| a == "--precompile").and_then(|i| args.get(i + 1)) {
+    let out_dir = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    if let Some(arch) = args
+        .iter()
+        .position(|a| a == "--precompile")
+        .and_then(|i| args.get(i + 1))
+    {
         // Fill the on-disk cache for `arch` without a GPU (NVRTC only), to carry to the device.
         for d in sagebwd_cuda::runtime::HEAD_DIMS {
             if let Err(e) = sagebwd_cuda::runtime::compile_all(arch, d) {
@@ -485,15 +654,31 @@ fn main() {
 
     let selftest = gpu.mma_selftest();
     let mma_ok = selftest.is_ok();
-    println!("mma.sync fragment self-test: {}", match &selftest { Ok(()) => "ok".to_string(), Err(e) => e.to_string() });
+    println!(
+        "mma.sync fragment self-test: {}",
+        match &selftest {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.to_string(),
+        }
+    );
     let ex2 = gpu.ex2_selftest();
     let ex2_ok = ex2.is_ok();
-    println!("ex2.approx.ftz self-test (monotone on [-inf, 16], <= 1 on [-inf, 0]): {}",
-        match &ex2 { Ok(()) => "ok".to_string(), Err(e) => e.to_string() });
+    println!(
+        "ex2.approx.ftz self-test (monotone on [-inf, 16], <= 1 on [-inf, 0]): {}",
+        match &ex2 {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.to_string(),
+        }
+    );
     let bf16 = gpu.bf16_pack_selftest();
     let bf16_ok = bf16.is_ok();
-    println!("bf16 pack self-test (cvt.rn.bf16x2.f32 + NaN rule = f32_to_bf16): {}",
-        match &bf16 { Ok(t) => format!("ok: {t}"), Err(e) => e.to_string() });
+    println!(
+        "bf16 pack self-test (cvt.rn.bf16x2.f32 + NaN rule = f32_to_bf16): {}",
+        match &bf16 {
+            Ok(t) => format!("ok: {t}"),
+            Err(e) => e.to_string(),
+        }
+    );
 
     let mut rows = Vec::new();
     let mut seed = 1;
@@ -501,7 +686,14 @@ fn main() {
         for cfg in cfgs {
             seed += 1;
             for row in check_against_sim(&gpu, &case, &cfg, seed, mma_ok) {
-                println!("{} {} | {} | {} | {}", if row.pass { "PASS" } else { "FAIL" }, row.case, row.cfg, row.path, row.line);
+                println!(
+                    "{} {} | {} | {} | {}",
+                    if row.pass { "PASS" } else { "FAIL" },
+                    row.case,
+                    row.cfg,
+                    row.path,
+                    row.line
+                );
                 rows.push(row);
             }
         }
@@ -515,8 +707,17 @@ fn main() {
             (Ok(a), Ok(b)) => {
                 let (ga, gb) = (a.grads.unwrap(), b.grads.unwrap());
                 let bits = |x: &[f32], y: &[f32]| x.iter().zip(y).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                let diff = bits(&a.fwd.o, &b.fwd.o) + bits(&a.fwd.lse2, &b.fwd.lse2) + bits(&ga.dk, &gb.dk) + bits(&ga.dv, &gb.dv);
-                (diff == 0, format!("{path}: O/lse2/dK/dV differing entries {diff}, dQ rel L2 between runs {:.1e}", rel(&ga.dq, &gb.dq)))
+                let diff = bits(&a.fwd.o, &b.fwd.o)
+                    + bits(&a.fwd.lse2, &b.fwd.lse2)
+                    + bits(&ga.dk, &gb.dk)
+                    + bits(&ga.dv, &gb.dv);
+                (
+                    diff == 0,
+                    format!(
+                        "{path}: O/lse2/dK/dV differing entries {diff}, dQ rel L2 between runs {:.1e}",
+                        rel(&ga.dq, &gb.dq)
+                    ),
+                )
             }
             _ => (false, format!("{path}: run failed")),
         };
@@ -524,7 +725,11 @@ fn main() {
         repeat.1 += &format!("{msg}; ");
     }
     let mut out = String::new();
-    let ok_sweep = if quick { true } else { sigma_sweep(&gpu, 4096, mma_ok, &mut out) };
+    let ok_sweep = if quick {
+        true
+    } else {
+        sigma_sweep(&gpu, 4096, mma_ok, &mut out)
+    };
     gpu.set_tensor_cores(false);
     let ok_err = error_paths(&gpu, &mut out) & extreme_inputs(&gpu, &mut out);
     if !quick {
@@ -536,10 +741,21 @@ fn main() {
     println!("| result | case | config | kernels | details |");
     println!("|---|---|---|---|---|");
     for r in &rows {
-        println!("| {} | {} | {} | {} | {} |", if r.pass { "pass" } else { "FAIL" }, r.case, r.cfg, r.path, r.line);
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            if r.pass { "pass" } else { "FAIL" },
+            r.case,
+            r.cfg,
+            r.path,
+            r.line
+        );
     }
     let passed = rows.iter().filter(|r| r.pass).count();
-    println!("\nrepeat run: {} — {}", if repeat.0 { "deterministic" } else { "FAIL" }, repeat.1);
+    println!(
+        "\nrepeat run: {} — {}",
+        if repeat.0 { "deterministic" } else { "FAIL" },
+        repeat.1
+    );
     print!("{out}");
     let all = passed == rows.len() && repeat.0 && ok_sweep && ok_err && mma_ok && ex2_ok && bf16_ok;
     println!("\n{passed} passed, {} failed (simulator comparisons); sweep {}; error paths {}; mma self-test {}; ex2 self-test {}; bf16 pack self-test {}",

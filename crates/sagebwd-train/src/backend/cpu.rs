@@ -1,6 +1,9 @@
 //! The CPU backend: f32 products ([`super::gemm`]) and attention from the `sagebwd` crate.
 
-use super::{gemm::{gemm, gemm_at}, Attention, AttnGrads, AttnShape, Backend};
+use super::{
+    gemm::{gemm, gemm_at},
+    Attention, AttnGrads, AttnShape, Backend,
+};
 use crate::error::Result;
 
 pub struct CpuBackend {
@@ -37,7 +40,11 @@ fn to_f32(x: Vec<f64>) -> Vec<f32> {
 
 impl Backend for CpuBackend {
     fn describe(&self) -> String {
-        format!("cpu ({} threads), attention {}", rayon::current_num_threads(), self.attention.name())
+        format!(
+            "cpu ({} threads), attention {}",
+            rayon::current_num_threads(),
+            self.attention.name()
+        )
     }
 
     fn gemm(&self, out: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize, accumulate: bool) {
@@ -72,11 +79,19 @@ impl Backend for CpuBackend {
         Ok(match &self.attention {
             Attention::Exact => {
                 let g = sagebwd::reference::exact(&inp, false)?.grads.ok_or_else(missing)?;
-                AttnGrads { dq: to_f32(g.dq), dk: to_f32(g.dk), dv: to_f32(g.dv) }
+                AttnGrads {
+                    dq: to_f32(g.dq),
+                    dk: to_f32(g.dk),
+                    dv: to_f32(g.dv),
+                }
             }
             Attention::Method { config, .. } => {
                 let g = sagebwd::sim::simulate(&inp, config, false)?.grads.ok_or_else(missing)?;
-                AttnGrads { dq: g.dq, dk: g.dk, dv: g.dv }
+                AttnGrads {
+                    dq: g.dq,
+                    dk: g.dk,
+                    dv: g.dv,
+                }
             }
         })
     }

@@ -40,46 +40,56 @@ fn gemm_any<const AT: bool>(out: &mut [f32], a: &[f32], b: &[f32], m: usize, k: 
     // Rows per task: at most MB, and at least 4 tasks per thread when the matrix allows it.
     let threads = rayon::current_num_threads().max(1);
     let rows_per_task = (m.div_ceil(4 * threads).div_ceil(MR) * MR).clamp(MR, MB);
-    out.par_chunks_mut(rows_per_task * n).enumerate().for_each(|(task, out_rows)| {
-        let rows = out_rows.len() / n;
-        let row0 = task * rows_per_task;
-        // Full 16-wide column strips go through the AVX2 register kernel, the rest through `tile`.
-        // The first k-block overwrites `out` unless accumulating (no separate zero fill: `out` can be
-        // 50 MB of logits). With few columns, the column strips are the innermost loop so that each
-        // A tile is read from memory once; with many, the B strip is (it stays in L1).
-        let simd_cols = if fma { n / 16 * 16 } else { 0 };
-        let strips: Vec<(usize, bool)> =
-            (0..simd_cols).step_by(16).map(|n0| (n0, true)).chain((simd_cols..n).step_by(NB).map(|n0| (n0, false))).collect();
-        let run = |out_rows: &mut [f32], r0: usize, k0: usize, (n0, simd): (usize, bool)| {
-            let r1 = (r0 + MR).min(rows);
-            let a_src = ASource { a, m, k, row0: row0 + r0 };
-            let k1 = (k0 + KB).min(k);
-            let overwrite = k0 == 0 && !accumulate;
-            let dst = &mut out_rows[r0 * n..r1 * n];
-            if simd {
-                // SAFETY: AVX2 and FMA are present (simd is only set then); rows r0..r1 of this task,
-                // columns n0..n0+16 ≤ n and reduction k0..k1 ≤ k are in bounds.
-                unsafe { avx2_strip::<AT>(dst, &a_src, b, k0, k1, n, n0, overwrite) }
-            } else {
-                tile::<false, AT>(dst, &a_src, b, k0, k1, n, n0, overwrite);
-            }
-        };
-        if n <= 256 {
-            for k0 in (0..k).step_by(KB) {
-                for r0 in (0..rows).step_by(MR) {
-                    strips.iter().for_each(|&st| run(out_rows, r0, k0, st));
+    out.par_chunks_mut(rows_per_task * n)
+        .enumerate()
+        .for_each(|(task, out_rows)| {
+            let rows = out_rows.len() / n;
+            let row0 = task * rows_per_task;
+            // Full 16-wide column strips go through the AVX2 register kernel, the rest through `tile`.
+            // The first k-block overwrites `out` unless accumulating (no separate zero fill: `out` can be
+            // 50 MB of logits). With few columns, the column strips are the innermost loop so that each
+            // A tile is read from memory once; with many, the B strip is (it stays in L1).
+            let simd_cols = if fma { n / 16 * 16 } else { 0 };
+            let strips: Vec<(usize, bool)> = (0..simd_cols)
+                .step_by(16)
+                .map(|n0| (n0, true))
+                .chain((simd_cols..n).step_by(NB).map(|n0| (n0, false)))
+                .collect();
+            let run = |out_rows: &mut [f32], r0: usize, k0: usize, (n0, simd): (usize, bool)| {
+                let r1 = (r0 + MR).min(rows);
+                let a_src = ASource {
+                    a,
+                    m,
+                    k,
+                    row0: row0 + r0,
+                };
+                let k1 = (k0 + KB).min(k);
+                let overwrite = k0 == 0 && !accumulate;
+                let dst = &mut out_rows[r0 * n..r1 * n];
+                if simd {
+                    // SAFETY: AVX2 and FMA are present (simd is only set then); rows r0..r1 of this task,
+                    // columns n0..n0+16 ≤ n and reduction k0..k1 ≤ k are in bounds.
+                    unsafe { avx2_strip::<AT>(dst, &a_src, b, k0, k1, n, n0, overwrite) }
+                } else {
+                    tile::<false, AT>(dst, &a_src, b, k0, k1, n, n0, overwrite);
                 }
-            }
-        } else {
-            for &st in &strips {
+            };
+            if n <= 256 {
                 for k0 in (0..k).step_by(KB) {
                     for r0 in (0..rows).step_by(MR) {
-                        run(out_rows, r0, k0, st);
+                        strips.iter().for_each(|&st| run(out_rows, r0, k0, st));
+                    }
+                }
+            } else {
+                for &st in &strips {
+                    for k0 in (0..k).step_by(KB) {
+                        for r0 in (0..rows).step_by(MR) {
+                            run(out_rows, r0, k0, st);
+                        }
                     }
                 }
             }
-        }
-    });
+        });
 }
 
 fn has_avx2_fma() -> bool {
@@ -131,7 +141,16 @@ use avx2::strip as avx2_strip;
 /// Without x86-64 the SIMD path is never taken (`has_avx2_fma` is false).
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx2_strip<const AT: bool>(out: &mut [f32], a: &ASource, b: &[f32], k0: usize, k1: usize, n: usize, n0: usize, overwrite: bool) {
+unsafe fn avx2_strip<const AT: bool>(
+    out: &mut [f32],
+    a: &ASource,
+    b: &[f32],
+    k0: usize,
+    k1: usize,
+    n: usize,
+    n0: usize,
+    overwrite: bool,
+) {
     tile::<false, AT>(out, a, b, k0, k1, n, n0, overwrite)
 }
 
@@ -145,7 +164,16 @@ mod avx2 {
     /// (`overwrite`: `=` instead of `+=`.)
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn strip<const AT: bool>(out_rows: &mut [f32], a: &ASource, b: &[f32], k0: usize, k1: usize, n: usize, n0: usize, overwrite: bool) {
+    pub unsafe fn strip<const AT: bool>(
+        out_rows: &mut [f32],
+        a: &ASource,
+        b: &[f32],
+        k0: usize,
+        k1: usize,
+        n: usize,
+        n0: usize,
+        overwrite: bool,
+    ) {
         match out_rows.len() / n {
             6 => kernel::<6, AT>(out_rows, a, b, k0, k1, n, n0, overwrite),
             5 => kernel::<5, AT>(out_rows, a, b, k0, k1, n, n0, overwrite),
@@ -159,7 +187,16 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn kernel<const R: usize, const AT: bool>(out_rows: &mut [f32], a: &ASource, b: &[f32], k0: usize, k1: usize, n: usize, n0: usize, overwrite: bool) {
+    unsafe fn kernel<const R: usize, const AT: bool>(
+        out_rows: &mut [f32],
+        a: &ASource,
+        b: &[f32],
+        k0: usize,
+        k1: usize,
+        n: usize,
+        n0: usize,
+        overwrite: bool,
+    ) {
         const { assert!(R <= MR) };
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let bp = b.as_ptr();
@@ -190,7 +227,16 @@ mod avx2 {
 /// (`overwrite`: stores them instead).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn tile<const FMA: bool, const AT: bool>(out_rows: &mut [f32], a_src: &ASource, b: &[f32], k0: usize, k1: usize, n: usize, n0: usize, overwrite: bool) {
+fn tile<const FMA: bool, const AT: bool>(
+    out_rows: &mut [f32],
+    a_src: &ASource,
+    b: &[f32],
+    k0: usize,
+    k1: usize,
+    n: usize,
+    n0: usize,
+    overwrite: bool,
+) {
     let rows = out_rows.len() / n;
     let width = NB.min(n - n0);
     let mut acc = [[0.0f32; NB]; MR];
@@ -225,7 +271,11 @@ fn tile<const FMA: bool, const AT: bool>(out_rows: &mut [f32], a_src: &ASource, 
 #[inline(always)]
 fn madd<const FMA: bool, const W: usize>(acc: &mut [f32; NB], a_val: f32, b_row: &[f32; W]) {
     for i in 0..W {
-        acc[i] = if FMA { a_val.mul_add(b_row[i], acc[i]) } else { acc[i] + a_val * b_row[i] };
+        acc[i] = if FMA {
+            a_val.mul_add(b_row[i], acc[i])
+        } else {
+            acc[i] + a_val * b_row[i]
+        };
     }
 }
 
@@ -271,7 +321,15 @@ mod tests {
     #[test]
     fn gemm_matches_naive_on_ragged_shapes() {
         let mut rng = Rng::new(1);
-        let shapes = [(1, 1, 1), (5, 3, 7), (9, 130, 65), (4, 64, 64), (17, 33, 200), (7, 600, 40), (13, 300, 300)];
+        let shapes = [
+            (1, 1, 1),
+            (5, 3, 7),
+            (9, 130, 65),
+            (4, 64, 64),
+            (17, 33, 200),
+            (7, 600, 40),
+            (13, 300, 300),
+        ];
         for &(m, k, n) in &shapes {
             let a: Vec<f32> = (0..m * k).map(|_| rng.normal() as f32).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.normal() as f32).collect();
@@ -284,7 +342,10 @@ mod tests {
                 gemm_at(&mut out_t, &transpose(&a, m, k), &b, m, k, n, accumulate);
                 for ((o, ot), w) in out.iter().zip(&out_t).zip(&want) {
                     let tol = 1e-5 * (k as f64).sqrt() * (1.0 + w.abs());
-                    assert!((*o as f64 - base - w).abs() < tol, "{m}x{k}x{n} acc={accumulate}: {o} vs {w}+{base}");
+                    assert!(
+                        (*o as f64 - base - w).abs() < tol,
+                        "{m}x{k}x{n} acc={accumulate}: {o} vs {w}+{base}"
+                    );
                     assert_eq!(o, ot, "{m}x{k}x{n}: transposed A gives another sum");
                 }
             }

@@ -76,7 +76,12 @@ impl Blas {
         }
         let handle = result::create_handle().map_err(|e| blas_err("create handle", e))?;
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.map_err(|e| super::cuda_err("workspace", e))?;
-        Ok(Blas { handle, workspace, stream, plans: Mutex::new(HashMap::new()) })
+        Ok(Blas {
+            handle,
+            workspace,
+            stream,
+            plans: Mutex::new(HashMap::new()),
+        })
     }
 
     fn plan(&self, key: Key) -> Result<Plan> {
@@ -85,14 +90,24 @@ impl Blas {
             Out::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
         };
         let e = |w: &'static str| move |err| blas_err(w, err);
-        let desc = result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F)
-            .map_err(e("matmul desc"))?;
+        let desc = result::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
+        )
+        .map_err(e("matmul desc"))?;
         for (attr, on) in [
-            (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, key.trans_a),
-            (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, key.trans_b),
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                key.trans_a,
+            ),
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                key.trans_b,
+            ),
         ] {
             let op: i32 = on as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
-            unsafe { result::set_matmul_desc_attribute(desc, attr, &op as *const i32 as *const c_void, 4) }.map_err(e("transpose"))?;
+            unsafe { result::set_matmul_desc_attribute(desc, attr, &op as *const i32 as *const c_void, 4) }
+                .map_err(e("transpose"))?;
         }
         let (ar, ac) = if key.trans_a { (key.k, key.m) } else { (key.m, key.k) };
         let (br, bc) = if key.trans_b { (key.n, key.k) } else { (key.k, key.n) };
@@ -116,17 +131,55 @@ impl Blas {
             let _ = result::destroy_matmul_pref(pref);
         }
         let heuristic = heuristic.map_err(|err| {
-            blas_err(&format!("no algorithm for a {}×{}×{} product ({key:?})", key.m, key.n, key.k), err)
+            blas_err(
+                &format!("no algorithm for a {}×{}×{} product ({key:?})", key.m, key.n, key.k),
+                err,
+            )
         })?;
-        Ok(Plan { desc, a, b, c, algo: heuristic.algo })
+        Ok(Plan {
+            desc,
+            a,
+            b,
+            c,
+            algo: heuristic.algo,
+        })
     }
 
     /// Column-major `D[m×n] = op(A) · op(B) (+ add)`, A and B BF16; `add` is a matrix with D's layout
     /// (D itself to accumulate in place, or another one: a residual).
     #[allow(clippy::too_many_arguments)]
-    fn matmul(&self, trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize, a: u64, lda: usize, b: u64, ldb: usize, d: u64, ldd: usize, out: Out, add: Option<u64>) -> Result<()> {
-        let key = Key { trans_a, trans_b, m: m as u64, n: n as u64, k: k as u64, lda: lda as i64, ldb: ldb as i64, ldc: ldd as i64, out, accumulate: add.is_some() };
-        let mut plans = self.plans.lock().map_err(|_| Error::Gpu("cuBLASLt plan cache poisoned".into()))?;
+    fn matmul(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        lda: usize,
+        b: u64,
+        ldb: usize,
+        d: u64,
+        ldd: usize,
+        out: Out,
+        add: Option<u64>,
+    ) -> Result<()> {
+        let key = Key {
+            trans_a,
+            trans_b,
+            m: m as u64,
+            n: n as u64,
+            k: k as u64,
+            lda: lda as i64,
+            ldb: ldb as i64,
+            ldc: ldd as i64,
+            out,
+            accumulate: add.is_some(),
+        };
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| Error::Gpu("cuBLASLt plan cache poisoned".into()))?;
         let p = match plans.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(v) => v.insert(self.plan(key)?),
@@ -160,20 +213,68 @@ impl Blas {
     /// `y[t, o] = Σ_i x[t, i] · w[o, i] (+ residual[t, o])` — a linear layer's forward: `x`
     /// `[rows, in]` BF16, `w` `[out, in]` BF16, `y` and `residual` `[rows, ld_y]` (first `out` columns).
     #[allow(clippy::too_many_arguments)]
-    pub fn linear(&self, y: u64, ld_y: usize, x: u64, w: u64, rows: usize, in_dim: usize, out_dim: usize, out: Out, residual: Option<u64>) -> Result<()> {
-        self.matmul(true, false, out_dim, rows, in_dim, w, in_dim, x, in_dim, y, ld_y, out, residual)
+    pub fn linear(
+        &self,
+        y: u64,
+        ld_y: usize,
+        x: u64,
+        w: u64,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        out: Out,
+        residual: Option<u64>,
+    ) -> Result<()> {
+        self.matmul(
+            true, false, out_dim, rows, in_dim, w, in_dim, x, in_dim, y, ld_y, out, residual,
+        )
     }
 
     /// `dx[t, i] = Σ_o dy[t, o] · w[o, i]` — the input gradient: `dy` `[rows, ld_dy]` BF16.
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_dx(&self, dx: u64, dy: u64, ld_dy: usize, w: u64, rows: usize, in_dim: usize, out_dim: usize, out: Out) -> Result<()> {
-        self.matmul(false, false, in_dim, rows, out_dim, w, in_dim, dy, ld_dy, dx, in_dim, out, None)
+    pub fn linear_dx(
+        &self,
+        dx: u64,
+        dy: u64,
+        ld_dy: usize,
+        w: u64,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        out: Out,
+    ) -> Result<()> {
+        self.matmul(
+            false, false, in_dim, rows, out_dim, w, in_dim, dy, ld_dy, dx, in_dim, out, None,
+        )
     }
 
     /// `dw[o, i] += Σ_t dy[t, o] · x[t, i]` — the weight gradient, FP32, accumulated.
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_dw(&self, dw: u64, dy: u64, ld_dy: usize, x: u64, rows: usize, in_dim: usize, out_dim: usize) -> Result<()> {
-        self.matmul(false, true, in_dim, out_dim, rows, x, in_dim, dy, ld_dy, dw, in_dim, Out::F32, Some(dw))
+    pub fn linear_dw(
+        &self,
+        dw: u64,
+        dy: u64,
+        ld_dy: usize,
+        x: u64,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<()> {
+        self.matmul(
+            false,
+            true,
+            in_dim,
+            out_dim,
+            rows,
+            x,
+            in_dim,
+            dy,
+            ld_dy,
+            dw,
+            in_dim,
+            Out::F32,
+            Some(dw),
+        )
     }
 }
 

@@ -86,7 +86,17 @@ pub fn models() -> Vec<ModelConfig> {
         qk_norm: true,
         tied_embeddings: true,
     };
-    vec![base.clone(), ModelConfig { n_kv_heads: 2, qk_norm: false, tied_embeddings: false, dim: 256, n_heads: 2, ..base }]
+    vec![
+        base.clone(),
+        ModelConfig {
+            n_kv_heads: 2,
+            qk_norm: false,
+            tied_embeddings: false,
+            dim: 256,
+            n_heads: 2,
+            ..base
+        },
+    ]
 }
 
 fn random_batch(rng: &mut Rng, vocab: usize, batch: usize, seq: usize) -> (Vec<u32>, Vec<u32>) {
@@ -97,7 +107,11 @@ fn random_batch(rng: &mut Rng, vocab: usize, batch: usize, seq: usize) -> (Vec<u
     for _ in 0..batch {
         let mut tok = rng.below(vocab) as u32;
         for _ in 0..seq {
-            let next = if rng.uniform() < 0.7 { (tok * 7 + 3) % vocab as u32 } else { rng.below(vocab) as u32 };
+            let next = if rng.uniform() < 0.7 {
+                (tok * 7 + 3) % vocab as u32
+            } else {
+                rng.below(vocab) as u32
+            };
             inputs.push(tok);
             targets.push(next);
             tok = next;
@@ -116,7 +130,12 @@ pub fn run(model: &ModelConfig, batch: usize, seq: usize, steps: usize) -> Resul
     let mut cpu = CpuEngine::new(Model::new(model.clone(), weights), adamw, attention);
     let mut rng = Rng::new(11);
     let (inputs, targets) = random_batch(&mut rng, model.vocab_size, batch, seq);
-    let b = Batch { inputs: &inputs, targets: &targets, batch, seq };
+    let b = Batch {
+        inputs: &inputs,
+        targets: &targets,
+        batch,
+        seq,
+    };
     let scale = 1.0 / (batch * seq) as f32;
     let mut losses = [0.0f64; 2];
     let mut grads = Vec::new();
@@ -126,14 +145,27 @@ pub fn run(model: &ModelConfig, batch: usize, seq: usize, steps: usize) -> Resul
         grads.push(e.gradients()?);
     }
     let rows = compare(&grads[0], &grads[1]);
-    let schedule = Schedule { max_lr: 3e-3, min_lr: 3e-4, warmup: 3, total: steps as u64 };
+    let schedule = Schedule {
+        max_lr: 3e-3,
+        min_lr: 3e-4,
+        warmup: 3,
+        total: steps as u64,
+    };
     let mut finals = [0.0f64; 2];
     for (i, e) in [&mut cpu as &mut dyn Engine, &mut gpu].into_iter().enumerate() {
         let mut data = Rng::new(13);
         for s in 0..steps {
             let (inp, tgt) = random_batch(&mut data, model.vocab_size, batch, seq);
             e.zero_grads()?;
-            finals[i] = e.forward_backward(&Batch { inputs: &inp, targets: &tgt, batch, seq }, scale)?;
+            finals[i] = e.forward_backward(
+                &Batch {
+                    inputs: &inp,
+                    targets: &tgt,
+                    batch,
+                    seq,
+                },
+                scale,
+            )?;
             let norm = e.grad_norm()?;
             e.update(schedule.lr(s as u64), clip_factor(norm, 1.0))?;
         }

@@ -20,8 +20,8 @@ use crate::engine::{Engine, EngineState};
 use crate::layers::rotary::Rotary;
 use crate::model::{Batch, ParamLayout, Weights};
 use crate::optim::AdamWConfig;
-use sagebwd_cuda::energy::EnergyMeter;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use sagebwd_cuda::energy::EnergyMeter;
 use sagebwd_cuda::pool::Pool;
 use sagebwd_cuda::{DeviceForward, DeviceInputs, Gpu, SavedForBackward};
 use std::sync::Arc;
@@ -164,7 +164,13 @@ impl GpuEngine {
     }
 
     /// As [`GpuEngine::new`], on the GPU with this ordinal.
-    pub fn on(ordinal: usize, cfg: ModelConfig, weights: &Weights, adamw: AdamWConfig, attention: Attention) -> Result<GpuEngine> {
+    pub fn on(
+        ordinal: usize,
+        cfg: ModelConfig,
+        weights: &Weights,
+        adamw: AdamWConfig,
+        attention: Attention,
+    ) -> Result<GpuEngine> {
         if let Some(why) = super::unsupported_reason(&cfg, &attention) {
             return Err(Error::Gpu(why));
         }
@@ -191,7 +197,12 @@ impl GpuEngine {
         let mut offset = 0;
         for (name, t) in weights.named() {
             let decay = layout.specs.iter().find(|s| s.name == name).is_some_and(|s| s.decay);
-            slots.push(Slot { name, offset, len: t.len(), decay });
+            slots.push(Slot {
+                name,
+                offset,
+                len: t.len(),
+                decay,
+            });
             offset += t.len();
         }
         let total = offset;
@@ -211,9 +222,17 @@ impl GpuEngine {
                 w_down: need(&n("w_down"))?,
             };
             // The fused products rely on adjacency (the order of `Weights::named`).
-            let (qw, kvw) = (cfg.n_heads * cfg.head_dim() * cfg.dim, cfg.n_kv_heads * cfg.head_dim() * cfg.dim);
-            if need(&n("wk"))? != p.wqkv + qw || need(&n("wv"))? != p.wqkv + qw + kvw || need(&n("w_up"))? != p.w_gate_up + cfg.ffn_hidden * cfg.dim {
-                return Err(Error::Gpu("parameter layout: wq|wk|wv or w_gate|w_up are not adjacent".into()));
+            let (qw, kvw) = (
+                cfg.n_heads * cfg.head_dim() * cfg.dim,
+                cfg.n_kv_heads * cfg.head_dim() * cfg.dim,
+            );
+            if need(&n("wk"))? != p.wqkv + qw
+                || need(&n("wv"))? != p.wqkv + qw + kvw
+                || need(&n("w_up"))? != p.w_gate_up + cfg.ffn_hidden * cfg.dim
+            {
+                return Err(Error::Gpu(
+                    "parameter layout: wq|wk|wv or w_gate|w_up are not adjacent".into(),
+                ));
             }
             layers.push(p);
         }
@@ -231,7 +250,10 @@ impl GpuEngine {
         let chunks = adam_chunks(slots.iter().map(|s| (s.offset, s.len, s.decay)));
         let chunks = stream.clone_htod(&chunks).map_err(|e| cuda_err("upload", e))?;
         let e = GpuEngine {
-            adam_chunks: Buf { ptr: addr(&chunks, &stream), data: chunks },
+            adam_chunks: Buf {
+                ptr: addr(&chunks, &stream),
+                data: chunks,
+            },
             params: upload_f32(&flat)?,
             // Zero padding after the last tensor: the padded LM-head product reads up to
             // `padded_vocab − vocab` rows past an untied head (see `lm_head`).
@@ -292,7 +314,8 @@ impl GpuEngine {
 
     /// Casts the FP32 parameters into their BF16 copy (the zero padding after them stays).
     fn refresh_bf16(&self) -> Result<()> {
-        self.k.cast_bf16(self.params.ptr, self.params_bf16.ptr, self.params.data.len())
+        self.k
+            .cast_bf16(self.params.ptr, self.params_bf16.ptr, self.params.data.len())
     }
 
     fn heads_dims(&self, batch: usize, seq: usize) -> HeadsDims {
@@ -325,7 +348,14 @@ impl GpuEngine {
         let chunk = HEAD_CHUNK.min(t);
         let vp = self.padded_vocab();
         let s = self.stream().clone();
-        let shape = sagebwd::Shape { batch, heads_q: c.n_heads, heads_kv: c.n_kv_heads, n_q: seq, n_k: seq, head_dim: hd };
+        let shape = sagebwd::Shape {
+            batch,
+            heads_q: c.n_heads,
+            heads_kv: c.n_kv_heads,
+            n_q: seq,
+            n_k: seq,
+            head_dim: hd,
+        };
         let mut layers = Vec::with_capacity(c.n_layers);
         for _ in 0..c.n_layers {
             layers.push(LayerActs {
@@ -352,7 +382,11 @@ impl GpuEngine {
                 act: poisoned(&self.k, &s, t * f)?,
             });
         }
-        let gain_partial_len = if c.qk_norm { self.heads_dims(batch, seq).gain_partial_len()? } else { 1 };
+        let gain_partial_len = if c.qk_norm {
+            self.heads_dims(batch, seq).gain_partial_len()?
+        } else {
+            1
+        };
         self.acts = Some(Acts {
             batch,
             seq,
@@ -384,7 +418,11 @@ impl GpuEngine {
     fn run(&mut self, b: &Batch, grad_scale: Option<f32>) -> Result<f64> {
         crate::model::check_batch(&self.cfg, b)?;
         // A data-parallel replica runs in its own thread; cuBLASLt uses the thread's current context.
-        self.gpu.dev.ctx.bind_to_thread().map_err(|e| cuda_err("bind context", e))?;
+        self.gpu
+            .dev
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("bind context", e))?;
         self.ensure_acts(b.batch, b.seq)?;
         let mut a = self.acts.take().expect("allocated above");
         let result = self.run_with(&mut a, b, grad_scale);
@@ -394,11 +432,16 @@ impl GpuEngine {
 
     fn run_with(&mut self, a: &mut Acts, b: &Batch, grad_scale: Option<f32>) -> Result<f64> {
         let s = self.stream().clone();
-        s.memcpy_htod(b.inputs, &mut a.tokens.data).map_err(|e| cuda_err("upload tokens", e))?;
-        s.memcpy_htod(b.targets, &mut a.targets.data).map_err(|e| cuda_err("upload targets", e))?;
+        s.memcpy_htod(b.inputs, &mut a.tokens.data)
+            .map_err(|e| cuda_err("upload tokens", e))?;
+        s.memcpy_htod(b.targets, &mut a.targets.data)
+            .map_err(|e| cuda_err("upload targets", e))?;
         let (t, d) = (b.batch * b.seq, self.cfg.dim);
         let first_x = a.layers.first().map_or(a.x_final.ptr, |l| l.x.ptr);
-        self.timed("embedding", || self.k.embed_forward(a.tokens.ptr, self.params.at(self.tok_emb), first_x, t, d))?;
+        self.timed("embedding", || {
+            self.k
+                .embed_forward(a.tokens.ptr, self.params.at(self.tok_emb), first_x, t, d)
+        })?;
         for l in 0..self.cfg.n_layers {
             let prev_x_mid = l.checked_sub(1).map(|p| a.layers[p].x_mid.ptr);
             self.layer_forward(l, &mut a.layers[l], prev_x_mid, a.branch.ptr, b, grad_scale.is_some())?;
@@ -409,14 +452,27 @@ impl GpuEngine {
             Some(last) => (last.x_mid.ptr, Some((a.branch.ptr, a.x_final.ptr))),
             None => (a.x_final.ptr, None),
         };
-        self.timed("norms: forward", || self.k.rmsnorm_forward(x_in, residual, self.params.at(self.final_norm), a.hidden.ptr, a.rstd_final.ptr, d, t, c.norm_eps))?;
+        self.timed("norms: forward", || {
+            self.k.rmsnorm_forward(
+                x_in,
+                residual,
+                self.params.at(self.final_norm),
+                a.hidden.ptr,
+                a.rstd_final.ptr,
+                d,
+                t,
+                c.norm_eps,
+            )
+        })?;
         self.lm_head(a, t, grad_scale)?;
         if grad_scale.is_some() {
             self.backward(a, t)?;
         }
         // Read after the backward is enqueued, so the GPU never waits for the host mid-step. A
         // non-finite loss still stops the step: the caller gets the error before any update.
-        let row_loss = s.clone_dtoh(&a.row_loss.data).map_err(|e| cuda_err("download losses", e))?;
+        let row_loss = s
+            .clone_dtoh(&a.row_loss.data)
+            .map_err(|e| cuda_err("download losses", e))?;
         let total: f64 = row_loss.iter().map(|&x| x as f64).sum();
         if !total.is_finite() {
             return Err(Error::Diverged(format!("loss {total} on the GPU")));
@@ -430,7 +486,15 @@ impl GpuEngine {
     /// the previous layer's `x_mid` plus the previous `down` product in `branch`. Leaves its own
     /// `down` product in `branch` for the next norm.
     #[allow(clippy::too_many_arguments)]
-    fn layer_forward(&self, l: usize, la: &mut LayerActs, prev_x_mid: Option<u64>, branch: u64, b: &Batch, keep: bool) -> Result<()> {
+    fn layer_forward(
+        &self,
+        l: usize,
+        la: &mut LayerActs,
+        prev_x_mid: Option<u64>,
+        branch: u64,
+        b: &Batch,
+        keep: bool,
+    ) -> Result<()> {
         let c = &self.cfg;
         let p = self.layers[l];
         let (t, d, hd, f) = (b.batch * b.seq, c.dim, c.head_dim(), c.ffn_hidden);
@@ -443,21 +507,85 @@ impl GpuEngine {
             Some(x_mid) => (x_mid, Some((branch, la.x.ptr))),
             None => (la.x.ptr, None),
         };
-        self.timed("norms: forward", || self.k.rmsnorm_forward(x_in, residual, pf.at(p.attn_norm), la.h_attn.ptr, la.rstd_attn.ptr, d, t, c.norm_eps))?;
-        self.timed("products: qkv", || self.blas.linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::Bf16, None))?;
+        self.timed("norms: forward", || {
+            self.k.rmsnorm_forward(
+                x_in,
+                residual,
+                pf.at(p.attn_norm),
+                la.h_attn.ptr,
+                la.rstd_attn.ptr,
+                d,
+                t,
+                c.norm_eps,
+            )
+        })?;
+        self.timed("products: qkv", || {
+            self.blas
+                .linear(la.qkv.ptr, w, la.h_attn.ptr, pb.at(p.wqkv), t, d, w, Out::Bf16, None)
+        })?;
         let (q, k, v) = (addr(&la.attn_in.q, s), addr(&la.attn_in.k, s), addr(&la.attn_in.v, s));
         let hdims = self.heads_dims(b.batch, b.seq);
-        self.timed("heads: QK-norm, rotary, layout", || self.k.qkv_heads_forward(hdims, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), self.rope_cos.ptr, self.rope_sin.ptr, q, k, v, la.q_rstd.ptr, la.k_rstd.ptr))?;
-        let (fwd, saved) = self.timed("attention forward", || Ok(self.gpu.forward(&la.attn_in, &self.attn_cfg)?))?;
-        self.timed("heads: permutes", || self.k.permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true))?;
+        self.timed("heads: QK-norm, rotary, layout", || {
+            self.k.qkv_heads_forward(
+                hdims,
+                la.qkv.ptr,
+                pf.at(p.q_norm),
+                pf.at(p.k_norm),
+                self.rope_cos.ptr,
+                self.rope_sin.ptr,
+                q,
+                k,
+                v,
+                la.q_rstd.ptr,
+                la.k_rstd.ptr,
+            )
+        })?;
+        let (fwd, saved) = self.timed("attention forward", || {
+            Ok(self.gpu.forward(&la.attn_in, &self.attn_cfg)?)
+        })?;
+        self.timed("heads: permutes", || {
+            self.k
+                .permute_heads(addr(&fwd.o, s), la.o_tok.ptr, b.batch, b.seq, c.n_heads, hd, true)
+        })?;
         la.attn_out = keep.then_some((fwd, saved));
         // x_mid = x + bf16(o · W_oᵀ), the sum in the MLP norm (a BF16 product output, as under autocast).
-        self.timed("products: wo", || self.blas.linear(branch, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::Bf16, None))?;
+        self.timed("products: wo", || {
+            self.blas
+                .linear(branch, d, la.o_tok.ptr, pb.at(p.wo), t, qw, d, Out::Bf16, None)
+        })?;
         // MLP block
-        self.timed("norms: forward", || self.k.rmsnorm_forward(la.x.ptr, Some((branch, la.x_mid.ptr)), pf.at(p.mlp_norm), la.h_mlp.ptr, la.rstd_mlp.ptr, d, t, c.norm_eps))?;
-        self.timed("products: gate|up", || self.blas.linear(la.gate_up.ptr, 2 * f, la.h_mlp.ptr, pb.at(p.w_gate_up), t, d, 2 * f, Out::Bf16, None))?;
-        self.timed("swiglu", || self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, b.batch, b.seq))?;
-        self.timed("products: down", || self.blas.linear(branch, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::Bf16, None))
+        self.timed("norms: forward", || {
+            self.k.rmsnorm_forward(
+                la.x.ptr,
+                Some((branch, la.x_mid.ptr)),
+                pf.at(p.mlp_norm),
+                la.h_mlp.ptr,
+                la.rstd_mlp.ptr,
+                d,
+                t,
+                c.norm_eps,
+            )
+        })?;
+        self.timed("products: gate|up", || {
+            self.blas.linear(
+                la.gate_up.ptr,
+                2 * f,
+                la.h_mlp.ptr,
+                pb.at(p.w_gate_up),
+                t,
+                d,
+                2 * f,
+                Out::Bf16,
+                None,
+            )
+        })?;
+        self.timed("swiglu", || {
+            self.k.swiglu_forward(la.gate_up.ptr, la.act.ptr, f, b.batch, b.seq)
+        })?;
+        self.timed("products: down", || {
+            self.blas
+                .linear(branch, d, la.act.ptr, pb.at(p.w_down), t, f, d, Out::Bf16, None)
+        })
     }
 
     /// Logits in chunks of tokens, cross-entropy; with `grad_scale`, ∂hidden into `d_hidden` and
@@ -473,17 +601,44 @@ impl GpuEngine {
             // BF16 logits, as under PyTorch's autocast: half the bytes of FP32 for the product to write and
             // the cross-entropy to read, and the gradient overwrites them (no second buffer). The loss and
             // the softmax are computed in FP32 from them (train-check's tolerances count this rounding).
-            self.timed("products: lm head", || self.blas.linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, vp, Out::Bf16, None))?;
+            self.timed("products: lm head", || {
+                self.blas
+                    .linear(a.logits.ptr, vp, a.hidden.at(c0 * d), head, n, d, vp, Out::Bf16, None)
+            })?;
             let scale = grad_scale.unwrap_or(0.0);
-            self.timed("cross-entropy", || self.k.xent(a.logits.ptr, vp, a.targets.at(c0), a.row_loss.at(c0), n, v, scale, grad_scale.is_some()))?;
+            self.timed("cross-entropy", || {
+                self.k.xent(
+                    a.logits.ptr,
+                    vp,
+                    a.targets.at(c0),
+                    a.row_loss.at(c0),
+                    n,
+                    v,
+                    scale,
+                    grad_scale.is_some(),
+                )
+            })?;
             if grad_scale.is_some() {
                 // `logits` now holds ∂logits. Reduction over the padded width: `xent` wrote zeros into the padding columns.
-                self.timed("products: lm head dx", || self.blas.linear_dx(a.d_hidden.at(c0 * d), a.logits.ptr, vp, head, n, d, vp, Out::Bf16))?;
+                self.timed("products: lm head dx", || {
+                    self.blas
+                        .linear_dx(a.d_hidden.at(c0 * d), a.logits.ptr, vp, head, n, d, vp, Out::Bf16)
+                })?;
                 // Also over the padded width (at the odd width cuBLASLt ran it at 504 TFLOP/s, padded at 832: +3.5 %
                 // tok/s): the padding columns of ∂logits are exactly zero, so the
                 // `vp − v` gradient rows past the table get `+ 0` and keep their values — the next tensors'
                 // gradients (tied: layer 0's), or the zero padding at the end of `grads` (untied head, the last tensor).
-                self.timed("products: lm head dw", || self.blas.linear_dw(self.grads.at(self.head), a.logits.ptr, vp, a.hidden.at(c0 * d), n, d, vp))?;
+                self.timed("products: lm head dw", || {
+                    self.blas.linear_dw(
+                        self.grads.at(self.head),
+                        a.logits.ptr,
+                        vp,
+                        a.hidden.at(c0 * d),
+                        n,
+                        d,
+                        vp,
+                    )
+                })?;
             }
         }
         Ok(())
@@ -494,12 +649,28 @@ impl GpuEngine {
         let d = c.dim;
         let s = self.stream();
         s.memset_zeros(&mut a.dx.data).map_err(|e| cuda_err("memset", e))?;
-        self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.d_hidden.ptr, a.x_final.ptr, self.params.at(self.final_norm), a.rstd_final.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, self.grads.at(self.final_norm), d, t))?;
+        self.timed("norms: backward + gain sums", || {
+            self.k.rmsnorm_backward(
+                a.d_hidden.ptr,
+                a.x_final.ptr,
+                self.params.at(self.final_norm),
+                a.rstd_final.ptr,
+                a.dx.ptr,
+                a.dx_bf16.ptr,
+                a.partial.ptr,
+                self.grads.at(self.final_norm),
+                d,
+                t,
+            )
+        })?;
         for l in (0..c.n_layers).rev() {
             self.layer_backward(l, a, t)?;
         }
         let tokens = a.tokens.ptr;
-        self.timed("embedding", || self.k.embed_backward(tokens, a.dx.ptr, self.grads.at(self.tok_emb), t, d))
+        self.timed("embedding", || {
+            self.k
+                .embed_backward(tokens, a.dx.ptr, self.grads.at(self.tok_emb), t, d)
+        })
     }
 
     fn layer_backward(&self, l: usize, a: &mut Acts, t: usize) -> Result<()> {
@@ -514,41 +685,130 @@ impl GpuEngine {
         let la = &mut a.layers[l];
         // MLP block: out = x_mid + W_down · act. dx_bf16 is the BF16 copy of dx that the last
         // RMSNorm backward wrote.
-        self.timed("products: down dx", || self.blas.linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::Bf16))?;
-        self.timed("products: down dw", || self.blas.linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d))?;
-        self.timed("swiglu", || self.k.swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, batch, seq))?;
-        self.timed("products: gate|up dx", || self.blas.linear_dx(a.dh.ptr, a.d_gate_up.ptr, 2 * f, pb.at(p.w_gate_up), t, d, 2 * f, Out::Bf16))?;
-        self.timed("products: gate|up dw", || self.blas.linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f))?;
-        self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.dh.ptr, la.x_mid.ptr, pf.at(p.mlp_norm), la.rstd_mlp.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.mlp_norm), d, t))?;
+        self.timed("products: down dx", || {
+            self.blas
+                .linear_dx(a.d_act.ptr, a.dx_bf16.ptr, d, pb.at(p.w_down), t, f, d, Out::Bf16)
+        })?;
+        self.timed("products: down dw", || {
+            self.blas
+                .linear_dw(g.at(p.w_down), a.dx_bf16.ptr, d, la.act.ptr, t, f, d)
+        })?;
+        self.timed("swiglu", || {
+            self.k
+                .swiglu_backward(a.d_act.ptr, la.gate_up.ptr, a.d_gate_up.ptr, f, batch, seq)
+        })?;
+        self.timed("products: gate|up dx", || {
+            self.blas.linear_dx(
+                a.dh.ptr,
+                a.d_gate_up.ptr,
+                2 * f,
+                pb.at(p.w_gate_up),
+                t,
+                d,
+                2 * f,
+                Out::Bf16,
+            )
+        })?;
+        self.timed("products: gate|up dw", || {
+            self.blas
+                .linear_dw(g.at(p.w_gate_up), a.d_gate_up.ptr, 2 * f, la.h_mlp.ptr, t, d, 2 * f)
+        })?;
+        self.timed("norms: backward + gain sums", || {
+            self.k.rmsnorm_backward(
+                a.dh.ptr,
+                la.x_mid.ptr,
+                pf.at(p.mlp_norm),
+                la.rstd_mlp.ptr,
+                a.dx.ptr,
+                a.dx_bf16.ptr,
+                a.partial.ptr,
+                g.at(p.mlp_norm),
+                d,
+                t,
+            )
+        })?;
         // attention block: out = x + W_o · attention(...)
-        self.timed("products: wo dx", || self.blas.linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16))?;
-        self.timed("products: wo dw", || self.blas.linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d))?;
-        self.timed("heads: permutes", || self.k.permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false))?;
-        let (fwd, saved) = la.attn_out.take().ok_or_else(|| Error::Gpu("attention state missing in the backward".into()))?;
-        let grads = self.timed("attention backward", || Ok(self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?))?;
+        self.timed("products: wo dx", || {
+            self.blas
+                .linear_dx(a.d_o_tok.ptr, a.dx_bf16.ptr, d, pb.at(p.wo), t, qw, d, Out::Bf16)
+        })?;
+        self.timed("products: wo dw", || {
+            self.blas
+                .linear_dw(g.at(p.wo), a.dx_bf16.ptr, d, la.o_tok.ptr, t, qw, d)
+        })?;
+        self.timed("heads: permutes", || {
+            self.k
+                .permute_heads(a.d_o_tok.ptr, addr(&a.d_o, &s), batch, seq, c.n_heads, hd, false)
+        })?;
+        let (fwd, saved) = la
+            .attn_out
+            .take()
+            .ok_or_else(|| Error::Gpu("attention state missing in the backward".into()))?;
+        let grads = self.timed("attention backward", || {
+            Ok(self.gpu.backward(&la.attn_in, &fwd, &saved, &a.d_o)?)
+        })?;
         let hdims = self.heads_dims(batch, seq);
         let (dq, dk, dv) = (addr(&grads.dq, &s), addr(&grads.dk, &s), addr(&grads.dv, &s));
-        self.timed("heads: backward", || self.k.qkv_heads_backward(hdims, dq, dk, dv, la.qkv.ptr, pf.at(p.q_norm), pf.at(p.k_norm), la.q_rstd.ptr, la.k_rstd.ptr, self.rope_cos.ptr, self.rope_sin.ptr, a.d_qkv.ptr, a.gain_partial.ptr))?;
+        self.timed("heads: backward", || {
+            self.k.qkv_heads_backward(
+                hdims,
+                dq,
+                dk,
+                dv,
+                la.qkv.ptr,
+                pf.at(p.q_norm),
+                pf.at(p.k_norm),
+                la.q_rstd.ptr,
+                la.k_rstd.ptr,
+                self.rope_cos.ptr,
+                self.rope_sin.ptr,
+                a.d_qkv.ptr,
+                a.gain_partial.ptr,
+            )
+        })?;
         drop(grads);
         if c.qk_norm {
             // The heads backward's block partials `[2, blocks, hd]` (query gain, key gain).
-            self.timed("norms: QK-norm gain sums", || self.k.sum_gain_partials(hdims, a.gain_partial.ptr, g.at(p.q_norm), g.at(p.k_norm)))?;
+            self.timed("norms: QK-norm gain sums", || {
+                self.k
+                    .sum_gain_partials(hdims, a.gain_partial.ptr, g.at(p.q_norm), g.at(p.k_norm))
+            })?;
         }
-        self.timed("products: qkv dx", || self.blas.linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::Bf16))?;
-        self.timed("products: qkv dw", || self.blas.linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w))?;
-        self.timed("norms: backward + gain sums", || self.k.rmsnorm_backward(a.dh.ptr, la.x.ptr, pf.at(p.attn_norm), la.rstd_attn.ptr, a.dx.ptr, a.dx_bf16.ptr, a.partial.ptr, g.at(p.attn_norm), d, t))
+        self.timed("products: qkv dx", || {
+            self.blas
+                .linear_dx(a.dh.ptr, a.d_qkv.ptr, w, pb.at(p.wqkv), t, d, w, Out::Bf16)
+        })?;
+        self.timed("products: qkv dw", || {
+            self.blas
+                .linear_dw(g.at(p.wqkv), a.d_qkv.ptr, w, la.h_attn.ptr, t, d, w)
+        })?;
+        self.timed("norms: backward + gain sums", || {
+            self.k.rmsnorm_backward(
+                a.dh.ptr,
+                la.x.ptr,
+                pf.at(p.attn_norm),
+                la.rstd_attn.ptr,
+                a.dx.ptr,
+                a.dx_bf16.ptr,
+                a.partial.ptr,
+                g.at(p.attn_norm),
+                d,
+                t,
+            )
+        })
     }
 
     fn download_flat(&self, b: &Buf<f32>) -> Result<Weights> {
         let flat = self.stream().clone_dtoh(&b.data).map_err(|e| cuda_err("download", e))?;
         let mut w = Weights::zeros(&self.cfg);
         for slot in &self.slots {
-            let t = w.get_mut(&slot.name).ok_or_else(|| Error::Gpu(format!("tensor {} missing", slot.name)))?;
+            let t = w
+                .get_mut(&slot.name)
+                .ok_or_else(|| Error::Gpu(format!("tensor {} missing", slot.name)))?;
             t.copy_from_slice(&flat[slot.offset..slot.offset + slot.len]);
         }
         Ok(w)
     }
-
 }
 
 impl Drop for GpuEngine {
@@ -562,7 +822,12 @@ impl Drop for GpuEngine {
 
 impl Engine for GpuEngine {
     fn describe(&self) -> String {
-        format!("{} ({}), cuBLASLt BF16 products, attention {} (sagebwd-cuda)", self.gpu.dev.name, self.gpu.dev.arch, self.attention.name())
+        format!(
+            "{} ({}), cuBLASLt BF16 products, attention {} (sagebwd-cuda)",
+            self.gpu.dev.name,
+            self.gpu.dev.arch,
+            self.attention.name()
+        )
     }
 
     fn zero_grads(&mut self) -> Result<()> {
@@ -582,8 +847,13 @@ impl Engine for GpuEngine {
     }
 
     fn grad_norm(&mut self) -> Result<f64> {
-        let n = self.k.sum_squares(self.grads.ptr, self.grads.data.len(), self.norm_partial.ptr)?;
-        let partial = self.stream().clone_dtoh(&self.norm_partial.data).map_err(|e| cuda_err("download", e))?;
+        let n = self
+            .k
+            .sum_squares(self.grads.ptr, self.grads.data.len(), self.norm_partial.ptr)?;
+        let partial = self
+            .stream()
+            .clone_dtoh(&self.norm_partial.data)
+            .map_err(|e| cuda_err("download", e))?;
         Ok(partial[..n].iter().sum::<f64>().sqrt())
     }
 
@@ -593,8 +863,17 @@ impl Engine for GpuEngine {
         let bc1 = 1.0 - c.beta1.powi(self.adam_t as i32);
         let bc2 = 1.0 - c.beta2.powi(self.adam_t as i32);
         let (chunks, n_chunks) = (self.adam_chunks.ptr, self.adam_chunks.data.len());
-        let (p, pb, g, m, v) = (self.params.ptr, self.params_bf16.ptr, self.grads.ptr, self.adam_m.ptr, self.adam_v.ptr);
-        self.timed("optimizer", || self.k.adamw(p, pb, g, m, v, chunks, n_chunks, lr, c, bc1, bc2, grad_scale))?;
+        let (p, pb, g, m, v) = (
+            self.params.ptr,
+            self.params_bf16.ptr,
+            self.grads.ptr,
+            self.adam_m.ptr,
+            self.adam_v.ptr,
+        );
+        self.timed("optimizer", || {
+            self.k
+                .adamw(p, pb, g, m, v, chunks, n_chunks, lr, c, bc1, bc2, grad_scale)
+        })?;
         self.profile.as_ref().inspect(|p| p.step_done());
         Ok(())
     }
@@ -640,7 +919,11 @@ fn padded_vocab(cfg: &ModelConfig) -> usize {
 fn upload_flat(s: &Arc<CudaStream>, w: &Weights, b: &mut Buf<f32>) -> Result<()> {
     let flat: Vec<f32> = w.tensors().into_iter().flat_map(|t| t.iter().copied()).collect();
     if flat.len() != b.data.len() {
-        return Err(Error::Gpu(format!("state has {} values, the model {}", flat.len(), b.data.len())));
+        return Err(Error::Gpu(format!(
+            "state has {} values, the model {}",
+            flat.len(),
+            b.data.len()
+        )));
     }
     s.memcpy_htod(&flat, &mut b.data).map_err(|e| cuda_err("upload", e))
 }
@@ -657,7 +940,15 @@ fn poisoned<T: DeviceRepr + ValidAsZeroBits>(k: &TrainKernels, s: &Arc<CudaStrea
     let b = zeros::<T>(s, n)?;
     let words = (n.max(1) * std::mem::size_of::<T>()) / 4;
     if words > 0 {
-        k.fill_u32(b.ptr, words, if std::mem::size_of::<T>() == 2 { 0x7fc0_7fc0 } else { POISON })?;
+        k.fill_u32(
+            b.ptr,
+            words,
+            if std::mem::size_of::<T>() == 2 {
+                0x7fc0_7fc0
+            } else {
+                POISON
+            },
+        )?;
     }
     Ok(b)
 }

@@ -37,7 +37,9 @@ pub fn unsupported_reason(model: &crate::config::ModelConfig, attention: &crate:
         ));
     }
     if matches!(attention, crate::backend::Attention::Exact) {
-        return Some("attention `exact` is the f64 CPU reference; the GPU runs the presets fpa, sagebwd, int8-all".into());
+        return Some(
+            "attention `exact` is the f64 CPU reference; the GPU runs the presets fpa, sagebwd, int8-all".into(),
+        );
     }
     None
 }

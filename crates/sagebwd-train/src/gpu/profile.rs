@@ -34,7 +34,9 @@ pub struct Profile {
 impl Profile {
     /// `Some` when `SAGEBWD_PROFILE=1`.
     pub fn from_env() -> Option<Profile> {
-        (std::env::var("SAGEBWD_PROFILE").as_deref() == Ok("1")).then(|| Profile { state: RefCell::default() })
+        (std::env::var("SAGEBWD_PROFILE").as_deref() == Ok("1")).then(|| Profile {
+            state: RefCell::default(),
+        })
     }
 
     /// Runs `f`, which enqueues `phase`'s work on `stream`, between two events.
@@ -61,7 +63,10 @@ impl Profile {
         let spare = self.state.borrow_mut().spare.pop();
         let event = match spare {
             Some(e) => e,
-            None => stream.context().new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| cuda_err("profile event", e))?,
+            None => stream
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| cuda_err("profile event", e))?,
         };
         event.record(stream).map_err(|e| cuda_err("profile event", e))?;
         Ok(event)
@@ -86,17 +91,30 @@ impl Profile {
         }
         let steps = st.steps.saturating_sub(1);
         if steps == 0 {
-            eprintln!("profile ({attention}): fewer than 2 optimizer steps, nothing counted (the first step is left out)");
+            eprintln!(
+                "profile ({attention}): fewer than 2 optimizer steps, nothing counted (the first step is left out)"
+            );
             return;
         }
         let per_step = |ms: f64| ms / steps as f64;
         let total: f64 = st.ms.values().sum();
-        let products: f64 = st.ms.iter().filter(|(k, _)| k.starts_with("products")).map(|(_, v)| v).sum();
+        let products: f64 = st
+            .ms
+            .iter()
+            .filter(|(k, _)| k.starts_with("products"))
+            .map(|(_, v)| v)
+            .sum();
         eprintln!(
             "profile ({attention}, CUDA events, {steps} steps after the first, validation left out): {:.3} ms per step on the GPU",
             per_step(total)
         );
-        let line = |name: &str, ms: f64| eprintln!("  {name:<32} {:8.3} ms  {:5.1} %", per_step(ms), 100.0 * ms / total.max(1e-12));
+        let line = |name: &str, ms: f64| {
+            eprintln!(
+                "  {name:<32} {:8.3} ms  {:5.1} %",
+                per_step(ms),
+                100.0 * ms / total.max(1e-12)
+            )
+        };
         for (phase, &ms) in st.ms.iter() {
             line(phase, ms);
         }

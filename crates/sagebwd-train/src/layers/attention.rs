@@ -35,7 +35,13 @@ pub struct AttnCache {
 }
 
 fn attn_shape(cfg: &ModelConfig, d: Dims) -> AttnShape {
-    AttnShape { batch: d.batch, heads_q: cfg.n_heads, heads_kv: cfg.n_kv_heads, seq: d.seq, head_dim: cfg.head_dim() }
+    AttnShape {
+        batch: d.batch,
+        heads_q: cfg.n_heads,
+        heads_kv: cfg.n_kv_heads,
+        seq: d.seq,
+        head_dim: cfg.head_dim(),
+    }
 }
 
 /// `[batch·seq, heads·hd]` → `[batch, heads, seq, hd]`, or back when `inverse`.
@@ -56,7 +62,14 @@ pub fn permute_heads(x: &[f32], d: Dims, heads: usize, hd: usize, inverse: bool)
 }
 
 /// Returns `x + attention(x)` and the cache.
-pub fn forward(be: &dyn Backend, cfg: &ModelConfig, rope: &Rotary, p: &Layer, x: Vec<f32>, d: Dims) -> Result<(Vec<f32>, AttnCache)> {
+pub fn forward(
+    be: &dyn Backend,
+    cfg: &ModelConfig,
+    rope: &Rotary,
+    p: &Layer,
+    x: Vec<f32>,
+    d: Dims,
+) -> Result<(Vec<f32>, AttnCache)> {
     let (dim, hd) = (cfg.dim, cfg.head_dim());
     let (q_width, kv_width) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
     let mut h = vec![0.0f32; x.len()];
@@ -79,7 +92,23 @@ pub fn forward(be: &dyn Backend, cfg: &ModelConfig, rope: &Rotary, p: &Layer, x:
     let o_tokens = permute_heads(&o, d, cfg.n_heads, hd, true);
     let mut out = linear::forward(be, &o_tokens, &p.wo, q_width, dim);
     out.par_iter_mut().zip(x.par_iter()).for_each(|(y, r)| *y += r);
-    Ok((out, AttnCache { x, h, rstd, q_proj, k_proj, q_rstd, k_rstd, q, k, v, o, o_tokens }))
+    Ok((
+        out,
+        AttnCache {
+            x,
+            h,
+            rstd,
+            q_proj,
+            k_proj,
+            q_rstd,
+            k_rstd,
+            q,
+            k,
+            v,
+            o,
+            o_tokens,
+        },
+    ))
 }
 
 /// Given `d_out = ∂L/∂(x + attention(x))`, returns `∂L/∂x` and adds the weight gradients to `g`.

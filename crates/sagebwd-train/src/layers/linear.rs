@@ -13,7 +13,16 @@ pub fn forward(be: &dyn Backend, x: &[f32], w: &[f32], n_in: usize, n_out: usize
 
 /// Adds `dy · W` to `dx` and `dyᵀ · x` to `dw`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward(be: &dyn Backend, dy: &[f32], x: &[f32], w: &[f32], n_in: usize, n_out: usize, dx: &mut [f32], dw: &mut [f32]) {
+pub fn backward(
+    be: &dyn Backend,
+    dy: &[f32],
+    x: &[f32],
+    w: &[f32],
+    n_in: usize,
+    n_out: usize,
+    dx: &mut [f32],
+    dw: &mut [f32],
+) {
     let tokens = x.len() / n_in;
     be.gemm(dx, dy, w, tokens, n_out, n_in, true);
     be.gemm_at(dw, dy, x, n_out, tokens, n_in, true);

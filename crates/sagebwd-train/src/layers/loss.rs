@@ -47,7 +47,15 @@ pub fn lm_head_loss(
         total += softmax_xent_columns(logits_t, c, &targets[c0..c0 + c], scale);
         if let Some(g) = grad.as_mut() {
             // `logits_t` now holds ∂L/∂logitsᵀ.
-            be.gemm_at(&mut g.d_hidden[c0 * dim..(c0 + c) * dim], logits_t, table, c, vocab, dim, true);
+            be.gemm_at(
+                &mut g.d_hidden[c0 * dim..(c0 + c) * dim],
+                logits_t,
+                table,
+                c,
+                vocab,
+                dim,
+                true,
+            );
             be.gemm(g.d_table, logits_t, h, vocab, c, dim, true);
         }
     }
@@ -58,13 +66,19 @@ pub fn lm_head_loss(
 /// with `scale`, overwrites the logits with `scale · (softmax − onehot(target))`. Maxima and sums are
 /// combined over row blocks in block order, so the result does not depend on the thread count.
 fn softmax_xent_columns(l: &mut [f32], c: usize, targets: &[u32], scale: Option<f32>) -> f64 {
-    let target_logit: Vec<f32> = targets.iter().enumerate().map(|(j, &t)| l[t as usize * c + j]).collect();
+    let target_logit: Vec<f32> = targets
+        .iter()
+        .enumerate()
+        .map(|(j, &t)| l[t as usize * c + j])
+        .collect();
     let block_max: Vec<Vec<f32>> = l
         .par_chunks(ROWS_PER_TASK * c)
         .map(|blk| {
             let mut m = vec![f32::NEG_INFINITY; c];
             for row in blk.chunks_exact(c) {
-                m.iter_mut().zip(row).for_each(|(m, &z)| *m = if z > *m { z } else { *m });
+                m.iter_mut()
+                    .zip(row)
+                    .for_each(|(m, &z)| *m = if z > *m { z } else { *m });
             }
             m
         })
@@ -90,10 +104,13 @@ fn softmax_xent_columns(l: &mut [f32], c: usize, targets: &[u32], scale: Option<
     for bs in &block_sum {
         sum.iter_mut().zip(bs).for_each(|(s, &b)| *s += b);
     }
-    let loss: f64 = (0..c).map(|j| max[j] as f64 + sum[j].ln() - target_logit[j] as f64).sum();
+    let loss: f64 = (0..c)
+        .map(|j| max[j] as f64 + sum[j].ln() - target_logit[j] as f64)
+        .sum();
     if let Some(scale) = scale {
         let k: Vec<f32> = sum.iter().map(|&s| (scale as f64 / s) as f32).collect();
-        l.par_chunks_mut(c).for_each(|row| row.iter_mut().zip(&k).for_each(|(p, &k)| *p *= k));
+        l.par_chunks_mut(c)
+            .for_each(|row| row.iter_mut().zip(&k).for_each(|(p, &k)| *p *= k));
         for (j, &t) in targets.iter().enumerate() {
             l[t as usize * c + j] -= scale;
         }
@@ -114,7 +131,11 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     let p = 1.0 + f * (1.0 + f * (0.5 + f * (1.0 / 6.0 + f * (1.0 / 24.0 + f * (1.0 / 120.0 + f * (1.0 / 720.0))))));
     let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
     let y = p * scale;
-    if x < -87.0 { 0.0 } else { y }
+    if x < -87.0 {
+        0.0
+    } else {
+        y
+    }
 }
 
 #[cfg(test)]

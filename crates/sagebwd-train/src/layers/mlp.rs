@@ -7,7 +7,10 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 pub fn swiglu_forward(g: &[f32], u: &[f32]) -> Vec<f32> {
-    g.par_iter().zip(u.par_iter()).map(|(&g, &u)| g * sigmoid(g) * u).collect()
+    g.par_iter()
+        .zip(u.par_iter())
+        .map(|(&g, &u)| g * sigmoid(g) * u)
+        .collect()
 }
 
 /// Returns `(dg, du)`; `silu'(g) = σ(g) · (1 + g · (1 − σ(g)))`.
@@ -47,11 +50,28 @@ pub fn forward(be: &dyn Backend, cfg: &ModelConfig, p: &Layer, x: Vec<f32>) -> (
     let act = swiglu_forward(&gate, &up);
     let mut out = linear::forward(be, &act, &p.w_down, f, dim);
     out.par_iter_mut().zip(x.par_iter()).for_each(|(y, r)| *y += r);
-    (out, MlpCache { x, h, rstd, gate, up, act })
+    (
+        out,
+        MlpCache {
+            x,
+            h,
+            rstd,
+            gate,
+            up,
+            act,
+        },
+    )
 }
 
 /// Given `∂L/∂out`, returns `∂L/∂x` and adds the weight gradients to `g`.
-pub fn backward(be: &dyn Backend, cfg: &ModelConfig, p: &Layer, c: MlpCache, d_out: Vec<f32>, g: &mut Layer) -> Vec<f32> {
+pub fn backward(
+    be: &dyn Backend,
+    cfg: &ModelConfig,
+    p: &Layer,
+    c: MlpCache,
+    d_out: Vec<f32>,
+    g: &mut Layer,
+) -> Vec<f32> {
     let (dim, f) = (cfg.dim, cfg.ffn_hidden);
     let tokens = c.x.len() / dim;
     let mut d_act = vec![0.0f32; tokens * f];

@@ -7,11 +7,17 @@ use rayon::prelude::*;
 pub fn forward(x: &[f32], gain: &[f32], eps: f32, y: &mut [f32]) -> Vec<f32> {
     let n = gain.len();
     let mut rstd = vec![0.0f32; x.len() / n];
-    y.par_chunks_mut(n).zip(x.par_chunks(n)).zip(rstd.par_iter_mut()).for_each(|((yr, xr), rs)| {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
-        *rs = 1.0 / (ms + eps).sqrt();
-        yr.iter_mut().zip(xr).zip(gain).for_each(|((o, &v), &g)| *o = v * *rs * g);
-    });
+    y.par_chunks_mut(n)
+        .zip(x.par_chunks(n))
+        .zip(rstd.par_iter_mut())
+        .for_each(|((yr, xr), rs)| {
+            let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
+            *rs = 1.0 / (ms + eps).sqrt();
+            yr.iter_mut()
+                .zip(xr)
+                .zip(gain)
+                .for_each(|((o, &v), &g)| *o = v * *rs * g);
+        });
     rstd
 }
 
