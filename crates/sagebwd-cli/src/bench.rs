@@ -159,14 +159,14 @@ fn sweep(a: &BenchArgs) -> Result<Vec<Point>> {
     let mut points = Vec::new();
     for &d in &a.head_dim {
         ensure!(
-            d > 0 && a.hidden % d == 0,
+            d > 0 && a.hidden.is_multiple_of(d),
             "--hidden {} is not a multiple of head dim {d}",
             a.hidden
         );
         for &causal in a.causal.values() {
             for &n in &a.n {
                 ensure!(
-                    n > 0 && a.tokens % n == 0,
+                    n > 0 && a.tokens.is_multiple_of(n),
                     "--tokens {} is not a multiple of N = {n}",
                     a.tokens
                 );
@@ -191,7 +191,7 @@ fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let m = s.len() / 2;
-    if s.len() % 2 == 0 {
+    if s.len().is_multiple_of(2) {
         (s[m - 1] + s[m]) / 2.0
     } else {
         s[m]

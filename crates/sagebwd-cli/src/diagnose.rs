@@ -416,8 +416,8 @@ where
         &format!("{} vs exact f64 per layer ({} tokens)", r.config, r.tokens),
         ("sans-serif", 22),
     )?;
-    let panels: [(&str, fn(&Metrics) -> f64); 2] =
-        [("relative L2 error", |m| m.rel_l2), ("1 − cosine", |m| 1.0 - m.cos)];
+    type Panel = (&'static str, fn(&Metrics) -> f64);
+    let panels: [Panel; 2] = [("relative L2 error", |m| m.rel_l2), ("1 − cosine", |m| 1.0 - m.cos)];
     let last = r.layers.iter().map(|l| l.layer).max().unwrap_or(0) as f64;
     for ((name, pick), area) in panels.into_iter().zip(root.split_evenly((1, 2))) {
         let series: Vec<(&str, Vec<(f64, f64)>)> = TENSORS

@@ -205,6 +205,7 @@ fn check(shape: &Shape, cfg: &Config) -> Result<()> {
 /// # Safety
 /// The addresses must be device memory of `gpu`'s context holding the tensors of `shape`, alive
 /// until the work queued on `stream` has run; `o` must not overlap the inputs.
+#[allow(clippy::too_many_arguments)] // the five tensors, the stream, the shape, the mask and the method
 pub unsafe fn forward(
     gpu: &Gpu,
     stream: CUstream,

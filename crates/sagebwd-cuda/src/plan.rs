@@ -670,7 +670,7 @@ fn int8_persistent_kernel(forced: Option<ForwardOverride>) -> Option<&'static CS
 /// folds the heads' 16-key groups together) and rows that fit the kernel's 32-bit row arithmetic.
 pub(crate) fn tma_kq_fits(s: &Shape) -> bool {
     let rows = |heads: usize, n: usize| heads as i64 * s.batch as i64 * n as i64;
-    s.n_k % 16 == 0
+    s.n_k.is_multiple_of(16)
         && s.n_k > 0
         && s.n_q > 0
         && rows(s.heads_q, s.n_q) + 2 * 64 < 1 << 31
@@ -698,7 +698,7 @@ fn choose_backward(hopper: bool, fl: i32, s: &Shape, causal: bool, t: &Tuning, p
     let sage_tma_dq = sage_plain && sage_d64_tma_dq;
     let rows = s.batch * s.heads_q;
     let sage_tma_stage =
-        sage_plain && d == 128 && s.n_q % BLOCK_Q == 0 && rows * s.n_q < 1 << 31 && t.sage_d128_tma_stage;
+        sage_plain && d == 128 && s.n_q.is_multiple_of(BLOCK_Q) && rows * s.n_q < 1 << 31 && t.sage_d128_tma_stage;
     let main = if persistent {
         BackwardMain::Named(if sage {
             c"sage_bwd_main_sm90_int8_persistent"

@@ -190,9 +190,11 @@ fn fused_qkv_applies(gpu: &Gpu, jobs: [&RowsJob; 3]) -> bool {
     let tiles = jobs.iter().all(|j| j.block_mean.is_none() && j.transposed.1.is_none());
     let full = kj.n % kj.rows_per_block == 0 && qj.n % (2 * qj.rows_per_block) == 0 && vj.n == kj.n;
     let same_threads = kj.rows_per_block == vj.rows_per_block && kj.rows_per_block == 2 * qj.rows_per_block;
-    let aligned = jobs
-        .iter()
-        .all(|j| gpu.ptr(j.x) % 16 == 0 && gpu.ptr(j.x_hat) % 8 == 0 && gpu.ptr(j.transposed.0) % 8 == 0);
+    let aligned = jobs.iter().all(|j| {
+        gpu.ptr(j.x).is_multiple_of(16)
+            && gpu.ptr(j.x_hat).is_multiple_of(8)
+            && gpu.ptr(j.transposed.0).is_multiple_of(8)
+    });
     tiles
         && full
         && same_threads
@@ -631,14 +633,14 @@ pub(crate) fn quantize_do_delta(
     let mut p = rows_params(gpu, &do_job(x, d_o, &q));
     let off = !allow_fused;
     let fits = !needs.bf16_transposed
-        && s.n_q % BLOCK_Q == 0
+        && s.n_q.is_multiple_of(BLOCK_Q)
         && p.n_pad % 8 == 0
-        && gpu.ptr(d_o) % 16 == 0
-        && gpu.ptr(o) % 16 == 0
+        && gpu.ptr(d_o).is_multiple_of(16)
+        && gpu.ptr(o).is_multiple_of(16)
         && dq_zero != 0
-        && dq_zero % 16 == 0
-        && p.x_hat % 8 == 0
-        && p.x_hat_t % 8 == 0;
+        && dq_zero.is_multiple_of(16)
+        && p.x_hat.is_multiple_of(8)
+        && p.x_hat_t.is_multiple_of(8);
     if off || !fits {
         quantize_rows(gpu, k, do_job(x, d_o, &q))?;
         return Ok((q, false));

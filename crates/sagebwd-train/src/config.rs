@@ -130,20 +130,20 @@ impl ModelConfig {
                 return Err(Error::Config(format!("{name} must be at least 1")));
             }
         }
-        if self.dim % self.n_heads != 0 {
+        if !self.dim.is_multiple_of(self.n_heads) {
             return Err(Error::Config(format!(
                 "dim {} is not a multiple of heads {}",
                 self.dim, self.n_heads
             )));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(Error::Config(format!(
                 "heads {} is not a multiple of kv heads {}",
                 self.n_heads, self.n_kv_heads
             )));
         }
         let hd = self.head_dim();
-        if hd % 2 != 0 || hd > sagebwd::tensor::MAX_HEAD_DIM_CPU {
+        if !hd.is_multiple_of(2) || hd > sagebwd::tensor::MAX_HEAD_DIM_CPU {
             return Err(Error::Config(format!(
                 "head dimension {hd} must be even (rotary pairs) and at most {}",
                 sagebwd::tensor::MAX_HEAD_DIM_CPU

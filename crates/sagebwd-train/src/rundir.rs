@@ -89,10 +89,12 @@ pub fn claim(dir: &Path, how: Claim) -> Result<RunDirLock> {
     file.write_all(me.as_bytes()).map_err(io_err(&lock_path))?;
     let present = run_files_in(dir);
     match how {
-        Claim::New if !present.is_empty() => return Err(err(format!(
+        Claim::New if !present.is_empty() => {
+            return Err(err(format!(
             "already holds a run ({}); continue it with --resume, replace it with --overwrite, or use another --name",
             present.join(", ")
-        ))),
+        )))
+        }
         Claim::Overwrite => {
             for f in present {
                 let p = dir.join(f);

@@ -57,7 +57,7 @@ fn tokens_of(path: &Path, bytes: &[u8]) -> Result<Vec<u16>> {
             )));
         }
         body
-    } else if bytes.len() % 2 == 0 {
+    } else if bytes.len().is_multiple_of(2) {
         bytes
     } else {
         return Err(bad("neither an llm.c shard nor a u16 token stream (odd size)".into()));

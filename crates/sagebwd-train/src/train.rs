@@ -411,9 +411,9 @@ pub fn train(cfg: &TrainConfig, corpus: &Corpus, opts: &RunOptions) -> Result<Ru
             ..Default::default()
         })?;
         let done = state.step == cfg.steps;
-        let eval_now = !val.is_empty() && (state.step % cfg.eval_every.max(1) == 0 || done);
+        let eval_now = !val.is_empty() && (state.step.is_multiple_of(cfg.eval_every.max(1)) || done);
         let interrupted = signals.received();
-        let save_now = state.step % cfg.checkpoint_every.max(1) == 0
+        let save_now = state.step.is_multiple_of(cfg.checkpoint_every.max(1))
             || done
             || Some(state.step) == opts.stop_after
             || interrupted.is_some();

@@ -458,7 +458,7 @@ impl Config {
                 "the P / dS variants are simulated without Q-smoothing and the dQ correction".into(),
             ));
         }
-        if self.pds.fp8_sum.promote % crate::fp8::WGMMA_K != 0 {
+        if !self.pds.fp8_sum.promote.is_multiple_of(crate::fp8::WGMMA_K) {
             return Err(Error::Config(format!(
                 "fp8 promotion interval must be a multiple of {}",
                 crate::fp8::WGMMA_K

@@ -144,7 +144,7 @@ impl Fp8 {
 /// `promote > 0`: every `promote` reduction elements the tensor-core accumulator is added to an FP32
 /// register sum (one FADD per value) and restarts at 0; `promote = 0`: it never does (the accumulator
 /// itself carries the whole reduction).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, Default)]
 pub struct TensorSum {
     pub mantissa_bits: u32,
     pub promote: usize,
@@ -152,15 +152,6 @@ pub struct TensorSum {
 
 /// The `k` of one FP8 `wgmma` instruction.
 pub const WGMMA_K: usize = 32;
-
-impl Default for TensorSum {
-    fn default() -> Self {
-        TensorSum {
-            mantissa_bits: 0,
-            promote: 0,
-        }
-    }
-}
 
 /// The running state of one output value's tensor-core reduction.
 #[derive(Clone, Copy, Debug)]
@@ -190,7 +181,7 @@ impl TensorSum {
             let end = (i + WGMMA_K - at % WGMMA_K).min(terms.len());
             acc.tc = self.chunk(acc.tc, &terms[i..end]);
             i = end;
-            if self.promote > 0 && (index0 + i) % self.promote == 0 {
+            if self.promote > 0 && (index0 + i).is_multiple_of(self.promote) {
                 acc.reg += acc.tc;
                 acc.tc = 0.0;
             }

@@ -63,7 +63,7 @@ impl Shape {
                 return Err(Error::Shape(format!("{name} is 0: empty problems are not supported")));
             }
         }
-        if self.heads_q % self.heads_kv != 0 {
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(Error::Shape(format!(
                 "query heads ({}) must be a multiple of key/value heads ({})",
                 self.heads_q, self.heads_kv

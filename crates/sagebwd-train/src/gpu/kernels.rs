@@ -290,7 +290,12 @@ impl TrainKernels {
     ) -> Result<()> {
         let (branch, x_out) = residual.unwrap_or((0, 0));
         // 16-byte accesses need n % 4 == 0 and 16-byte aligned rows (x, x_out, gain) and 8-byte aligned y and branch rows.
-        let vec = n % 4 == 0 && x % 16 == 0 && x_out % 16 == 0 && gain % 16 == 0 && y % 8 == 0 && branch % 8 == 0;
+        let vec = n.is_multiple_of(4)
+            && x.is_multiple_of(16)
+            && x_out % 16 == 0
+            && gain.is_multiple_of(16)
+            && y.is_multiple_of(8)
+            && branch % 8 == 0;
         launch!(
             self,
             rmsnorm_forward,
@@ -338,7 +343,10 @@ impl TrainKernels {
             block_dim: ((NORM_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let vec = n % 4 == 0 && [x, gain, dx].iter().all(|p| p % 16 == 0) && dy % 8 == 0 && dx_bf16 % 8 == 0;
+        let vec = n.is_multiple_of(4)
+            && [x, gain, dx].iter().all(|p| p % 16 == 0)
+            && dy.is_multiple_of(8)
+            && dx_bf16.is_multiple_of(8);
         launch!(
             self,
             rmsnorm_backward,
@@ -498,7 +506,7 @@ impl TrainKernels {
 
     /// `act = silu(gate) ∘ up` from `gu = [gate | up]`, BF16 `[batch · seq, 2f]` → `[batch · seq, f]`.
     pub fn swiglu_forward(&self, gu: u64, act: u64, f: usize, batch: usize, seq: usize) -> Result<()> {
-        if f % 8 == 0 {
+        if f.is_multiple_of(8) {
             launch!(
                 self,
                 swiglu_forward_x8,
@@ -514,7 +522,7 @@ impl TrainKernels {
 
     /// `d_gu = [∂gate | ∂up]` from `d_act`, BF16.
     pub fn swiglu_backward(&self, d_act: u64, gu: u64, d_gu: u64, f: usize, batch: usize, seq: usize) -> Result<()> {
-        if f % 8 == 0 {
+        if f.is_multiple_of(8) {
             launch!(
                 self,
                 swiglu_backward_x8,
@@ -556,7 +564,7 @@ impl TrainKernels {
         scale: f32,
         want_grad: bool,
     ) -> Result<()> {
-        if ld % 8 != 0 || logits % 16 != 0 || vocab > ld {
+        if !ld.is_multiple_of(8) || !logits.is_multiple_of(16) || vocab > ld {
             return Err(super::Error::Gpu(format!("xent: row width {ld} (vocabulary {vocab}) must be a multiple of 8 ≥ the vocabulary, rows 16-byte aligned")));
         }
         // The row staged in shared memory (one DRAM read per logit) when the GPU lets a block hold it
@@ -622,7 +630,7 @@ impl TrainKernels {
         grad_scale: f32,
     ) -> Result<()> {
         // Chunks with start and length multiples of 4 take 16-byte accesses (optimizer.cu): the buffers must be aligned.
-        if [p, g, m, v].iter().any(|a| a % 16 != 0) || p_bf16 % 8 != 0 {
+        if [p, g, m, v].iter().any(|a| a % 16 != 0) || !p_bf16.is_multiple_of(8) {
             return Err(super::Error::Gpu(
                 "adamw: the flat buffers must be 16-byte aligned (the BF16 copy 8-byte)".into(),
             ));
