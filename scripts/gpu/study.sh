@@ -5,9 +5,9 @@
 # Q-smoothing on). Every run traces the per-layer attention error (--trace); the seed-1 parts end with
 # `sagebwd diagnose` on their sagebwd checkpoint (the paper's Table 2, CPU simulator vs f64).
 #
-# 1. HERE (no GPU needed), in the repository root:   bash scripts/gpu/train.sh --prepare --corpus
-#    (the binary, the precompiled sm_90a kernels and Gutenberg train-00 + val in dev/train; 46 MB of xz)
-# 2. ON THE DEVICE, in the repository root, carrying ["dev/train"], one part per call:
+# 1. HERE (no GPU needed), in the repository root:   bash scripts/gpu/bundle.sh --corpus
+#    (the binaries, the precompiled sm_90a kernels and Gutenberg train-00 + val in dev/bundle; ~62 MB)
+# 2. ON THE DEVICE, in the repository root, carrying ["dev/bundle"] (BUNDLE=DIR for another), one part per call:
 #      bash scripts/gpu/study.sh PART
 #    PART: tps16k-seed1 tps16k-seed2 tps128k-seed1 tps128k-seed2 tps1m-seed1 tps1m-seed2
 #          qknorm-off (1M TPS, fpa and sagebwd, seed 1)   ablate-grads (1M: sagebwd --bf16 dq,dk; --smooth-k off)
@@ -38,10 +38,11 @@ esac
 OUT=${OUT:-/tmp/sagebwd-study-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export SAGEBWD_CACHE_DIR=${TRAIN_CACHE:-$PWD/dev/train/cache}
-BIN=${TRAIN_BIN:-dev/train/bin/sagebwd}
+BUNDLE=${BUNDLE:-dev/bundle}
+export SAGEBWD_CACHE_DIR=${TRAIN_CACHE:-$PWD/$BUNDLE/cache}
+BIN=${TRAIN_BIN:-$BUNDLE/sagebwd}
 # DATA, MODEL, DEVICE, SEQ, BATCH: for a dry run elsewhere (e.g. MODEL=tiny DEVICE=cpu SEQ=64 BATCH=2 STEPS=2).
-DATA=${DATA:-dev/train/data}
+DATA=${DATA:-$BUNDLE/data}
 MODEL=${MODEL:-small}
 DEVICE=${DEVICE:-cuda}
 SEQ=${SEQ:-1024}
@@ -53,7 +54,7 @@ TOKENS=${TOKENS:-100663296}
 EVAL_TOKENS=${EVAL_TOKENS:-1048576}
 mkdir -p "$RUNS" "$KEEP"
 log=$KEEP/study.log
-{ date -u; echo "part $part, binary $BIN"; cat dev/train/BUILD.txt 2>/dev/null; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$log"
+{ date -u; echo "part $part, binary $BIN"; cat $BUNDLE/BUILD.txt 2>/dev/null; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$log"
 
 pack() { # the part's tarball from what is kept so far
   tar -czf "$OUT/study-$part.tar.gz.tmp" -C "$WORK/keep" "$part" && mv "$OUT/study-$part.tar.gz.tmp" "$OUT/study-$part.tar.gz"
