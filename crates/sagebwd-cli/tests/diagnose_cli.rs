@@ -1,20 +1,9 @@
 //! `train` with method flags and `--trace`, then `diagnose` on its checkpoint and `report` of the
 //! trace: the tiny model on the built-in sample, a few steps on the CPU.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn sagebwd(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sagebwd"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{sagebwd, stderr};
 
 const TINY: [&str; 16] = [
     "--steps",

@@ -5,34 +5,13 @@
 //! Kills use the `SAGEBWD_FAULT` hook (see `sagebwd_train::output::fault_point`): the process sends
 //! itself SIGKILL at the named point. Everything runs on the CPU with a tiny model in a few seconds.
 
+mod common;
+
+use common::{command as cmd, sagebwd as run, stderr, write_corpus, SMALL_MODEL};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn cmd(args: &[&str], cwd: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sagebwd"));
-    c.args(args)
-        .current_dir(cwd)
-        .env_remove("SAGEBWD_FAULT")
-        .env_remove("SAGEBWD_FAULT_AFTER");
-    c
-}
-
-fn run(args: &[&str], cwd: &Path) -> Output {
-    cmd(args, cwd).output().expect("runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn write_corpus(dir: &Path, docs: usize) {
-    let docs: Vec<String> = (0..docs)
-        .map(|i| format!("Document {i}. The cat sat on the mat, and the dog sat on the log. Day {i}.\n"))
-        .collect();
-    std::fs::write(dir.join("corpus.txt"), docs.join("\u{1e}\n")).unwrap();
-}
-
-/// `train corpus.txt --preset exact --name t` on a tiny model, plus `extra`.
+/// `train corpus.txt --preset exact --name t` on the small model, plus `extra`.
 fn train_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
         "train",
@@ -43,27 +22,9 @@ fn train_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
         "t",
         "--device",
         "cpu",
-        "--dim",
-        "16",
-        "--layers",
-        "1",
-        "--heads",
-        "2",
-        "--ffn",
-        "32",
-        "--seq",
-        "16",
-        "--batch",
-        "2",
-        "--eval-every",
-        "2",
-        "--eval-tokens",
-        "64",
-        "--val-every",
-        "5",
-        "--warmup",
-        "2",
     ];
+    v.extend_from_slice(&SMALL_MODEL);
+    v.extend_from_slice(&["--val-every", "5", "--warmup", "2"]);
     v.extend_from_slice(extra);
     v
 }

@@ -1,55 +1,14 @@
 //! `sagebwd tokenize`, `train` and `report` end to end on a small corpus, and their one-line errors.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn sagebwd(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sagebwd"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// 30 short documents separated by RS + newline.
-fn write_corpus(dir: &Path) {
-    let docs: Vec<String> = (0..30)
-        .map(|i| {
-            format!("Document {i}. The cat sat on the mat, and the dog sat on the log. It was day {i} of the year.\n")
-        })
-        .collect();
-    std::fs::write(dir.join("corpus.txt"), docs.join("\u{1e}\n")).unwrap();
-}
-
-/// A model small enough that a few steps take well under a second (the GPT-2 vocabulary stays).
-const SMALL: [&str; 16] = [
-    "--dim",
-    "16",
-    "--layers",
-    "1",
-    "--heads",
-    "2",
-    "--ffn",
-    "32",
-    "--seq",
-    "16",
-    "--batch",
-    "2",
-    "--eval-every",
-    "2",
-    "--eval-tokens",
-    "64",
-];
+use common::{sagebwd, stderr, write_corpus, SMALL_MODEL as SMALL};
 
 #[test]
 fn tokenize_train_on_shards_and_report() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write_corpus(d);
+    write_corpus(d, 30);
     let o = sagebwd(&["tokenize", "corpus.txt", "-o", "shards", "--val-every", "5"], d);
     assert!(o.status.success(), "{}", stderr(&o));
     let info: serde_json::Value =
@@ -132,7 +91,7 @@ fn tokenize_train_on_shards_and_report() {
 fn bad_input_gives_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write_corpus(d);
+    write_corpus(d, 30);
     std::fs::write(d.join("empty.txt"), "").unwrap();
     let cases: [(&[&str], &str); 7] = [
         (&["train", "missing.txt"], "missing.txt: no such file"),
