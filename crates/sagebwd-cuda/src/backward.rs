@@ -290,14 +290,81 @@ fn at(addr: u64, elems: usize, size: usize) -> u64 {
     }
 }
 
-pub fn backward(
+/// Where the backward writes dQ, dK, dV (BF16): buffers it allocates, or the caller's ([`crate::external`]).
+pub(crate) enum GradientsInto {
+    Allocate,
+    /// Device addresses of `q_len`, `kv_len`, `kv_len` BF16; never freed by the backward, on success (the caller
+    /// leaks the returned slices) or on error.
+    Caller {
+        dq: sys::CUdeviceptr,
+        dk: sys::CUdeviceptr,
+        dv: sys::CUdeviceptr,
+    },
+}
+
+/// The three output buffers of a backward.
+struct GradientOutputs {
+    dq: CudaSlice<u16>,
+    dk: CudaSlice<u16>,
+    dv: CudaSlice<u16>,
+}
+
+/// Preprocess, main kernel and postprocess as the forward's plan says; dQ, dK, dV go where `into` says.
+pub(crate) fn backward(
     gpu: &Gpu,
     k: &Kernels,
     x: &DeviceInputs,
     fwd: &DeviceForward,
     saved: &SavedForBackward,
     d_o: &CudaSlice<u16>,
+    into: GradientsInto,
 ) -> Result<DeviceGradients> {
+    let s = &x.shape;
+    let out = match into {
+        GradientsInto::Allocate => GradientOutputs {
+            dk: gpu.alloc_poisoned_u16(s.kv_len())?,
+            dv: gpu.alloc_poisoned_u16(s.kv_len())?,
+            dq: gpu.alloc_poisoned_u16(s.q_len())?,
+        },
+        // SAFETY: the caller's buffers (external::backward's contract); leaked below on error.
+        GradientsInto::Caller { dq, dk, dv } => unsafe {
+            GradientOutputs {
+                dq: gpu.dev.stream.upgrade_device_ptr::<u16>(dq, s.q_len()),
+                dk: gpu.dev.stream.upgrade_device_ptr::<u16>(dk, s.kv_len()),
+                dv: gpu.dev.stream.upgrade_device_ptr::<u16>(dv, s.kv_len()),
+            }
+        },
+    };
+    match backward_into(gpu, k, x, fwd, saved, d_o, &out) {
+        Ok((delta, do_quant)) => Ok(DeviceGradients {
+            dq: out.dq,
+            dk: out.dk,
+            dv: out.dv,
+            delta,
+            do_quant,
+        }),
+        Err(e) => {
+            if matches!(into, GradientsInto::Caller { .. }) {
+                out.dq.leak();
+                out.dk.leak();
+                out.dv.leak();
+            }
+            Err(e)
+        }
+    }
+}
+
+/// [`backward`]'s work, writing `out`; returns D and the dO quantization.
+fn backward_into(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &DeviceInputs,
+    fwd: &DeviceForward,
+    saved: &SavedForBackward,
+    d_o: &CudaSlice<u16>,
+    out: &GradientOutputs,
+) -> Result<(CudaSlice<f32>, QuantizedDo)> {
+    let (dq, dk, dv) = (&out.dq, &out.dk, &out.dv);
     let s = &x.shape;
     let dims = Dims::of(s, x.causal);
     let (c, c_lambda) = scales(s.head_dim);
@@ -388,10 +455,6 @@ pub fn backward(
         }
     };
     let (dk_acc, dv_acc) = (partials()?, partials()?);
-    let dk = gpu.alloc_poisoned_u16(s.kv_len())?;
-    let dv = gpu.alloc_poisoned_u16(s.kv_len())?;
-    // dQ before the groups: each group's postprocess writes its rows.
-    let dq = gpu.alloc_poisoned_u16(s.q_len())?;
     // Groups alternate between two streams, each with its own buffers: one group's main kernel
     // fills the other's tail and hides its small kernels (transposes, dO quantization, zeroing,
     // dQ postprocess). Both streams start after everything queued so far (the allocations and their
@@ -501,8 +564,8 @@ pub fn backward(
             ds_rowsum,
             dk_acc: gpu.ptr(&dk_acc),
             dv_acc: gpu.ptr(&dv_acc),
-            dk_out: if direct { at(gpu.ptr(&dk), k_rows, 2) } else { 0 },
-            dv_out: if direct { at(gpu.ptr(&dv), k_rows, 2) } else { 0 },
+            dk_out: if direct { at(gpu.ptr(dk), k_rows, 2) } else { 0 },
+            dv_out: if direct { at(gpu.ptr(dv), k_rows, 2) } else { 0 },
             dims: gd,
             flags: fl,
             c_lambda,
@@ -562,7 +625,7 @@ pub fn backward(
             )?;
         }
         let (mut acc, mut rowsum, mut k_mean) = (dq_acc, ds_rowsum, op.k_mean);
-        let (mut dq_rows, mut gd, mut c, mut fl) = (at(gpu.ptr(&dq), q_rows, 2), gd, c, fl);
+        let (mut dq_rows, mut gd, mut c, mut fl) = (at(gpu.ptr(dq), q_rows, 2), gd, c, fl);
         let mut args: [*mut std::ffi::c_void; 7] = [
             (&mut acc as *mut u64).cast(),
             (&mut rowsum as *mut u64).cast(),
@@ -591,20 +654,14 @@ pub fn backward(
                 .launch_builder(&k.post_dkdv)
                 .arg(dk_acc)
                 .arg(dv_acc)
-                .arg(&dk)
-                .arg(&dv)
+                .arg(dk)
+                .arg(dv)
                 .arg(&dims)
                 .arg(&c)
                 .launch(grid_stride(s.kv_len()))
         })?;
     }
-    Ok(DeviceGradients {
-        dq,
-        dk,
-        dv,
-        delta,
-        do_quant,
-    })
+    Ok((delta, do_quant))
 }
 
 /// Device bytes the backward allocates beyond the forward's (for the up-front memory check): an

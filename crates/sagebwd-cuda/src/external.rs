@@ -11,18 +11,15 @@
 //!   kernels' stream wait before the first launch, and an event recorded after the last launch
 //!   makes the caller's stream wait: two event records and two stream waits per call, no host wait.
 //!   The caller's default (legacy) stream is the kernels' stream itself, and needs neither.
-//! - **Outputs.** The kernels write O, dQ, dK, dV into buffers the library allocates (stream-ordered,
-//!   from the device's memory pool, outside the caller's allocator); each is copied device to device
-//!   into the caller's tensor on the kernels' stream, then freed: one read and one write of the
-//!   tensor, 4·B·H_q·N_q·d bytes of memory traffic for O, the same for dQ, 4·B·H_kv·N_k·d each for
-//!   dK and dV.
+//! - **Outputs.** The kernels write O, dQ, dK, dV straight into the caller's tensors (no copy). The
+//!   workspaces (quantized operands, FP32 accumulators) come from the library's stream-ordered memory
+//!   pool, outside the caller's allocator.
 //! - **Saved state.** [`ExternalForward`] keeps what the backward reads besides Q, K, V, O (the
-//!   quantized operands and scales, K mean, row offsets, both LSEs); the caller keeps O (its copy
-//!   is what the backward reads, so the library's O is freed after the copy).
+//!   quantized operands and scales, K mean, row offsets, both LSEs); the caller keeps O.
 
 use crate::runtime::drv;
 use crate::{check_supported, DeviceForward, DeviceInputs, Gpu, SavedForBackward};
-use cudarc::driver::sys::{self, CUdeviceptr, CUstream};
+use cudarc::driver::sys::{CUdeviceptr, CUstream};
 use cudarc::driver::CudaSlice;
 use sagebwd::{Config, Error, Result, Shape};
 use std::mem::ManuallyDrop;
@@ -184,16 +181,6 @@ fn on_stream<T>(gpu: &Gpu, caller: CUstream, body: impl FnOnce() -> Result<T>) -
     Ok(out)
 }
 
-/// `bytes` from `src` to `dst` on the kernels' stream.
-fn copy(gpu: &Gpu, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, what: &str) -> Result<()> {
-    if dst == 0 {
-        return Err(Error::Shape(format!("{what}: null device address")));
-    }
-    drv(what, unsafe {
-        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, gpu.main_stream()).result()
-    })
-}
-
 fn check(shape: &Shape, cfg: &Config) -> Result<()> {
     cfg.validate()?;
     check_supported(shape, cfg)
@@ -220,10 +207,12 @@ pub unsafe fn forward(
     check(&shape, cfg)?;
     on_stream(gpu, stream, || {
         let x = unsafe { BorrowedInputs::new(gpu, shape, causal, q, k, v)? };
-        let (fwd, saved) = gpu.forward(&x, cfg)?;
-        let DeviceForward { o: o_lib, lse2, lse } = fwd;
-        copy(gpu, o, gpu.ptr(&o_lib), shape.q_len() * 2, "copy O")?;
-        drop(o_lib); // freed stream-ordered, after the copy
+        if o == 0 {
+            return Err(Error::Shape("O: null device address".into()));
+        }
+        let (fwd, saved) = unsafe { gpu.forward_into(&x, cfg, o)? };
+        let DeviceForward { o: o_caller, lse2, lse } = fwd;
+        o_caller.leak(); // the caller's tensor
         Ok(ExternalForward {
             shape,
             causal,
@@ -266,14 +255,21 @@ pub unsafe fn backward(
             ));
         };
         let fwd = BorrowedForward(Some(DeviceForward { o: o.take(), lse2, lse }));
-        let grads = gpu.backward(&x, fwd.get(), &state.saved, &d_o.0);
+        for (ptr, what) in [(dq, "dQ"), (dk, "dK"), (dv, "dV")] {
+            if ptr == 0 {
+                return Err(Error::Shape(format!("{what}: null device address")));
+            }
+        }
+        let into = crate::backward::GradientsInto::Caller { dq, dk, dv };
+        let grads = gpu.backward_to(&x, fwd.get(), &state.saved, &d_o.0, into);
         let (lse2, lse) = fwd.finish();
         state.lse2 = Some(lse2);
         state.lse = Some(lse);
         let g = grads?;
-        copy(gpu, dq, gpu.ptr(&g.dq), shape.q_len() * 2, "copy dQ")?;
-        copy(gpu, dk, gpu.ptr(&g.dk), shape.kv_len() * 2, "copy dK")?;
-        copy(gpu, dv, gpu.ptr(&g.dv), shape.kv_len() * 2, "copy dV")?;
+        // The caller's tensors; D and the dO quantization are the library's, freed stream-ordered.
+        g.dq.leak();
+        g.dk.leak();
+        g.dv.leak();
         Ok(())
     })
 }

@@ -4,6 +4,7 @@ use crate::plan::{Bf16WsGrid, ForwardKernel, ForwardPath, KernelPlan};
 use crate::quantize::{quantize_planned, QuantizedDev};
 use crate::runtime::{drv, Dims, Kernels, THREADS};
 use crate::{DeviceInputs, Gpu};
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use sagebwd::{Config, Result};
 
@@ -127,21 +128,60 @@ pub(crate) fn forward_mma_smem_bytes(head_dim: usize, path: ForwardPath) -> u32 
     }) as u32
 }
 
-pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result<(DeviceForward, SavedForBackward)> {
+/// Quantization and the forward kernel the plan chooses. O is written into `o_into` when given (a caller's buffer of
+/// `q_len` BF16, [`crate::external`]), else into a buffer allocated here; a caller's buffer is never freed by this
+/// function, on success (the caller leaks the returned slice) or on error.
+pub(crate) fn forward(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &DeviceInputs,
+    cfg: &Config,
+    o_into: Option<CUdeviceptr>,
+) -> Result<(DeviceForward, SavedForBackward)> {
     let plan = gpu.plan(cfg, &x.shape, x.causal);
     let quant = quantize_planned(gpu, k, x, cfg, &plan)?;
     let s = &x.shape;
-    let dims = Dims::of(s, x.causal);
     let rows = s.batch * s.heads_q * s.n_q;
-    let out = DeviceForward {
-        o: gpu.alloc_poisoned_u16(s.q_len())?,
-        lse2: gpu.alloc_poisoned_f32(rows)?,
-        lse: gpu.alloc_poisoned_f32(rows)?,
+    let (lse2, lse) = (gpu.alloc_poisoned_f32(rows)?, gpu.alloc_poisoned_f32(rows)?);
+    let o = match o_into {
+        // SAFETY: the caller's buffer (external::forward's contract); leaked below on error.
+        Some(ptr) => unsafe { gpu.dev.stream.upgrade_device_ptr::<u16>(ptr, s.q_len()) },
+        None => gpu.alloc_poisoned_u16(s.q_len())?,
     };
+    let out = DeviceForward { o, lse2, lse };
+    match launch_forward(gpu, k, x, &plan, &quant, &out) {
+        Ok(()) => Ok((
+            out,
+            SavedForBackward {
+                quant,
+                cfg: cfg.clone(),
+                plan,
+            },
+        )),
+        Err(e) => {
+            if o_into.is_some() {
+                out.o.leak();
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Queues the planned forward kernel writing `out`.
+fn launch_forward(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &DeviceInputs,
+    plan: &KernelPlan,
+    quant: &QuantizedDev,
+    out: &DeviceForward,
+) -> Result<()> {
+    let s = &x.shape;
+    let dims = Dims::of(s, x.causal);
     let (_, c_lambda) = scales(s.head_dim);
     let p = ForwardParams {
-        op: ScoreOperands::of(gpu, x, &quant),
-        tr: Transposed::of(gpu, &quant, None),
+        op: ScoreOperands::of(gpu, x, quant),
+        tr: Transposed::of(gpu, quant, None),
         v_hat: gpu.ptr(&quant.v_hat),
         v_scale: gpu.ptr(&quant.v_scale),
         v: gpu.ptr(&x.v),
@@ -160,14 +200,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     let (func, threads, smem) = match plan.forward {
         ForwardKernel::Bf16Ws { name, grid } => {
             launch_ws_bf16(gpu, k, name, grid, &p, s.head_dim)?;
-            return Ok((
-                out,
-                SavedForBackward {
-                    quant,
-                    cfg: cfg.clone(),
-                    plan,
-                },
-            ));
+            return Ok(());
         }
         ForwardKernel::Int8Persistent {
             name,
@@ -175,15 +208,8 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
             tma_o,
             pdl,
         } => {
-            launch_wsp(gpu, k, name, &p, &quant, s.head_dim, WspOptions { tma_kq, tma_o, pdl })?;
-            return Ok((
-                out,
-                SavedForBackward {
-                    quant,
-                    cfg: cfg.clone(),
-                    plan,
-                },
-            ));
+            launch_wsp(gpu, k, name, &p, quant, s.head_dim, WspOptions { tma_kq, tma_o, pdl })?;
+            return Ok(());
         }
         ForwardKernel::Mma(path) => {
             let smem = forward_mma_smem_bytes(s.head_dim, path);
@@ -206,14 +232,7 @@ pub fn forward(gpu: &Gpu, k: &Kernels, x: &DeviceInputs, cfg: &Config) -> Result
     drv("launch forward", unsafe {
         gpu.dev.stream.launch_builder(func).arg(&p).launch(launch)
     })?;
-    Ok((
-        out,
-        SavedForBackward {
-            quant,
-            cfg: cfg.clone(),
-            plan,
-        },
-    ))
+    Ok(())
 }
 
 /// Dynamic shared memory of `sage_fwd_sm90_bf16_pairs` (`WsBf16Ring::kSmemBytes`): BF16 Q of two query

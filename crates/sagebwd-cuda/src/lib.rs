@@ -573,7 +573,25 @@ impl Gpu {
     fn forward_keep_all(&self, x: &DeviceInputs, cfg: &Config) -> Result<(DeviceForward, SavedForBackward)> {
         check_supported(&x.shape, cfg)?;
         let k = self.kernels(x.shape.head_dim)?;
-        forward::forward(self, &k, x, cfg)
+        forward::forward(self, &k, x, cfg, None)
+    }
+
+    /// [`Gpu::forward`] writing O into the caller's buffer `o` (`q_len` BF16); the returned `DeviceForward::o`
+    /// wraps that buffer and must be leaked, never dropped ([`external`]).
+    ///
+    /// # Safety
+    /// `o` must address `x.shape.q_len()` BF16 values of this context, alive until the queued work has run.
+    pub(crate) unsafe fn forward_into(
+        &self,
+        x: &DeviceInputs,
+        cfg: &Config,
+        o: cudarc::driver::sys::CUdeviceptr,
+    ) -> Result<(DeviceForward, SavedForBackward)> {
+        check_supported(&x.shape, cfg)?;
+        let k = self.kernels(x.shape.head_dim)?;
+        let (fwd, mut saved) = forward::forward(self, &k, x, cfg, Some(o))?;
+        saved.quant.release_forward_only();
+        Ok((fwd, saved))
     }
 
     /// How the staged sagebwd backward splits its heads ([`GroupPolicy::Auto`], the default: within
@@ -595,6 +613,18 @@ impl Gpu {
         saved: &SavedForBackward,
         d_o: &CudaSlice<u16>,
     ) -> Result<DeviceGradients> {
+        self.backward_to(x, fwd, saved, d_o, backward::GradientsInto::Allocate)
+    }
+
+    /// [`Gpu::backward`] with dQ, dK, dV written where `into` says (the caller's buffers: [`external`]).
+    pub(crate) fn backward_to(
+        &self,
+        x: &DeviceInputs,
+        fwd: &DeviceForward,
+        saved: &SavedForBackward,
+        d_o: &CudaSlice<u16>,
+        into: backward::GradientsInto,
+    ) -> Result<DeviceGradients> {
         check_supported(&x.shape, &saved.cfg)?;
         if d_o.len() != x.shape.q_len() {
             return Err(Error::Shape(format!(
@@ -604,7 +634,7 @@ impl Gpu {
             )));
         }
         let k = self.kernels(x.shape.head_dim)?;
-        backward::backward(self, &k, x, fwd, saved, d_o)
+        backward::backward(self, &k, x, fwd, saved, d_o, into)
     }
 
     /// The whole method on host inputs: upload (BF16), forward, backward when dO is present,
