@@ -9,7 +9,7 @@ mod common;
 
 use common::{command as cmd, sagebwd as run, stderr, write_corpus, SMALL_MODEL};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// `train corpus.txt --preset exact --name t` on the small model, plus `extra`.
 fn train_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
@@ -92,6 +92,34 @@ fn a_second_process_is_refused_with_the_holder_named() {
     );
     drop(held);
     assert!(run(&train_args(&["--steps", "2"]), &d).status.success());
+}
+
+#[test]
+fn processes_started_at_once_into_one_directory_leave_one_run() {
+    let (_t, d) = setup();
+    // Four trainings into the same run directory, spawned back to back (no lock held beforehand): the one
+    // that claims it first runs; each other one either fails naming the holder or, if it starts after the
+    // winner finished, is refused because the directory holds a run (no --resume / --overwrite).
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            cmd(&train_args(&["--steps", "3"]), &d)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let won = outs.iter().filter(|o| o.status.success()).count();
+    assert_eq!(won, 1, "exactly one run may own the directory");
+    for o in outs.iter().filter(|o| !o.status.success()) {
+        let e = stderr(o);
+        assert!(e.contains("in use by pid") || e.contains("--overwrite"), "{e}");
+        assert!(!e.contains("panicked"), "{e}");
+    }
+    let run_dir = d.join("runs/t-exact");
+    assert_eq!(train_losses(&run_dir).len(), 3, "the winner's metrics, whole and alone");
+    assert!(temps_in(&run_dir).is_empty(), "{:?}", temps_in(&run_dir));
 }
 
 #[test]
