@@ -139,6 +139,15 @@ pub(crate) fn forward(
     o_into: Option<CUdeviceptr>,
 ) -> Result<(DeviceForward, SavedForBackward)> {
     let plan = gpu.plan(cfg, &x.shape, x.causal);
+    if plan.prepare.v_e4m3 && plan.forward.name() != crate::plan::FP8_PV_FORWARD.to_str().unwrap_or("") {
+        return Err(sagebwd::Error::Config(format!(
+            "{}: the FP8 P·V forward runs on sm_90a (Hopper) only, with its tensor-core kernels (this GPU: {}, forward \
+             kernel {})",
+            cfg.label(),
+            plan.arch,
+            plan.forward.name()
+        )));
+    }
     let quant = quantize_planned(gpu, k, x, cfg, &plan)?;
     let s = &x.shape;
     let rows = s.batch * s.heads_q * s.n_q;

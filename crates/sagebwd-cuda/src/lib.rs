@@ -626,6 +626,7 @@ impl Gpu {
         into: backward::GradientsInto,
     ) -> Result<DeviceGradients> {
         check_supported(&x.shape, &saved.cfg)?;
+        check_backward_supported(&saved.cfg)?;
         if d_o.len() != x.shape.q_len() {
             return Err(Error::Shape(format!(
                 "dO has {} elements, expected {}",
@@ -812,7 +813,7 @@ pub fn check_supported(s: &Shape, cfg: &Config) -> Result<()> {
             supported: "the CUDA kernels support 64 and 128".into(),
         });
     }
-    if !cfg.has_kernels() {
+    if !cfg.has_kernels() && !cfg.has_fp8_forward_kernel() {
         return Err(Error::Config(format!(
             "{}: this P/dS quantization variant is simulated only (docs/ALGORITHM.md §10); no CUDA kernel implements it \
              yet (run it with --device cpu)",
@@ -832,6 +833,18 @@ pub fn check_supported(s: &Shape, cfg: &Config) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The backward's limits beyond [`check_supported`]: the P/dS variants whose forward alone runs on the GPU.
+pub fn check_backward_supported(cfg: &Config) -> Result<()> {
+    if cfg.has_kernels() {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "{}: the GPU runs this variant's forward only (sm_90a, docs/ALGORITHM.md §10.2); its backward is simulated \
+         only so far (run it with --device cpu)",
+        cfg.label()
+    )))
 }
 
 /// Device bytes one run allocates (inputs, quantized copies, forward outputs, backward buffers).

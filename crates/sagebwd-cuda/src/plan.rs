@@ -519,6 +519,9 @@ pub struct PreparePlan {
     pub qk_hat_t_in_forward: bool,
     /// The fused Q/K/V quantization runs V's groups first.
     pub v_first: bool,
+    /// V̂ᵀ in e4m3 with one scale per channel (`sage_quantize_v_e4m3`, after the INT8 quantization, over its V̂ᵀ) for
+    /// the FP8 P·V forward.
+    pub v_e4m3: bool,
 }
 
 /// The backward's main kernel.
@@ -590,6 +593,8 @@ impl KernelPlan {
     pub fn choose(arch: &str, cfg: &Config, shape: &Shape, causal: bool, tuning: &Tuning) -> KernelPlan {
         let fl = flags(cfg);
         let hopper = arch == "sm_90a";
+        // §10.2's e4m3 P·V (the forward of the `p-e4m3*` variants): the persistent kernel with the FP8 product mix.
+        let fp8_pv = cfg.has_fp8_forward_kernel() && !cfg.has_kernels();
         let tc = tuning.tensor_cores;
         let pdl = tuning.pdl_on(arch);
         let backward = choose_backward(hopper, fl, shape, causal, tuning, pdl);
@@ -599,13 +604,14 @@ impl KernelPlan {
             let path = forward_path(fl);
             let ws = match path {
                 ForwardPath::StagedBf16 if hopper => bf16_ws_kernel(shape.head_dim, shape.n_q, causal, tuning.forward),
-                ForwardPath::StagedInt8 if hopper && fl & F_SMOOTH_Q == 0 => int8_persistent_kernel(tuning.forward)
-                    .map(|name| ForwardKernel::Int8Persistent {
+                ForwardPath::StagedInt8 if hopper && fl & F_SMOOTH_Q == 0 => {
+                    int8_persistent_kernel(tuning.forward, fp8_pv).map(|name| ForwardKernel::Int8Persistent {
                         name,
                         tma_kq: tuning.forward_tma_kq && tma_kq_fits(shape),
                         tma_o: shape.head_dim == 128,
                         pdl: pdl && tuning.pdl_forward,
-                    }),
+                    })
+                }
                 _ => None,
             };
             ws.unwrap_or(ForwardKernel::Mma(path))
@@ -615,6 +621,7 @@ impl KernelPlan {
             needs: QuantNeeds::for_paths(tc, fl),
             qk_hat_t_in_forward: sage_backward && tuning.qk_hat_t_in_forward.unwrap_or(backward.groups.count == 1),
             v_first: pdl && tuning.quantize_v_first,
+            v_e4m3: fp8_pv,
         };
         KernelPlan {
             arch: arch.to_string(),
@@ -659,12 +666,16 @@ fn bf16_ws_kernel(head_dim: usize, n_q: usize, causal: bool, forced: Option<Forw
 /// The persistent INT8 forward at every shape where it applies (its second consumer warpgroup starts each tile once
 /// the first one's scores are done: no ping-pong turns, whose barriers cost more than the overlap they bought once the
 /// producer's copies moved to TMA). `mma` gives None; a BF16 override leaves the default.
-fn int8_persistent_kernel(forced: Option<ForwardOverride>) -> Option<&'static CStr> {
+fn int8_persistent_kernel(forced: Option<ForwardOverride>, fp8_pv: bool) -> Option<&'static CStr> {
     match forced {
         Some(ForwardOverride::Mma) => None,
+        _ if fp8_pv => Some(FP8_PV_FORWARD),
         _ => Some(c"sage_fwd_sm90_int8_persistent"),
     }
 }
+
+/// The persistent forward with §10.2's e4m3 P·V (sm90/forward_fp8.cu).
+pub const FP8_PV_FORWARD: &CStr = c"sage_fwd_sm90_fp8_pv_persistent";
 
 /// Whether the persistent INT8 forward may copy K̂ and Q̂ by TMA: n_k a non-zero multiple of 16 (K̂'s permuted view
 /// folds the heads' 16-key groups together) and rows that fit the kernel's 32-bit row arithmetic.

@@ -520,6 +520,10 @@ pub(crate) fn quantize_planned(
         )?;
     }
     quantize_qkv(gpu, k, jobs, plan.prepare.v_first)?;
+    let v_scale = match (&v_hat_t, plan.prepare.v_e4m3) {
+        (Some(v_hat_t), true) => quantize_v_e4m3(gpu, k, x, &dims, v_hat_t)?,
+        _ => v_scale,
+    };
     Ok(QuantizedDev {
         needs,
         q_hat,
@@ -538,6 +542,37 @@ pub(crate) fn quantize_planned(
         v_hat,
         v_scale: Some(v_scale),
     })
+}
+
+/// V̂ᵀ in e4m3 with one power-of-two scale per channel (ALGORITHM.md §10.1) over the INT8 V̂ᵀ in `v_hat_t`
+/// (`sage_quantize_v_e4m3`, one block per (batch, KV head)); returns the scales `[B, H_kv, d]`.
+fn quantize_v_e4m3(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &DeviceInputs,
+    dims: &Dims,
+    v_hat_t: &CudaSlice<i8>,
+) -> Result<CudaSlice<f32>> {
+    let s = &x.shape;
+    let bh_kv = s.batch * s.heads_kv;
+    let scale = gpu.alloc_poisoned_f32(bh_kv * s.head_dim)?;
+    let func = k.quantize_function(c"sage_quantize_v_e4m3")?;
+    let (mut v, mut out, mut sc, mut d) = (gpu.ptr(&x.v), gpu.ptr(v_hat_t), gpu.ptr(&scale), *dims);
+    let mut args: [*mut std::ffi::c_void; 4] = [
+        (&mut v as *mut u64).cast(),
+        (&mut out as *mut u64).cast(),
+        (&mut sc as *mut u64).cast(),
+        (&mut d as *mut Dims).cast(),
+    ];
+    gpu.launch_raw(
+        func,
+        (bh_kv as u32, 1, 1),
+        THREADS,
+        0,
+        gpu.dev.stream.cu_stream(),
+        &mut args,
+    )?;
+    Ok(scale)
 }
 
 /// dÔ and s_dO per B_q block (backward preprocess), and the transposed copies, as far as `needs`

@@ -38,6 +38,7 @@ pub const SOURCES: [(&str, &str); 6] = [
             "sm80/forward_bf16.cu",
             "sm90/forward_bf16.cu",
             "sm90/forward_int8.cu",
+            "sm90/forward_fp8.cu",
             "sm80/forward_entry.cu",
         ),
     ),

@@ -357,6 +357,19 @@ impl Config {
         self.pds.is_default()
     }
 
+    /// Whether the GPU runs this configuration's forward (but not its backward): an e4m3 P in the forward after an
+    /// INT8 #1 and #2 (§10.2), the FP8 copy of V per channel, δ from the quantized O, no Q-smoothing — the
+    /// `p-e4m3*` variants but `fp8-tensor`. The kernel (sm_90a) adds each key block's FP8 sum to the FP32 O once:
+    /// its O is the simulator's with `fp8_sum.promote = block_kv`.
+    pub fn has_fp8_forward_kernel(&self) -> bool {
+        self.pds.p_fwd == Format::Fp8(Fp8::E4m3)
+            && self.pds.fp8_operand_scale == Fp8OperandScale::Channel
+            && self.pds.delta == DeltaFrom::QuantizedO
+            && self.is_int8(Product::QkFwd)
+            && self.is_int8(Product::Pv)
+            && !self.smooth_q
+    }
+
     /// All seven products in BF16, no smoothing: FlashAttention.
     pub fn fpa() -> Config {
         Config::uniform(Precision::Bf16, false)

@@ -592,6 +592,28 @@ __device__ __forceinline__ u32 pack_bf16x2_sw(float lo, float hi) {
 // 1.5·2^23 + a has ulp 1, and subtracting 1.5·2^23 again is exact.
 __device__ __forceinline__ float i2f_exact(int a) { return __fsub_rn(__int_as_float(0x4B400000 + a), 12582912.0f); }
 
+// e4m3 (ALGORITHM.md §10.1: nearest, ties to even, saturating to ±448) of lo and hi as two bytes, lo the low one
+// (cvt puts its first source in the upper byte). sm_89 and later; traps before.
+__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+
+// The exponent e of Fp8::pow2_scale (fp8.rs) for e4m3: the smallest power of two 2^e with amax / 2^e ≤ 448, amax > 0
+// and finite. ldexpf is exact (0 ulp), so every comparison is on the exact quotient.
+__device__ __forceinline__ int e4m3_scale_exponent(float amax) {
+    int e = ilogbf(amax) - 8;
+    while (ldexpf(amax, -e) > 448.0f) ++e;
+    while (e > -149 && ldexpf(amax, -(e - 1)) <= 448.0f) --e;
+    return e;
+}
+
 // The low bytes of a, b, c, d as one word (a lowest).
 __device__ __forceinline__ u32 pack_lo_bytes(u32 a, u32 b, u32 c, u32 d) {
     u32 lo, hi, r;

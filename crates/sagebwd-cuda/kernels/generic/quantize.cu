@@ -832,3 +832,51 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM, 768 / HEAD_DIM) sage_tran
     transpose_qk_hat_tile16(q_hat, q_hat_t, n_q, n_qpad, k_hat, k_hat_t, n_k, n_kpad);
     pdl_wait();  // every thread, last (see above)
 }
+
+// V̂ᵀ in e4m3 for an FP8 P·V (ALGORITHM.md §10.1, `Fp8OperandScale::Channel`): one block per (batch, KV head).
+// Pass 1: each channel's amax over all keys and its power-of-two scale s_V[c] (Fp8::pow2_scale; 0 for an all-zero
+// channel) into v_scale[bh·d + c]. Pass 2: tiles of V8_TILE keys staged in shared memory and written transposed,
+// v_hat_t[(bh·d + c)·n_kpad + j] = e4m3(V[j][c] / s_V[c]) (the division exact: ldexpf), 0 for the padding keys
+// j ≥ n_k and for an all-zero channel. Overwrites the INT8 V̂ᵀ of sage_quantize_qkv in the same buffer.
+#define V8_TILE 64
+#define V8_ZERO_CHANNEL (-1000)  // s_exp of an all-zero channel (every real exponent is ≥ −149)
+extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_v_e4m3(const u16* __restrict__ v, u32* __restrict__ v_hat_t,
+                                                                          float* __restrict__ v_scale, Dims d) {
+    constexpr int ROWS = THREADS / HEAD_DIM;  // key rows read at once in pass 1
+    __shared__ float s_amax[THREADS];
+    __shared__ int s_exp[HEAD_DIM];
+    __shared__ u16 s_tile[V8_TILE][HEAD_DIM + 2];
+    const int bh = blockIdx.x, t = threadIdx.x;
+    const u16* vb = v + (long)bh * d.n_k * HEAD_DIM;
+    float m = 0.0f;
+    for (int j = t / HEAD_DIM; j < d.n_k; j += ROWS) m = fmaxf(m, fabsf(bf16_to_f32(vb[(long)j * HEAD_DIM + t % HEAD_DIM])));
+    s_amax[t] = m;
+    __syncthreads();
+    if (t < HEAD_DIM) {
+        float a = s_amax[t];
+        for (int i = 1; i < ROWS; ++i) a = fmaxf(a, s_amax[t + i * HEAD_DIM]);
+        const bool zero = a == 0.0f;
+        const int e = zero ? 0 : e4m3_scale_exponent(a);
+        v_scale[(long)bh * HEAD_DIM + t] = zero ? 0.0f : ldexpf(1.0f, e);
+        s_exp[t] = zero ? V8_ZERO_CHANNEL : e;
+    }
+    __syncthreads();
+    u32* out = v_hat_t + (long)bh * HEAD_DIM * (d.n_kpad / 4);
+    for (int j0 = 0; j0 < d.n_kpad; j0 += V8_TILE) {
+        for (int i = t; i < V8_TILE * HEAD_DIM / 2; i += THREADS) {
+            const int r = i / (HEAD_DIM / 2), c = 2 * (i % (HEAD_DIM / 2));
+            const u32 w = j0 + r < d.n_k ? *(const u32*)(vb + (long)(j0 + r) * HEAD_DIM + c) : 0u;
+            s_tile[r][c] = (u16)(w & 0xffffu);
+            s_tile[r][c + 1] = (u16)(w >> 16);
+        }
+        __syncthreads();
+        for (int i = t; i < HEAD_DIM * V8_TILE / 4; i += THREADS) {
+            const int c = i / (V8_TILE / 4), q = 4 * (i % (V8_TILE / 4)), e = s_exp[c];
+            float x[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) x[k] = e == V8_ZERO_CHANNEL ? 0.0f : ldexpf(bf16_to_f32(s_tile[q + k][c]), -e);
+            out[(long)c * (d.n_kpad / 4) + (j0 + q) / 4] = e4m3x2(x[0], x[1]) | (e4m3x2(x[2], x[3]) << 16);
+        }
+        __syncthreads();
+    }
+}

@@ -305,6 +305,43 @@ __device__ __forceinline__ void wsp_softmax_p_hat_int_max(float (*t)[4], RowStat
     quantize_p_tile(t, inv, pa);
 }
 
+// The score factors t = float(acc) of a key block's finished S accumulators and the thread's (WSP_QUAD_INT_MAX: the
+// quad's) row maxima mx, by WSP_INT_ROW_MAX's integer max; boundary blocks masked (which may set sc = 1, mask_tile)
+// and their maxima taken again on the masked floats.
+template <int V>
+__device__ __forceinline__ void wsp_int_max_scores(const Dims& d, const int (&sacc)[64], float (*t)[4], float* mx, float& sc,
+                                                   int row0, int key0) {
+    if constexpr ((V & WSP_QUAD_INT_MAX) != 0) {
+        // WSP_QUAD_INT_MAX: the quad's row maxima on the integers (float(max acc) = max float(acc), as above),
+        // so that the shuffles' latency overlaps the 64 I2FP; boundary blocks redo them on the floats.
+        int im[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) im[h] = wsp_row_imax(sacc, h);
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) im[h] = max(im[h], __shfl_xor_sync(0xffffffffu, im[h], o2));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mx[h] = (float)im[h];
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mx[h] = (float)wsp_row_imax(sacc, h);
+    }
+#pragma unroll
+    for (int nt = 0; nt < S_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) t[nt][e] = (float)sacc[4 * nt + e];
+    // (QUAD_IMAX: the test is warp-uniform — row0 and key0 are — and voted so that ptxas knows it: the
+    // shuffles of the masked path then leave the rest of the loop convergent, without BRA.DIV paths.)
+    const bool masked = tile_needs_mask(d, row0, key0);
+    if ((V & WSP_QUAD_INT_MAX) != 0 ? __any_sync(0xffffffffu, masked) : masked) {
+        if constexpr ((V & WSP_MASK_BY_LIMIT) != 0) wsp_mask_limit(d, t, row0, key0, sc);
+        else mask_permuted(d, t, row0, key0, sc);
+        thread_row_max(t, mx);
+        if constexpr ((V & WSP_QUAD_INT_MAX) != 0) quad_fmax(mx);
+    }
+}
+
 template <int V>
 struct WspInt8 : WsInt8<true, true> {
     using Base = WsInt8<true, true>;
@@ -321,39 +358,13 @@ struct WspInt8 : WsInt8<true, true> {
             return Base::warp_leader();
         }
     }
+    // O and the row state are final as they are (wsp_store normalizes).
+    __device__ __forceinline__ void finish_rows(const ForwardParams&, RowState&, float (*)[4]) const {}
     __device__ __forceinline__ void softmax(const Dims& d, RowState& st, int row0, int key0) {
         if constexpr (V & WSP_INT_ROW_MAX) {
             float t[S_TILES][4], mx[2];
             float sc = __fmul_rn(sq, k_sc);
-            if constexpr ((V & WSP_QUAD_INT_MAX) != 0) {
-                // WSP_QUAD_INT_MAX: the quad's row maxima on the integers (float(max acc) = max float(acc), as above),
-                // so that the shuffles' latency overlaps the 64 I2FP; boundary blocks redo them on the floats.
-                int im[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) im[h] = wsp_row_imax(sacc, h);
-#pragma unroll
-                for (int o2 = 1; o2 <= 2; o2 <<= 1)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) im[h] = max(im[h], __shfl_xor_sync(0xffffffffu, im[h], o2));
-#pragma unroll
-                for (int h = 0; h < 2; ++h) mx[h] = (float)im[h];
-            } else {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) mx[h] = (float)wsp_row_imax(sacc, h);
-            }
-#pragma unroll
-            for (int nt = 0; nt < S_TILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) t[nt][e] = (float)sacc[4 * nt + e];
-            // (QUAD_IMAX: the test is warp-uniform — row0 and key0 are — and voted so that ptxas knows it: the
-            // shuffles of the masked path then leave the rest of the loop convergent, without BRA.DIV paths.)
-            const bool masked = tile_needs_mask(d, row0, key0);
-            if ((V & WSP_QUAD_INT_MAX) != 0 ? __any_sync(0xffffffffu, masked) : masked) {
-                if constexpr ((V & WSP_MASK_BY_LIMIT) != 0) wsp_mask_limit(d, t, row0, key0, sc);
-                else mask_permuted(d, t, row0, key0, sc);
-                thread_row_max(t, mx);
-                if constexpr ((V & WSP_QUAD_INT_MAX) != 0) quad_fmax(mx);
-            }
+            wsp_int_max_scores<V>(d, sacc, t, mx, sc, row0, key0);
             if constexpr ((V & (WSP_ROW1_AFTER_INVERSES | WSP_QUAD_INT_MAX)) != 0) wsp_softmax_p_hat_int_max<V>(t, st, pa, sc, mx);
             else softmax_p_hat_early_mx<true>(t, st, pa, sc, mx);
         } else {
@@ -382,8 +393,8 @@ __device__ __forceinline__ void wsp_stagger_arrive_if(bool p) {
 
 // ws_tile<false, true> (no turns, overlap; the same steps) with warpgroup 0's arrival on barrier 3 at the
 // start of the tile's first key block when `arrive`.
-template <int V>
-__device__ __forceinline__ void wsp_staggered_tile(const Dims& d, const WspSmem& sm, WspInt8<V>& mx, int row0, int it0, int end,
+template <class Mix>
+__device__ __forceinline__ void wsp_staggered_tile(const Dims& d, const WspSmem& sm, Mix& mx, int row0, int it0, int end,
                                            RowState& st, float (*o)[4], bool arrive) {
     if (end > 0) {
         sm.wait_full(it0);
@@ -421,7 +432,9 @@ __device__ __forceinline__ void wsp_staggered_tile(const Dims& d, const WspSmem&
 // first turn once and warpgroup 0 takes the last one once; the block's first tile is its heaviest,
 // so it has turns iff any tile has. WSP_TILE_STAGGER (no turns): wsp_staggered_tile with the stagger's handshake
 // (above) instead, whose first arrival and last wait follow the same rule.
-template <bool SNAKE, int V>
+// Mix: the products and softmax of a key block (WspInt8<V>, or WspFp8Pv<V> of sm90/forward_fp8.cu), whose
+// finish_rows prepares O and the row state for wsp_store.
+template <bool SNAKE, int V, class Mix>
 __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const WspSmem& sm, int w) {
     constexpr bool PP = !(V & WSP_NO_TURNS), STAGGER = (V & WSP_TILE_STAGGER) != 0;
     const Dims& d = p.dims;
@@ -435,7 +448,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const 
     for (int i = 0, t = fp_block_tile<SNAKE>(0); t < n_tiles; t = fp_block_tile<SNAKE>(++i)) {
         const FpTile x = fp_tile(d, t);
         const int qb = 2 * x.pair + w, row0 = qb * BLOCK_Q + warp * 16;
-        WspInt8<V> mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
+        Mix mx(p, sm.q_slot(j), w, x.bh, kv_head_of(d, x.bh), qb, x.end);
         float ro[2];
         if (WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
         RowState st;
@@ -451,9 +464,9 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const 
                 named_sync(WSP_BAR_START_WG1, 2 * WG_THREADS);
                 named_arrive(WSP_BAR_STARTED_WG0, 2 * WG_THREADS);
             }
-            wsp_staggered_tile<V>(d, sm, mx, row0, it, x.end, st, o, w0);
+            wsp_staggered_tile(d, sm, mx, row0, it, x.end, st, o, w0);
         } else {
-            ws_tile<PP, true, WspInt8<V>, WspSmem, (V & WSP_EARLY_STAGE_TEST) != 0>(d, sm, mx, w, row0, it, x.end, st, o);
+            ws_tile<PP, true, Mix, WspSmem, (V & WSP_EARLY_STAGE_TEST) != 0>(d, sm, mx, w, row0, it, x.end, st, o);
         }
         it += x.end;
         if (x.end > 0) {
@@ -465,6 +478,7 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const 
         // steps under a test it took as divergent gave the consumer collective fallback paths, key loop included.)
         if (WSP_TMA_O ? __any_sync(0xffffffffu, qb < d.n_qblk) : qb < d.n_qblk) {
             if (!WSP_EARLY_RO) wsp_row_offsets(p, x.bh, row0, ro);
+            mx.finish_rows(p, st, o);
             wsp_store(p, maps.o, sm.ost, st, o, x.bh, row0, ro);
         }
     }
@@ -474,11 +488,14 @@ __device__ void wsp_consumer(const ForwardParams& p, const WspMaps& maps, const 
     }
     if (WSP_TMA_O) bulk_wait();  // the O stores (wsp_store) have read their staging and written O before the CTA exits
 }
+#else
+template <int V>
+struct WspInt8 {};  // the entry's name for the sm_80 compilation, whose wsp_main traps
 #endif  // SAGE_WGMMA
 
 // The persistent INT8 path: launched by src/forward.rs with min(tiles, SMs) blocks of 384 threads,
 // WspSmem::kSmemBytes of dynamic shared memory and the tensor maps (WspMaps).
-template <bool SNAKE, int V>
+template <bool SNAKE, int V, class Mix>
 __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParams& p, unsigned char* smem) {
 #ifdef SAGE_WGMMA
     require_dynamic_smem((u32)WspSmem::kSmemBytes);
@@ -496,19 +513,19 @@ __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParam
         wsp_producer<SNAKE>(maps, p, sm);
     } else {
         setmaxnreg_inc<240>();
-        wsp_consumer<SNAKE, V>(p, maps, sm, wg - 1);
+        wsp_consumer<SNAKE, V, Mix>(p, maps, sm, wg - 1);
     }
 #else
     __trap();  // not compiled for sm_90a
 #endif
 }
 
-#define WSP_ENTRY(name, SNAKE, V)                                                                                 \
+#define WSP_ENTRY(name, SNAKE, V, MIX)                                                                            \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
         name(const __grid_constant__ TmaMapParam vmap, const __grid_constant__ TmaMapParam kmap,                  \
              const __grid_constant__ TmaMapParam qmap, const __grid_constant__ TmaMapParam omap, ForwardParams p) {  \
         extern __shared__ __align__(128) unsigned char ws_smem[];                                                 \
-        wsp_main<SNAKE, V>(WspMaps{&vmap, &kmap, &qmap, &omap}, p, ws_smem);                                      \
+        wsp_main<SNAKE, V, MIX<V>>(WspMaps{&vmap, &kmap, &qmap, &omap}, p, ws_smem);                              \
     }
 // The entry's options:
 // - WSP_INT_MAX_OPTS: the integer row max and the one-limit boundary mask.
@@ -520,7 +537,7 @@ __device__ __forceinline__ void wsp_main(const WspMaps& maps, const ForwardParam
 //   more than they save, at both head dims. (The entry with the turns is in git history, commit a7b23b3.)
 #define WSP_INT_MAX_OPTS (WSP_INT_ROW_MAX | WSP_MASK_BY_LIMIT)
 #define WSP_ISSUE_OPTS (WSP_ROW1_AFTER_INVERSES | WSP_EARLY_STAGE_TEST | WSP_QUAD_INT_MAX | WSP_ELECT_LANE)
-WSP_ENTRY(sage_fwd_sm90_int8_persistent, true, WSP_INT_MAX_OPTS | WSP_NO_TURNS | WSP_TILE_STAGGER | WSP_ISSUE_OPTS)
+WSP_ENTRY(sage_fwd_sm90_int8_persistent, true, WSP_INT_MAX_OPTS | WSP_NO_TURNS | WSP_TILE_STAGGER | WSP_ISSUE_OPTS, WspInt8)
 
 // Every path takes its shared memory from the dynamic allocation, its own size (src/forward.rs,
 // `forward_mma_smem_bytes`, mirrors FAST_SMEM_BYTES, BF16_SMEM_BYTES and GATHER_SMEM_BYTES); a
