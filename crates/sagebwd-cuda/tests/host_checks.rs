@@ -34,7 +34,10 @@ fn simulated_only_variants_are_refused_by_name() {
             fp8_forward += 1;
             assert!(check_supported(&s, &cfg).is_ok(), "{name}");
             let e = check_backward_supported(&cfg).unwrap_err();
-            assert!(matches!(e, Error::Config(ref m) if m.contains("forward only")), "{name}: {e}");
+            assert!(
+                matches!(e, Error::Config(ref m) if m.contains("forward only")),
+                "{name}: {e}"
+            );
             continue;
         }
         let e = check_supported(&s, &cfg).unwrap_err();

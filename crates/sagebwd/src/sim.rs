@@ -379,6 +379,41 @@ impl<'a> HeadCtx<'a> {
     /// `fma(a, sc, −m) = fl(t − m)`: the unfused form the specification keeps there. INT8 #1 and #3
     /// fuse (`fma(a, sc, −m)` in the forward, §4; `fma(a, sc, −L)` in the backward, §5); BF16 rounds `t = fl(a·sc)` first.
     #[inline]
+    /// One key block of §4's online softmax for query row r, keys j0..j0 + t.len(): the score parts into `a`, the new
+    /// running max (lazy for INT8 #1) and α; the exponentials into `t`: p = exp2(fma(a, sc, −fl(m_use − off))), one
+    /// rounding, for INT8 #1, exp2(fl(t − fl(m_use − off))) for BF16 #1 (`off` = 0, or §10.2's FP8 offset, which
+    /// makes them P′ = 2^off · p). Returns (m_new, α).
+    #[allow(clippy::too_many_arguments)] // the row, its block, its two buffers, the running max and the offset
+    fn softmax_block(
+        &self,
+        prec: Precision,
+        r: usize,
+        j0: usize,
+        a: &mut [(f32, f32)],
+        t: &mut [f32],
+        m: f32,
+        off: f32,
+    ) -> (f32, f32) {
+        let fused = prec == Precision::Int8;
+        for (jj, aj) in a.iter_mut().enumerate() {
+            *aj = self.score_parts(prec, r, j0 + jj);
+        }
+        // The row max of t = fl(a·sc).
+        let row_max = a.iter().fold(f32::NEG_INFINITY, |acc, &(x, sc)| acc.max(x * sc));
+        let m_new = if fused {
+            next_running_max(m, row_max)
+        } else {
+            m.max(row_max)
+        };
+        let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+        let alpha = (m - m_use).exp2();
+        let shift = m_use - off;
+        t.iter_mut()
+            .zip(a.iter())
+            .for_each(|(p, &(x, sc))| *p = exp2_of_score(x, sc, shift, fused));
+        (m_new, alpha)
+    }
+
     fn score_parts(&self, prec: Precision, r: usize, j: usize) -> (f32, f32) {
         let (qb, kb) = (r / self.cfg.block_q, j / self.cfg.block_kv);
         match prec {
@@ -400,7 +435,6 @@ impl<'a> HeadCtx<'a> {
         let (s, d, bkv) = (self.s, self.d(), self.cfg.block_kv);
         let int8 = self.cfg.is_int8(Product::Pv);
         let prec = self.cfg.get(Product::QkFwd);
-        let fused = prec == Precision::Int8; // §4: p = exp2(fma(a, sc, −m)) for INT8 #1
         let mut o = vec![0.0f32; s.n_q * d];
         let mut lse2 = vec![0.0f32; s.n_q];
         let mut lse = vec![0.0f32; s.n_q];
@@ -418,23 +452,7 @@ impl<'a> HeadCtx<'a> {
                 for j0 in (0..vis).step_by(bkv) {
                     let j1 = (j0 + bkv).min(vis);
                     let t = &mut t[..j1 - j0];
-                    let a = &mut a[..j1 - j0];
-                    for (jj, aj) in a.iter_mut().enumerate() {
-                        *aj = self.score_parts(prec, r, j0 + jj);
-                    }
-                    // The row max of t = fl(a·sc); then p = exp2(fma(a, sc, −m_new)), one rounding, for
-                    // INT8 #1 (§4); BF16 #1: p = exp2(fl(t − m_new)).
-                    let row_max = a.iter().fold(f32::NEG_INFINITY, |acc, &(x, sc)| acc.max(x * sc));
-                    let m_new = if fused {
-                        next_running_max(m, row_max)
-                    } else {
-                        m.max(row_max)
-                    };
-                    let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-                    let alpha = (m - m_use).exp2();
-                    t.iter_mut().zip(a.iter()).for_each(|(p, &(x, sc))| {
-                        *p = exp2_of_score(x, sc, m_use, fused) // t holds p
-                    });
+                    let (m_new, alpha) = self.softmax_block(prec, r, j0, &mut a[..j1 - j0], t, m, 0.0);
                     l = l * alpha + t.iter().sum::<f32>();
                     let kb = j0 / bkv;
                     if int8 {
@@ -944,22 +962,7 @@ impl<'a> HeadCtx<'a> {
                 for j0 in (0..vis).step_by(bkv) {
                     let j1 = (j0 + bkv).min(vis);
                     let t = &mut t[..j1 - j0];
-                    let a = &mut a[..j1 - j0];
-                    for (jj, aj) in a.iter_mut().enumerate() {
-                        *aj = self.score_parts(prec, r, j0 + jj);
-                    }
-                    let row_max = a.iter().fold(f32::NEG_INFINITY, |acc, &(x, sc)| acc.max(x * sc));
-                    let m_new = if fused {
-                        next_running_max(m, row_max)
-                    } else {
-                        m.max(row_max)
-                    };
-                    let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-                    let alpha = (m - m_use).exp2();
-                    let shift = m_use - off;
-                    t.iter_mut()
-                        .zip(a.iter())
-                        .for_each(|(p, &(x, sc))| *p = exp2_of_score(x, sc, shift, fused));
+                    let (m_new, alpha) = self.softmax_block(prec, r, j0, &mut a[..j1 - j0], t, m, off);
                     l = l * alpha + t.iter().sum::<f32>();
                     let kb = j0 / bkv;
                     if want_prime {
