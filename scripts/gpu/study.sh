@@ -96,7 +96,7 @@ study_run() {
   local t0=$SECONDS
   $BIN train "$tok" --device "$DEVICE" --model "$MODEL" --seq "$SEQ" --batch "$BATCH" --accum $accum --steps "$steps" --lr "$lr" \
     --warmup "$warm" --eval-every "$eval_every" --eval-tokens "$EVAL_TOKENS" --ckpt-every 1000000 --seed "$seed" \
-    --trace --name "$name" --runs-dir "$RUNS" "$@" > "$KEEP/$name.log" 2>&1
+    --trace --name "$name" --runs-dir "$RUNS" --overwrite "$@" > "$KEEP/$name.log" 2>&1
   local rc=$?
   echo "   rc $rc, $((SECONDS - t0)) s" | tee -a "$log"
   grep -E "^[^ ]+: [0-9]+ steps|diverged|^note:|error" "$KEEP/$name.log" | tee -a "$log"
