@@ -33,18 +33,21 @@ fi
 R=${OUT:-/tmp/sagebwd-python}/python
 mkdir -p "$R"
 py=${PYTHON:-python3}
-venv=/tmp/sagebwd-py-venv
-rm -rf "$venv"
-# The device's torch is used as installed: a venv that sees the system site-packages.
-$py -m venv --system-site-packages "$venv"
-"$venv/bin/pip" install --quiet --no-index --no-deps .whl/dist/sagebwd-*.whl 2>&1 | tee "$R/install.txt"
-if ls .whl/extra/transformers-*.whl > /dev/null 2>&1; then
-  "$venv/bin/pip" install --quiet --no-index --find-links .whl/extra transformers 2>&1 | tee -a "$R/install.txt"
-fi
+# The device's torch lives in its own virtual environment (/opt/torch/.venv, first on PATH): a venv made from it would
+# not see its packages, so the wheels go into a folder on PYTHONPATH instead, without their dependencies (torch and
+# numpy are the environment's).
+site=/tmp/sagebwd-py-site
+rm -rf "$site"
+"$py" -m pip install --quiet --no-index --no-deps --target "$site" .whl/dist/sagebwd-*.whl 2>&1 | tee "$R/install.txt"
+for w in .whl/extra/*.whl; do
+  case "$(basename "$w")" in numpy-*) "$py" -c 'import numpy' 2>/dev/null && continue ;; esac
+  "$py" -m pip install --quiet --no-index --no-deps --target "$site" "$w" 2>&1 | tee -a "$R/install.txt"
+done
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 BUNDLE=${BUNDLE:-dev/bundle}
 [ -d "$BUNDLE/cache" ] && export SAGEBWD_CACHE_DIR=$PWD/$BUNDLE/cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt" 2>&1
-timeout 230 "$venv/bin/python" crates/sagebwd-py/tests/gpu_test.py "$R"
+timeout 230 "$py" crates/sagebwd-py/tests/gpu_test.py "$R"
 rc=$?
 echo "gpu_test.py exit status $rc" | tee -a "$R/log.txt"
 exit $rc
