@@ -577,53 +577,34 @@ fn backward_into(
         } else {
             (dims.n_kblk as u32, rows as u32, 1)
         };
-        if sage_tma_stage {
+        // The kernel's one parameter: BackwardParams, alone or after the tensor map(s) its path reads.
+        let (mut stage_maps, mut dq_map);
+        let arg: *mut std::ffi::c_void = if sage_tma_stage {
             let maps = sage128_stage_maps(&p, rows, n_q, crate::runtime::padded_q(n_q))?;
-            let mut pm = BackwardParamsStageMaps { maps, p };
-            let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsStageMaps).cast()];
-            launch_main(
-                gpu,
-                main_fn,
-                grid,
-                main_threads,
-                smem as u32,
-                stream,
-                &mut args,
-                main_pdl,
-            )?;
+            stage_maps = BackwardParamsStageMaps { maps, p };
+            (&mut stage_maps as *mut BackwardParamsStageMaps).cast()
         } else if bulk_dq || sage_tma_dq {
             // fpa: one group, the accumulator of every row, 64-row boxes of a column half; sage:
             // the group's accumulator, as p.dq_acc, 64-row boxes of a 32-column block.
-            let map = if bulk_dq {
-                dq_acc_map(dq_acc, rows, n_q, d, 2, 64)?
-            } else {
-                dq_acc_map(dq_acc, rows, n_q, d, 1, 64)?
+            let halves = if bulk_dq { 2 } else { 1 };
+            dq_map = BackwardParamsDqMap {
+                map: dq_acc_map(dq_acc, rows, n_q, d, halves, 64)?,
+                p,
             };
-            let mut pm = BackwardParamsDqMap { map, p };
-            let mut args: [*mut std::ffi::c_void; 1] = [(&mut pm as *mut BackwardParamsDqMap).cast()];
-            launch_main(
-                gpu,
-                main_fn,
-                grid,
-                main_threads,
-                smem as u32,
-                stream,
-                &mut args,
-                main_pdl,
-            )?;
+            (&mut dq_map as *mut BackwardParamsDqMap).cast()
         } else {
-            let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut BackwardParams).cast()];
-            launch_main(
-                gpu,
-                main_fn,
-                grid,
-                main_threads,
-                smem as u32,
-                stream,
-                &mut args,
-                main_pdl,
-            )?;
-        }
+            (&mut p as *mut BackwardParams).cast()
+        };
+        launch_main(
+            gpu,
+            main_fn,
+            grid,
+            main_threads,
+            smem as u32,
+            stream,
+            &mut [arg],
+            main_pdl,
+        )?;
         let (mut acc, mut rowsum, mut k_mean) = (dq_acc, ds_rowsum, op.k_mean);
         let (mut dq_rows, mut gd, mut c, mut fl) = (at(gpu.ptr(dq), q_rows, 2), gd, c, fl);
         let mut args: [*mut std::ffi::c_void; 7] = [

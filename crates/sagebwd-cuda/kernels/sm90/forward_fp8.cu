@@ -18,21 +18,6 @@ __device__ __forceinline__ u32 e4m3_quad(const float (*t)[4], int n0, int h) {
     return e4m3x2(t[n0][2 * h], t[n0][2 * h + 1]) | (e4m3x2(t[n0 + 1][2 * h], t[n0 + 1][2 * h + 1]) << 16);
 }
 
-// acc = P̃ Ṽ (64 rows × d, FP32) from the e4m3 fragments pa and the e4m3 V̂ᵀ tile at vt, one commit group.
-__device__ __forceinline__ void wg_issue_pv_e4m3(float (&acc)[HEAD_DIM / 2], const u32 (*pa)[4], u32 vt) {
-    const u64 desc = kmajor_desc(vt, BLOCK_KV);
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s) {
-#if HEAD_DIM == 128
-        wgmma_e4m3_rs_n128(acc, pa[s], desc + 2 * s, s);
-#else
-        wgmma_e4m3_rs_n64(acc, pa[s], desc + 2 * s, s);
-#endif
-    }
-    wgmma_commit();
-}
-
 // The product mix of the FP8 P·V kernel (the interface of WspInt8<V>, which ws_tile and wsp_staggered_tile call).
 // V must include WSP_INT_ROW_MAX.
 template <int V>
@@ -72,17 +57,13 @@ struct WspFp8Pv {
                 for (int h = 0; h < 2; ++h) pa[s][2 * half + h] = e4m3_quad(t, 4 * s + 2 * half, h);
     }
     __device__ __forceinline__ void pin() { pin_fragments(pa); }
-    __device__ __forceinline__ void issue_pv(u32 vt) { wg_issue_pv_e4m3(pacc, pa, vt); }
+    __device__ __forceinline__ void issue_pv(u32 vt) { wg_issue_pv(pacc, pa, vt); }
     // O = fl(fl(O·α) + acc): the block's tensor-core sum promoted into the FP32 O.
     __device__ __forceinline__ void o_update(float (*o)[4], const RowState& st) {
         o_rescale_add(o, st, [&](int nd, int e, float base) { return __fadd_rn(pacc[4 * nd + e], base); });
     }
     __device__ __forceinline__ void end_block() { k_sc = k_sc_next; }
-    __device__ __forceinline__ bool warp_leader() const {
-        u32 e;
-        asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n" : "=r"(e));
-        return e != 0;
-    }
+    __device__ __forceinline__ bool warp_leader() const { return elect_one(); }
     // O = fl(fl(O · fl(1/l)) · s_V[c]) and m = fl(fl(m − off) + log2 l) with l = 1 after it, so that wsp_store's
     // normalization (· fl(1/1) = ·1, exact) and lse2 (m + log2 1 = m) give §10.2's values; rows with l = 0 stay as they
     // are (wsp_store writes 0 and +∞).

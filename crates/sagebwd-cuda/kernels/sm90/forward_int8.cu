@@ -351,9 +351,7 @@ struct WspInt8 : WsInt8<true, true> {
     // re-reads in every key block (its latency before the O update).
     __device__ __forceinline__ bool warp_leader() const {
         if constexpr ((V & WSP_ELECT_LANE) != 0) {
-            u32 e;
-            asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n" : "=r"(e));
-            return e != 0;
+            return elect_one();
         } else {
             return Base::warp_leader();
         }

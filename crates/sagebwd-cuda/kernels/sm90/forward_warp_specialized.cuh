@@ -32,19 +32,38 @@ __device__ __forceinline__ void wg_issue_scores(int (&acc)[64], u32 qt, u32 kt) 
     wgmma_commit();
 }
 
-// Issues acc = P̂ V̂ (64 rows × d) from the P̂ fragments pa and the V̂ᵀ tile at vt, one commit group.
-__device__ __forceinline__ void wg_issue_pv(int (&acc)[HEAD_DIM / 2], const u32 (*pa)[4], u32 vt) {
+// One k = 32 step of P·V at this head dim: s8 × s8 → s32 (INT32 accumulator) or e4m3 × e4m3 → f32 (FP32 one).
+__device__ __forceinline__ void wgmma_pv_step(int (&acc)[HEAD_DIM / 2], const u32 (&a)[4], u64 desc, int accumulate) {
+#if HEAD_DIM == 128
+    wgmma_s8_rs_n128(acc, a, desc, accumulate);
+#else
+    wgmma_s8_rs_n64(acc, a, desc, accumulate);
+#endif
+}
+__device__ __forceinline__ void wgmma_pv_step(float (&acc)[HEAD_DIM / 2], const u32 (&a)[4], u64 desc, int accumulate) {
+#if HEAD_DIM == 128
+    wgmma_e4m3_rs_n128(acc, a, desc, accumulate);
+#else
+    wgmma_e4m3_rs_n64(acc, a, desc, accumulate);
+#endif
+}
+
+// Issues acc = P̂ V̂ (64 rows × d) from the P̂ fragments pa and the V̂ᵀ tile at vt, one commit group: INT8 (int acc) or
+// e4m3 (float acc, the FP8 P·V forward).
+template <class T>
+__device__ __forceinline__ void wg_issue_pv(T (&acc)[HEAD_DIM / 2], const u32 (*pa)[4], u32 vt) {
     const u64 desc = kmajor_desc(vt, BLOCK_KV);
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < BLOCK_KV / 32; ++s) {
-#if HEAD_DIM == 128
-        wgmma_s8_rs_n128(acc, pa[s], desc + 2 * s, s);
-#else
-        wgmma_s8_rs_n64(acc, pa[s], desc + 2 * s, s);
-#endif
-    }
+    for (int s = 0; s < BLOCK_KV / 32; ++s) wgmma_pv_step(acc, pa[s], desc + 2 * s, s);
     wgmma_commit();
+}
+
+// elect.sync: one lane of the warp (any one) true, by one ELECT instead of lane 0 by S2R of %tid.
+__device__ __forceinline__ bool elect_one() {
+    u32 e;
+    asm volatile("{\n.reg .pred e;\nelect.sync _|e, 0xffffffff;\nselp.u32 %0, 1, 0, e;\n}\n" : "=r"(e));
+    return e != 0;
 }
 
 // The score factors a = float(acc) of the finished S accumulators (base-2 scores t = fl(a·sc), §4),
