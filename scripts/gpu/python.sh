@@ -39,7 +39,7 @@ py=${PYTHON:-python3}
 site=/tmp/sagebwd-py-site
 rm -rf "$site"
 "$py" -m pip install --quiet --no-index --no-deps --target "$site" .whl/dist/sagebwd-*.whl 2>&1 | tee "$R/install.txt"
-for w in .whl/extra/*.whl; do
+for w in $(ls .whl/extra/*.whl 2>/dev/null); do
   case "$(basename "$w")" in numpy-*) "$py" -c 'import numpy' 2>/dev/null && continue ;; esac
   "$py" -m pip install --quiet --no-index --no-deps --target "$site" "$w" 2>&1 | tee -a "$R/install.txt"
 done
@@ -47,7 +47,7 @@ export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 BUNDLE=${BUNDLE:-dev/bundle}
 [ -d "$BUNDLE/cache" ] && export SAGEBWD_CACHE_DIR=$PWD/$BUNDLE/cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt" 2>&1
-timeout 230 "$py" crates/sagebwd-py/tests/gpu_test.py "$R"
+timeout "${TIMEOUT:-230}" "$py" crates/sagebwd-py/tests/gpu_test.py "$R" ${PARTS:-}
 rc=$?
 echo "gpu_test.py exit status $rc" | tee -a "$R/log.txt"
 exit $rc

@@ -149,6 +149,31 @@ impl PyDevice {
         py.detach(|| self.gpu.kernels(head_dim).map(|_| ())).map_err(call_error)
     }
 
+    /// How the backward splits its heads to bound its peak memory: "lean" (peak within cuDNN's at
+    /// every shape, at some backward time at N ≤ 2k), "auto" (split only where it costs no time),
+    /// "off" (never), or a number of head groups. Applies to every later call on this device.
+    fn set_backward_groups(&self, policy: &str) -> PyResult<()> {
+        self.gpu.set_backward_groups(parse_groups(policy)?);
+        Ok(())
+    }
+
+    /// Releases the memory the library's stream-ordered pool keeps for reuse (its workspaces) back to
+    /// the driver, after the work queued so far (a device synchronization).
+    fn empty_cache(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let Some(pool) = sagebwd_cuda::pool::Pool::of(&self.gpu)? else {
+                return Ok(());
+            };
+            self.gpu
+                .dev
+                .ctx
+                .synchronize()
+                .map_err(|e| sagebwd::Error::Backend(format!("synchronize: {e:?}")))?;
+            pool.trim()
+        })
+        .map_err(runtime_error)
+    }
+
     /// Free and total device memory in bytes (cuMemGetInfo).
     fn mem_info(&self) -> PyResult<(usize, usize)> {
         self.gpu
@@ -388,6 +413,25 @@ fn cache_dir() -> Option<String> {
     sagebwd_cuda::runtime::cache_dir().map(|p| p.display().to_string())
 }
 
+/// ValueError unless `policy` names a backward memory policy (`Device.set_backward_groups`).
+#[pyfunction]
+fn check_backward_groups(policy: &str) -> PyResult<()> {
+    parse_groups(policy).map(drop)
+}
+
+fn parse_groups(policy: &str) -> PyResult<sagebwd_cuda::GroupPolicy> {
+    // the library's parser reads an empty variable as unset (auto); here a name is required
+    let named = if policy.trim().is_empty() { None } else { Some(policy) };
+    named
+        .and_then(|p| sagebwd_cuda::GroupPolicy::parse(Some(p)).ok())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+            "backward memory policy {policy:?}: expected \"lean\" (peak within cuDNN's), \"auto\" (split only where \
+             free), \"off\" or a number of head groups >= 1"
+        ))
+        })
+}
+
 /// The product names, in the order of ALGORITHM.md.
 #[pyfunction]
 fn products() -> Vec<&'static str> {
@@ -408,6 +452,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nvrtc_status, m)?)?;
     m.add_function(wrap_pyfunction!(cache_dir, m)?)?;
     m.add_function(wrap_pyfunction!(products, m)?)?;
+    m.add_function(wrap_pyfunction!(check_backward_groups, m)?)?;
     m.add_function(wrap_pyfunction!(head_dims, m)?)?;
     m.add("PRESETS", sagebwd::config::PRESETS.to_vec())?;
     Ok(())

@@ -2,16 +2,16 @@
 FP16, torch.compile(fullgraph=True), speed and host overhead against SDPA, peak memory, and (when
 transformers is installed) a small Llama trained 50 steps with SDPA and with sagebwd.
 
-Usage: python gpu_test.py OUT_DIR. Each part runs in its own try/except and logs its error, so one
+Usage: python gpu_test.py OUT_DIR [PART ...] (default: every part). Each part runs in its own try/except and logs its error, so one
 failure does not lose the rest; results go to OUT_DIR/*.json and OUT_DIR/log.txt, the summary
 (OUT_DIR/summary.json, printed) last. Exit status 1 if any check failed or any part raised.
 
 Error bounds (relative L2 against an FP32 SDPA on the same BF16 inputs, σ = 1 Gaussian inputs):
 - fpa (all BF16): 0.01 for O and every gradient (BF16 rounding of the output alone is ~0.002).
-- sagebwd: the simulator's error at σ = 1, d 128 (`sagebwd accuracy`: O 0.022, dQ/dK 0.055,
-  dV 0.047) times 1.5: the simulator figure is one seed and one shape; across seeds, N and
-  causal masks it moves by tens of percent, and the GPU computes the same quantization bit for bit
-  up to accumulation order, so an error beyond 1.5x is a defect, not noise."""
+- sagebwd: the simulator's error at the case's shape, mask and score scale (`sagebwd accuracy`, in
+  CASES) times 1.5: the simulator figure is one seed; across seeds it moves by ~10 %, and the GPU
+  computes the same quantization bit for bit up to accumulation order, so an error beyond 1.5x is
+  a defect, not noise."""
 
 import json
 import math
@@ -29,7 +29,7 @@ LOG = open(os.path.join(OUT, "log.txt"), "a")
 SUMMARY = {"parts": {}, "failed_checks": []}
 
 FPA_BOUND = 0.01
-SAGE_BOUND = {"o": 0.022 * 1.5, "dq": 0.055 * 1.5, "dk": 0.055 * 1.5, "dv": 0.047 * 1.5}
+SAGE_MARGIN = 1.5
 
 
 def log(*a):
@@ -107,24 +107,28 @@ def run_op(q, k, v, do, **kw):
 
 
 CASES = [
-    # name, (B, H_q, H_kv, N_q, N_k, d), causal, extra
-    ("d128", (2, 8, 8, 1024, 1024, 128), False, {}),
-    ("d128_causal", (2, 8, 8, 1024, 1024, 128), True, {}),
-    ("d64_causal", (2, 8, 8, 1000, 1000, 64), True, {}),
-    ("gqa4_causal", (2, 16, 4, 777, 777, 128), True, {}),
-    ("nq_lt_nk_causal", (1, 8, 2, 300, 1000, 128), True, {}),
-    ("nq_gt_nk", (1, 8, 8, 700, 250, 64), False, {}),
-    ("tiny", (1, 2, 1, 1, 5, 64), True, {}),
-    ("bnhd_gqa", (2, 8, 2, 512, 512, 128), True, {"layout": "bnhd"}),
-    ("fp16", (2, 8, 8, 512, 512, 128), True, {"dtype": torch.float16}),
-    ("scale", (2, 8, 8, 512, 512, 64), False, {"scale": 0.2}),
+    # name, (B, H_q, H_kv, N_q, N_k, d), causal, extra, the simulator's sagebwd error (O, dQ, dK, dV) at that shape:
+    # `sagebwd accuracy --preset sagebwd --batch B --heads H_q --heads-kv H_kv -n N_q --n-k N_k -d d --sigma S
+    # [--causal]` on the CPU (S = 1; for `scale`, S = sqrt(0.2 · sqrt(64)): the op multiplies Q by scale · sqrt(d),
+    # and INT8 and BF16 errors are relative, so that is σ² of the product of Q and K)
+    ("d128", (2, 8, 8, 1024, 1024, 128), False, {}, (0.0214, 0.0551, 0.0548, 0.0474)),
+    ("d128_causal", (2, 8, 8, 1024, 1024, 128), True, {}, (0.0182, 0.0433, 0.0431, 0.0409)),
+    ("d64_causal", (2, 8, 8, 1000, 1000, 64), True, {}, (0.0178, 0.0443, 0.0437, 0.0414)),
+    ("gqa4_causal", (2, 16, 4, 777, 777, 128), True, {}, (0.0175, 0.0425, 0.0421, 0.0402)),
+    ("nq_lt_nk_causal", (1, 8, 2, 300, 1000, 128), True, {}, (0.0213, 0.0544, 0.0543, 0.0479)),
+    ("nq_gt_nk", (1, 8, 8, 700, 250, 64), False, {}, (0.0208, 0.0505, 0.0497, 0.0423)),
+    # one query row: the error varies from seed to seed by 3x; the largest of seeds 0-9 (--seed)
+    ("tiny", (1, 2, 1, 1, 5, 64), True, {}, (0.0125, 0.0224, 0.0264, 0.0115)),
+    ("bnhd_gqa", (2, 8, 2, 512, 512, 128), True, {"layout": "bnhd"}, (0.0174, 0.0417, 0.0414, 0.0402)),
+    ("fp16", (2, 8, 8, 512, 512, 128), True, {"dtype": torch.float16}, (0.0176, 0.0407, 0.0408, 0.0394)),
+    ("scale", (2, 8, 8, 512, 512, 64), False, {"scale": 0.2}, (0.0282, 0.0693, 0.068, 0.0752)),
 ]
 
 
 @part("accuracy")
 def accuracy():
     rows = []
-    for name, (b, hq, hk, nq, nk, d), causal, extra in CASES:
+    for name, (b, hq, hk, nq, nk, d), causal, extra, sim in CASES:
         layout = extra.get("layout", "bhnd")
         dtype = extra.get("dtype", torch.bfloat16)
         scale = extra.get("scale")
@@ -142,8 +146,8 @@ def accuracy():
                 finite = all(torch.isfinite(x).all().item() for x in got)
                 shapes = all(x.shape == r.shape and x.dtype == dtype for x, r in zip(got, (q, q, k, v)))
                 row[preset] = errs
-                for t, e in errs.items():
-                    bound = FPA_BOUND if preset == "fpa" else SAGE_BOUND[t]
+                for (t, e), sim_err in zip(errs.items(), sim):
+                    bound = FPA_BOUND if preset == "fpa" else SAGE_MARGIN * sim_err
                     expect(f"{name} {preset} {t}", finite and shapes and e <= bound,
                            f"rel L2 {e:.4f} (bound {bound:.4f}, SDPA {dtype} {row['sdpa_lowp'][t]:.4f})")
             except Exception as e:  # noqa: BLE001
@@ -218,16 +222,20 @@ def streams():
 def compile_fullgraph():
     import sagebwd
 
-    def step(q, k, v, do):
+    # The loss is compiled (forward graph and, through AOTAutograd, its backward graph); the backward runs
+    # outside, as in training: dynamo does not trace torch.autograd.grad inside a compiled function.
+    def loss_of(q, k, v, do):
         o = sagebwd.attention(q, k, v, causal=True, layout="bnhd")
-        loss = (o.float() * do.float()).sum()
-        return torch.autograd.grad(loss, (q, k, v))
+        return (o.float() * do.float()).sum()
+
+    def grads(fn, q, k, v, do):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        return torch.autograd.grad(fn(q, k, v, do), (q, k, v))
 
     q, k, v, do = inputs(2, 8, 2, 512, 512, 128, layout="bnhd")
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    eager = step(q, k, v, do)
-    compiled = torch.compile(step, fullgraph=True)
-    got = compiled(q, k, v, do)
+    eager = grads(loss_of, q, k, v, do)
+    compiled = torch.compile(loss_of, fullgraph=True)
+    got = grads(compiled, q, k, v, do)
     errs = [rel_l2(x, y) for x, y in zip(got, eager)]
     expect("torch.compile fullgraph", max(errs) < 1e-2, f"rel L2 vs eager {[round(e, 5) for e in errs]}")
     return {"rel_l2_vs_eager": errs}
@@ -328,9 +336,21 @@ def kernel_share():
     share = sage / max(sage + copies, 1e-9)
     log(f"  kernels {sage / 5:.0f} us, copies {copies / 5:.0f} us, other {other / 5:.0f} us per step; "
         f"kernel share of the op {share:.3f}")
-    expect("op within 3 % of its kernels", copies <= 0.03 * sage, f"copies {copies / max(sage, 1e-9):.3%} of kernel time")
+    expect("no copies beside the kernels", copies <= 0.03 * sage, f"copies {copies / max(sage, 1e-9):.3%} of kernel time")
+    # The op's wall time per step (queued back to back, as in training) against its kernels' device time: host time,
+    # launch gaps and copies together.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        sagebwd.attention(q, k, v, causal=True).backward(do)
+    end.record()
+    end.synchronize()
+    wall_us = start.elapsed_time(end) * 1e3 / 5
+    log(f"  op wall {wall_us:.0f} us per step vs kernels {sage / 5:.0f} us")
+    expect("op within 3 % of its kernels", wall_us <= 1.03 * sage / 5, f"wall / kernels {wall_us / (sage / 5):.3f}")
     top = dict(sorted(names.items(), key=lambda x: -x[1])[:20])
     return {"kernels_us_per_step": sage / 5, "copies_us_per_step": copies / 5, "other_us_per_step": other / 5,
+            "wall_us_per_step": wall_us,
             "top": top}
 
 
@@ -433,7 +453,15 @@ def main():
         log(f"[setup] ERROR {type(e).__name__}: {e}")
         log(traceback.format_exc())
         SUMMARY["parts"]["setup"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-    for p in (accuracy, errors, streams, compile_fullgraph, speed, kernel_share, memory, llama):
+    parts = (accuracy, errors, streams, compile_fullgraph, speed, kernel_share, memory, llama)
+    chosen = sys.argv[2:] or [p.name for p in parts]
+    unknown = set(chosen) - {p.name for p in parts}
+    if unknown:
+        log(f"unknown parts {sorted(unknown)}; the parts are {[p.name for p in parts]}")
+        return 2
+    for p in parts:
+        if p.name not in chosen:
+            continue
         log(f"== {p.name}")
         p()
     SUMMARY["seconds"] = round(time.time() - t0, 1)

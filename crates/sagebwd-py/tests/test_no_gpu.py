@@ -44,6 +44,16 @@ class Package(unittest.TestCase):
             self.skipTest("torch is installed")
 
 
+    def test_backward_memory_policy(self):
+        for ok in ("lean", "auto", "off", "3"):
+            sagebwd.set_backward_memory(ok)
+        for bad in ("fast", "0", "-1", ""):
+            with self.assertRaisesRegex(ValueError, "backward memory policy"):
+                sagebwd.set_backward_memory(bad)
+        sagebwd.set_backward_memory("lean")
+        sagebwd.empty_cache()  # no device opened: nothing to release, no error
+
+
 class Configs(unittest.TestCase):
     def test_presets(self):
         self.assertEqual(sagebwd.Config("sagebwd").int8, ["qk", "pv", "qk-bwd", "dv", "dq", "dk"])

@@ -9,7 +9,7 @@ and cached in `sagebwd.cache_dir()`.
 """
 
 from . import _native
-from ._runtime import cache_dir, ensure_nvrtc, find_nvrtc
+from ._runtime import cache_dir, empty_cache, ensure_nvrtc, find_nvrtc, set_backward_memory
 
 PRESETS = tuple(_native.PRESETS)
 PRODUCTS = tuple(_native.products())
@@ -38,5 +38,5 @@ def device_info(ordinal=0):
     return device(ordinal).describe()
 
 
-__all__ = ["attention", "Config", "PRESETS", "PRODUCTS", "HEAD_DIMS", "cache_dir", "device_info", "ensure_nvrtc",
-           "find_nvrtc"]
+__all__ = ["attention", "Config", "PRESETS", "PRODUCTS", "HEAD_DIMS", "cache_dir", "device_info", "empty_cache",
+           "ensure_nvrtc", "find_nvrtc", "set_backward_memory"]

@@ -1,5 +1,7 @@
-"""`sagebwd.attention`: the SageBwd attention op for PyTorch, registered with torch.library
-(custom op, autograd, fake implementation), so that torch.compile traces it without graph breaks."""
+"""`sagebwd.attention`: the SageBwd attention op for PyTorch. In eager mode a torch.autograd.Function
+calls the native kernels (the least host time per call); under torch.compile the same work runs as
+custom ops registered with torch.library (autograd, fake implementations), so that it traces without
+graph breaks."""
 
 import weakref
 from typing import Optional, Tuple
@@ -15,6 +17,7 @@ from . import _native, _runtime, _validate
 # exactly as long as the tensor autograd saved for the backward.
 _saved = weakref.WeakValueDictionary()
 _configs = {}
+_checked = {}
 
 
 def _config(preset: str, int8: str, bf16: str, smooth_k: Optional[bool]):
@@ -47,17 +50,53 @@ def _kernel_inputs(*ts: Tensor):
     return out
 
 
+def _run_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, cfg):
+    """O and the native saved state of contiguous BF16 [B, H, N, d] inputs, queued on the current stream."""
+    q, k, v = _kernel_inputs(q, k, v)
+    dev = _runtime.device(q.device.index)
+    o = torch.empty_like(q)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    saved = dev.forward(stream, _dims(q, k), causal, cfg, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+    return o, saved
+
+
+def _run_backward(saved, d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor):
+    """dQ, dK, dV from the forward's saved state, its inputs and output, and dO."""
+    if d_o.dtype != torch.bfloat16:
+        d_o = d_o.to(torch.bfloat16)
+    d_o, q, k, v, o = _kernel_inputs(d_o.contiguous(), q, k, v, o)
+    dev = _runtime.device(q.device.index)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    dev.backward(stream, saved, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(),
+                 dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+    return dq, dk, dv
+
+
+class _Attention(torch.autograd.Function):
+    """The eager path: the saved state rides on the autograd context (no LSE tensor, no registry), so a call
+    costs one autograd node and the native launches; the custom op below is what torch.compile traces."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, cfg):
+        o, saved = _run_forward(q, k, v, causal, cfg)
+        ctx.save_for_backward(q, k, v, o)
+        ctx.state = saved
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        q, k, v, o = ctx.saved_tensors
+        dq, dk, dv = _run_backward(ctx.state, d_o, q, k, v, o)
+        return dq, dk, dv, None, None
+
+
 @torch.library.custom_op("sagebwd::attention_forward", mutates_args=(), device_types="cuda")
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, preset: str, int8: str, bf16: str,
                       smooth_k: Optional[bool]) -> Tuple[Tensor, Tensor]:
     """O and the natural LSE [B, H_q, N_q] (FP32) of contiguous BF16 [B, H, N, d] inputs; int8 and bf16:
     comma-separated product names switched from the preset."""
-    q, k, v = _kernel_inputs(q, k, v)
-    cfg = _config(preset, int8, bf16, smooth_k)
-    dev = _runtime.device(q.device.index)
-    o = torch.empty_like(q)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    saved = dev.forward(stream, _dims(q, k), causal, cfg, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+    o, saved = _run_forward(q, k, v, causal, _config(preset, int8, bf16, smooth_k))
     lse = torch.utils.dlpack.from_dlpack(saved.lse_dlpack(q.device.index))
     _saved[lse.data_ptr()] = saved
     return o, lse
@@ -77,14 +116,7 @@ def attention_backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, 
     if saved is None:
         raise RuntimeError("sagebwd backward: the LSE tensor is not one returned by sagebwd::attention_forward "
                            "(the forward's saved state is found through it)")
-    d_o = d_o.to(torch.bfloat16).contiguous()
-    d_o, q, k, v, o = _kernel_inputs(d_o, q, k, v, o)
-    dev = _runtime.device(q.device.index)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    dev.backward(stream, saved, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(),
-                 dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
-    return dq, dk, dv
+    return _run_backward(saved, d_o, q, k, v, o)
 
 
 @attention_backward.register_fake
@@ -92,20 +124,20 @@ def _(d_o, q, k, v, o, lse):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_context(ctx, inputs, output):
+def _op_setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, d_o, _d_lse):
+def _op_backward(ctx, d_o, _d_lse):
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.sagebwd.attention_backward(d_o, q, k, v, o, lse)
     return dq, dk, dv, None, None, None, None, None
 
 
-attention_forward.register_autograd(_backward, setup_context=_setup_context)
+attention_forward.register_autograd(_op_backward, setup_context=_op_setup_context)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: Optional[float] = None,
@@ -121,6 +153,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: O
     products to switch (names "qk", "pv", "qk-bwd", "dv", "dp", "dq", "dk"); smooth_k: K-smoothing.
     float16 inputs are converted to bfloat16 (and O back to float16); bnhd inputs and
     non-contiguous inputs are copied to contiguous [B, H, N, d]. Returns O in the input's dtype and layout."""
+    eager = not torch.compiler.is_compiling()
+    if eager:
+        # An argument signature seen before passed every check: reuse its result (the checks are pure functions of
+        # these values; the types are part of the key, so that 1 and True, 1 and 1.0 are told apart).
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, type(causal),
+               scale, type(scale), preset, _hashable(int8), _hashable(bf16), smooth_k, type(smooth_k), layout)
+        try:
+            hit = _checked.get(key)
+        except TypeError:  # unhashable arguments: the full checks say what is wrong with them
+            key, hit = None, None
+        if hit is not None:
+            dims, factor, cfg = hit
+            return _call(q, k, v, causal, layout, factor, cfg)
     dims = _validate.check(tuple(q.shape), tuple(k.shape), tuple(v.shape),
                            (_validate.dtype_name(q.dtype), _validate.dtype_name(k.dtype), _validate.dtype_name(v.dtype)),
                            ((q.device.type, q.device.index), (k.device.type, k.device.index),
@@ -131,17 +176,37 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: O
         raise TypeError(f"preset must be a string, got {type(preset).__name__}")
     if smooth_k is not None and not isinstance(smooth_k, bool):
         raise TypeError(f"smooth_k must be a bool or None, got {type(smooth_k).__name__}")
+    factor = _validate.q_factor(scale, dims[5])
+    int8_s, bf16_s = ",".join(int8_list), ",".join(bf16_list)
+    if not eager:
+        return _call(q, k, v, causal, layout, factor, (preset, int8_s, bf16_s, smooth_k))
+    cfg = _config(preset, int8_s, bf16_s, smooth_k)
+    if key is not None:
+        if len(_checked) >= 4096:
+            _checked.clear()
+        _checked[key] = (dims, factor, cfg)
+    return _call(q, k, v, causal, layout, factor, cfg)
+
+
+def _hashable(names):
+    return names if names is None or isinstance(names, str) else tuple(names)
+
+
+def _call(q, k, v, causal, layout, factor, cfg):
+    """The op on checked arguments: the layout and dtype conversions, then the eager autograd function, or under
+    torch.compile (`cfg` then the op's configuration arguments) the custom op."""
     in_dtype = q.dtype
     if layout == "bnhd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if in_dtype != torch.bfloat16:
         q, k, v = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
-    factor = _validate.q_factor(scale, dims[5])
     if factor is not None:
         q = q * factor
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o, _ = torch.ops.sagebwd.attention_forward(q, k, v, causal, preset, ",".join(int8_list), ",".join(bf16_list),
-                                               smooth_k)
+    if isinstance(cfg, tuple):
+        o, _ = torch.ops.sagebwd.attention_forward(q, k, v, causal, *cfg)
+    else:
+        o = _Attention.apply(q, k, v, causal, cfg)
     if in_dtype != torch.bfloat16:
         o = o.to(in_dtype)
     if layout == "bnhd":
