@@ -77,7 +77,10 @@ def main():
     with torch.no_grad():
         r["fwd_attention_us"] = host_us(lambda: sagebwd.attention(q, k, v))
         r["fwd_custom_op_us"] = host_us(lambda: fwd(q, k, v, False, "sagebwd", "", "", None))
+        r["fwd_autograd_fn_us"] = host_us(lambda: ops._Attention.apply(q, k, v, False, cfg))
+        r["fwd_run_forward_us"] = host_us(lambda: ops._run_forward(q, k, v, False, cfg))
         r["fwd_native_us"] = host_us(native)
+        r["raw_stream_us"] = host_us(lambda: ops._raw_stream(0))
         saved = native()
         r["lse_dlpack_us"] = host_us(lambda: torch.utils.dlpack.from_dlpack(saved.lse_dlpack(0)))
         r["noop_custom_op_us"] = host_us(lambda: torch.ops.sagebwd_lab.noop(q, k, v, False, "sagebwd", "", "", False))

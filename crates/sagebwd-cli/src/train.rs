@@ -43,9 +43,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub trace: bool,
     /// Model size: tiny (~3.4M with the GPT-2 embedding, 0.2M in the blocks), small (~30M),
-    /// base (~124M), medium (~360M).
-    #[arg(long, default_value = "tiny")]
-    pub model: String,
+    /// base (~124M), medium (~360M). Default: tiny; on a GPU, with the built-in sample and none of
+    /// --model, --seq, --batch, --steps given, the sample's GPU run (see --steps).
+    #[arg(long)]
+    pub model: Option<String>,
     /// Override the model width.
     #[arg(long)]
     pub dim: Option<usize>,
@@ -67,12 +68,12 @@ pub struct TrainArgs {
     /// Untie the LM head from the token embedding.
     #[arg(long)]
     pub untied: bool,
-    /// Sequence length.
-    #[arg(long, default_value_t = 128)]
-    pub seq: usize,
-    /// Sequences per micro-batch.
-    #[arg(long, default_value_t = 4)]
-    pub batch: usize,
+    /// Sequence length [default: 128; the sample's GPU run: 512].
+    #[arg(long)]
+    pub seq: Option<usize>,
+    /// Sequences per micro-batch [default: 4; the sample's GPU run: 8].
+    #[arg(long)]
+    pub batch: Option<usize>,
     /// Micro-batches accumulated per optimizer step (tokens per step = batch × seq × accum × gpus).
     #[arg(long, default_value_t = 1)]
     pub accum: usize,
@@ -80,18 +81,21 @@ pub struct TrainArgs {
     /// gradients are summed with NCCL (needs `libnccl.so` on LD_LIBRARY_PATH when above 1).
     #[arg(long, default_value_t = 1)]
     pub gpus: usize,
-    /// Optimizer steps.
-    #[arg(long, default_value_t = 200)]
-    pub steps: u64,
+    /// Optimizer steps [default: 200]. On a GPU, the built-in sample with none of --model, --seq,
+    /// --batch, --steps trains `small` at sequence 512, 8 sequences per step, 500 steps (2M tokens,
+    /// about 2.5 passes over the sample's training books): the tiny model's curves stop near 6.4
+    /// nats within seconds there and say nothing.
+    #[arg(long)]
+    pub steps: Option<u64>,
     /// Peak learning rate; default by model size: tiny 5e-3, small 2e-3, base 6e-4, medium 3e-4.
     #[arg(long)]
     pub lr: Option<f32>,
     /// Final learning rate of the cosine decay; default lr / 10.
     #[arg(long)]
     pub min_lr: Option<f32>,
-    /// Warmup steps.
-    #[arg(long, default_value_t = 20)]
-    pub warmup: u64,
+    /// Warmup steps [default: 20; the sample's GPU run: 25].
+    #[arg(long)]
+    pub warmup: Option<u64>,
     /// AdamW weight decay (matrices only).
     #[arg(long, default_value_t = 0.1)]
     pub wd: f32,
@@ -142,6 +146,53 @@ pub struct TrainArgs {
 /// Peak dense BF16 tensor throughput used for MFU, FLOP/s (H100/H200 SXM datasheet; PERFORMANCE.md).
 const HOPPER_BF16_PEAK: f64 = 989e12;
 
+/// The size of a run: the model and how many tokens it sees, from the arguments and the defaults.
+struct RunSize {
+    model: String,
+    seq: usize,
+    batch: usize,
+    steps: u64,
+    warmup: u64,
+}
+
+impl RunSize {
+    /// The defaults everywhere but the sample's GPU run.
+    const GENERAL: (&'static str, usize, usize, u64, u64) = ("tiny", 128, 4, 200, 20);
+    /// The built-in sample on a GPU (`--steps`' help says why).
+    const SAMPLE_GPU: (&'static str, usize, usize, u64, u64) = ("small", 512, 8, 500, 25);
+
+    fn of(a: &TrainArgs) -> RunSize {
+        let untouched = a.model.is_none() && a.seq.is_none() && a.batch.is_none() && a.steps.is_none();
+        let exact = a.preset.iter().any(|p| p.trim().eq_ignore_ascii_case("exact")); // the CPU's reference
+        let gpu_sample =
+            a.data.is_empty() && untouched && !exact && a.device != DeviceArg::Cpu && a.gpus == 1 && sample_gpu(a);
+        let (model, seq, batch, steps, warmup) = if gpu_sample { Self::SAMPLE_GPU } else { Self::GENERAL };
+        RunSize {
+            model: a.model.clone().unwrap_or_else(|| model.into()),
+            seq: a.seq.unwrap_or(seq),
+            batch: a.batch.unwrap_or(batch),
+            steps: a.steps.unwrap_or(steps),
+            warmup: a.warmup.unwrap_or(warmup),
+        }
+    }
+}
+
+/// Whether the sample's GPU run applies: a GPU that can train is there (with `--device auto`, where it is not the
+/// run stays the CPU's, and the engine says why).
+fn sample_gpu(a: &TrainArgs) -> bool {
+    match sagebwd_train::gpu::probe() {
+        Ok(device) => {
+            eprintln!(
+                "{device}: the built-in sample's GPU run (small model, sequence 512, 500 steps; --model/--seq/--batch/--steps \
+                 choose another)"
+            );
+            true
+        }
+        // --device cuda without a usable GPU fails in the engine, with the reason
+        Err(_) => a.device == DeviceArg::Cuda,
+    }
+}
+
 pub fn run(a: TrainArgs) -> Result<()> {
     if let Some(n) = a.threads {
         rayon::ThreadPoolBuilder::new()
@@ -149,11 +200,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
             .build_global()
             .context("--threads")?;
     }
+    let size = RunSize::of(&a);
     // Every preset's configuration is checked before the first run starts (and before the data is read).
     let configs = a
         .preset
         .iter()
-        .map(|p| train_config(&a, p).with_context(|| format!("--preset {p}")))
+        .map(|p| train_config(&a, &size, p).with_context(|| format!("--preset {p}")))
         .collect::<Result<Vec<_>>>()?;
     let name = a.name.clone().unwrap_or_else(|| {
         if a.data.is_empty() {
@@ -227,12 +279,15 @@ pub fn run(a: TrainArgs) -> Result<()> {
     plot_losses(
         &curves,
         &plot,
-        &format!("{name}: loss vs tokens ({} model, {on})", a.model),
+        &format!("{name}: loss vs tokens ({} model, {on})", size.model),
     )?;
     println!(
         "{}",
         crate::report::table(&summaries.iter().map(|s| s.dir.clone()).collect::<Vec<_>>())?
     );
+    for line in gaps(&summaries) {
+        println!("{line}");
+    }
     println!("loss curves: {}", plot.display());
     let dirs: Vec<PathBuf> = summaries.iter().map(|s| s.dir.clone()).collect();
     if let Some(trace) = crate::report::draw_traces(&dirs, &plot, &name)? {
@@ -289,9 +344,35 @@ fn summary_line(s: &RunSummary) -> String {
     )
 }
 
-fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
+/// Each run against the `fpa` run of the same invocation: the validation-loss gap (or, without validation, the last
+/// train loss's) and the throughput ratio. Empty without an `fpa` run.
+fn gaps(summaries: &[RunSummary]) -> Vec<String> {
+    let Some(base) = summaries.iter().find(|s| s.attention == "fpa") else {
+        return Vec::new();
+    };
+    let rate = |s: &RunSummary| s.steady_tokens_per_second.unwrap_or(s.tokens_per_second);
+    summaries
+        .iter()
+        .filter(|s| s.attention != "fpa")
+        .map(|s| {
+            let (what, ours, theirs) = match (s.final_val_loss, base.final_val_loss) {
+                (Some(x), Some(y)) => ("validation loss", x, y),
+                _ => ("last train loss", s.final_train_loss, base.final_train_loss),
+            };
+            format!(
+                "{} vs fpa: {what} {:+.4} nats ({:+.2} %), {:.2}x the tokens/s",
+                s.attention,
+                ours - theirs,
+                100.0 * (ours - theirs) / theirs,
+                rate(s) / rate(base)
+            )
+        })
+        .collect()
+}
+
+fn train_config(a: &TrainArgs, size: &RunSize, preset: &str) -> Result<TrainConfig> {
     sagebwd_train::backend::Attention::parse(preset.trim().to_ascii_lowercase().as_str())?;
-    let mut model = ModelConfig::preset(&a.model)?;
+    let mut model = ModelConfig::preset(&size.model)?;
     model.dim = a.dim.unwrap_or(model.dim);
     model.n_layers = a.layers.unwrap_or(model.n_layers);
     model.n_heads = a.heads.unwrap_or(model.n_heads);
@@ -299,8 +380,8 @@ fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
     model.ffn_hidden = a.ffn.unwrap_or(model.ffn_hidden);
     model.qk_norm = !a.no_qk_norm;
     model.tied_embeddings = !a.untied;
-    model.max_seq_len = model.max_seq_len.max(a.seq);
-    let lr = a.lr.unwrap_or(match a.model.trim().to_ascii_lowercase().as_str() {
+    model.max_seq_len = model.max_seq_len.max(size.seq);
+    let lr = a.lr.unwrap_or(match size.model.trim().to_ascii_lowercase().as_str() {
         "tiny" => 5e-3,
         "small" => 2e-3,
         "base" => 6e-4,
@@ -314,13 +395,13 @@ fn train_config(a: &TrainArgs, preset: &str) -> Result<TrainConfig> {
             .map_or_else(|| preset.trim().to_ascii_lowercase(), sagebwd_train::method::run_label),
         method,
         trace: a.trace,
-        seq_len: a.seq,
-        micro_batch: a.batch,
+        seq_len: size.seq,
+        micro_batch: size.batch,
         grad_accum: a.accum,
-        steps: a.steps,
+        steps: size.steps,
         lr,
         min_lr: a.min_lr.unwrap_or(lr / 10.0),
-        warmup: a.warmup,
+        warmup: size.warmup,
         adamw: AdamWConfig {
             weight_decay: a.wd,
             ..Default::default()
@@ -451,6 +532,25 @@ mod tests {
             flops_per_token: 0.0,
             gpus: 1,
         }
+    }
+
+    #[test]
+    fn gaps_compare_each_run_with_fpa() {
+        let mut fpa = summary(None);
+        fpa.attention = "fpa".into();
+        fpa.final_val_loss = Some(4.0);
+        fpa.steady_tokens_per_second = Some(400_000.0);
+        let mut sage = summary(None);
+        sage.final_val_loss = Some(4.02);
+        sage.steady_tokens_per_second = Some(500_000.0);
+        let lines = gaps(&[fpa.clone(), sage.clone()]);
+        assert_eq!(
+            lines,
+            ["sagebwd vs fpa: validation loss +0.0200 nats (+0.50 %), 1.25x the tokens/s"]
+        );
+        sage.final_val_loss = None;
+        assert!(gaps(&[fpa, sage.clone()])[0].contains("last train loss +0.0000"));
+        assert!(gaps(&[sage]).is_empty());
     }
 
     #[test]

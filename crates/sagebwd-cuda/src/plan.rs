@@ -519,8 +519,8 @@ pub struct PreparePlan {
     pub qk_hat_t_in_forward: bool,
     /// The fused Q/K/V quantization runs V's groups first.
     pub v_first: bool,
-    /// V̂ᵀ in e4m3 with one scale per channel (`sage_quantize_v_e4m3`, after the INT8 quantization, over its V̂ᵀ) for
-    /// the FP8 P·V forward.
+    /// V̂ᵀ in e4m3 with one scale per channel (`sage_v_amax_partial`, `sage_quantize_v_e4m3`, after the INT8
+    /// quantization, over its V̂ᵀ) for the FP8 P·V forward.
     pub v_e4m3: bool,
 }
 

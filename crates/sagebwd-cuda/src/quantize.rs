@@ -544,8 +544,14 @@ pub(crate) fn quantize_planned(
     })
 }
 
-/// V̂ᵀ in e4m3 with one power-of-two scale per channel (ALGORITHM.md §10.1) over the INT8 V̂ᵀ in `v_hat_t`
-/// (`sage_quantize_v_e4m3`, one block per (batch, KV head)); returns the scales `[B, H_kv, d]`.
+/// Keys per partial channel amax of the e4m3 V̂ᵀ (`V8_CHUNK` in quantize.cu).
+const V8_CHUNK: usize = 512;
+/// Keys per block of `sage_quantize_v_e4m3` (`V8_TILE`).
+const V8_TILE: usize = 64;
+
+/// V̂ᵀ in e4m3 with one power-of-two scale per channel (ALGORITHM.md §10.1) over the INT8 V̂ᵀ in `v_hat_t`:
+/// `sage_v_amax_partial` (per-channel amax of chunks of keys) then `sage_quantize_v_e4m3` (tiles of keys), both over
+/// (key chunks or tiles) × (batch, KV head); returns the scales `[B, H_kv, d]`.
 fn quantize_v_e4m3(
     gpu: &Gpu,
     k: &Kernels,
@@ -555,23 +561,29 @@ fn quantize_v_e4m3(
 ) -> Result<CudaSlice<f32>> {
     let s = &x.shape;
     let bh_kv = s.batch * s.heads_kv;
+    let chunks = s.n_k.div_ceil(V8_CHUNK);
     let scale = gpu.alloc_poisoned_f32(bh_kv * s.head_dim)?;
-    let func = k.quantize_function(c"sage_quantize_v_e4m3")?;
-    let (mut v, mut out, mut sc, mut d) = (gpu.ptr(&x.v), gpu.ptr(v_hat_t), gpu.ptr(&scale), *dims);
-    let mut args: [*mut std::ffi::c_void; 4] = [
+    let amax = gpu.alloc_poisoned_f32(bh_kv * chunks * s.head_dim)?;
+    let stream = gpu.dev.stream.cu_stream();
+    let (mut v, mut am, mut out, mut sc, mut d) =
+        (gpu.ptr(&x.v), gpu.ptr(&amax), gpu.ptr(v_hat_t), gpu.ptr(&scale), *dims);
+    let mut partial: [*mut std::ffi::c_void; 3] = [
         (&mut v as *mut u64).cast(),
+        (&mut am as *mut u64).cast(),
+        (&mut d as *mut Dims).cast(),
+    ];
+    let func = k.quantize_function(c"sage_v_amax_partial")?;
+    gpu.launch_raw(func, (chunks as u32, bh_kv as u32, 1), THREADS, 0, stream, &mut partial)?;
+    let mut args: [*mut std::ffi::c_void; 5] = [
+        (&mut v as *mut u64).cast(),
+        (&mut am as *mut u64).cast(),
         (&mut out as *mut u64).cast(),
         (&mut sc as *mut u64).cast(),
         (&mut d as *mut Dims).cast(),
     ];
-    gpu.launch_raw(
-        func,
-        (bh_kv as u32, 1, 1),
-        THREADS,
-        0,
-        gpu.dev.stream.cu_stream(),
-        &mut args,
-    )?;
+    let tiles = (dims.n_kpad as usize).div_ceil(V8_TILE) as u32;
+    let func = k.quantize_function(c"sage_quantize_v_e4m3")?;
+    gpu.launch_raw(func, (tiles, bh_kv as u32, 1), THREADS, 0, stream, &mut args)?;
     Ok(scale)
 }
 

@@ -25,6 +25,15 @@ pub(crate) fn cuda_err(what: &str, e: cudarc::driver::DriverError) -> Error {
     Error::Gpu(format!("CUDA {what}: {e:?}"))
 }
 
+/// Whether a GPU engine could start here (GPU 0 with its driver, NVRTC for the attention kernels, cuBLASLt), without
+/// building one: the GPU's description, or why not.
+pub fn probe() -> Result<String> {
+    let gpu = sagebwd_cuda::Gpu::open(0).map_err(|e| Error::Gpu(e.to_string()))?;
+    sagebwd_cuda::runtime::nvrtc_available().map_err(|e| Error::Gpu(e.to_string()))?;
+    blas::Blas::new(gpu.dev.stream.clone())?;
+    Ok(gpu.describe())
+}
+
 /// Why the GPU path cannot run this model, if it cannot (checked before any device work).
 pub fn unsupported_reason(model: &crate::config::ModelConfig, attention: &crate::backend::Attention) -> Option<String> {
     let hd = model.head_dim();
