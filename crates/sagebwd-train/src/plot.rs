@@ -152,7 +152,7 @@ where
 }
 
 /// `12000` → `12k`, `3500000` → `3.5M`.
-fn human_count(x: f64) -> String {
+pub(crate) fn human_count(x: f64) -> String {
     let trim = |s: String| s.trim_end_matches(".0").to_string();
     if x.abs() >= 1e9 {
         trim(format!("{:.1}", x / 1e9)) + "G"

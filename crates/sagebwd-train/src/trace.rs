@@ -300,7 +300,7 @@ where
             chart
                 .configure_mesh()
                 .x_desc("tokens")
-                .x_label_formatter(&|x| format!("{x:.0}"))
+                .x_label_formatter(&|x| crate::plot::human_count(*x))
                 .y_label_formatter(&|y| format!("{y:.0e}"))
                 .label_style(("sans-serif", 13))
                 .draw()?;
@@ -320,7 +320,7 @@ where
             chart
                 .configure_mesh()
                 .x_desc("tokens")
-                .x_label_formatter(&|x| format!("{x:.0}"))
+                .x_label_formatter(&|x| crate::plot::human_count(*x))
                 .label_style(("sans-serif", 13))
                 .draw()?;
             draw_lines(&mut chart, runs, pick, Some(k_gain), false)?;
