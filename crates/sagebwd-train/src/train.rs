@@ -545,7 +545,7 @@ struct WindowEnd {
 /// evaluation or checkpoint. The figure covers the steps up to the last read before one, less the
 /// evaluations and checkpoints in between; it is a difference of two reads, so read errors do not add up:
 /// NVML's counter advances in updates every 20–100 ms, and summing per-step differences over ~40 ms
-/// steps read ~20 % high (session 18, the first form of this code). No read falls between two steps.
+/// steps read ~20 % high (measured with an earlier per-step form of this code). No read falls between two steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EnergyWindow {
     start: Option<EnergyRead>,
