@@ -74,22 +74,16 @@ impl ConfigArgs {
                 promote: self.fp8_promote,
             };
         }
-        for (list, prec) in [(&self.int8, Precision::Int8), (&self.bf16, Precision::Bf16)] {
-            for name in list {
-                cfg.set(Product::parse(name)?, prec);
-            }
+        crate::method_args::MethodFlags {
+            int8: self.int8.clone(),
+            bf16: self.bf16.clone(),
+            smooth_k: self.smooth_k,
+            smooth_q: self.smooth_q,
+            dq_correction: self.dq_correction,
+            block_q: Some(self.block_q),
+            block_kv: Some(self.block_kv),
         }
-        if let Some(name) = self.int8.iter().find(|n| self.bf16.contains(n)) {
-            bail!("product `{name}` is given to both --int8 and --bf16");
-        }
-        if let Some(s) = self.smooth_k {
-            cfg.smooth_k = matches!(s, OnOff::On);
-        }
-        cfg.smooth_q = self.smooth_q;
-        cfg.dq_smooth_k_correction = self.dq_correction;
-        cfg.block_q = self.block_q;
-        cfg.block_kv = self.block_kv;
-        cfg.validate()?;
+        .apply_to(&mut cfg)?;
         Ok(cfg)
     }
 }

@@ -53,13 +53,6 @@ impl MethodFlags {
             }
             return Ok(None);
         }
-        if let Some(name) = self
-            .int8
-            .iter()
-            .find(|n| self.bf16.iter().any(|b| b.trim().eq_ignore_ascii_case(n.trim())))
-        {
-            bail!("product `{name}` is given to both --int8 and --bf16");
-        }
         let Ok(mut cfg) = Config::preset(preset) else {
             let names = sagebwd_train::backend::ATTENTION_NAMES.join(", ");
             bail!(
@@ -67,6 +60,21 @@ impl MethodFlags {
                 preset.trim()
             );
         };
+        self.apply_to(&mut cfg)?;
+        Ok(Some(cfg))
+    }
+
+    /// Applies the switches to `cfg` and validates the result: the products named by --int8/--bf16 (one product
+    /// in both is an error), K-smoothing where given, Q-smoothing and the dQ correction where asked, the block
+    /// sizes where given. `train` and the single-configuration commands (`ConfigArgs`) share it.
+    pub fn apply_to(&self, cfg: &mut Config) -> Result<()> {
+        if let Some(name) = self
+            .int8
+            .iter()
+            .find(|n| self.bf16.iter().any(|b| b.trim().eq_ignore_ascii_case(n.trim())))
+        {
+            bail!("product `{name}` is given to both --int8 and --bf16");
+        }
         for (list, prec) in [(&self.int8, Precision::Int8), (&self.bf16, Precision::Bf16)] {
             for name in list {
                 cfg.set(Product::parse(name)?, prec);
@@ -80,7 +88,7 @@ impl MethodFlags {
         cfg.block_q = self.block_q.unwrap_or(cfg.block_q);
         cfg.block_kv = self.block_kv.unwrap_or(cfg.block_kv);
         cfg.validate()?;
-        Ok(Some(cfg))
+        Ok(())
     }
 }
 
