@@ -1,7 +1,7 @@
-"""`sagebwd.attention`: the SageBwd attention op for PyTorch. In eager mode a torch.autograd.Function
-calls the native kernels (the least host time per call); under torch.compile the same work runs as
-custom ops registered with torch.library (autograd, fake implementations), so that it traces without
-graph breaks."""
+"""`sagebwd.attention`: the SageBwd attention op for PyTorch. On plain tensors in eager mode a
+torch.autograd.Function calls the native kernels (the least host time per call); under torch.compile,
+and for fake tensors, the same work runs as custom ops registered with torch.library (autograd, fake
+implementations), so that it traces without graph breaks."""
 
 import weakref
 from typing import Optional, Tuple
@@ -79,8 +79,9 @@ def _run_backward(saved, d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor
 
 
 class _Attention(torch.autograd.Function):
-    """The eager path: the saved state rides on the autograd context (no LSE tensor, no registry), so a call
-    costs one autograd node and the native launches; the custom op below is what torch.compile traces."""
+    """The native path (plain tensors, eager mode): the saved state rides on the autograd context (no LSE tensor,
+    no registry), so a call costs one autograd node and the native launches; the custom op below is what
+    torch.compile traces and what fake tensors dispatch to."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, cfg):
@@ -158,8 +159,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: O
     products to switch (names "qk", "pv", "qk-bwd", "dv", "dp", "dq", "dk"); smooth_k: K-smoothing.
     float16 inputs are converted to bfloat16 (and O back to float16); bnhd inputs and
     non-contiguous inputs are copied to contiguous [B, H, N, d]. Returns O in the input's dtype and layout."""
-    eager = not torch.compiler.is_compiling()
-    if eager:
+    # The native path takes plain tensors outside torch.compile; fake tensors (FakeTensorMode, meta-device tracing)
+    # and other tensor subclasses go through the custom op, whose fake implementation and dispatch they need.
+    native = type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and not torch.compiler.is_compiling()
+    key, hit = None, None
+    if native:
         # An argument signature seen before passed every check: reuse its result (the checks are pure functions of
         # these values; the types are part of the key, so that 1 and True, 1 and 1.0 are told apart).
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, type(causal),
@@ -167,10 +171,24 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: O
         try:
             hit = _checked.get(key)
         except TypeError:  # unhashable arguments: the full checks say what is wrong with them
-            key, hit = None, None
-        if hit is not None:
-            dims, factor, cfg = hit
-            return _call(q, k, v, causal, layout, factor, cfg)
+            key = None
+    if hit is None:
+        factor, int8_s, bf16_s = _check(q, k, v, causal, scale, preset, int8, bf16, smooth_k, layout)
+        if not native:
+            return _call(q, k, v, layout, factor, lambda q, k, v: torch.ops.sagebwd.attention_forward(
+                q, k, v, causal, preset, int8_s, bf16_s, smooth_k)[0])
+        hit = (factor, _config(preset, int8_s, bf16_s, smooth_k))
+        if key is not None:
+            if len(_checked) >= 4096:
+                _checked.clear()
+            _checked[key] = hit
+    factor, cfg = hit
+    return _call(q, k, v, layout, factor, lambda q, k, v: _Attention.apply(q, k, v, causal, cfg))
+
+
+def _check(q, k, v, causal, scale, preset, int8, bf16, smooth_k, layout):
+    """Every argument check of `attention`: TypeError / ValueError, else the factor Q is multiplied by (or None) and
+    the comma-joined int8 and bf16 product lists."""
     dims = _validate.check(tuple(q.shape), tuple(k.shape), tuple(v.shape),
                            (_validate.dtype_name(q.dtype), _validate.dtype_name(k.dtype), _validate.dtype_name(v.dtype)),
                            ((q.device.type, q.device.index), (k.device.type, k.device.index),
@@ -181,25 +199,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: O
         raise TypeError(f"preset must be a string, got {type(preset).__name__}")
     if smooth_k is not None and not isinstance(smooth_k, bool):
         raise TypeError(f"smooth_k must be a bool or None, got {type(smooth_k).__name__}")
-    factor = _validate.q_factor(scale, dims[5])
-    int8_s, bf16_s = ",".join(int8_list), ",".join(bf16_list)
-    if not eager:
-        return _call(q, k, v, causal, layout, factor, (preset, int8_s, bf16_s, smooth_k))
-    cfg = _config(preset, int8_s, bf16_s, smooth_k)
-    if key is not None:
-        if len(_checked) >= 4096:
-            _checked.clear()
-        _checked[key] = (dims, factor, cfg)
-    return _call(q, k, v, causal, layout, factor, cfg)
+    return _validate.q_factor(scale, dims[5]), ",".join(int8_list), ",".join(bf16_list)
 
 
 def _hashable(names):
     return names if names is None or isinstance(names, str) else tuple(names)
 
 
-def _call(q, k, v, causal, layout, factor, cfg):
-    """The op on checked arguments: the layout and dtype conversions, then the eager autograd function, or under
-    torch.compile (`cfg` then the op's configuration arguments) the custom op."""
+def _call(q, k, v, layout, factor, op):
+    """`op` (the native autograd function, or the custom op) on checked arguments, between the
+    layout and dtype conversions: op takes contiguous BF16 [B, H, N, d] Q, K, V and returns O."""
     in_dtype = q.dtype
     if layout == "bnhd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -208,10 +217,7 @@ def _call(q, k, v, causal, layout, factor, cfg):
     if factor is not None:
         q = q * factor
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if isinstance(cfg, tuple):
-        o, _ = torch.ops.sagebwd.attention_forward(q, k, v, causal, *cfg)
-    else:
-        o = _Attention.apply(q, k, v, causal, cfg)
+    o = op(q, k, v)
     if in_dtype != torch.bfloat16:
         o = o.to(in_dtype)
     if layout == "bnhd":
