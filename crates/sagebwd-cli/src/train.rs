@@ -155,24 +155,46 @@ struct RunSize {
     warmup: u64,
 }
 
-impl RunSize {
-    /// The defaults everywhere but the sample's GPU run.
-    const GENERAL: (&'static str, usize, usize, u64, u64) = ("tiny", 128, 4, 200, 20);
-    /// The built-in sample on a GPU (`--steps`' help says why).
-    const SAMPLE_GPU: (&'static str, usize, usize, u64, u64) = ("small", 512, 8, 500, 25);
+/// The values of [`RunSize`] that the arguments leave open.
+struct SizeDefaults {
+    model: &'static str,
+    seq: usize,
+    batch: usize,
+    steps: u64,
+    warmup: u64,
+}
 
+/// The defaults everywhere but the sample's GPU run.
+const GENERAL: SizeDefaults = SizeDefaults {
+    model: "tiny",
+    seq: 128,
+    batch: 4,
+    steps: 200,
+    warmup: 20,
+};
+
+/// The built-in sample on a GPU (`--steps`' help says why).
+const SAMPLE_GPU: SizeDefaults = SizeDefaults {
+    model: "small",
+    seq: 512,
+    batch: 8,
+    steps: 500,
+    warmup: 25,
+};
+
+impl RunSize {
     fn of(a: &TrainArgs) -> RunSize {
         let untouched = a.model.is_none() && a.seq.is_none() && a.batch.is_none() && a.steps.is_none();
         let exact = a.preset.iter().any(|p| p.trim().eq_ignore_ascii_case("exact")); // the CPU's reference
         let gpu_sample =
             a.data.is_empty() && untouched && !exact && a.device != DeviceArg::Cpu && a.gpus == 1 && sample_gpu(a);
-        let (model, seq, batch, steps, warmup) = if gpu_sample { Self::SAMPLE_GPU } else { Self::GENERAL };
+        let d = if gpu_sample { &SAMPLE_GPU } else { &GENERAL };
         RunSize {
-            model: a.model.clone().unwrap_or_else(|| model.into()),
-            seq: a.seq.unwrap_or(seq),
-            batch: a.batch.unwrap_or(batch),
-            steps: a.steps.unwrap_or(steps),
-            warmup: a.warmup.unwrap_or(warmup),
+            model: a.model.clone().unwrap_or_else(|| d.model.into()),
+            seq: a.seq.unwrap_or(d.seq),
+            batch: a.batch.unwrap_or(d.batch),
+            steps: a.steps.unwrap_or(d.steps),
+            warmup: a.warmup.unwrap_or(d.warmup),
         }
     }
 }
@@ -182,9 +204,11 @@ impl RunSize {
 fn sample_gpu(a: &TrainArgs) -> bool {
     match sagebwd_train::gpu::probe() {
         Ok(device) => {
+            let d = &SAMPLE_GPU;
             eprintln!(
-                "{device}: the built-in sample's GPU run (small model, sequence 512, 500 steps; --model/--seq/--batch/--steps \
-                 choose another)"
+                "{device}: the built-in sample's GPU run ({} model, sequence {}, {} steps; --model/--seq/--batch/--steps \
+                 choose another)",
+                d.model, d.seq, d.steps
             );
             true
         }

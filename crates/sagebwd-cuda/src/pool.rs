@@ -65,6 +65,16 @@ impl Pool {
         drv("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(self.0, 0).result() })
     }
 
+    /// Waits for the work queued on `gpu` (so that its stream-ordered frees have happened), then returns the
+    /// pool's unused memory to the driver; nothing to do without memory pools.
+    pub fn release_unused(gpu: &Gpu) -> Result<()> {
+        let Some(pool) = Pool::of(gpu)? else {
+            return Ok(());
+        };
+        drv("synchronize", gpu.dev.ctx.synchronize())?;
+        pool.trim()
+    }
+
     pub fn high(&self) -> Result<u64> {
         self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
     }

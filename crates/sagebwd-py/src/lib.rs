@@ -160,18 +160,8 @@ impl PyDevice {
     /// Releases the memory the library's stream-ordered pool keeps for reuse (its workspaces) back to
     /// the driver, after the work queued so far (a device synchronization).
     fn empty_cache(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| {
-            let Some(pool) = sagebwd_cuda::pool::Pool::of(&self.gpu)? else {
-                return Ok(());
-            };
-            self.gpu
-                .dev
-                .ctx
-                .synchronize()
-                .map_err(|e| sagebwd::Error::Backend(format!("synchronize: {e:?}")))?;
-            pool.trim()
-        })
-        .map_err(runtime_error)
+        py.detach(|| sagebwd_cuda::pool::Pool::release_unused(&self.gpu))
+            .map_err(runtime_error)
     }
 
     /// Free and total device memory in bytes (cuMemGetInfo).

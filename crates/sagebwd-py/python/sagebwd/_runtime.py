@@ -91,16 +91,15 @@ def device(ordinal):
 
 def set_backward_memory(policy):
     """How the backward bounds its peak memory, on every GPU, for every later call: "lean" (the default: within
-    cuDNN's peak at every shape, at up to ~20 % more backward time at N 1k), "auto" (split only where it costs no
-    time: the fastest, ~1.25x cuDNN's peak at N <= 4k), "off" (never split), or a number of head groups.
-    ValueError for anything else."""
+    SDPA's peak at every shape; on an H100 fwd+bwd 1.078 ms at [4, 16, 2048, 128] causal), "auto" (split only where it
+    costs no time: 0.879 ms there, 1.42x SDPA's peak), "off" (never split), or a number of head groups.
+    ValueError for anything else (checked before any device changes)."""
     global _backward_memory
     policy = str(policy)
+    _native.check_backward_groups(policy)
     with _lock:
         for dev in _devices.values():
             dev.set_backward_groups(policy)
-        if not _devices:  # checks the name without a GPU
-            _native.check_backward_groups(policy)
         _backward_memory = policy
 
 

@@ -28,8 +28,7 @@ pub(crate) fn cuda_err(what: &str, e: cudarc::driver::DriverError) -> Error {
 /// Whether a GPU engine could start here (GPU 0 with its driver, NVRTC for the attention kernels, cuBLASLt), without
 /// building one: the GPU's description, or why not.
 pub fn probe() -> Result<String> {
-    let gpu = sagebwd_cuda::Gpu::open(0).map_err(|e| Error::Gpu(e.to_string()))?;
-    sagebwd_cuda::runtime::nvrtc_available().map_err(|e| Error::Gpu(e.to_string()))?;
+    let gpu = sagebwd_cuda::Gpu::open(0).map_err(|e| Error::Gpu(e.to_string()))?; // checks NVRTC too
     blas::Blas::new(gpu.dev.stream.clone())?;
     Ok(gpu.describe())
 }
