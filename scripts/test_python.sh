@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The Python package in CI (no GPU): builds the abi3 manylinux wheel with maturin (zig as the linker,
 # for glibc 2.28 compatibility), installs it into a fresh venv, imports it and runs the tests that
-# need neither a GPU nor PyTorch (crates/sagebwd-py/tests/test_no_gpu.py). PyTorch is not installed:
-# PyPI has only its CUDA build (with ~3 GB of nvidia-* wheels), and the argument checks run on plain
-# values (sagebwd/_validate.py), so they are tested without it; the op itself is tested on the GPU
+# need neither a GPU nor PyTorch (crates/sagebwd-py/tests/test_no_gpu.py), then, in a venv with PyTorch,
+# the PyTorch layer on fake tensors (test_torch_cpu.py); the op itself is tested on the GPU
 # (scripts/gpu/python.sh). Tools pinned; everything from PyPI and crates.io. Own target dir (target/wheel):
 # the zig linker settings would otherwise change the fingerprints of the workspace build.
 set -euo pipefail
@@ -29,3 +28,17 @@ python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$wheel"
 (cd crates/sagebwd-py/tests && "$venv/bin/python" -c "import sagebwd; print('imported', sagebwd.__name__, sagebwd.PRESETS)" &&
   SAGEBWD_TEST_NVRTC_DIR="${NVRTC_LIB_DIR:-}" "$venv/bin/python" -m unittest -v test_no_gpu)
+
+# The PyTorch layer without a GPU (crates/sagebwd-py/tests/test_torch_cpu.py): the ops' schemas, errors on real
+# tensors, fake-tensor shapes and one dynamo graph without breaks. torch pinned to the device's version; PyPI's wheel
+# is the CUDA build (~4.6 GB installed with its nvidia wheels, ~1.5 min here) and imports without a GPU. Its own venv,
+# kept in .cache (test_no_gpu checks the package without torch).
+torch_venv=$PWD/.cache/torch-venv
+if [ ! -e "$torch_venv/.pinned-2.11.0" ]; then
+  rm -rf "$torch_venv"
+  python3 -m venv "$torch_venv"
+  "$torch_venv/bin/pip" install --quiet --disable-pip-version-check torch==2.11.0
+  touch "$torch_venv/.pinned-2.11.0"
+fi
+"$torch_venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"
+(cd crates/sagebwd-py/tests && "$torch_venv/bin/python" -m unittest -v test_torch_cpu)

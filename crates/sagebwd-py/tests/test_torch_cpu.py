@@ -2,8 +2,9 @@
 expected schemas, the wrapper's errors reach the user as ValueError/TypeError on real tensors, and
 the fake (meta) implementations give the right shapes, so torch.compile can trace the op.
 
-Run: python -m unittest test_torch_cpu (skipped as a whole without torch). Not part of CI (PyPI's
-torch is the CUDA build, ~3 GB with its nvidia wheels); run it where torch is installed."""
+Run: python -m unittest test_torch_cpu (skipped as a whole without torch); scripts/test_python.sh runs it in
+CI in a venv with torch 2.11.0. The fake-tensor test also checks that fake tensors take the custom op, not the
+native eager path (which needs a GPU)."""
 
 import unittest
 
