@@ -12,7 +12,7 @@
 #    PART: tps16k-seed1 tps16k-seed2 tps128k-seed1 tps128k-seed2 tps1m-seed1 tps1m-seed2
 #          qknorm-off (fpa and sagebwd, seed 1)   ablate-grads (sagebwd --bf16 dq,dk; --smooth-k off)
 #          ablate-smoothq (sagebwd --smooth-q)    smoke (a few steps of each kind, ~1 min: try first)
-#    (the ablations at 1M TPS, or at ABLATE_TPS=16k|128k)
+#    (the ablations at 1M TPS, or at ABLATE_TPS=16k|128k; seed 1, or ABLATE_SEED=N)
 #    Each part writes $OUT/study-PART.tar.gz (metrics.jsonl, config.json, summary.json, plots and logs of
 #    its runs; diagnose's table, JSON and plot) and refreshes it after every run, so a part cut off at
 #    the call's limit still returns what it finished.
@@ -63,6 +63,9 @@ TOKENS=${TOKENS:-100663296}
 # steps, too early in training to compare presets (docs/STUDY.md), and the sagebwd gap was measured at 16K.
 AT=${ABLATE_TPS:-1m}
 case "$AT" in 16k|128k|1m) ;; *) echo "ABLATE_TPS=$AT: expected 16k, 128k or 1m" >&2; exit 2 ;; esac
+# The seed of the ablation parts (their second seed: ABLATE_SEED=2); the compared runs are the tps parts' of that seed.
+AS=${ABLATE_SEED:-1}
+case "$AS" in [1-9]) ;; *) echo "ABLATE_SEED=$AS: expected a seed 1-9" >&2; exit 2 ;; esac
 EVAL_TOKENS=${EVAL_TOKENS:-1048576}
 mkdir -p "$RUNS" "$KEEP"
 log=$KEEP/study.log
@@ -133,12 +136,12 @@ case "$part" in
     study_run "tps$tps-seed$seed" "$tps" "$seed" --preset fpa,sagebwd
     [ "$seed" = 1 ] && diagnose_run "tps$tps-seed$seed-sagebwd" ;;
   qknorm-off)
-    study_run tps$AT-noqknorm $AT 1 --preset fpa,sagebwd --no-qk-norm ;;
+    study_run tps$AT-noqknorm-seed$AS $AT $AS --preset fpa,sagebwd --no-qk-norm ;;
   ablate-grads)
-    study_run tps$AT-bf16grads $AT 1 --preset sagebwd --bf16 dq,dk
-    study_run tps$AT-nosmoothk $AT 1 --preset sagebwd --smooth-k off ;;
+    study_run tps$AT-bf16grads-seed$AS $AT $AS --preset sagebwd --bf16 dq,dk
+    study_run tps$AT-nosmoothk-seed$AS $AT $AS --preset sagebwd --smooth-k off ;;
   ablate-smoothq)
-    study_run tps$AT-smoothq $AT 1 --preset sagebwd --smooth-q ;;
+    study_run tps$AT-smoothq-seed$AS $AT $AS --preset sagebwd --smooth-q ;;
   smoke)
     # Every kind of run for a few steps: that they start, their kernels, their tokens/s.
     STEPS=8 EVAL_TOKENS=65536 study_run smoke 16k 1 --preset fpa,sagebwd
