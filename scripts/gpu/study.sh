@@ -10,7 +10,7 @@
 # 2. ON THE DEVICE, in the repository root, carrying ["dev/bundle"] (BUNDLE=DIR for another), parts per call:
 #      bash scripts/gpu/study.sh PART [PART ...]
 #    PART: tps16k-seed1 tps16k-seed2 tps128k-seed1 tps128k-seed2 tps1m-seed1 tps1m-seed2
-#          qknorm-off (fpa and sagebwd, seed 1)   ablate-grads (sagebwd --bf16 dq,dk; --smooth-k off)
+#          qknorm-off (fpa and sagebwd)           ablate-grads (sagebwd --bf16 dq,dk; --smooth-k off)
 #          ablate-smoothq (sagebwd --smooth-q)    smoke (a few steps of each kind, ~1 min: try first)
 #    (the ablations at 1M TPS, or at ABLATE_TPS=16k|128k; seed 1, or ABLATE_SEED=N)
 #    Each part writes $OUT/study-PART.tar.gz (metrics.jsonl, config.json, summary.json, plots and logs of
