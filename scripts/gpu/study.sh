@@ -25,8 +25,8 @@
 #
 # Time (measured 2026-12-07 on an H100, docs/STUDY.md): a 100M-token pair (fpa + sagebwd, ~1.65M tokens/s each) is
 # 162-166 s with its evaluations and traces, + 9 s of tokenizing once per machine, + 23 s of diagnose in seed-1 parts:
-# three parts fit one 10-minute call. The ablations on the general kernels (--bf16 dq,dk; --smooth-q) are slower and
-# not measured yet: run `smoke` first, which prints each configuration's tokens/s.
+# three parts fit one 10-minute call. The --bf16 dq,dk run is on the general kernels (0.69M tokens/s): ablate-grads
+# takes 169 + 85 s, so it shares a call with one pair; --smooth-q (also general kernels) is not measured yet.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
