@@ -746,7 +746,8 @@ impl Gpu {
             k_hat: self.download_some(&qd.k_hat, s.kv_len())?,
             k_scale: self.download_some(&qd.k_scale, bh_kv * nkb)?,
             v_hat,
-            v_scale: self.download_some(&qd.v_scale, bh_kv * nkb)?,
+            // [B·H_kv, n_kblk] INT8 block scales, or the e4m3 V̂ᵀ's channel scales [B·H_kv, d] (§10.1)
+            v_scale: self.download_some(&qd.v_scale, qd.v_scale.as_ref().map_or(0, |b| b.len()))?,
             k_mean: if qd.needs.quantized {
                 self.download(&qd.k_mean, bh_kv * s.head_dim)?
             } else {

@@ -113,6 +113,7 @@ impl GroupPolicy {
 /// | `SAGEBWD_QKV_VFIRST` | [`quantize_v_first`](Tuning::quantize_v_first) | `0`, `1` |
 /// | `SAGEBWD_QKT_FWD` | [`qk_hat_t_in_forward`](Tuning::qk_hat_t_in_forward) | `0`, `1` |
 /// | `SAGEBWD_BWD_PRE_FUSE` | [`fused_preprocess`](Tuning::fused_preprocess) | `0`, `1` |
+/// | `SAGEBWD_V8_FUSED` | [`fused_v_e4m3`](Tuning::fused_v_e4m3) | `0`, `1` |
 /// | `SAGEBWD_PERSISTENT_SMS` | [`persistent_sms`](Tuning::persistent_sms) | n ≥ 1 |
 ///
 /// Other variables are not kernel choices: `SAGEBWD_CACHE_DIR` (the kernel cache), `SAGEBWD_REQUIRE_NVRTC` (tests),
@@ -149,6 +150,9 @@ pub struct Tuning {
     pub qk_hat_t_in_forward: Option<bool>,
     /// D, dÔ and the zeroed dQ accumulator in one preprocess pass where the buffers allow.
     pub fused_preprocess: bool,
+    /// The FP8 P·V forward's e4m3 V̂ᵀ made in the K mean's grids and the Q/K/V launch instead of two grids of its own
+    /// after the INT8 quantization (`PreparePlan::v_e4m3_fused`). Off by default until a GPU has checked it.
+    pub fused_v_e4m3: bool,
     /// Size the persistent grids for this many SMs (at most the GPU's): a test hook, so that verification on small
     /// shapes runs blocks that walk several work items.
     pub persistent_sms: Option<u32>,
@@ -171,6 +175,7 @@ impl Default for Tuning {
             quantize_v_first: false,
             qk_hat_t_in_forward: None,
             fused_preprocess: true,
+            fused_v_e4m3: false,
             persistent_sms: None,
         }
     }
@@ -217,6 +222,7 @@ impl Tuning {
             quantize_v_first: switch("SAGEBWD_QKV_VFIRST", d.quantize_v_first)?,
             qk_hat_t_in_forward: forced("SAGEBWD_QKT_FWD")?,
             fused_preprocess: switch("SAGEBWD_BWD_PRE_FUSE", d.fused_preprocess)?,
+            fused_v_e4m3: switch("SAGEBWD_V8_FUSED", d.fused_v_e4m3)?,
             persistent_sms: match var("SAGEBWD_PERSISTENT_SMS") {
                 None => None,
                 Some(v) => match v.trim().parse::<u32>() {
@@ -519,9 +525,13 @@ pub struct PreparePlan {
     pub qk_hat_t_in_forward: bool,
     /// The fused Q/K/V quantization runs V's groups first.
     pub v_first: bool,
-    /// V̂ᵀ in e4m3 with one scale per channel (`sage_v_amax_partial`, `sage_quantize_v_e4m3`, after the INT8
-    /// quantization, over its V̂ᵀ) for the FP8 P·V forward.
+    /// V̂ᵀ in e4m3 with one scale per channel for the FP8 P·V forward: `sage_v_amax_partial` and
+    /// `sage_quantize_v_e4m3` after the INT8 quantization, over its V̂ᵀ.
     pub v_e4m3: bool,
+    /// ... made instead in the preparation's own grids, in place of the INT8 V̂ᵀ and V̂: the channel amaxes in
+    /// `sage_k_mean_partial_v8`'s grid, the scales in `sage_k_mean_v8`'s, the bytes in `sage_quantize_qkv`'s V groups
+    /// (or, where the fused launch does not apply, `sage_quantize_v_e4m3`). [`Tuning::fused_v_e4m3`].
+    pub v_e4m3_fused: bool,
 }
 
 /// The backward's main kernel.
@@ -622,6 +632,7 @@ impl KernelPlan {
             qk_hat_t_in_forward: sage_backward && tuning.qk_hat_t_in_forward.unwrap_or(backward.groups.count == 1),
             v_first: pdl && tuning.quantize_v_first,
             v_e4m3: fp8_pv,
+            v_e4m3_fused: fp8_pv && tuning.fused_v_e4m3,
         };
         KernelPlan {
             arch: arch.to_string(),
@@ -812,16 +823,26 @@ impl fmt::Display for KernelPlan {
         let p = &self.prepare;
         let yes = |b: bool, s: &'static str| if b { s } else { "" };
         if p.needs.quantized {
-            let smooth = if self.flags & F_SMOOTH_K != 0 {
+            let smooth = if p.v_e4m3_fused {
+                "sage_k_mean_partial_v8 → sage_k_mean_v8 → "
+            } else if self.flags & F_SMOOTH_K != 0 {
                 "sage_k_mean_partial → sage_k_mean → "
             } else {
                 ""
             };
             writeln!(
                 f,
-                "preparation    {smooth}sage_quantize_qkv{}{}",
+                "preparation    {smooth}sage_quantize_qkv{}{}{}{}",
+                yes(p.v_e4m3_fused, "_v8"),
                 yes(p.qk_hat_t_in_forward, " (+ Q̂ᵀ, K̂ᵀ for the backward)"),
-                yes(p.needs.bf16_transposed, " (+ BF16 transposes)")
+                yes(p.needs.bf16_transposed, " (+ BF16 transposes)"),
+                if p.v_e4m3_fused {
+                    " (V̂ᵀ in e4m3 in place of the INT8 one; sage_quantize_v_e4m3_scaled where the groups are not full)"
+                } else if p.v_e4m3 {
+                    " → sage_v_amax_partial → sage_quantize_v_e4m3 (V̂ᵀ in e4m3)"
+                } else {
+                    ""
+                }
             )?;
         } else {
             writeln!(f, "preparation    none (every product BF16)")?;
@@ -1248,6 +1269,36 @@ mod tests {
         for (name, o) in ForwardOverride::NAMES {
             assert_eq!(ForwardOverride::parse(name).unwrap(), o);
             assert_eq!(o.name(), name);
+        }
+    }
+
+    #[test]
+    fn fused_e4m3_v_only_for_the_fp8_forward_and_only_when_asked() {
+        let fp8 = Config::preset("p-e4m3").unwrap();
+        let on = Tuning::from_vars(|n| (n == "SAGEBWD_V8_FUSED").then(|| "1".to_string())).unwrap();
+        assert!(on.fused_v_e4m3 && !Tuning::default().fused_v_e4m3);
+        let s = shape(1024, 128, 2);
+        let default = KernelPlan::choose("sm_90a", &fp8, &s, false, &Tuning::default());
+        assert!(default.prepare.v_e4m3 && !default.prepare.v_e4m3_fused);
+        assert!(
+            default
+                .to_string()
+                .contains("sage_v_amax_partial → sage_quantize_v_e4m3"),
+            "{default}"
+        );
+        let fused = KernelPlan::choose("sm_90a", &fp8, &s, true, &on);
+        assert!(fused.prepare.v_e4m3 && fused.prepare.v_e4m3_fused);
+        assert!(
+            fused
+                .to_string()
+                .contains("sage_k_mean_partial_v8 → sage_k_mean_v8 → sage_quantize_qkv_v8"),
+            "{fused}"
+        );
+        // No other configuration takes it, whatever the tuning says (off sm_90a the FP8 forward itself is refused
+        // with a clear error: src/forward.rs).
+        for cfg in [Config::sagebwd(), Config::fpa()] {
+            let p = KernelPlan::choose("sm_90a", &cfg, &s, false, &on);
+            assert!(!p.prepare.v_e4m3 && !p.prepare.v_e4m3_fused, "{}", cfg.label());
         }
     }
 

@@ -205,13 +205,29 @@ fn fused_qkv_applies(gpu: &Gpu, jobs: [&RowsJob; 3]) -> bool {
 }
 
 /// K, V and Q quantized in one launch (`sage_quantize_qkv`, the same bits as three
-/// `sage_quantize_rows` launches), when [`fused_qkv_applies`]; else the three launches.
-fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3], v_first: bool) -> Result<()> {
+/// `sage_quantize_rows` launches), when [`fused_qkv_applies`]; else the three launches. With `v8_scale` (the
+/// channel scales s_V of the e4m3 V̂ᵀ, written by `sage_k_mean_v8` before) the fused launch (`sage_quantize_qkv_v8`)
+/// writes V̂ᵀ in e4m3 in place of the INT8 one; the three launches then write no V̂ᵀ (the caller runs `sage_quantize_v_e4m3`) and skip
+/// V's job when nothing else of it is asked. Returns whether the fused launch ran.
+fn quantize_qkv(
+    gpu: &Gpu,
+    k: &Kernels,
+    jobs: [RowsJob; 3],
+    v_first: bool,
+    v8_scale: Option<&CudaSlice<f32>>,
+) -> Result<bool> {
     if !fused_qkv_applies(gpu, [&jobs[0], &jobs[1], &jobs[2]]) {
-        for job in jobs {
+        let none: Option<CudaSlice<i8>> = None;
+        for (i, mut job) in jobs.into_iter().enumerate() {
+            if i == 1 && v8_scale.is_some() {
+                job.transposed.0 = &none;
+                if job.x_hat.is_none() && job.transposed.1.is_none() {
+                    continue;
+                }
+            }
             quantize_rows(gpu, k, job)?;
         }
-        return Ok(());
+        return Ok(false);
     }
     let [kj, vj, qj] = &jobs;
     let (kp, vp, qp) = (rows_params(gpu, kj), rows_params(gpu, vj), rows_params(gpu, qj));
@@ -232,14 +248,24 @@ fn quantize_qkv(gpu: &Gpu, k: &Kernels, jobs: [RowsJob; 3], v_first: bool) -> Re
         v_first,
         pad: 0,
     };
+    if let Some(s_v) = v8_scale {
+        // sage_quantize_qkv_v8: V's groups write the e4m3 V̂ᵀ with the channel scales sage_k_mean_v8 wrote
+        p.v.scale = gpu.ptr(s_v);
+        p.v.x_hat = 0;
+    }
     let threads = tile_threads(kj.rows_per_block, k.head_dim);
     let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32; // both Q groups' rows for b_r
-    let func = k.quantize_function(c"sage_quantize_qkv")?;
+    let func = k.quantize_function(if v8_scale.is_some() {
+        c"sage_quantize_qkv_v8"
+    } else {
+        c"sage_quantize_qkv"
+    })?;
     let mut args: [*mut std::ffi::c_void; 1] = [(&mut p as *mut QuantQkvParams).cast()];
     let grid = ((k_blocks + v_blocks + q_blocks) as u32, 1, 1);
     // PDL after sage_k_mean (it triggers at its start): the first wave's loads overlap the K mean
     // (quantize.cu, sage_quantize_qkv)
-    launch_pdl(gpu, func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)
+    launch_pdl(gpu, func, grid, threads, smem, gpu.dev.stream.cu_stream(), &mut args)?;
+    Ok(true)
 }
 
 /// Whether the glue kernels may be launched with programmatic dependent launch ([`launch_pdl`]):
@@ -387,12 +413,25 @@ pub(crate) fn quantize_planned(
         gpu.alloc_poisoned_i8(s.kv_len())?,
         gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?,
     );
-    let v_hat = if needs.natural_v_do {
+    // The e4m3 V̂ᵀ of the FP8 P·V forward (§10.1): by default written over the INT8 V̂ᵀ after the INT8 quantization;
+    // fused (`v_e4m3_fused`), in the K mean's grids and the Q/K/V launch in place of the INT8 V̂ᵀ and V̂.
+    let v8 = plan.prepare.v_e4m3 && plan.prepare.v_e4m3_fused;
+    let v_hat = if needs.natural_v_do && !v8 {
         Some(gpu.alloc_poisoned_i8(s.kv_len())?)
     } else {
         None
     };
     let v_scale = gpu.alloc_poisoned_f32(bh_kv * dims.n_kblk as usize)?;
+    // its channel scales s_V [B·H_kv, d] and their partial amaxes over chunks of keys [B·H_kv, chunks, d]
+    let n_chunks = s.n_k.div_ceil(K_MEAN_CHUNK);
+    let v8_bufs = if v8 {
+        Some((
+            gpu.alloc_poisoned_f32(bh_kv * d)?,
+            gpu.alloc_poisoned_f32(bh_kv * n_chunks * d)?,
+        ))
+    } else {
+        None
+    };
     let (q_hat, k_hat) = (Some(q_hat), Some(k_hat));
     let q_mean = gpu.alloc_poisoned_f32(if cfg.smooth_q {
         bh_q * dims.n_qblk as usize * d
@@ -463,11 +502,13 @@ pub(crate) fn quantize_planned(
             }),
         },
     ];
-    // K_m: FP64 partial sums over chunks of K_MEAN_CHUNK rows (in parallel), then their sum.
-    let n_chunks = s.n_k.div_ceil(K_MEAN_CHUNK);
+    // K_m: FP64 partial sums over chunks of K_MEAN_CHUNK rows (in parallel), then their sum; the e4m3 V̂ᵀ's channel
+    // amaxes in the same two grids (chunks of keys, then over the chunks to s_V).
     let partial = gpu.alloc_f32(if smooth_k { 2 * bh_kv * n_chunks * d } else { 2 })?; // f64
     let (n_k, n_chunks_i) = (s.n_k as i32, n_chunks as i32);
-    if smooth_k {
+    let ptr_of = |b: Option<&CudaSlice<f32>>| b.map_or(0, |b| gpu.ptr(b));
+    let (v8_scale, v8_amax) = (v8_bufs.as_ref().map(|b| &b.0), v8_bufs.as_ref().map(|b| &b.1));
+    if smooth_k && !v8 {
         // a normal launch: the PDL chain after it (K mean, Q/K/V quantization) relies on everything
         // queued before it being complete once it runs
         let part_cfg = LaunchConfig {
@@ -484,44 +525,94 @@ pub(crate) fn quantize_planned(
                 .arg(&n_chunks_i)
                 .launch(part_cfg)
         })?;
+    } else if v8 {
+        // as above; the K sums only with K-smoothing (a null `partial` skips them)
+        let (mut k_ptr, mut part_ptr, mut n_k, mut n_chunks_i, mut v_ptr, mut amax_ptr) = (
+            gpu.ptr(&x.k),
+            if smooth_k { gpu.ptr(&partial) } else { 0 },
+            n_k,
+            n_chunks_i,
+            gpu.ptr(&x.v),
+            ptr_of(v8_amax),
+        );
+        let mut part_args: [*mut std::ffi::c_void; 6] = [
+            (&mut k_ptr as *mut u64).cast(),
+            (&mut part_ptr as *mut u64).cast(),
+            (&mut n_k as *mut i32).cast(),
+            (&mut n_chunks_i as *mut i32).cast(),
+            (&mut v_ptr as *mut u64).cast(),
+            (&mut amax_ptr as *mut u64).cast(),
+        ];
+        gpu.launch_raw(
+            k.quantize_function(c"sage_k_mean_partial_v8")?,
+            (n_chunks as u32, bh_kv as u32, 1),
+            THREADS,
+            0,
+            stream.cu_stream(),
+            &mut part_args,
+        )?;
     }
-    // With K-smoothing sage_k_mean is launched with PDL after sage_k_mean_partial (which triggers at
-    // its start and had a normal launch) and waits for it; without, normally (its predecessor is
-    // anything, and the Q/K/V quantization, PDL after it, reads V before waiting).
-    let pdl_mean = smooth_k;
+    // After sage_k_mean_partial (which triggers at its start and had a normal launch) sage_k_mean is launched with
+    // PDL and waits for it; without it, normally (its predecessor is anything, and the Q/K/V quantization, PDL after
+    // it, reads V before waiting).
+    let pdl_mean = smooth_k || v8;
     let mut smooth_k = smooth_k as i32;
-    let (mut partial_ptr, mut k_mean_ptr, mut n_k, mut n_chunks_i) =
-        (gpu.ptr(&partial), gpu.ptr(&k_mean), n_k, n_chunks_i);
-    let mut mean_args: [*mut std::ffi::c_void; 5] = [
+    let (mut partial_ptr, mut k_mean_ptr, mut n_k, mut n_chunks_i, mut amax_ptr, mut s_v_ptr) = (
+        gpu.ptr(&partial),
+        gpu.ptr(&k_mean),
+        n_k,
+        n_chunks_i,
+        ptr_of(v8_amax),
+        ptr_of(v8_scale),
+    );
+    let mut mean_args: [*mut std::ffi::c_void; 7] = [
         (&mut partial_ptr as *mut u64).cast(),
         (&mut k_mean_ptr as *mut u64).cast(),
         (&mut n_k as *mut i32).cast(),
         (&mut n_chunks_i as *mut i32).cast(),
         (&mut smooth_k as *mut i32).cast(),
+        (&mut amax_ptr as *mut u64).cast(),
+        (&mut s_v_ptr as *mut u64).cast(),
     ];
+    // sage_k_mean takes the first five, sage_k_mean_v8 all seven
+    let (mean_fn, mean_args) = if v8 {
+        (k.quantize_function(c"sage_k_mean_v8")?, &mut mean_args[..])
+    } else {
+        (k.k_mean.cu_function(), &mut mean_args[..5])
+    };
     if pdl_mean {
         launch_pdl(
             gpu,
-            k.k_mean.cu_function(),
+            mean_fn,
             (bh_kv as u32, 1, 1),
             d as u32,
             0,
             stream.cu_stream(),
-            &mut mean_args,
+            mean_args,
         )?;
     } else {
         gpu.launch_raw(
-            k.k_mean.cu_function(),
+            mean_fn,
             (bh_kv as u32, 1, 1),
             d as u32,
             0,
             stream.cu_stream(),
-            &mut mean_args,
+            mean_args,
         )?;
     }
-    quantize_qkv(gpu, k, jobs, plan.prepare.v_first)?;
-    let v_scale = match (&v_hat_t, plan.prepare.v_e4m3) {
-        (Some(v_hat_t), true) => quantize_v_e4m3(gpu, k, x, &dims, v_hat_t)?,
+    let fused = quantize_qkv(gpu, k, jobs, plan.prepare.v_first, v8_scale)?;
+    let v_scale = match (&v_hat_t, v8_bufs, plan.prepare.v_e4m3) {
+        (Some(v_hat_t), Some((s_v, _)), _) => {
+            if !fused {
+                quantize_v_e4m3(gpu, k, x, &dims, V8Scales::Given(&s_v), v_hat_t)?;
+            }
+            s_v
+        }
+        (Some(v_hat_t), None, true) => {
+            let s_v = gpu.alloc_poisoned_f32(bh_kv * d)?;
+            quantize_v_e4m3(gpu, k, x, &dims, V8Scales::FromAmax(&s_v), v_hat_t)?;
+            s_v
+        }
         _ => v_scale,
     };
     Ok(QuantizedDev {
@@ -545,35 +636,51 @@ pub(crate) fn quantize_planned(
 }
 
 /// Keys per partial channel amax of the e4m3 V̂ᵀ (`V8_CHUNK` in quantize.cu).
-const V8_CHUNK: usize = 512;
+const V8_CHUNK: usize = K_MEAN_CHUNK;
 /// Keys per block of `sage_quantize_v_e4m3` (`V8_TILE`).
 const V8_TILE: usize = 64;
 
-/// V̂ᵀ in e4m3 with one power-of-two scale per channel (ALGORITHM.md §10.1) over the INT8 V̂ᵀ in `v_hat_t`:
-/// `sage_v_amax_partial` (per-channel amax of chunks of keys) then `sage_quantize_v_e4m3` (tiles of keys), both over
-/// (key chunks or tiles) × (batch, KV head); returns the scales `[B, H_kv, d]`.
+/// Where `sage_quantize_v_e4m3` gets the channel scales s_V `[B, H_kv, d]`.
+enum V8Scales<'a> {
+    /// Computed here: `sage_v_amax_partial` first, then written into this buffer (the default path, over the INT8
+    /// V̂ᵀ).
+    FromAmax(&'a CudaSlice<f32>),
+    /// Already written by `sage_k_mean_v8` (the fused path where its Q/K/V launch does not apply).
+    Given(&'a CudaSlice<f32>),
+}
+
+/// V̂ᵀ in e4m3 with one power-of-two scale per channel (ALGORITHM.md §10.1) into `v_hat_t`: `sage_quantize_v_e4m3`
+/// over (key tiles) × (batch, KV head), after `sage_v_amax_partial` over (key chunks) × (batch, KV head) where the
+/// scales are not given.
 fn quantize_v_e4m3(
     gpu: &Gpu,
     k: &Kernels,
     x: &DeviceInputs,
     dims: &Dims,
+    scales: V8Scales,
     v_hat_t: &CudaSlice<i8>,
-) -> Result<CudaSlice<f32>> {
+) -> Result<()> {
     let s = &x.shape;
     let bh_kv = s.batch * s.heads_kv;
-    let chunks = s.n_k.div_ceil(V8_CHUNK);
-    let scale = gpu.alloc_poisoned_f32(bh_kv * s.head_dim)?;
-    let amax = gpu.alloc_poisoned_f32(bh_kv * chunks * s.head_dim)?;
     let stream = gpu.dev.stream.cu_stream();
-    let (mut v, mut am, mut out, mut sc, mut d) =
-        (gpu.ptr(&x.v), gpu.ptr(&amax), gpu.ptr(v_hat_t), gpu.ptr(&scale), *dims);
-    let mut partial: [*mut std::ffi::c_void; 3] = [
-        (&mut v as *mut u64).cast(),
-        (&mut am as *mut u64).cast(),
-        (&mut d as *mut Dims).cast(),
-    ];
-    let func = k.quantize_function(c"sage_v_amax_partial")?;
-    gpu.launch_raw(func, (chunks as u32, bh_kv as u32, 1), THREADS, 0, stream, &mut partial)?;
+    let (mut v, mut out, mut d) = (gpu.ptr(&x.v), gpu.ptr(v_hat_t), *dims);
+    let (amax, s_v) = match scales {
+        V8Scales::FromAmax(s_v) => {
+            let chunks = s.n_k.div_ceil(V8_CHUNK);
+            let amax = gpu.alloc_poisoned_f32(bh_kv * chunks * s.head_dim)?;
+            let mut am = gpu.ptr(&amax);
+            let mut partial: [*mut std::ffi::c_void; 3] = [
+                (&mut v as *mut u64).cast(),
+                (&mut am as *mut u64).cast(),
+                (&mut d as *mut Dims).cast(),
+            ];
+            let func = k.quantize_function(c"sage_v_amax_partial")?;
+            gpu.launch_raw(func, (chunks as u32, bh_kv as u32, 1), THREADS, 0, stream, &mut partial)?;
+            (Some(amax), s_v)
+        }
+        V8Scales::Given(s_v) => (None, s_v),
+    };
+    let (mut am, mut sc) = (amax.as_ref().map_or(0, |a| gpu.ptr(a)), gpu.ptr(s_v));
     let mut args: [*mut std::ffi::c_void; 5] = [
         (&mut v as *mut u64).cast(),
         (&mut am as *mut u64).cast(),
@@ -582,9 +689,12 @@ fn quantize_v_e4m3(
         (&mut d as *mut Dims).cast(),
     ];
     let tiles = (dims.n_kpad as usize).div_ceil(V8_TILE) as u32;
-    let func = k.quantize_function(c"sage_quantize_v_e4m3")?;
-    gpu.launch_raw(func, (tiles, bh_kv as u32, 1), THREADS, 0, stream, &mut args)?;
-    Ok(scale)
+    let func = k.quantize_function(if amax.is_some() {
+        c"sage_quantize_v_e4m3"
+    } else {
+        c"sage_quantize_v_e4m3_scaled"
+    })?;
+    gpu.launch_raw(func, (tiles, bh_kv as u32, 1), THREADS, 0, stream, &mut args)
 }
 
 /// dÔ and s_dO per B_q block (backward preprocess), and the transposed copies, as far as `needs`

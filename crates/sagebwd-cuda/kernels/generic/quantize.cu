@@ -30,18 +30,78 @@ __device__ __forceinline__ double column_sum(const u16* col, int rows, int strid
 __device__ __forceinline__ float lo_bf16(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_bf16(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 
-// Partial FP64 column sums of K over K_MEAN_CHUNK rows: partial[bh, chunk, d]. Grid (n_chunks,
-// B·H_kv), THREADS threads; each thread sums 8 columns of every (THREADS / VEC_PER_ROW)-th row.
-// Launched only with K-smoothing on.
-extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const u16* __restrict__ k,
-                                                                         double* __restrict__ partial,
-                                                                         int n_k, int n_chunks) {
+// V̂ᵀ in e4m3 for an FP8 P·V (ALGORITHM.md §10.1, `Fp8OperandScale::Channel`): one power-of-two scale s_V[c] per
+// (batch, KV head, channel), from the channel's amax over all keys, reduced in two steps: per chunk of V8_CHUNK keys,
+// then over the chunks. By default in two grids of their own after the INT8 quantization (sage_v_amax_partial,
+// sage_quantize_v_e4m3); fused (SAGEBWD_V8_FUSED=1, not yet the default) in the K mean's grids
+// (sage_k_mean_partial_v8, sage_k_mean_v8), the bytes then written by sage_quantize_qkv's V groups in place of the
+// INT8 V̂ᵀ. A maximum does not depend on the order it is taken in, and each byte is one rounding of an exact
+// quotient: every path gives the same bits.
+#define V8_TILE 64                 // keys per block of sage_quantize_v_e4m3
+#define V8_CHUNK K_MEAN_CHUNK      // keys per partial amax: the K mean's chunks, so that one grid computes both
+#define V8_ZERO_CHANNEL (-1000)    // the exponent of an all-zero channel (every real exponent is ≥ −149)
+
+// The exponent e of channel c's scale s_V[c] = 2^e (Fp8::pow2_scale) from its partial amaxes
+// v_amax[(bh·n_chunks + i)·d + c]; V8_ZERO_CHANNEL for an all-zero channel.
+__device__ __forceinline__ int v8_channel_exponent(const float* v_amax, int bh, int n_chunks, int c) {
+    float a = 0.0f;
+    for (int i = 0; i < n_chunks; ++i) a = fmaxf(a, v_amax[((long)bh * n_chunks + i) * HEAD_DIM + c]);
+    return a == 0.0f ? V8_ZERO_CHANNEL : e4m3_scale_exponent(a);
+}
+// s_V[c] as stored for the forward (0 for an all-zero channel), and back to its exponent.
+__device__ __forceinline__ float v8_scale_of(int e) { return e == V8_ZERO_CHANNEL ? 0.0f : ldexpf(1.0f, e); }
+__device__ __forceinline__ int v8_exponent_of(float s) { return s == 0.0f ? V8_ZERO_CHANNEL : ilogbf(s); }
+// The value e4m3 rounds for x in a channel of exponent e: x / s_V[c] (exact: ldexpf), 0 in an all-zero channel.
+__device__ __forceinline__ float v8_input(float x, int e) { return e == V8_ZERO_CHANNEL ? 0.0f : ldexpf(x, -e); }
+
+// Partial FP64 column sums of K over K_MEAN_CHUNK rows: partial[bh, chunk, d]. Grid (n_chunks, B·H_kv), THREADS
+// threads; each thread sums 8 columns of every (THREADS / VEC_PER_ROW)-th row. Launched only with K-smoothing on, or
+// as sage_k_mean_partial_v8 (V8) for the fused e4m3 V̂ᵀ (opt-in, SAGEBWD_V8_FUSED=1): then also the partial channel
+// amaxes of V over the same rows, v_amax[bh, chunk, d] (V8_CHUNK = K_MEAN_CHUNK), and the K sums only where partial
+// is not null (K-smoothing on).
+template <bool V8>
+__device__ __forceinline__ void k_mean_partial_body(const u16* __restrict__ k, double* __restrict__ partial, int n_k,
+                                               int n_chunks, const u16* __restrict__ v, float* __restrict__ v_amax) {
     constexpr int ROW_STEP = THREADS / VEC_PER_ROW;
     __shared__ double s_part[ROW_STEP][HEAD_DIM];
     pdl_trigger();  // sage_k_mean (PDL) may take its place on the SMs; it waits for this grid
     const int chunk = blockIdx.x, bh = blockIdx.y;
     const int lr = threadIdx.x / VEC_PER_ROW, c8 = threadIdx.x % VEC_PER_ROW;
     const int r_end = min((chunk + 1) * K_MEAN_CHUNK, n_k);
+    if constexpr (V8) {  // V first: its loads do not depend on the K sums below
+        __shared__ float s_vmax[ROW_STEP][HEAD_DIM];
+        const u16* vbase = v + (long)bh * n_k * HEAD_DIM + c8 * 8;
+        const bool vvec = aligned16(v);
+        float mx[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mx[j] = 0.0f;
+#pragma unroll 4
+        for (int r = chunk * K_MEAN_CHUNK + lr; r < r_end; r += ROW_STEP) {
+            const u16* src = vbase + (long)r * HEAD_DIM;
+            u32 w[4];
+            if (vvec) {
+                const uint4 x = *(const uint4*)src;
+                w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) w[j] = (u32)src[2 * j] | ((u32)src[2 * j + 1] << 16);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                mx[2 * j] = fmaxf(mx[2 * j], fabsf(lo_bf16(w[j])));
+                mx[2 * j + 1] = fmaxf(mx[2 * j + 1], fabsf(hi_bf16(w[j])));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s_vmax[lr][c8 * 8 + j] = mx[j];
+        __syncthreads();
+        if (threadIdx.x < HEAD_DIM) {
+            float a = 0.0f;
+            for (int i = 0; i < ROW_STEP; ++i) a = fmaxf(a, s_vmax[i][threadIdx.x]);
+            v_amax[((long)bh * n_chunks + chunk) * HEAD_DIM + threadIdx.x] = a;
+        }
+        if (!partial) return;
+    }
     const u16* base = k + (long)bh * n_k * HEAD_DIM + c8 * 8;
     const bool vec = aligned16(k);
     double acc[8];
@@ -107,14 +167,28 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const 
         partial[((long)bh * n_chunks + chunk) * HEAD_DIM + threadIdx.x] = sum;
     }
 }
+extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial(const u16* __restrict__ k,
+                                                                         double* __restrict__ partial,
+                                                                         int n_k, int n_chunks) {
+    k_mean_partial_body<false>(k, partial, n_k, n_chunks, nullptr, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(THREADS) sage_k_mean_partial_v8(const u16* __restrict__ k,
+                                                                            double* __restrict__ partial, int n_k,
+                                                                            int n_chunks, const u16* __restrict__ v,
+                                                                            float* __restrict__ v_amax) {
+    k_mean_partial_body<true>(k, partial, n_k, n_chunks, v, v_amax);
+}
 
 // K_m[b, h_kv, :] = mean over all n_k tokens of K, from the partial sums. Grid: B·H_kv blocks of
-// HEAD_DIM threads.
-extern "C" __global__ void sage_k_mean(const double* __restrict__ partial, float* __restrict__ k_mean,
-                                       int n_k, int n_chunks, int smooth_k) {
+// HEAD_DIM threads. As sage_k_mean_v8 (the fused e4m3 V̂ᵀ) also each channel's s_V[c] = v_scale[bh·d + c] from
+// sage_k_mean_partial_v8's partial amaxes.
+template <bool V8>
+__device__ __forceinline__ void k_mean_body(const double* __restrict__ partial, float* __restrict__ k_mean, int n_k,
+                                       int n_chunks, int smooth_k, const float* __restrict__ v_amax,
+                                       float* __restrict__ v_scale) {
     const int bh = blockIdx.x, c = threadIdx.x;
     // sage_quantize_qkv (PDL) may start now: its groups' loads overlap the partial sums; its K and Q
-    // groups wait for this grid (which waits for the partial sums), its V groups need no K_m.
+    // groups wait for this grid (which waits for the partial sums), its V groups need no K_m (INT8 V̂ᵀ).
     pdl_trigger();
     pdl_wait();  // the partial sums (launched with PDL after sage_k_mean_partial; else a no-op)
     float mean = 0.0f;  // 0 when smoothing is off: K_s = K
@@ -124,6 +198,16 @@ extern "C" __global__ void sage_k_mean(const double* __restrict__ partial, float
         mean = __double2float_rn(__ddiv_rn(sum, (double)n_k));
     }
     k_mean[bh * HEAD_DIM + c] = mean;
+    if constexpr (V8) v_scale[bh * HEAD_DIM + c] = v8_scale_of(v8_channel_exponent(v_amax, bh, n_chunks, c));
+}
+extern "C" __global__ void sage_k_mean(const double* __restrict__ partial, float* __restrict__ k_mean_out, int n_k,
+                                       int n_chunks, int smooth_k) {
+    k_mean_body<false>(partial, k_mean_out, n_k, n_chunks, smooth_k, nullptr, nullptr);
+}
+extern "C" __global__ void sage_k_mean_v8(const double* __restrict__ partial, float* __restrict__ k_mean_out, int n_k,
+                                          int n_chunks, int smooth_k, const float* __restrict__ v_amax,
+                                          float* __restrict__ v_scale) {
+    k_mean_body<true>(partial, k_mean_out, n_k, n_chunks, smooth_k, v_amax, v_scale);
 }
 
 // Mirrored by `QuantRowsParams` in src/quantize.rs.
@@ -294,6 +378,21 @@ __device__ __forceinline__ void store_tile8(const QuantRowsParams& p, long base,
     }
 }
 
+// The 8 rows × 8 columns of a group that thread t of its group holds on the register-tile path (the layout described
+// below), loaded with eight 16-byte loads into v.
+struct Tile8 {
+    int r_first, c0;
+};
+__device__ __forceinline__ Tile8 load_tile8(const QuantRowsParams& p, long base, int t, uint4 (&v)[8]) {
+    constexpr int WARPS_PER_BAND = HEAD_DIM / 64;
+    const int warp = t >> 5, lane = t & 31;
+    const Tile8 at = {(warp / WARPS_PER_BAND) * 32 + (lane >> 3) * 8, ((warp % WARPS_PER_BAND) * 8 + (lane & 7)) * 8};
+    const u16* src = p.x + base + (long)at.r_first * HEAD_DIM + at.c0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = *(const uint4*)(src + i * HEAD_DIM);
+    return at;
+}
+
 // Register-tile path for a full group (the launch has rows_per_block/8 · HEAD_DIM/8 threads): each
 // thread owns 8 consecutive rows × 8 consecutive columns, read once with eight 16-byte loads and
 // kept in registers until the group's amax is known (one block reduction), then quantized once;
@@ -315,14 +414,9 @@ template <bool MEAN, bool PDL = false>
 __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, int blk, int bh, int row0, long base,
                                                      int kv, int t, int group, int group_warps, float* s_scratch,
                                                      double* s_kmd, u16* s_rows) {
-    constexpr int WARPS_PER_BAND = HEAD_DIM / 64;
-    const int warp = t >> 5, lane = t & 31;
-    const int r_first = (warp / WARPS_PER_BAND) * 32 + (lane >> 3) * 8;
-    const int c0 = ((warp % WARPS_PER_BAND) * 8 + (lane & 7)) * 8;
     uint4 v[8];
-    const u16* src = p.x + base + (long)r_first * HEAD_DIM + c0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = *(const uint4*)(src + i * HEAD_DIM);
+    const Tile8 at = load_tile8(p, base, t, v);
+    const int r_first = at.r_first, c0 = at.c0;
     if (PDL) pdl_wait();  // K_m is sage_k_mean's output
     float m[8];
 #pragma unroll
@@ -345,6 +439,31 @@ __device__ __forceinline__ void quantize_group_tiles(const QuantRowsParams& p, i
     store_tile8(p, base, bh, row0, r_first, c0, nat);
     if (p.row_offset && t < p.rows_per_block)
         p.row_offset[(long)bh * p.n + row0 + t] = row_offset_of_vec(s_rows + t * ROW_TILE_STRIDE, s_kmd, p.c_lambda);
+}
+
+// The e4m3 V̂ᵀ of one full B_kv group of V from register tiles (quantize_group_tiles' thread layout; the fused
+// Q/K/V launch of the FP8 P·V forward): p.scale holds the channel scales s_V [B·H_kv, d] that sage_k_mean wrote
+// (read after pdl_wait), and the group's keys go to x̂ᵀ as sage_quantize_v_e4m3 writes them, the same bytes. No x̂,
+// no per-block scale. n_pad = n (full groups), so there are no padding keys to zero.
+__device__ __forceinline__ void quantize_v_tiles_e4m3(const QuantRowsParams& p, int bh, int row0, long base, int t) {
+    uint4 v[8];
+    const Tile8 at = load_tile8(p, base, t, v);
+    const int r_first = at.r_first, c0 = at.c0;
+    pdl_wait();  // s_V is sage_k_mean's output
+    int e[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = v8_exponent_of(p.scale[(long)bh * HEAD_DIM + c0 + j]);
+    u32 nat[8][2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+        float x[8];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) x[c] = v8_input((c & 1) ? hi_bf16(w[c >> 1]) : lo_bf16(w[c >> 1]), e[c]);
+        nat[i][0] = e4m3x2(x[0], x[1]) | (e4m3x2(x[2], x[3]) << 16);
+        nat[i][1] = e4m3x2(x[4], x[5]) | (e4m3x2(x[6], x[7]) << 16);
+    }
+    store_tile8_transposed(p.x_hat_t + ((long)bh * HEAD_DIM + c0) * p.n_pad + row0 + r_first, p.n_pad, nat);
 }
 
 // Element-wise path (partial groups, unaligned buffers), any block size of whole warps ≥ HEAD_DIM.
@@ -578,8 +697,12 @@ __device__ __forceinline__ GroupAt group_at(const QuantRowsParams& p, int g) {
 // V and write V̂ᵀ and s_V, which neither K-mean kernel touches, so they run whole before pdl_wait().
 // v_first (opt-in, SAGEBWD_QKV_VFIRST=1) puts V's groups first so that they run during the K mean:
 // measured slower than the K, V, Q order (K's reuse of L2 after the partial sums is lost).
-extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(QuantQkvParams p) {
-    extern __shared__ __align__(16) unsigned char s_dyn[];
+//
+// V8 (sage_quantize_qkv_v8, the FP8 P·V forward's fused e4m3 V̂ᵀ, opt-in): V's groups write the e4m3 V̂ᵀ with the
+// channel scales s_V that sage_k_mean_v8 wrote (quantize_v_tiles_e4m3) in place of the INT8 V̂ᵀ; a kernel of its own
+// so that the INT8 path's code is unchanged.
+template <bool V8>
+__device__ __forceinline__ void quantize_qkv(const QuantQkvParams p, unsigned char* s_dyn) {
     __shared__ double s_kmd[HEAD_DIM];
     __shared__ float s_scratch[THREADS / 32];
     // The persistent INT8 forward (launched with PDL next, src/forward.rs) reads nothing before it
@@ -597,8 +720,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(Quant
             quantize_group_tiles<false, true>(p.k, k.blk, k.bh, k.row0, k.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
     } else if (b < p.k_blocks + p.v_blocks) {
         const GroupAt v = group_at(p.v, b - p.k_blocks);
-        quantize_group_tiles<false>(p.v, v.blk, v.bh, v.row0, v.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
-        pdl_wait();  // last: the grid completes only after sage_k_mean
+        if constexpr (V8) {
+            quantize_v_tiles_e4m3(p.v, v.bh, v.row0, v.base, threadIdx.x);  // waits for sage_k_mean_v8 (s_V)
+        } else {
+            quantize_group_tiles<false>(p.v, v.blk, v.bh, v.row0, v.base, 0, threadIdx.x, 0, warps, s_scratch, s_kmd, nullptr);
+            pdl_wait();  // last: the grid completes only after sage_k_mean
+        }
     } else {
         const int q_threads = blockDim.x / 2, half = threadIdx.x / q_threads;
         const GroupAt q = group_at(p.q, 2 * (b - p.k_blocks - p.v_blocks) + half);
@@ -606,6 +733,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(Quant
         quantize_group_tiles<false, true>(p.q, q.blk, q.bh, q.row0, q.base, kv_row_of(p.q, q.bh), threadIdx.x - half * q_threads,
                                     half, warps / 2, s_scratch, s_kmd, s_rows);
     }
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv(QuantQkvParams p) {
+    extern __shared__ __align__(16) unsigned char s_dyn[];
+    quantize_qkv<false>(p, s_dyn);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 4) sage_quantize_qkv_v8(QuantQkvParams p) {
+    extern __shared__ __align__(16) unsigned char s_dyn[];
+    quantize_qkv<true>(p, s_dyn);
 }
 
 // Backward preprocess of one head group in one pass over dO (full B_q groups, aligned buffers, no
@@ -833,19 +968,16 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM, 768 / HEAD_DIM) sage_tran
     pdl_wait();  // every thread, last (see above)
 }
 
-// V̂ᵀ in e4m3 for an FP8 P·V (ALGORITHM.md §10.1, `Fp8OperandScale::Channel`), in two grids over (key chunks, batch ·
-// KV head), so that the whole GPU works on it (one block per head left most SMs idle: 380 µs at B 4 H 16 N 4k d 128
-// on an H100, against 126 µs for the whole INT8 Q/K/V quantization).
+// V̂ᵀ in e4m3 in two grids over (key chunks, batch · KV head), so that the whole GPU works on it (one block per head
+// left most SMs idle: 380 µs at B 4 H 16 N 4k d 128 on an H100, against 126 µs for the whole INT8 Q/K/V quantization).
+// The default path (after the INT8 quantization, overwriting its V̂ᵀ in the same buffer):
 // sage_v_amax_partial: block (c, bh) writes the amax of each channel over keys [c·V8_CHUNK, (c + 1)·V8_CHUNK) to
-// v_amax[(bh·n_chunks + c)·d + channel].
-// sage_quantize_v_e4m3: block (t, bh) reduces those to the channel's amax and its power-of-two scale s_V[c]
-// (Fp8::pow2_scale; 0 for an all-zero channel; block t = 0 stores it in v_scale[bh·d + c]), then writes its tile of
-// V8_TILE keys transposed, v_hat_t[(bh·d + c)·n_kpad + j] = e4m3(V[j][c] / s_V[c]) (the division exact: ldexpf), 0
-// for the padding keys j ≥ n_k and for an all-zero channel. Overwrites the INT8 V̂ᵀ of sage_quantize_qkv in the same
-// buffer. A maximum does not depend on the order it is taken in: the values are those of a single pass.
-#define V8_TILE 64
-#define V8_CHUNK 512
-#define V8_ZERO_CHANNEL (-1000)  // s_exp of an all-zero channel (every real exponent is ≥ −149)
+// v_amax[(bh·n_chunks + c)·d + channel];
+// sage_quantize_v_e4m3: block (t, bh) reduces those to the channel's s_V[c] (block t = 0 stores it in
+// v_scale[bh·d + c]), then writes its tile of V8_TILE keys transposed, v_hat_t[(bh·d + c)·n_kpad + j] =
+// e4m3(V[j][c] / s_V[c]) (the division exact: ldexpf), 0 for the padding keys j ≥ n_k and for an all-zero channel.
+// sage_quantize_v_e4m3_scaled (the fused path where its Q/K/V launch does not apply) reads s_V from v_scale instead
+// (sage_k_mean_v8 wrote it).
 extern "C" __global__ void __launch_bounds__(THREADS) sage_v_amax_partial(const u16* __restrict__ v,
                                                                          float* __restrict__ v_amax, Dims d) {
     constexpr int ROWS = THREADS / HEAD_DIM;  // key rows read at once
@@ -865,22 +997,25 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_v_amax_partial(const 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_v_e4m3(const u16* __restrict__ v,
-                                                                          const float* __restrict__ v_amax,
-                                                                          u32* __restrict__ v_hat_t,
-                                                                          float* __restrict__ v_scale, Dims d) {
+template <bool GIVEN>
+__device__ __forceinline__ void quantize_v_e4m3(const u16* __restrict__ v, const float* __restrict__ v_amax,
+                                                u32* __restrict__ v_hat_t, float* __restrict__ v_scale, Dims d) {
     __shared__ int s_exp[HEAD_DIM];
     __shared__ u16 s_tile[V8_TILE][HEAD_DIM + 2];
     const int bh = blockIdx.y, t = threadIdx.x, j0 = blockIdx.x * V8_TILE;
     const int n_chunks = (d.n_k + V8_CHUNK - 1) / V8_CHUNK;
     const u16* vb = v + (long)bh * d.n_k * HEAD_DIM;
     if (t < HEAD_DIM) {
-        float a = 0.0f;
-        for (int c = 0; c < n_chunks; ++c) a = fmaxf(a, v_amax[((long)bh * n_chunks + c) * HEAD_DIM + t]);
-        const bool zero = a == 0.0f;
-        const int e = zero ? 0 : e4m3_scale_exponent(a);
-        if (blockIdx.x == 0) v_scale[(long)bh * HEAD_DIM + t] = zero ? 0.0f : ldexpf(1.0f, e);
-        s_exp[t] = zero ? V8_ZERO_CHANNEL : e;
+        if constexpr (GIVEN) {
+            s_exp[t] = v8_exponent_of(v_scale[(long)bh * HEAD_DIM + t]);
+        } else {
+            float a = 0.0f;
+            for (int c = 0; c < n_chunks; ++c) a = fmaxf(a, v_amax[((long)bh * n_chunks + c) * HEAD_DIM + t]);
+            const bool zero = a == 0.0f;
+            const int e = zero ? 0 : e4m3_scale_exponent(a);
+            if (blockIdx.x == 0) v_scale[(long)bh * HEAD_DIM + t] = zero ? 0.0f : ldexpf(1.0f, e);
+            s_exp[t] = zero ? V8_ZERO_CHANNEL : e;  // = v8_channel_exponent, v8_scale_of
+        }
     }
     for (int i = t; i < V8_TILE * HEAD_DIM / 2; i += THREADS) {
         const int r = i / (HEAD_DIM / 2), c = 2 * (i % (HEAD_DIM / 2));
@@ -894,7 +1029,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_v_e4m3(const
         const int c = i / (V8_TILE / 4), q = 4 * (i % (V8_TILE / 4)), e = s_exp[c];
         float x[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) x[k] = e == V8_ZERO_CHANNEL ? 0.0f : ldexpf(bf16_to_f32(s_tile[q + k][c]), -e);
+        for (int k = 0; k < 4; ++k) x[k] = v8_input(bf16_to_f32(s_tile[q + k][c]), e);
         out[(long)c * (d.n_kpad / 4) + (j0 + q) / 4] = e4m3x2(x[0], x[1]) | (e4m3x2(x[2], x[3]) << 16);
     }
+}
+extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_v_e4m3(const u16* __restrict__ v,
+                                                                          const float* __restrict__ v_amax,
+                                                                          u32* __restrict__ v_hat_t,
+                                                                          float* __restrict__ v_scale, Dims d) {
+    quantize_v_e4m3<false>(v, v_amax, v_hat_t, v_scale, d);
+}
+// The fused path's (s_V given in v_scale; v_amax unused).
+extern "C" __global__ void __launch_bounds__(THREADS) sage_quantize_v_e4m3_scaled(const u16* __restrict__ v,
+                                                                                 const float* __restrict__ v_amax,
+                                                                                 u32* __restrict__ v_hat_t,
+                                                                                 float* __restrict__ v_scale, Dims d) {
+    quantize_v_e4m3<true>(v, v_amax, v_hat_t, v_scale, d);
 }

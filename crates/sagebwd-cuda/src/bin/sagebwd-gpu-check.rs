@@ -614,13 +614,40 @@ fn bench(gpu: &Gpu, mma_ok: bool, out: &mut String) {
     }
 }
 
+/// §10.1's e4m3 V̂ of `inp` (V quantized per (batch, KV head, channel) with the power-of-two scale of the channel's
+/// amax over all keys), `[B, H_kv, N_k, d]` bytes, and its scales `[B, H_kv, d]`: what the GPU's V̂ᵀ holds, transposed
+/// back (`Gpu::run` reads V̂ from V̂ᵀ when no natural copy exists).
+fn v8_expected(inp: &Inputs) -> (Vec<u8>, Vec<f32>) {
+    use sagebwd::fp8::Fp8;
+    let (n, d) = (inp.shape.n_k, inp.shape.head_dim);
+    let (mut bytes, mut scales) = (Vec::with_capacity(inp.v.len()), Vec::new());
+    for head in inp.v.chunks(n * d) {
+        let s: Vec<f32> = (0..d)
+            .map(|c| Fp8::E4m3.pow2_scale(head.chunks(d).fold(0.0f32, |m, row| m.max(row[c].abs()))))
+            .collect();
+        for row in head.chunks(d) {
+            bytes.extend(row.iter().zip(&s).map(|(&x, &sc)| {
+                if sc == 0.0 {
+                    0
+                } else {
+                    Fp8::E4m3.encode((x as f64 / sc as f64) as f32)
+                }
+            }));
+        }
+        scales.extend(s);
+    }
+    (bytes, scales)
+}
+
 /// The FP8 P·V forward (sm_90a; `p-e4m3`, ALGORITHM.md §10.2) against the simulator of the same variant with the
 /// kernel's summation order (`fp8_sum.promote = B_kv`: each key block's tensor-core sum added to the FP32 O once) on
 /// forward-only problems, and its error against exact f64 beside the simulator's. Tolerance on O: 2^-7 relative L2,
 /// the BF16 output rounding bound (as for the INT8 paths); the tensor core's own FP32 sum of exact e4m3 products
 /// (~14 bits, §10.5) moves a block sum by ~2^-13 of its largest term, and P′ entries that hardware exp2 moves across an
 /// e4m3 rounding midpoint are ~2^-19 of all: both far below it. The same run against the 14-bit model is reported
-/// (how close §10.5's model of the hardware is). Then forward times beside `sagebwd` and `fpa`.
+/// (how close §10.5's model of the hardware is). The e4m3 V̂ᵀ and its channel scales are compared byte for byte with
+/// §10.1's (`v8_expected`), on shapes that take the fused Q/K/V launch (full groups) and the separate one, with
+/// K-smoothing on and off (the channel amax shares the K mean's grid). Then forward times beside `sagebwd` and `fpa`.
 fn fp8_forward(gpu: &Gpu, out: &mut String) -> bool {
     let _ = writeln!(
         out,
@@ -632,9 +659,9 @@ fn fp8_forward(gpu: &Gpu, out: &mut String) -> bool {
     }
     let _ = writeln!(
         out,
-        "| case | relL2 O vs sim | vs 14-bit-sum sim | lse2 | O vs exact: gpu / sim | result |"
+        "| case | relL2 O vs sim | vs 14-bit-sum sim | lse2 | O vs exact: gpu / sim | V̂ᵀ bytes ≠ / s_V ≠ | result |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     let Ok(cfg) = Config::preset("p-e4m3") else {
         let _ = writeln!(out, "no p-e4m3 variant");
         return false;
@@ -645,16 +672,22 @@ fn fp8_forward(gpu: &Gpu, out: &mut String) -> bool {
     sim14.pds.fp8_sum.mantissa_bits = 14;
     let mut ok = true;
     gpu.set_tensor_cores(true);
-    for (i, (s, causal, sigma)) in [
-        (shape(1, 4, 4, 1024, 1024, 128), false, 1.0f32),
-        (shape(2, 4, 2, 1000, 1000, 64), true, 1.0),
-        (shape(1, 2, 2, 700, 1500, 128), true, 5.0),
-        (shape(1, 2, 1, 1500, 700, 64), true, 3.0),
-        (shape(1, 2, 2, 4096, 4096, 128), false, 3.0),
+    for (i, (s, causal, sigma, smooth_k)) in [
+        (shape(1, 4, 4, 1024, 1024, 128), false, 1.0f32, true),
+        (shape(2, 4, 2, 1000, 1000, 64), true, 1.0, true),
+        (shape(1, 2, 2, 700, 1500, 128), true, 5.0, true),
+        (shape(1, 2, 1, 1500, 700, 64), true, 3.0, true),
+        (shape(1, 2, 2, 4096, 4096, 128), false, 3.0, true),
+        (shape(2, 4, 2, 1024, 1024, 64), true, 1.0, false),
+        (shape(1, 2, 2, 640, 1000, 128), false, 1.0, false),
     ]
     .into_iter()
     .enumerate()
     {
+        let (mut cfg, mut sim_cfg, mut sim14) = (cfg.clone(), sim_cfg.clone(), sim14.clone());
+        for c in [&mut cfg, &mut sim_cfg, &mut sim14] {
+            c.smooth_k = smooth_k;
+        }
         let inp = random(s, causal, sigma, 4000 + i as u64, false);
         let case = Case {
             shape: s,
@@ -663,39 +696,62 @@ fn fp8_forward(gpu: &Gpu, out: &mut String) -> bool {
             with_do: false,
             zero_q: false,
         };
-        let (g, sm, s14, ex) = (
-            gpu.run(&inp, &cfg),
+        let (sm, s14, ex) = (
             simulate(&inp, &sim_cfg, false),
             simulate(&inp, &sim14, false),
             reference::exact(&inp, false),
         );
-        let line = match (g, sm, s14, ex) {
-            (Ok(g), Ok(sm), Ok(s14), Ok(ex)) => {
-                let o = rel(&g.fwd.o, &sm.fwd.o);
-                let o14 = rel(&g.fwd.o, &s14.fwd.o);
-                let lse2 = rel(&g.fwd.lse2, &sm.fwd.lse2);
-                let (eg, es) = (compare(&g.fwd.o, &ex.o).rel_l2, compare(&sm.fwd.o, &ex.o).rel_l2);
-                let nan = g.fwd.o.iter().chain(&g.fwd.lse2).any(|x| x.is_nan());
-                let pass = o <= 1.0 / 128.0 && lse2 <= TOL_LSE && !nan;
-                ok &= pass;
-                format!(
-                    "| {} | {o:.1e} | {o14:.1e} | {lse2:.1e} | {eg:.4} / {es:.4} | {} |",
-                    case.label(),
-                    if pass { "pass" } else { "FAIL" }
-                )
-            }
-            (g, sm, _, _) => {
-                ok = false;
-                format!(
-                    "| {} | ERROR gpu {:?} sim {:?} | | | | FAIL |",
-                    case.label(),
-                    g.err().map(|e| e.to_string()),
-                    sm.err().map(|e| e.to_string())
-                )
-            }
-        };
-        println!("{line}");
-        let _ = writeln!(out, "{line}");
+        // the e4m3 V̂ᵀ made by its own grids (the default) and fused into the preparation (SAGEBWD_V8_FUSED)
+        for fused in [false, true] {
+            set_fused_v8(gpu, fused);
+            let line = match (gpu.run(&inp, &cfg), &sm, &s14, &ex) {
+                (Ok(g), Ok(sm), Ok(s14), Ok(ex)) => {
+                    let o = rel(&g.fwd.o, &sm.fwd.o);
+                    let o14 = rel(&g.fwd.o, &s14.fwd.o);
+                    let lse2 = rel(&g.fwd.lse2, &sm.fwd.lse2);
+                    let (eg, es) = (compare(&g.fwd.o, &ex.o).rel_l2, compare(&sm.fwd.o, &ex.o).rel_l2);
+                    let nan = g.fwd.o.iter().chain(&g.fwd.lse2).any(|x| x.is_nan());
+                    let (bytes, scales) = v8_expected(&inp);
+                    let byte_mis = g
+                        .quant
+                        .v_hat
+                        .iter()
+                        .zip(&bytes)
+                        .filter(|(a, b)| **a as u8 != **b)
+                        .count()
+                        + g.quant.v_hat.len().abs_diff(bytes.len());
+                    let scale_mis = g
+                        .quant
+                        .v_scale
+                        .iter()
+                        .zip(&scales)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count()
+                        + g.quant.v_scale.len().abs_diff(scales.len());
+                    let pass = o <= 1.0 / 128.0 && lse2 <= TOL_LSE && !nan && byte_mis == 0 && scale_mis == 0;
+                    ok &= pass;
+                    format!(
+                        "| {}{}{} | {o:.1e} | {o14:.1e} | {lse2:.1e} | {eg:.4} / {es:.4} | {byte_mis} / {scale_mis} | {} |",
+                        case.label(),
+                        if smooth_k { "" } else { " smooth-k off" },
+                        if fused { " V̂ᵀ fused" } else { "" },
+                        if pass { "pass" } else { "FAIL" }
+                    )
+                }
+                (g, sm, _, _) => {
+                    ok = false;
+                    format!(
+                        "| {} | ERROR gpu {:?} sim {:?} | | | | | FAIL |",
+                        case.label(),
+                        g.err().map(|e| e.to_string()),
+                        sm.as_ref().err().map(|e| e.to_string())
+                    )
+                }
+            };
+            println!("{line}");
+            let _ = writeln!(out, "{line}");
+        }
+        set_fused_v8(gpu, false);
     }
     // The backward of the variant is refused with a clear error (its kernels do not exist yet).
     let inp = random(shape(1, 1, 1, 256, 256, 64), false, 1.0, 9, true);
@@ -719,7 +775,14 @@ fn fp8_forward(gpu: &Gpu, out: &mut String) -> bool {
         let inp = random(s, causal, 1.0, 5, false);
         let Ok(x) = gpu.upload(&inp) else { continue };
         let flops = 4.0 * (s.batch * s.heads_q * s.n_q * s.n_k * s.head_dim) as f64 * if causal { 0.5 } else { 1.0 };
-        for c in [Config::fpa(), Config::sagebwd(), cfg.clone()] {
+        gpu.set_poison(false); // the fills are not part of the method (bench's default)
+        for (c, fused) in [
+            (Config::fpa(), false),
+            (Config::sagebwd(), false),
+            (cfg.clone(), false),
+            (cfg.clone(), true),
+        ] {
+            set_fused_v8(gpu, fused);
             let mut t = Vec::new();
             let mut err = None;
             for rep in 0..11 {
@@ -744,9 +807,10 @@ fn fp8_forward(gpu: &Gpu, out: &mut String) -> bool {
                     t.sort_by(f64::total_cmp);
                     let ms = t[t.len() / 2];
                     format!(
-                        "| {} | {} | {ms:.3} | {:.0} |",
+                        "| {} | {}{} | {ms:.3} | {:.0} |",
                         case_shape(&s, causal),
                         c.label(),
+                        if fused { " (V̂ᵀ fused)" } else { "" },
                         flops / ms / 1e9
                     )
                 }
@@ -754,8 +818,17 @@ fn fp8_forward(gpu: &Gpu, out: &mut String) -> bool {
             println!("{line}");
             let _ = writeln!(out, "{line}");
         }
+        set_fused_v8(gpu, false);
+        gpu.set_poison(true);
     }
     ok
+}
+
+/// Switches the FP8 P·V forward's fused e4m3 V̂ᵀ (`Tuning::fused_v_e4m3`) on or off.
+fn set_fused_v8(gpu: &Gpu, on: bool) {
+    let mut t = gpu.tuning();
+    t.fused_v_e4m3 = on;
+    gpu.set_tuning(t);
 }
 
 fn case_shape(s: &Shape, causal: bool) -> String {
