@@ -3,7 +3,8 @@
 # (["dev/bundle"]; BUNDLE=DIR for another): the mma.sync self-test, every GPU-vs-simulator
 # comparison (tensor-core and scalar kernels), the σ sweep against the exact reference, the error
 # paths and a timing table, in one process (sagebwd-gpu-check). Summary table last on stdout; full log,
-# results.tsv and the GPU description under $OUT. Extra arguments go to the binary (--quick).
+# results.tsv and the GPU description under $OUT. Extra arguments go to the binary (--quick: small shapes only;
+# --fp8-only: only the FP8 P·V forward section).
 set -uo pipefail
 OUT=${OUT:-/tmp/sagebwd-gpu-out}
 mkdir -p "$OUT"

@@ -4,8 +4,9 @@
 //! when any check fails.
 //!
 //! Usage: `sagebwd-gpu-check [--quick] [--out DIR]` (`--quick`: small shapes only; `--out`: also
-//! write results.tsv there); `sagebwd-gpu-check --precompile sm_90a` fills the kernel cache
-//! (`$SAGEBWD_CACHE_DIR`) without a GPU.
+//! write results.tsv there); `sagebwd-gpu-check --fp8-only`: only the FP8 P·V forward's section (both ways of making
+//! its V̂ᵀ, ~30 s); `sagebwd-gpu-check --precompile sm_90a` fills the kernel cache (`$SAGEBWD_CACHE_DIR`) without a
+//! GPU.
 //!
 //! Tolerances against the simulator (why):
 //! - Quantized values Q̂, K̂, V̂, dÔ and their scales: the kernels perform the same IEEE operations
@@ -879,6 +880,16 @@ fn main() {
         std::process::exit(2);
     }
     println!("kernels ready in {:.1}s (NVRTC or cache)", t.elapsed().as_secs_f64());
+    if args.iter().any(|a| a == "--fp8-only") {
+        let mut out = String::new();
+        let ok = fp8_forward(&gpu, &mut out);
+        println!(
+            "\n# summary ({})\n{out}\nFP8 P·V forward: {}",
+            gpu.describe(),
+            if ok { "ok" } else { "FAIL" }
+        );
+        std::process::exit(if ok { 0 } else { 1 });
+    }
 
     let selftest = gpu.mma_selftest();
     let mma_ok = selftest.is_ok();
