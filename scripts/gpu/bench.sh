@@ -54,6 +54,7 @@ LOG=$OUT/log.txt
 rm -f "$OUT"/ours-*.json "$OUT/sdpa.json" "$OUT/smi.csv" "$OUT/compare.md" "$OUT/compare.png"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 BUNDLE=${BUNDLE:-dev/bundle}
+. scripts/gpu/unpack.sh && unpack_bundle "$BUNDLE" || exit 1
 export SAGEBWD_CACHE_DIR=${SAGEBWD_CACHE_DIR:-$PWD/$BUNDLE/cache}
 BIN=${BIN:-$BUNDLE/sagebwd}
 failed=()

@@ -5,8 +5,9 @@
 # Q-smoothing on). Every run traces the per-layer attention error (--trace); the seed-1 parts end with
 # `sagebwd diagnose` on their sagebwd checkpoint (the paper's Table 2, CPU simulator vs f64).
 #
-# 1. HERE (no GPU needed), in the repository root:   bash scripts/gpu/bundle.sh --corpus
-#    (the binaries, the precompiled sm_90a kernels and Gutenberg train-00 + val in dev/bundle; ~62 MB)
+# 1. HERE (no GPU needed), in the repository root:   bash scripts/gpu/bundle.sh --corpus --compact
+#    (the binaries xz-compressed, the precompiled sm_90a kernels and Gutenberg train-00 + val in dev/bundle; ~56 MB:
+#    with the tree it fits one 64 MiB carry, and the same call can run `verify.sh --quick` or `--fp8-only` too)
 # 2. ON THE DEVICE, in the repository root, carrying ["dev/bundle"] (BUNDLE=DIR for another), parts per call:
 #      bash scripts/gpu/study.sh PART [PART ...]
 #    PART: tps16k-seed1 tps16k-seed2 tps128k-seed1 tps128k-seed2 tps1m-seed1 tps1m-seed2
@@ -47,6 +48,7 @@ OUT=${OUT:-/tmp/sagebwd-study-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 BUNDLE=${BUNDLE:-dev/bundle}
+. scripts/gpu/unpack.sh && unpack_bundle "$BUNDLE" || exit 1
 export SAGEBWD_CACHE_DIR=${TRAIN_CACHE:-$PWD/$BUNDLE/cache}
 BIN=${TRAIN_BIN:-$BUNDLE/sagebwd}
 # DATA, MODEL, DEVICE, SEQ, BATCH: for a dry run elsewhere (e.g. MODEL=tiny DEVICE=cpu SEQ=64 BATCH=2 STEPS=2).

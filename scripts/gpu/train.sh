@@ -30,6 +30,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 # BUNDLE=DIR: another bundle (e.g. a baseline in the same call); TRAIN_BIN / TRAIN_CACHE: a binary and cache apart.
 BUNDLE=${BUNDLE:-dev/bundle}
+. scripts/gpu/unpack.sh && unpack_bundle "$BUNDLE" || exit 1
 export SAGEBWD_CACHE_DIR=${TRAIN_CACHE:-$PWD/$BUNDLE/cache}
 BIN=${TRAIN_BIN:-$BUNDLE/sagebwd}
 if [ ! -x "$BIN" ]; then

@@ -10,6 +10,7 @@ OUT=${OUT:-/tmp/sagebwd-gpu-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 BUNDLE=${BUNDLE:-dev/bundle}
+. "$(dirname "${BASH_SOURCE[0]}")/unpack.sh" && unpack_bundle "$BUNDLE" || exit 1
 export SAGEBWD_CACHE_DIR=${SAGEBWD_CACHE_DIR:-$PWD/$BUNDLE/cache}
 BIN=${BIN:-$BUNDLE/sagebwd-gpu-check}
 if [ ! -x "$BIN" ]; then
