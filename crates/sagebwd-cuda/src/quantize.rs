@@ -218,15 +218,16 @@ fn quantize_qkv(
 ) -> Result<bool> {
     if !fused_qkv_applies(gpu, [&jobs[0], &jobs[1], &jobs[2]]) {
         let none: Option<CudaSlice<i8>> = None;
-        for (i, mut job) in jobs.into_iter().enumerate() {
-            if i == 1 && v8_scale.is_some() {
-                job.transposed.0 = &none;
-                if job.x_hat.is_none() && job.transposed.1.is_none() {
-                    continue;
-                }
-            }
-            quantize_rows(gpu, k, job)?;
+        let [kj, mut vj, qj] = jobs;
+        if v8_scale.is_some() {
+            vj.transposed.0 = &none;
         }
+        let v_asked = vj.x_hat.is_some() || vj.transposed.0.is_some() || vj.transposed.1.is_some();
+        quantize_rows(gpu, k, kj)?;
+        if v_asked {
+            quantize_rows(gpu, k, vj)?;
+        }
+        quantize_rows(gpu, k, qj)?;
         return Ok(false);
     }
     let [kj, vj, qj] = &jobs;
@@ -250,8 +251,7 @@ fn quantize_qkv(
     };
     if let Some(s_v) = v8_scale {
         // sage_quantize_qkv_v8: V's groups write the e4m3 V̂ᵀ with the channel scales sage_k_mean_v8 wrote
-        p.v.scale = gpu.ptr(s_v);
-        p.v.x_hat = 0;
+        p.v.scale = gpu.ptr(s_v); // (no natural V̂ on this path: x_hat is null)
     }
     let threads = tile_threads(kj.rows_per_block, k.head_dim);
     let smem = (2 * qj.rows_per_block * (k.head_dim + 8) * 2) as u32; // both Q groups' rows for b_r
@@ -415,7 +415,7 @@ pub(crate) fn quantize_planned(
     );
     // The e4m3 V̂ᵀ of the FP8 P·V forward (§10.1): by default written over the INT8 V̂ᵀ after the INT8 quantization;
     // fused (`v_e4m3_fused`), in the K mean's grids and the Q/K/V launch in place of the INT8 V̂ᵀ and V̂.
-    let v8 = plan.prepare.v_e4m3 && plan.prepare.v_e4m3_fused;
+    let v8 = plan.prepare.v_e4m3_fused;
     let v_hat = if needs.natural_v_do && !v8 {
         Some(gpu.alloc_poisoned_i8(s.kv_len())?)
     } else {
@@ -508,25 +508,11 @@ pub(crate) fn quantize_planned(
     let (n_k, n_chunks_i) = (s.n_k as i32, n_chunks as i32);
     let ptr_of = |b: Option<&CudaSlice<f32>>| b.map_or(0, |b| gpu.ptr(b));
     let (v8_scale, v8_amax) = (v8_bufs.as_ref().map(|b| &b.0), v8_bufs.as_ref().map(|b| &b.1));
-    if smooth_k && !v8 {
+    if smooth_k || v8 {
         // a normal launch: the PDL chain after it (K mean, Q/K/V quantization) relies on everything
-        // queued before it being complete once it runs
-        let part_cfg = LaunchConfig {
-            grid_dim: (n_chunks as u32, bh_kv as u32, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        drv("launch sage_k_mean_partial", unsafe {
-            stream
-                .launch_builder(&k.k_mean_partial)
-                .arg(&x.k)
-                .arg(&partial)
-                .arg(&n_k)
-                .arg(&n_chunks_i)
-                .launch(part_cfg)
-        })?;
-    } else if v8 {
-        // as above; the K sums only with K-smoothing (a null `partial` skips them)
+        // queued before it being complete once it runs. sage_k_mean_partial takes the first four
+        // arguments; sage_k_mean_partial_v8 all six, its K sums only with K-smoothing (a null
+        // `partial` skips them).
         let (mut k_ptr, mut part_ptr, mut n_k, mut n_chunks_i, mut v_ptr, mut amax_ptr) = (
             gpu.ptr(&x.k),
             if smooth_k { gpu.ptr(&partial) } else { 0 },
@@ -543,14 +529,13 @@ pub(crate) fn quantize_planned(
             (&mut v_ptr as *mut u64).cast(),
             (&mut amax_ptr as *mut u64).cast(),
         ];
-        gpu.launch_raw(
-            k.quantize_function(c"sage_k_mean_partial_v8")?,
-            (n_chunks as u32, bh_kv as u32, 1),
-            THREADS,
-            0,
-            stream.cu_stream(),
-            &mut part_args,
-        )?;
+        let (part_fn, part_args) = if v8 {
+            (k.quantize_function(c"sage_k_mean_partial_v8")?, &mut part_args[..])
+        } else {
+            (k.k_mean_partial.cu_function(), &mut part_args[..4])
+        };
+        let grid = (n_chunks as u32, bh_kv as u32, 1);
+        gpu.launch_raw(part_fn, grid, THREADS, 0, stream.cu_stream(), part_args)?;
     }
     // After sage_k_mean_partial (which triggers at its start and had a normal launch) sage_k_mean is launched with
     // PDL and waits for it; without it, normally (its predecessor is anything, and the Q/K/V quantization, PDL after
@@ -601,14 +586,14 @@ pub(crate) fn quantize_planned(
         )?;
     }
     let fused = quantize_qkv(gpu, k, jobs, plan.prepare.v_first, v8_scale)?;
-    let v_scale = match (&v_hat_t, v8_bufs, plan.prepare.v_e4m3) {
-        (Some(v_hat_t), Some((s_v, _)), _) => {
+    let v_scale = match (&v_hat_t, v8_bufs) {
+        (Some(v_hat_t), Some((s_v, _))) => {
             if !fused {
                 quantize_v_e4m3(gpu, k, x, &dims, V8Scales::Given(&s_v), v_hat_t)?;
             }
             s_v
         }
-        (Some(v_hat_t), None, true) => {
+        (Some(v_hat_t), None) if plan.prepare.v_e4m3 => {
             let s_v = gpu.alloc_poisoned_f32(bh_kv * d)?;
             quantize_v_e4m3(gpu, k, x, &dims, V8Scales::FromAmax(&s_v), v_hat_t)?;
             s_v

@@ -809,7 +809,10 @@ struct Fp8Copies {
     q_s: Vec<f32>,
 }
 
-fn fp8_copy(x: &[f32], d: usize, scale: Fp8OperandScale) -> (Vec<f32>, Vec<f32>) {
+/// The FP8 copy of one (batch, head)'s `[N, d]` values `x` (§10.1): each `x / s` rounded to e4m3, with one
+/// power-of-two scale per channel (or per tensor); returns the rounded values and the `[d]` scales. Also what the GPU
+/// check compares the kernels' e4m3 V̂ᵀ with.
+pub fn fp8_copy(x: &[f32], d: usize, scale: Fp8OperandScale) -> (Vec<f32>, Vec<f32>) {
     let mut amax = vec![0.0f32; d];
     for row in x.chunks(d) {
         amax.iter_mut().zip(row).for_each(|(m, v)| *m = m.max(v.abs()));

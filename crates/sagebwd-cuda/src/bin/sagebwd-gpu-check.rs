@@ -615,26 +615,17 @@ fn bench(gpu: &Gpu, mma_ok: bool, out: &mut String) {
     }
 }
 
-/// §10.1's e4m3 V̂ of `inp` (V quantized per (batch, KV head, channel) with the power-of-two scale of the channel's
-/// amax over all keys), `[B, H_kv, N_k, d]` bytes, and its scales `[B, H_kv, d]`: what the GPU's V̂ᵀ holds, transposed
-/// back (`Gpu::run` reads V̂ from V̂ᵀ when no natural copy exists).
+/// §10.1's e4m3 V̂ of `inp` as the simulator makes it (`sim::fp8_copy`, one scale per (batch, KV head, channel)),
+/// `[B, H_kv, N_k, d]` bytes, and its scales `[B, H_kv, d]`: what the GPU's V̂ᵀ holds, transposed back (`Gpu::run`
+/// reads V̂ from V̂ᵀ when no natural copy exists).
 fn v8_expected(inp: &Inputs) -> (Vec<u8>, Vec<f32>) {
+    use sagebwd::config::Fp8OperandScale;
     use sagebwd::fp8::Fp8;
     let (n, d) = (inp.shape.n_k, inp.shape.head_dim);
     let (mut bytes, mut scales) = (Vec::with_capacity(inp.v.len()), Vec::new());
     for head in inp.v.chunks(n * d) {
-        let s: Vec<f32> = (0..d)
-            .map(|c| Fp8::E4m3.pow2_scale(head.chunks(d).fold(0.0f32, |m, row| m.max(row[c].abs()))))
-            .collect();
-        for row in head.chunks(d) {
-            bytes.extend(row.iter().zip(&s).map(|(&x, &sc)| {
-                if sc == 0.0 {
-                    0
-                } else {
-                    Fp8::E4m3.encode((x as f64 / sc as f64) as f32)
-                }
-            }));
-        }
+        let (values, s) = sagebwd::sim::fp8_copy(head, d, Fp8OperandScale::Channel);
+        bytes.extend(values.iter().map(|&q| Fp8::E4m3.encode(q))); // q is already an e4m3 value: its own bits
         scales.extend(s);
     }
     (bytes, scales)
